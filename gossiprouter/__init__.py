@@ -1,0 +1,5 @@
+"""gossiprouter: a TCP GossipRouter on trio, and the RouterStub client that embeds in applications."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
