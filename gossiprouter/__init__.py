@@ -1,4 +1,4 @@
-"""gossiprouter: a TCP GossipRouter on trio, and the RouterStub client that embeds in applications."""
+"""gossiprouter: a TCP GossipRouter on trio, and the RouterStub client for applications."""
 
 from __future__ import annotations
 

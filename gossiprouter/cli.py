@@ -1,0 +1,139 @@
+"""The ``gossiprouter`` command line (click): parses options, builds a Config, calls in.
+
+Every user mistake (a bad option, a taken port, an unreachable router) ends in
+one clear line on stderr and a non-zero exit status, never a traceback.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import trio
+
+from gossiprouter import __version__
+from gossiprouter.config import OPTIONS, Config, ConfigError, Option, build
+from gossiprouter.server import Server
+
+log = logging.getLogger("gossiprouter")
+
+
+def _click_type(o: Option) -> Any:
+    if o.choices:
+        return click.Choice(o.choices, case_sensitive=False)
+    return {int: int, float: float, str: str, bool: bool}[o.type]
+
+
+def _help(o: Option) -> str:
+    unit = f" ({o.unit})" if o.unit else ""
+    shown = o.default if o.default != "" else "none"
+    return f"{o.help}{unit}  [default: {shown}]"
+
+
+def router_options(f: Any) -> Any:
+    """Add one click option per router option in :data:`gossiprouter.config.OPTIONS`."""
+    for o in reversed(OPTIONS):
+        if o.type is bool:
+            name = o.name.replace("_", "-")
+            decl = f"--{name}/--no-{name}"
+            f = click.option(decl, o.name, default=None, help=_help(o))(f)
+        else:
+            f = click.option(o.flag, o.name, type=_click_type(o), default=None, metavar=_metavar(o),
+                             help=_help(o))(f)
+    return f
+
+
+def _metavar(o: Option) -> str:
+    if o.choices:
+        return "[" + "|".join(o.choices) + "]"
+    return {int: "INT", float: "SECONDS" if o.unit == "seconds" else "NUM", str: "TEXT"}[o.type]
+
+
+class _Fail(click.ClickException):
+    def show(self, file: Any = None) -> None:
+        click.echo(f"gossiprouter: error: {self.message}", err=True)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="gossiprouter")
+def main() -> None:
+    """gossiprouter: a TCP GossipRouter for group communication.
+
+    A rendezvous and relay: clients register logical addresses in groups,
+    list the members of a group, and route messages to one member or the
+    whole group. Speaks its own msgpack protocol and the JGroups 2.12 and
+    3.6.5+/5.x GossipRouter protocols on the same port.
+    """
+
+
+@main.command()
+@click.option("--config", "config_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="TOML file setting any option below (the command line wins).")
+@router_options
+def serve(config_file: Path | None, **options: Any) -> None:
+    """Run the router until SIGINT or SIGTERM.
+
+    On a signal it stops accepting, tells every client (ERROR shutting_down),
+    gives them --shutdown-timeout to receive what is queued, and exits 0.
+
+    \b
+    Examples:
+      gossiprouter serve                          # 127.0.0.1:12001
+      gossiprouter serve --host 0.0.0.0 --port 12001 --idle-timeout 30
+      gossiprouter serve --config /etc/gossiprouter.toml --log-level debug
+    """
+    given = {k: v for k, v in options.items() if v is not None}
+    try:
+        config = build(config_file, **given)
+    except ConfigError as e:
+        raise _Fail(str(e)) from None
+    setup_logging(config.log_level)
+    try:
+        trio.run(run_until_signal, config)
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            raise _Fail(f"cannot listen on {config.host}:{config.port}: the port is already "
+                        "in use (is another router running?)") from None
+        if e.errno == errno.EADDRNOTAVAIL:
+            raise _Fail(f"cannot listen on {config.host}:{config.port}: no such local "
+                        "address") from None
+        if e.errno == errno.EACCES:
+            raise _Fail(f"cannot listen on {config.host}:{config.port}: permission denied "
+                        "(ports below 1024 need privileges)") from None
+        raise _Fail(f"cannot listen on {config.host}:{config.port}: {e.strerror}") from None
+    except KeyboardInterrupt:  # a second Ctrl-C during shutdown
+        sys.exit(130)
+
+
+async def run_until_signal(config: Config) -> None:
+    server = Server(config)
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.serve)
+
+            async def on_signal() -> None:
+                async for signum in signals:
+                    log.info("received %s", signal.Signals(signum).name)
+                    server.shutdown()
+                    return
+
+            nursery.start_soon(on_signal)
+            await server.wait_closed()
+            nursery.cancel_scope.cancel()
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def run() -> None:  # pragma: no cover - console-script shim
+    main()

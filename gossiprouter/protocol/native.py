@@ -1,0 +1,495 @@
+"""The native gossiprouter wire protocol, version 1, sans-IO.
+
+A connection opens with the 4-byte preamble ``GRTR``; after it both sides
+exchange frames: a big-endian ``u32`` body length, then a body holding exactly
+one msgpack array whose first element is the frame type. ``docs/protocol.md``
+is the normative description; this module is its only implementation.
+
+Two ways in:
+
+* :class:`Decoder` turns bytes (split anywhere) into frame objects, checking
+  every field. Clients and tests use it; the router uses it for everything
+  but the hot ROUTE path.
+* :func:`route_header` reads just the header of a ROUTE body (group, dest,
+  sender) without touching the payload, for the router's relay loop, which
+  forwards ROUTE frames byte for byte.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+import msgpack
+
+from gossiprouter.protocol.errors import ProtocolError
+
+PREAMBLE = b"GRTR"
+VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+DEFAULT_MAX_FRAME = 8 * 1024 * 1024
+MAX_ADDR = 255
+MAX_GROUP = 1024
+
+_LEN = struct.Struct(">I")
+
+
+class T(IntEnum):
+    """Frame type codes (the first element of every frame)."""
+
+    HELLO = 1
+    WELCOME = 2
+    CONNECT = 3
+    DISCONNECT = 4
+    GET_MEMBERS = 5
+    ROUTE = 6
+    OK = 7
+    ERROR = 8
+    PING = 9
+    PONG = 10
+    EVENT = 11
+    WATCH = 12
+    UNWATCH = 13
+
+
+Physical = tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    versions: tuple[int, ...]
+    client: str
+    token: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    version: int
+    router_id: str
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Connect:
+    req: int
+    group: str
+    addr: bytes
+    name: str | None = None
+    physical: Physical = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnect:
+    req: int
+    group: str
+    addr: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class GetMembers:
+    req: int
+    group: str
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    group: str
+    dest: bytes | None
+    sender: bytes
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class MemberInfo:
+    addr: bytes
+    name: str | None
+    physical: Physical
+
+
+@dataclass(frozen=True, slots=True)
+class Ok:
+    """Answer to a request. ``members`` is set only for GET_MEMBERS."""
+
+    req: int
+    members: tuple[MemberInfo, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    req: int | None
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    nonce: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    nonce: int
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    group: str
+    kind: str
+    addr: bytes
+    name: str | None = None
+    physical: Physical = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Watch:
+    req: int
+    group: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unwatch:
+    req: int
+    group: str
+
+
+Frame = (
+    Hello | Welcome | Connect | Disconnect | GetMembers | Route | Ok | Error | Ping | Pong | Event
+    | Watch | Unwatch
+)
+
+EVENT_KINDS = ("join", "leave", "suspect")
+
+# Frame types a client may send; anything else from a client is a protocol error.
+CLIENT_TYPES = frozenset(
+    {T.HELLO, T.CONNECT, T.DISCONNECT, T.GET_MEMBERS, T.ROUTE, T.PING, T.PONG, T.WATCH, T.UNWATCH}
+)
+
+
+# --------------------------------------------------------------------------- encoding
+
+_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+
+def _frame(body: bytes) -> bytes:
+    return _LEN.pack(len(body)) + body
+
+
+def _phys(physical: Physical) -> list[list[str | int]]:
+    return [[h, p] for h, p in physical]
+
+
+def encode(frame: Frame) -> bytes:
+    """Encode one frame with its length prefix."""
+    return _frame(_packb(_fields(frame)))
+
+
+def encode_route(group: str, dest: bytes | None, sender: bytes, payload: bytes) -> bytes:
+    """The hot client path: encode a ROUTE without building a :class:`Route`."""
+    return _frame(_packb([T.ROUTE, group, dest, sender, payload]))
+
+
+def _fields(frame: Frame) -> list[Any]:
+    match frame:
+        case Route(group, dest, sender, payload):
+            return [T.ROUTE, group, dest, sender, payload]
+        case Hello(versions, client, token):
+            return [T.HELLO, list(versions), client, token]
+        case Welcome(version, router_id, settings):
+            return [T.WELCOME, version, router_id, settings]
+        case Connect(req, group, addr, name, physical):
+            return [T.CONNECT, req, group, addr, name, _phys(physical)]
+        case Disconnect(req, group, addr):
+            return [T.DISCONNECT, req, group, addr]
+        case GetMembers(req, group):
+            return [T.GET_MEMBERS, req, group]
+        case Ok(req, members):
+            result = (
+                None
+                if members is None
+                else [[m.addr, m.name, _phys(m.physical)] for m in members]
+            )
+            return [T.OK, req, result]
+        case Error(req, code, message):
+            return [T.ERROR, req, code, message]
+        case Ping(nonce):
+            return [T.PING, nonce]
+        case Pong(nonce):
+            return [T.PONG, nonce]
+        case Event(group, kind, addr, name, physical):
+            return [T.EVENT, group, kind, addr, name, _phys(physical)]
+        case Watch(req, group):
+            return [T.WATCH, req, group]
+        case Unwatch(req, group):
+            return [T.UNWATCH, req, group]
+    raise TypeError(f"not a frame: {frame!r}")  # pragma: no cover - exhaustive above
+
+
+def encode_error(req: int | None, code: str, message: str) -> bytes:
+    return encode(Error(req, code, message))
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _bad(what: str) -> ProtocolError:
+    return ProtocolError(what)
+
+
+def _int(v: Any, what: str) -> int:
+    if type(v) is not int:
+        raise _bad(f"{what} must be an integer, got {type(v).__name__}")
+    return v
+
+
+def _req(v: Any) -> int:
+    n = _int(v, "req")
+    if not 0 <= n < 2**63:
+        raise _bad("req out of range")
+    return n
+
+
+def _str(v: Any, what: str) -> str:
+    if type(v) is not str:
+        raise _bad(f"{what} must be a string, got {type(v).__name__}")
+    return v
+
+
+def _opt_str(v: Any, what: str) -> str | None:
+    return None if v is None else _str(v, what)
+
+
+def _group(v: Any) -> str:
+    g = _str(v, "group")
+    if not g:
+        raise _bad("group must not be empty")
+    if len(g) > MAX_GROUP // 4 and len(g.encode()) > MAX_GROUP:
+        raise _bad(f"group longer than {MAX_GROUP} bytes")
+    return g
+
+
+def _addr(v: Any, what: str = "addr") -> bytes:
+    if type(v) is not bytes:
+        raise _bad(f"{what} must be binary, got {type(v).__name__}")
+    if len(v) > MAX_ADDR:
+        raise _bad(f"{what} longer than {MAX_ADDR} bytes")
+    return v
+
+
+def _physical(v: Any) -> Physical:
+    if type(v) is not list:
+        raise _bad("physical must be a list")
+    out: list[tuple[str, int]] = []
+    for item in v:
+        if type(item) is not list or len(item) != 2:
+            raise _bad("physical entries must be [host, port]")
+        host = _str(item[0], "physical host")
+        port = _int(item[1], "physical port")
+        if not 0 <= port <= 65535:
+            raise _bad("physical port out of range")
+        out.append((host, port))
+    return tuple(out)
+
+
+def _member(v: Any) -> MemberInfo:
+    if type(v) is not list or len(v) != 3:
+        raise _bad("member entries must be [addr, name, physical]")
+    return MemberInfo(_addr(v[0]), _opt_str(v[1], "name"), _physical(v[2]))
+
+
+def _arity(a: list[Any], n: int, name: str) -> None:
+    if len(a) != n:
+        raise _bad(f"{name} takes {n - 1} fields, got {len(a) - 1}")
+
+
+def frame_from_body(body: bytes | memoryview) -> Frame:
+    """Decode and validate one frame body (without its length prefix)."""
+    try:
+        a = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=False)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
+        raise _bad(f"body is not one msgpack value: {type(e).__name__}") from None
+    except Exception as e:  # msgpack raises a few odd types on garbage
+        raise _bad(f"body is not valid msgpack: {type(e).__name__}") from None
+    if type(a) is not list or not a:
+        raise _bad("frame must be a non-empty msgpack array")
+    t = a[0]
+    if type(t) is not int:
+        raise _bad("frame type must be an integer")
+    match t:
+        case T.ROUTE:
+            _arity(a, 5, "ROUTE")
+            dest = None if a[2] is None else _addr(a[2], "dest")
+            payload = a[4]
+            if type(payload) is not bytes:
+                raise _bad("payload must be binary")
+            return Route(_group(a[1]), dest, _addr(a[3], "sender"), payload)
+        case T.HELLO:
+            _arity(a, 4, "HELLO")
+            if type(a[1]) is not list or not a[1]:
+                raise _bad("HELLO versions must be a non-empty list")
+            versions = tuple(_int(v, "version") for v in a[1])
+            return Hello(versions, _str(a[2], "client"), _opt_str(a[3], "token"))
+        case T.WELCOME:
+            _arity(a, 4, "WELCOME")
+            if type(a[3]) is not dict:
+                raise _bad("WELCOME settings must be a map")
+            return Welcome(_int(a[1], "version"), _str(a[2], "router_id"), a[3])
+        case T.CONNECT:
+            _arity(a, 6, "CONNECT")
+            return Connect(
+                _req(a[1]), _group(a[2]), _addr(a[3]), _opt_str(a[4], "name"), _physical(a[5])
+            )
+        case T.DISCONNECT:
+            _arity(a, 4, "DISCONNECT")
+            return Disconnect(_req(a[1]), _group(a[2]), _addr(a[3]))
+        case T.GET_MEMBERS:
+            _arity(a, 3, "GET_MEMBERS")
+            return GetMembers(_req(a[1]), _group(a[2]))
+        case T.OK:
+            _arity(a, 3, "OK")
+            if a[2] is None:
+                return Ok(_req(a[1]), None)
+            if type(a[2]) is not list:
+                raise _bad("OK result must be nil or a member list")
+            return Ok(_req(a[1]), tuple(_member(m) for m in a[2]))
+        case T.ERROR:
+            _arity(a, 4, "ERROR")
+            req = None if a[1] is None else _req(a[1])
+            return Error(req, _str(a[2], "code"), _str(a[3], "message"))
+        case T.PING:
+            _arity(a, 2, "PING")
+            return Ping(_int(a[1], "nonce"))
+        case T.PONG:
+            _arity(a, 2, "PONG")
+            return Pong(_int(a[1], "nonce"))
+        case T.EVENT:
+            _arity(a, 6, "EVENT")
+            kind = _str(a[2], "kind")
+            if kind not in EVENT_KINDS:
+                raise _bad(f"unknown event kind {kind!r}")
+            return Event(_group(a[1]), kind, _addr(a[3]), _opt_str(a[4], "name"), _physical(a[5]))
+        case T.WATCH:
+            _arity(a, 3, "WATCH")
+            return Watch(_req(a[1]), _group(a[2]))
+        case T.UNWATCH:
+            _arity(a, 3, "UNWATCH")
+            return Unwatch(_req(a[1]), _group(a[2]))
+    raise _bad(f"unknown frame type {t}")
+
+
+class Decoder:
+    """Incremental frame decoder: feed bytes split anywhere, pull frames.
+
+    The ``max_frame`` check is made on the 4-byte length prefix, before the
+    body is buffered, so a peer claiming a 2 GiB frame costs nothing.
+    """
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self.max_frame = max_frame
+        self._buf = bytearray()
+        self._pos = 0
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if self._pos:
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data
+
+    @property
+    def pending(self) -> int:
+        """Bytes received but not yet returned as frames."""
+        return len(self._buf) - self._pos
+
+    def next_body(self) -> memoryview | None:
+        """The next complete frame body, or None if more bytes are needed."""
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < 4:
+            return None
+        (n,) = _LEN.unpack_from(buf, pos)
+        if n > self.max_frame:
+            raise ProtocolError(
+                f"frame of {n} bytes exceeds max_frame {self.max_frame}", code="frame_too_large"
+            )
+        end = pos + 4 + n
+        if len(buf) < end:
+            return None
+        self._pos = end
+        return memoryview(buf)[pos + 4 : end]
+
+    def next_frame(self) -> Frame | None:
+        body = self.next_body()
+        if body is None:
+            return None
+        try:
+            return frame_from_body(body)
+        finally:
+            body.release()
+
+    def frames(self) -> list[Frame]:
+        """Every complete frame buffered so far."""
+        out: list[Frame] = []
+        while (f := self.next_frame()) is not None:
+            out.append(f)
+        return out
+
+
+# --------------------------------------------------------------------------- ROUTE fast path
+
+
+def _read_str_or_bin(b: bytes | bytearray | memoryview, i: int, end: int) -> tuple[int, int]:
+    """Return (start, stop) of a msgpack str or bin value at ``i``; -1 start for nil."""
+    t = b[i]
+    if 0xA0 <= t <= 0xBF:
+        start, ln = i + 1, t & 0x1F
+    elif t == 0xC4 or t == 0xD9:
+        start, ln = i + 2, b[i + 1]
+    elif t == 0xC5 or t == 0xDA:
+        start, ln = i + 3, (b[i + 1] << 8) | b[i + 2]
+    elif t == 0xC6 or t == 0xDB:
+        start = i + 5
+        ln = (b[i + 1] << 24) | (b[i + 2] << 16) | (b[i + 3] << 8) | b[i + 4]
+    elif t == 0xC0:
+        return -1, i + 1
+    else:
+        raise _bad("bad field in ROUTE header")
+    stop = start + ln
+    if stop > end:
+        raise _bad("truncated ROUTE header")
+    return start, stop
+
+
+def route_header(
+    buf: bytes | bytearray, start: int, end: int
+) -> tuple[bytes, bytes | None, bytes, int]:
+    """Parse the header of the ROUTE body ``buf[start:end]`` without copying the payload.
+
+    Returns ``(group_utf8, dest, sender, header_len)``; ``header_len`` is the
+    length of everything before the payload (so the header bytes can serve as
+    a cache key). Raises :class:`ProtocolError` if the body is not a ROUTE of
+    the expected shape; the router then falls back to :func:`frame_from_body`
+    for a precise message.
+    """
+    try:
+        if buf[start] != 0x95 or buf[start + 1] != T.ROUTE:
+            raise _bad("not a ROUTE")
+        i = start + 2
+        if buf[i] not in (0xD9, 0xDA) and not 0xA0 <= buf[i] <= 0xBF:
+            raise _bad("group must be a string")
+        gs, ge = _read_str_or_bin(buf, i, end)
+        ds, de = _read_str_or_bin(buf, ge, end)
+        if ds >= 0 and buf[ge] not in (0xC4, 0xC5, 0xC6):
+            raise _bad("dest must be binary")
+        if buf[de] not in (0xC4, 0xC5, 0xC6):
+            raise _bad("sender must be binary")
+        ss, se = _read_str_or_bin(buf, de, end)
+        if buf[se] not in (0xC4, 0xC5, 0xC6):
+            raise _bad("payload must be binary")
+        _, pe = _read_str_or_bin(buf, se, end)
+        if pe != end:
+            raise _bad("trailing bytes after ROUTE payload")
+    except IndexError:
+        raise _bad("truncated ROUTE") from None
+    group = bytes(buf[gs:ge])
+    dest = None if ds < 0 else bytes(buf[ds:de])
+    return group, dest, bytes(buf[ss:se]), se - start

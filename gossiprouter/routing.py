@@ -1,0 +1,482 @@
+"""The routing table and the routing-entry rules: pure data, no trio, no sockets.
+
+Three views of one set of entries, after the JGroups 2.8 GossipRouter design:
+
+* **Membership**: group -> the entries registered in it (:meth:`RoutingTable.members`).
+* **ConnectionTable**: (group, addr) -> the live connections ("carriers") that
+  registered it, newest last (:attr:`Entry.carriers`); and carrier -> every
+  (group, addr) it holds (:meth:`RoutingTable.registrations`).
+* **AddressMappings**: (group, addr) -> logical name and physical addresses
+  (:attr:`Entry.name`, :attr:`Entry.physical`), for TCPGOSSIP-style discovery.
+
+A *carrier* is whatever object the caller uses for a connection (the server's
+connection object, an in-process member); the table only hashes and compares
+it. Time comes in as ``now`` (seconds, any monotonic clock), so every rule can
+be tested without waiting. Operations return :class:`Notice` objects saying
+which carriers must be told what (join / leave / suspect); the caller encodes
+and sends them.
+
+The rules, each with its reason and its test, are in ``docs/routing.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+Physical = tuple[tuple[str, int], ...]
+
+# Group-name prefixes of the JGroups protocol families. Their payloads are
+# not interchangeable, so each family routes only inside its own namespace.
+RESERVED_PREFIXES = ("jgroups2:", "jgroups5:")
+
+
+class Kind(IntEnum):
+    """Entry kinds, in order of precedence (a higher kind is never taken over)."""
+
+    CONNECTION = 1
+    PROVISIONED = 2
+    IN_PROCESS = 3
+
+    @property
+    def label(self) -> str:
+        return {1: "connection", 2: "provisioned", 3: "in-process"}[self.value]
+
+
+class RoutingError(Exception):
+    """A refused operation; ``code`` is the native ERROR code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(eq=False)
+class Entry:
+    """One routing entry: one per (group, addr)."""
+
+    group: str
+    addr: bytes
+    name: str | None
+    physical: Physical
+    kind: Kind
+    sticky: bool = False
+    expires_at: float | None = None
+    carriers: list[object] = field(default_factory=list)
+    identity: str | None = None
+    # Reconnect grace: set while the entry has lost its last carrier but is kept.
+    grace_until: float | None = None
+    held: list[bytes] = field(default_factory=list)
+    held_bytes: int = 0
+    # Protocol-specific data (e.g. the exact JGroups address encoding) kept
+    # so member lists can be answered in the registering protocol's terms.
+    wire: Any = None
+
+    @property
+    def carrier(self) -> object | None:
+        """The connection that carries this entry's traffic now (the newest live one)."""
+        return self.carriers[-1] if self.carriers else None
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """Tell ``targets`` that ``entry`` joined / left / is suspected in its group."""
+
+    kind: str
+    entry: Entry
+    targets: tuple[object, ...]
+
+
+@dataclass
+class Group:
+    """The entries of one group, with the fan-out targets cached."""
+
+    name: str
+    entries: dict[bytes, Entry] = field(default_factory=dict)
+    watchers: list[object] = field(default_factory=list)
+    # carrier -> how many entries of this group it currently carries
+    load: dict[object, int] = field(default_factory=dict)
+    graced: list[Entry] = field(default_factory=list)
+    _targets: tuple[object, ...] | None = None
+    _targets_without: dict[object, tuple[object, ...]] = field(default_factory=dict)
+
+    def invalidate(self) -> None:
+        self._targets = None
+        self._targets_without.clear()
+
+    def targets(self) -> tuple[object, ...]:
+        """Every connection that carries at least one member: one copy each."""
+        t = self._targets
+        if t is None:
+            t = self._targets = tuple(self.load)
+        return t
+
+    def targets_without(self, carrier: object) -> tuple[object, ...]:
+        """Fan-out targets for a multicast from a member carried by ``carrier``.
+
+        ``carrier`` is left out only when the sender is the only member it
+        carries in this group: a connection shared by several local channels
+        of the group (shared transport) still needs its copy.
+        """
+        t = self._targets_without.get(carrier)
+        if t is None:
+            if self.load.get(carrier) == 1:
+                t = tuple(c for c in self.load if c is not carrier)
+            else:
+                t = self.targets()
+            self._targets_without[carrier] = t
+        return t
+
+
+@dataclass
+class Limits:
+    """Per-connection registration limits (0 = unlimited)."""
+
+    addresses_per_connection: int = 0
+    groups_per_connection: int = 0
+
+
+@dataclass
+class Stats:
+    """Counters the table keeps for metrics."""
+
+    grace_delivered: int = 0
+    grace_dropped: int = 0
+    expired: int = 0
+
+
+class RoutingTable:
+    """Membership, ConnectionTable and AddressMappings, with the routing-entry rules.
+
+    Args:
+        suspect_events: emit ``suspect`` notices when a member is removed
+            without DISCONNECT (JGroups' ``emit_suspect_events``).
+        grace: seconds to keep an entry whose last connection closed without
+            DISCONNECT (0 = remove at once). Traffic to it is held meanwhile.
+        grace_buffer_bytes: bound on the traffic held per entry during grace.
+        limits: per-connection registration limits.
+    """
+
+    def __init__(
+        self,
+        *,
+        suspect_events: bool = True,
+        grace: float = 0.0,
+        grace_buffer_bytes: int = 1 << 20,
+        limits: Limits | None = None,
+    ) -> None:
+        self.suspect_events = suspect_events
+        self.grace = grace
+        self.grace_buffer_bytes = grace_buffer_bytes
+        self.limits = limits or Limits()
+        self.groups: dict[str, Group] = {}
+        self._regs: dict[object, dict[tuple[str, bytes], Entry]] = {}
+        self._watching: dict[object, set[str]] = {}
+        self.stats = Stats()
+
+    # ----------------------------------------------------------------- queries
+
+    def group(self, name: str) -> Group | None:
+        return self.groups.get(name)
+
+    def entry(self, group: str, addr: bytes) -> Entry | None:
+        g = self.groups.get(group)
+        return None if g is None else g.entries.get(addr)
+
+    def members(self, group: str) -> list[Entry]:
+        """The entries of ``group`` in registration order (empty if unknown)."""
+        g = self.groups.get(group)
+        return [] if g is None else list(g.entries.values())
+
+    def registrations(self, carrier: object) -> dict[tuple[str, bytes], Entry]:
+        """What ``carrier`` holds: (group, addr) -> entry. Do not mutate."""
+        return self._regs.get(carrier, _EMPTY)
+
+    def holds(self, carrier: object, group: str, addr: bytes) -> bool:
+        regs = self._regs.get(carrier)
+        return regs is not None and (group, addr) in regs
+
+    def resolve_unicast(self, group: str, dest: bytes) -> Entry | None:
+        """The entry for ``dest`` in ``group``, or None. Its ``carrier`` may be
+        None while it is in reconnect grace: then :meth:`hold` the frame."""
+        g = self.groups.get(group)
+        return None if g is None else g.entries.get(dest)
+
+    def resolve_multicast(
+        self, group: str, sender_carrier: object | None, *, include_sender: bool = False
+    ) -> tuple[object, ...]:
+        """One target per connection carrying a member of ``group``.
+
+        With ``include_sender`` false the sender's connection is left out when
+        the sender is the only member it carries (native semantics); JGroups
+        clients expect their own multicasts back (``include_sender=True``).
+        """
+        g = self.groups.get(group)
+        if g is None:
+            return ()
+        if include_sender or sender_carrier is None:
+            return g.targets()
+        return g.targets_without(sender_carrier)
+
+    def groups_of(self, carrier: object) -> set[str]:
+        return {grp for grp, _ in self.registrations(carrier)}
+
+    # ----------------------------------------------------------------- changes
+
+    def connect(
+        self,
+        carrier: object,
+        group: str,
+        addr: bytes,
+        name: str | None = None,
+        physical: Physical = (),
+        *,
+        kind: Kind = Kind.CONNECTION,
+        identity: str | None = None,
+        sticky: bool = False,
+        expires_at: float | None = None,
+        wire: Any = None,
+    ) -> tuple[Entry, list[Notice], list[bytes]]:
+        """Register ``addr`` in ``group`` through ``carrier``.
+
+        Returns the entry, the notices to send, and the frames held for the
+        entry during reconnect grace, which the caller must now deliver to
+        ``carrier`` in order. Raises :class:`RoutingError` (``forbidden``,
+        ``address_in_use``, ``limit``) when a rule refuses it; nothing has
+        changed then.
+        """
+        g = self.groups.get(group)
+        e = None if g is None else g.entries.get(addr)
+        regs = self._regs.get(carrier)
+        if e is not None:
+            if e.sticky and kind < e.kind:
+                raise RoutingError(
+                    "forbidden", f"address is a provisioned (sticky) member of {group!r}"
+                )
+            if e.kind > kind:
+                raise RoutingError(
+                    "address_in_use",
+                    f"address is registered in {group!r} by a {e.kind.label} member",
+                )
+            if e.identity != identity and e.carriers and kind == e.kind:
+                raise RoutingError(
+                    "address_in_use", f"address is registered in {group!r} by another identity"
+                )
+        if regs is None or (group, addr) not in regs:
+            self._check_limits(carrier, group)
+
+        notices: list[Notice] = []
+        held: list[bytes] = []
+        if g is None:
+            g = self.groups[group] = Group(group)
+        if e is None or e.kind < kind:
+            if e is not None:
+                # A higher kind takes the address over: the old carriers lose it.
+                for c in list(e.carriers):
+                    self._unlink(g, e, c)
+                g.entries.pop(addr)
+            first = e is None
+            e = Entry(
+                group, addr, name, physical, kind, sticky=sticky, expires_at=expires_at,
+                identity=identity, wire=wire,
+            )
+            g.entries[addr] = e
+            if first and g.watchers:
+                notices.append(Notice("join", e, tuple(g.watchers)))
+        else:
+            # Registering again: newest data wins; expiry later wins; sticky if either is.
+            e.name, e.physical, e.identity = name, physical, identity
+            if wire is not None:
+                e.wire = wire
+            e.sticky = e.sticky or sticky
+            if e.expires_at is not None:
+                e.expires_at = None if expires_at is None else max(e.expires_at, expires_at)
+            if e.grace_until is not None:
+                e.grace_until = None
+                g.graced.remove(e)
+                held, e.held, e.held_bytes = e.held, [], 0
+                self.stats.grace_delivered += len(held)
+        if carrier is not None and kind != Kind.PROVISIONED:
+            self._link(g, e, carrier)
+        return e, notices, held
+
+    def disconnect(self, carrier: object, group: str, addr: bytes) -> list[Notice]:
+        """A clean leave: the entry goes at once, whichever connection asks.
+
+        Raises ``not_member`` when ``carrier`` did not register it, and
+        ``forbidden`` for a sticky (provisioned) entry.
+        """
+        e = self.entry(group, addr)
+        if e is not None and e.sticky:
+            raise RoutingError("forbidden", f"address is a provisioned member of {group!r}")
+        if e is None or carrier not in e.carriers:
+            raise RoutingError("not_member", f"this connection did not register it in {group!r}")
+        return self._remove(e, suspect=False)
+
+    def remove(self, group: str, addr: bytes, *, suspect: bool = False) -> list[Notice]:
+        """Remove an entry whatever its kind (embedding API and config reload)."""
+        e = self.entry(group, addr)
+        return [] if e is None else self._remove(e, suspect=suspect)
+
+    def drop_carrier(self, carrier: object, now: float) -> list[Notice]:
+        """``carrier`` is gone (closed, abruptly or not, without DISCONNECT).
+
+        Every entry it held loses it. An entry that still has another live
+        connection stays, unsuspected; one that lost its last connection goes
+        into reconnect grace, or is removed with ``suspect`` + ``leave``.
+        """
+        for grp in self._watching.pop(carrier, ()):
+            g = self.groups.get(grp)
+            if g is not None:
+                g.watchers.remove(carrier)
+                self._gc(g)
+        regs = self._regs.get(carrier)
+        if not regs:
+            self._regs.pop(carrier, None)
+            return []
+        notices: list[Notice] = []
+        for e in list(regs.values()):
+            g = self.groups[e.group]
+            self._unlink(g, e, carrier)
+            if e.carriers or e.kind != Kind.CONNECTION:
+                continue
+            if self.grace > 0:
+                e.grace_until = now + self.grace
+                g.graced.append(e)
+            else:
+                notices += self._remove(e, suspect=True)
+        self._regs.pop(carrier, None)
+        return notices
+
+    def hold(self, e: Entry, frame: bytes) -> bool:
+        """Keep ``frame`` for an entry in reconnect grace; False if it was dropped."""
+        if e.held_bytes + len(frame) > self.grace_buffer_bytes:
+            self.stats.grace_dropped += 1
+            return False
+        e.held.append(frame)
+        e.held_bytes += len(frame)
+        return True
+
+    def expire(self, now: float) -> list[Notice]:
+        """The reaper: remove non-sticky entries whose expiry or grace has passed."""
+        notices: list[Notice] = []
+        for g in list(self.groups.values()):
+            for e in list(g.entries.values()):
+                if e.sticky:
+                    continue
+                if e.grace_until is not None and e.grace_until <= now:
+                    self.stats.grace_dropped += len(e.held)
+                    notices += self._remove(e, suspect=True)
+                elif e.expires_at is not None and e.expires_at <= now:
+                    self.stats.expired += 1
+                    notices += self._remove(e, suspect=True)
+        return notices
+
+    def next_deadline(self) -> float | None:
+        """The earliest expiry or grace end, so the reaper can sleep until then."""
+        best: float | None = None
+        for g in self.groups.values():
+            for e in g.entries.values():
+                for t in (e.grace_until, None if e.sticky else e.expires_at):
+                    if t is not None and (best is None or t < best):
+                        best = t
+        return best
+
+    def watch(self, carrier: object, group: str) -> None:
+        g = self.groups.get(group)
+        if g is None:
+            g = self.groups[group] = Group(group)
+        if carrier not in g.watchers:
+            g.watchers.append(carrier)
+            self._watching.setdefault(carrier, set()).add(group)
+
+    def unwatch(self, carrier: object, group: str) -> None:
+        g = self.groups.get(group)
+        if g is not None and carrier in g.watchers:
+            g.watchers.remove(carrier)
+            self._watching[carrier].discard(group)
+            self._gc(g)
+
+    # ----------------------------------------------------------------- internals
+
+    def _check_limits(self, carrier: object, group: str) -> None:
+        lim = self.limits
+        regs = self._regs.get(carrier)
+        if not regs:
+            return
+        if lim.addresses_per_connection and len(regs) >= lim.addresses_per_connection:
+            raise RoutingError(
+                "limit", f"at most {lim.addresses_per_connection} addresses per connection"
+            )
+        if lim.groups_per_connection:
+            groups = self.groups_of(carrier)
+            if group not in groups and len(groups) >= lim.groups_per_connection:
+                raise RoutingError(
+                    "limit", f"at most {lim.groups_per_connection} groups per connection"
+                )
+
+    def _link(self, g: Group, e: Entry, carrier: object) -> None:
+        old = e.carrier
+        if carrier in e.carriers:
+            e.carriers.remove(carrier)
+        e.carriers.append(carrier)
+        self._regs.setdefault(carrier, {})[(g.name, e.addr)] = e
+        if old is not carrier:
+            if old is not None:
+                self._unload(g, old)
+            g.load[carrier] = g.load.get(carrier, 0) + 1
+            g.invalidate()
+
+    def _unlink(self, g: Group, e: Entry, carrier: object) -> None:
+        if carrier not in e.carriers:
+            return
+        was_newest = e.carrier is carrier
+        e.carriers.remove(carrier)
+        regs = self._regs.get(carrier)
+        if regs is not None:
+            regs.pop((g.name, e.addr), None)
+        if was_newest:
+            self._unload(g, carrier)
+            new = e.carrier
+            if new is not None:
+                g.load[new] = g.load.get(new, 0) + 1
+            g.invalidate()
+
+    @staticmethod
+    def _unload(g: Group, carrier: object) -> None:
+        n = g.load[carrier] - 1
+        if n:
+            g.load[carrier] = n
+        else:
+            del g.load[carrier]
+
+    def _remove(self, e: Entry, *, suspect: bool) -> list[Notice]:
+        g = self.groups[e.group]
+        for c in list(e.carriers):
+            self._unlink(g, e, c)
+        if e.grace_until is not None:
+            e.grace_until = None
+            g.graced.remove(e)
+            e.held, e.held_bytes = [], 0
+        del g.entries[e.addr]
+        notices: list[Notice] = []
+        if suspect and self.suspect_events and g.load:
+            notices.append(Notice("suspect", e, g.targets()))
+        if g.watchers:
+            notices.append(Notice("leave", e, tuple(g.watchers)))
+        self._gc(g)
+        return notices
+
+    def _gc(self, g: Group) -> None:
+        if not g.entries and not g.watchers:
+            self.groups.pop(g.name, None)
+
+
+_EMPTY: dict[tuple[str, bytes], Entry] = {}
+
+
+def is_reserved(group: str) -> bool:
+    """True for the JGroups namespaces, which native clients may only list and watch."""
+    return group.startswith(RESERVED_PREFIXES)

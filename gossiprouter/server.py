@@ -1,0 +1,340 @@
+"""The trio server: listeners, one reader and one writer task per connection.
+
+This is the only module that touches sockets. A connection's first bytes say
+which protocol it speaks (:func:`sniff`); a session of that protocol then
+turns what the reader receives into bytes queued on other connections'
+outboxes, and each connection's writer drains its own outbox with one
+``send_all`` per wake-up. A receiver that cannot keep up is handled by its
+outbox's policy; nothing here ever waits on another connection's socket.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import socket as _stdsocket
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+
+from gossiprouter.config import Config
+from gossiprouter.protocol import native as wire
+from gossiprouter.sessions.base import Hub, Session
+from gossiprouter.sessions.native import NativeSession
+
+log = logging.getLogger("gossiprouter")
+
+RECV_SIZE = 256 * 1024
+
+# Accept errors that mean "out of resources right now": retried after a pause,
+# as trio.serve_listeners does, instead of killing the accept loop.
+_ACCEPT_RETRY = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
+_ACCEPT_PAUSE = 0.1
+
+SessionFactory = Callable[[Hub, str, bytes], Session | None]
+
+
+@dataclass(frozen=True)
+class Sniffed:
+    protocol: str
+    consumed: int
+
+
+def sniff(first: bytes) -> Sniffed | str | None:
+    """Decide a connection's protocol from its first bytes.
+
+    Returns :class:`Sniffed`, None when more bytes are needed, or a string
+    naming why the bytes are not any protocol the router speaks.
+    """
+    if not first:
+        return None
+    b0 = first[0]
+    if b0 == wire.PREAMBLE[0]:
+        if len(first) < 4:
+            return None if wire.PREAMBLE.startswith(first) else _describe(first)
+        if first[:4] == wire.PREAMBLE:
+            return Sniffed("native", 4)
+        return _describe(first)
+    if b0 == 0x00:
+        return Sniffed("jgroups5", 0)
+    if 1 <= b0 <= 16:
+        return Sniffed("jgroups2", 0)
+    return _describe(first)
+
+
+def _describe(first: bytes) -> str:
+    head = first[:16]
+    if head[:1] == b"\x16":
+        kind = "a TLS ClientHello"
+    elif head.split(b" ", 1)[0] in (b"GET", b"POST", b"HEAD", b"PUT", b"OPTIONS", b"DELETE"):
+        kind = "an HTTP request"
+    else:
+        kind = "an unknown protocol"
+    return f"{kind} (first bytes {head!r})"
+
+
+class Connection:
+    """A live TCP connection and its session."""
+
+    def __init__(self, stream: trio.SocketStream, peer: str) -> None:
+        self.stream = stream
+        self.peer = peer
+        self.session: Session | None = None
+        self.scope = trio.CancelScope()
+        self.lot = trio.lowlevel.ParkingLot()
+
+
+class Server:
+    """A gossiprouter listening on one port.
+
+    Use :meth:`serve` in a nursery (``await nursery.start(server.serve)``
+    returns the bound ``(host, port)``), and :meth:`shutdown` to stop it
+    gracefully.
+    """
+
+    def __init__(self, config: Config, hub: Hub | None = None) -> None:
+        self.config = config
+        self.hub = hub or Hub(config)
+        self.connections: set[Connection] = set()
+        self.factories: dict[str, SessionFactory] = {"native": _native_factory}
+        self.address: tuple[str, int] | None = None
+        self._accept_scope = trio.CancelScope()
+        self._stopping = False
+        self._closed = trio.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def serve(
+        self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Listen, accept and serve until :meth:`shutdown` or cancellation."""
+        cfg = self.config
+        listener = await self._listen(cfg.host, cfg.port, cfg.backlog)
+        sockname = listener.socket.getsockname()
+        self.address = (sockname[0], sockname[1])
+        log.info("listening on %s:%d (native, JGroups 2.12 and 5.x on one port)", *self.address)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._reaper)
+                task_status.started(self.address)
+                with self._accept_scope:
+                    await self._accept_loop(listener, nursery)
+                await listener.aclose()
+                # Shutdown: wait for connections to flush, then cut what is left.
+                with trio.move_on_after(cfg.shutdown_timeout + 0.5):
+                    while self.connections:
+                        await trio.sleep(0.02)
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await listener.aclose()
+            self._closed.set()
+            log.info("stopped")
+
+    @staticmethod
+    async def _listen(host: str, port: int, backlog: int) -> trio.SocketListener:
+        family = _stdsocket.AF_INET6 if ":" in host else _stdsocket.AF_INET
+        sock = trio.socket.socket(family, _stdsocket.SOCK_STREAM)
+        try:
+            sock.setsockopt(_stdsocket.SOL_SOCKET, _stdsocket.SO_REUSEADDR, 1)
+            await sock.bind((host, port))
+            sock.listen(backlog)
+        except BaseException:
+            sock.close()
+            raise
+        return trio.SocketListener(sock)
+
+    def shutdown(self) -> None:
+        """Stop accepting, tell every client (ERROR ``shutting_down``), flush, stop."""
+        if self._stopping:
+            return
+        self._stopping = True
+        log.info("shutting down: %d connections", len(self.connections))
+        self._accept_scope.cancel()
+        deadline = trio.current_time() + self.config.shutdown_timeout
+        for conn in list(self.connections):
+            if conn.session is not None:
+                conn.session.close("shutting_down", "router is shutting down")
+            conn.scope.deadline = min(conn.scope.deadline, deadline)
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    # ------------------------------------------------------------------ accepting
+
+    async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as e:
+                if e.errno in _ACCEPT_RETRY:
+                    log.error("accept failed: %s; retrying in %.1fs", e, _ACCEPT_PAUSE)
+                    await trio.sleep(_ACCEPT_PAUSE)
+                    continue
+                raise
+            nursery.start_soon(self._handle, stream)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        try:
+            peer_addr = stream.socket.getpeername()
+            peer = f"{peer_addr[0]}:{peer_addr[1]}"
+        except OSError:
+            await stream.aclose()
+            return
+        stream.setsockopt(_stdsocket.IPPROTO_TCP, _stdsocket.TCP_NODELAY, True)
+        conn = Connection(stream, peer)
+        self.connections.add(conn)
+        try:
+            with conn.scope:
+                await self._run(conn)
+        finally:
+            self.connections.discard(conn)
+            if conn.session is not None:
+                self._forget(conn.session)
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+
+    async def _run(self, conn: Connection) -> None:
+        cfg = self.config
+        first = b""
+        with trio.move_on_after(cfg.handshake_timeout) as handshake:
+            verdict = None
+            while verdict is None:
+                try:
+                    data = await conn.stream.receive_some(RECV_SIZE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return
+                if not data:
+                    return
+                first += data
+                verdict = sniff(first)
+        if handshake.cancelled_caught:
+            log.info("closing %s: no protocol preamble within %.1fs", conn.peer,
+                     cfg.handshake_timeout)
+            return
+        if isinstance(verdict, str):
+            log.info("closing %s: %s", conn.peer, verdict)
+            return
+        assert verdict is not None
+        factory = self.factories.get(verdict.protocol)
+        session = None if factory is None else factory(self.hub, conn.peer, first)
+        if session is None:
+            log.info("closing %s: %s protocol is not served on this port", conn.peer,
+                     verdict.protocol)
+            return
+        conn.session = session
+        now = trio.current_time()
+        session.last_recv = now
+        ob = session.outbox
+        lot = conn.lot
+
+        def wake() -> None:
+            lot.unpark_all()
+
+        ob.wake = wake
+
+        def on_close() -> None:
+            # Give the final flush (the farewell) a bounded time, then cut.
+            conn.scope.deadline = min(conn.scope.deadline,
+                                      trio.current_time() + max(cfg.shutdown_timeout, 0.5))
+
+        ob.on_close = on_close
+        if self._stopping or len(self.connections) > cfg.max_connections:
+            reason = "shutting_down" if self._stopping else "limit"
+            if reason == "limit":
+                log.warning("refusing %s: %d connections (max_connections %d)", conn.peer,
+                            len(self.connections) - 1, cfg.max_connections)
+            session.close(reason, f"too many connections (max {cfg.max_connections})"
+                          if reason == "limit" else "router is shutting down")
+        elif len(first) > verdict.consumed:
+            session.on_data(first[verdict.consumed:], now)
+            self.hub.counters.bytes_in += len(first)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._writer, conn, session, nursery.cancel_scope)
+            await self._reader(conn, session)
+            # The reader is done (EOF or the session closed): let the writer flush.
+            if not ob.closed:
+                ob.close("eof")
+
+    async def _reader(self, conn: Connection, session: Session) -> None:
+        stream = conn.stream
+        counters = self.hub.counters
+        ob = session.outbox
+        while not ob.closed:
+            try:
+                data = await stream.receive_some(RECV_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            if not data:
+                session.on_eof()
+                return
+            counters.bytes_in += len(data)
+            session.on_data(data, trio.current_time())
+
+    async def _writer(self, conn: Connection, session: Session, scope: trio.CancelScope) -> None:
+        ob = session.outbox
+        stream = conn.stream
+        try:
+            while True:
+                if not ob.chunks:
+                    if ob.closed:
+                        break
+                    await conn.lot.park()
+                    continue
+                chunks = ob.take()
+                data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                await stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            # The writer ends only when the connection is over.
+            if not ob.closed:
+                ob.close("write failed")
+            scope.cancel()
+
+    def _forget(self, session: Session) -> None:
+        table = self.hub.table
+        held = list(table.registrations(session).values())
+        self.hub.deliver(table.drop_carrier(session, trio.current_time()))
+        if held and log.isEnabledFor(logging.INFO):
+            reason = session.outbox.close_reason or "closed"
+            for e in held:
+                if table.entry(e.group, e.addr) is not e:
+                    log.info("%s (%s) left %r: connection %r closed (%s)", e.name or "-",
+                             e.addr.hex(), e.group, session, reason)
+                elif e.grace_until is not None:
+                    log.info("%s (%s) in %r: connection %r closed (%s); in reconnect grace",
+                             e.name or "-", e.addr.hex(), e.group, session, reason)
+
+    # ------------------------------------------------------------------ reaper
+
+    async def _reaper(self) -> None:
+        """Idle connections, expired entries, ended reconnect graces."""
+        cfg = self.config
+        idle = cfg.idle_timeout
+        while True:
+            now = trio.current_time()
+            wake = now + 1.0
+            if idle > 0:
+                for conn in list(self.connections):
+                    s = conn.session
+                    if s is None or s.outbox.closed:
+                        continue
+                    if now - s.last_recv >= idle:
+                        log.info("closing %r: idle for %.1fs", s, now - s.last_recv)
+                        s.close("idle_timeout", f"nothing received for {idle:g}s")
+                    else:
+                        wake = min(wake, s.last_recv + idle)
+            notices = self.hub.table.expire(now)
+            if notices:
+                self.hub.deliver(notices)
+            nd = self.hub.table.next_deadline()
+            if nd is not None:
+                wake = min(wake, nd)
+            await trio.sleep_until(max(wake, now + 0.01) if math.isfinite(wake) else now + 1.0)
+
+
+def _native_factory(hub: Hub, peer: str, first: bytes) -> Session:
+    return NativeSession(hub, peer)

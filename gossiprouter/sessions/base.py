@@ -1,0 +1,203 @@
+"""What every protocol session shares: the bounded outbound queue and the hub.
+
+A *session* is the per-connection protocol logic: it turns received bytes
+into routing-table operations and bytes queued for other connections. It does
+no I/O: the server feeds it bytes and drains its :class:`Outbox`. Sessions are
+the *carriers* the routing table stores.
+
+The :class:`Hub` is the state all sessions of one router share: the routing
+table, the settings, the counters.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
+
+from gossiprouter.routing import Entry, Notice, RoutingTable
+
+if TYPE_CHECKING:
+    from gossiprouter.config import Config
+
+log = logging.getLogger("gossiprouter")
+
+
+def _nothing() -> None:
+    pass
+
+
+class Outbox:
+    """A connection's outbound queue, bounded in bytes and in frames.
+
+    ``push`` never blocks: fan-out must never wait for one receiver. When a
+    frame would overflow the queue, the policy decides: ``drop`` drops it for
+    this receiver and counts it; ``disconnect`` discards the queue, queues the
+    session's farewell (e.g. ERROR ``slow_consumer``) and asks for the
+    connection to be closed.
+    """
+
+    __slots__ = (
+        "chunks",
+        "close_reason",
+        "closed",
+        "dropped",
+        "max_bytes",
+        "max_frames",
+        "nbytes",
+        "on_close",
+        "policy",
+        "wake",
+    )
+
+    def __init__(self, max_bytes: int, max_frames: int, policy: str) -> None:
+        self.chunks: list[bytes] = []
+        self.nbytes = 0
+        self.max_bytes = max_bytes
+        self.max_frames = max_frames
+        self.policy = policy
+        self.dropped = 0
+        self.closed = False
+        self.close_reason = ""
+        # Set by the server: wake the writer / bound the final flush.
+        self.wake: Callable[[], None] = _nothing
+        self.on_close: Callable[[], None] = _nothing
+
+    def push(self, data: bytes) -> bool:
+        """Queue ``data``; False if it was not queued (dropped, or closing)."""
+        if self.closed:
+            return False
+        chunks = self.chunks
+        n = self.nbytes + len(data)
+        if n > self.max_bytes or len(chunks) >= self.max_frames:
+            return False
+        chunks.append(data)
+        self.nbytes = n
+        if len(chunks) == 1:
+            self.wake()
+        return True
+
+    def take(self) -> list[bytes]:
+        """Everything queued, in order, emptying the queue."""
+        chunks = self.chunks
+        self.chunks = []
+        self.nbytes = 0
+        return chunks
+
+    def close(self, reason: str, farewell: bytes = b"", *, discard: bool = False) -> None:
+        """Stop accepting frames; queue ``farewell`` last; ask for the connection to close."""
+        if self.closed:
+            return
+        if discard:
+            self.chunks = []
+            self.nbytes = 0
+        if farewell:
+            self.chunks.append(farewell)
+            self.nbytes += len(farewell)
+        self.closed = True
+        self.close_reason = reason
+        self.wake()
+        self.on_close()
+
+
+@dataclass
+class Counters:
+    """Router-wide counters (exported as metrics by the operations layer)."""
+
+    frames_in: dict[str, int] = field(default_factory=dict)
+    frames_out: dict[str, int] = field(default_factory=dict)
+    bytes_in: int = 0
+    routed: int = 0
+    delivered: int = 0
+    drops: dict[str, int] = field(default_factory=dict)
+    slow_consumer_disconnects: int = 0
+    protocol_errors: int = 0
+
+    def drop(self, reason: str, n: int = 1) -> None:
+        self.drops[reason] = self.drops.get(reason, 0) + n
+
+
+class Session:
+    """Base class of the protocol sessions; a session is a routing-table carrier."""
+
+    protocol = "?"
+
+    def __init__(self, hub: Hub, peer: str) -> None:
+        self.hub = hub
+        self.peer = peer
+        cfg = hub.config
+        self.outbox = Outbox(cfg.outbound_queue_bytes, cfg.outbound_queue_frames,
+                             cfg.slow_consumer_policy)
+        self.last_recv = 0.0
+
+    def __repr__(self) -> str:
+        return f"<{self.protocol} {self.peer}>"
+
+    # --- called by the server
+    def on_data(self, data: bytes, now: float) -> None:
+        raise NotImplementedError
+
+    def on_eof(self) -> None:
+        """The peer closed its side; nothing more will be received."""
+
+    def close(self, code: str, message: str) -> None:
+        """Close this connection from the router side, telling the peer why if it can."""
+        self.outbox.close(code, self.farewell(code, message))
+
+    def farewell(self, code: str, message: str) -> bytes:
+        """The bytes that tell the peer why it is being closed (protocol-specific)."""
+        return b""
+
+    # --- called by the hub / other sessions (the carrier interface)
+    def push(self, data: bytes) -> None:
+        """Queue routed bytes for this connection, applying the slow-consumer policy."""
+        ob = self.outbox
+        if ob.push(data):
+            return
+        if ob.closed:
+            return
+        if ob.policy == "drop":
+            ob.dropped += 1
+            self.hub.counters.drop("slow_consumer")
+            return
+        self.hub.counters.slow_consumer_disconnects += 1
+        log.warning(
+            "closing %r: slow consumer (%d bytes / %d frames queued, limits %d / %d)",
+            self, ob.nbytes, len(ob.chunks), ob.max_bytes, ob.max_frames,
+        )
+        ob.close(
+            "slow_consumer",
+            self.farewell("slow_consumer", "outbound queue full: not reading fast enough"),
+            discard=True,
+        )
+
+    def notify(self, kind: str, entry: Entry) -> None:
+        """Tell this connection that ``entry`` joined / left / is suspected."""
+
+
+class Hub:
+    """The state every session of one router shares."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.table = RoutingTable(
+            suspect_events=config.suspect_events,
+            grace=config.grace,
+            grace_buffer_bytes=config.grace_buffer_bytes,
+        )
+        self.table.limits.addresses_per_connection = config.addresses_per_connection
+        self.table.limits.groups_per_connection = config.groups_per_connection
+        self.counters = Counters()
+
+    def deliver(self, notices: list[Notice]) -> None:
+        for n in notices:
+            for target in n.targets:
+                cast(Session, target).notify(n.kind, n.entry)
+
+    def log_membership(self, what: str, entry: Entry, via: object) -> None:
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "%s %s (%s%s) in %r via %r", what, entry.name or "-", entry.addr.hex(),
+                "".join(f" {h}:{p}" for h, p in entry.physical), entry.group, via,
+            )

@@ -1,0 +1,79 @@
+"""A raw native-protocol test client: frames over a real socket, no stub logic."""
+
+from __future__ import annotations
+
+import itertools
+
+import trio
+
+from gossiprouter.protocol import native as wire
+
+
+class NativeClient:
+    """Sends frames and reads frames, nothing else; tests drive the protocol by hand."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.decoder = wire.Decoder(max_frame=64 * 1024 * 1024)
+        self._req = itertools.count(1)
+        self.welcome: wire.Welcome | None = None
+
+    @classmethod
+    async def open(cls, host: str, port: int, *, hello: bool = True) -> NativeClient:
+        stream = await trio.open_tcp_stream(host, port)
+        c = cls(stream)
+        await stream.send_all(wire.PREAMBLE)
+        if hello:
+            await c.send(wire.Hello((1,), "test"))
+            w = await c.recv()
+            assert isinstance(w, wire.Welcome), w
+            c.welcome = w
+        return c
+
+    def req(self) -> int:
+        return next(self._req)
+
+    async def send(self, frame: wire.Frame) -> None:
+        await self.stream.send_all(wire.encode(frame))
+
+    async def send_raw(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def recv(self, timeout: float = 5.0) -> wire.Frame:
+        with trio.fail_after(timeout):
+            while True:
+                f = self.decoder.next_frame()
+                if f is not None:
+                    return f
+                data = await self.stream.receive_some(65536)
+                if not data:
+                    raise EOFError("router closed the connection")
+                self.decoder.feed(data)
+
+    async def recv_until_closed(self, timeout: float = 5.0) -> list[wire.Frame]:
+        """Every frame until the router closes the connection."""
+        out: list[wire.Frame] = []
+        try:
+            while True:
+                out.append(await self.recv(timeout))
+        except EOFError:
+            return out
+
+    async def request(
+        self,
+        frame: wire.Connect | wire.Disconnect | wire.GetMembers | wire.Watch | wire.Unwatch,
+    ) -> wire.Frame:
+        """Send a request and return its OK/ERROR, skipping routed traffic and events."""
+        await self.send(frame)
+        req = frame.req
+        while True:
+            f = await self.recv()
+            if isinstance(f, (wire.Ok, wire.Error)) and f.req == req:
+                return f
+
+    async def connect(self, group: str, addr: bytes, name: str | None = None,
+                      physical: wire.Physical = ()) -> wire.Frame:
+        return await self.request(wire.Connect(self.req(), group, addr, name, physical))
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
