@@ -337,9 +337,13 @@ class RoutingTable:
             self._regs.pop(carrier, None)
             return []
         notices: list[Notice] = []
-        for e in list(regs.values()):
+        held = list(regs.values())
+        # Unlink everything first, so the dying connection is never told about
+        # its own addresses.
+        for e in held:
+            self._unlink(self.groups[e.group], e, carrier)
+        for e in held:
             g = self.groups[e.group]
-            self._unlink(g, e, carrier)
             if e.carriers or e.kind != Kind.CONNECTION:
                 continue
             if self.grace > 0:

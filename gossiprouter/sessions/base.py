@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
-from gossiprouter.routing import Entry, Notice, RoutingTable
+from gossiprouter.routing import Entry, Kind, Notice, RoutingTable
 
 if TYPE_CHECKING:
     from gossiprouter.config import Config
@@ -189,6 +189,9 @@ class Hub:
         self.table.limits.addresses_per_connection = config.addresses_per_connection
         self.table.limits.groups_per_connection = config.groups_per_connection
         self.counters = Counters()
+        for p in config.provisioned:
+            self.table.connect(None, p.group, p.addr, p.name, p.physical,
+                               kind=Kind.PROVISIONED, sticky=True)
 
     def deliver(self, notices: list[Notice]) -> None:
         for n in notices:
