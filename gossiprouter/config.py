@@ -79,6 +79,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("shutdown_timeout", float, 5.0,
            "On SIGINT/SIGTERM, how long clients get to receive what is queued for them.",
            minimum=0, unit="seconds"),
+    Option("close_timeout", float, 10.0,
+           "When the router closes a connection (slow consumer, idle, protocol error), how long "
+           "it keeps trying to deliver the final ERROR frame behind what was already being "
+           "written. The connection's members leave at once.", minimum=0, unit="seconds"),
     Option("backlog", int, 1024, "Listen backlog.", minimum=1),
     Option("router_id", str, "",
            "Name announced in WELCOME (default: gossiprouter@HOST:PORT)."),
@@ -117,6 +121,7 @@ class Config:
     groups_per_connection: int = 256
     handshake_timeout: float = 10.0
     shutdown_timeout: float = 5.0
+    close_timeout: float = 10.0
     backlog: int = 1024
     router_id: str = ""
     log_level: str = "info"
@@ -248,8 +253,8 @@ def build(file: Path | None = None, **cli: Any) -> Config:
     if file is not None:
         values.update(load_file(file))
     values.update(cli)
-    for name in ("idle_timeout", "heartbeat_interval", "grace", "handshake_timeout",
-                 "shutdown_timeout"):
-        if isinstance(values.get(name), int) and not isinstance(values.get(name), bool):
-            values[name] = float(values[name])
+    for o in OPTIONS:
+        v = values.get(o.name)
+        if o.type is float and isinstance(v, int) and not isinstance(v, bool):
+            values[o.name] = float(v)
     return Config(**values)

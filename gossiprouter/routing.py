@@ -190,6 +190,11 @@ class RoutingTable:
         g = self.groups.get(group)
         return [] if g is None else list(g.entries.values())
 
+    @property
+    def watching(self) -> dict[object, set[str]]:
+        """carrier -> the groups it watches. Do not mutate."""
+        return self._watching
+
     def registrations(self, carrier: object) -> dict[tuple[str, bytes], Entry]:
         """What ``carrier`` holds: (group, addr) -> entry. Do not mutate."""
         return self._regs.get(carrier, _EMPTY)

@@ -236,9 +236,12 @@ class Server:
         ob.wake = wake
 
         def on_close() -> None:
-            # Give the final flush (the farewell) a bounded time, then cut.
-            conn.scope.deadline = min(conn.scope.deadline,
-                                      trio.current_time() + max(cfg.shutdown_timeout, 0.5))
+            # The connection counts as closed at once (its members leave now, and
+            # nothing more is routed to it); its final flush, the farewell frame
+            # behind whatever was already being written, gets a bounded time.
+            self._forget(session)
+            linger = cfg.shutdown_timeout if self._stopping else cfg.close_timeout
+            conn.scope.deadline = min(conn.scope.deadline, trio.current_time() + linger)
 
         ob.on_close = on_close
         if self._stopping or len(self.connections) > cfg.max_connections:
@@ -295,9 +298,14 @@ class Server:
             scope.cancel()
 
     def _forget(self, session: Session) -> None:
+        """Drop everything ``session`` held from the table (idempotent)."""
         table = self.hub.table
         held = list(table.registrations(session).values())
-        self.hub.deliver(table.drop_carrier(session, trio.current_time()))
+        if not held and session not in table.watching:
+            return
+        notices = table.drop_carrier(session, trio.current_time())
+        if not self._stopping:  # when everyone is being closed, nobody needs telling
+            self.hub.deliver(notices)
         if held and log.isEnabledFor(logging.INFO):
             reason = session.outbox.close_reason or "closed"
             for e in held:
