@@ -27,6 +27,15 @@ from gossiprouter.sessions.native import NativeSession
 log = logging.getLogger("gossiprouter")
 
 RECV_SIZE = 256 * 1024
+# A writer sends at most about this much per send_all, so that its progress
+# (which tells a slow receiver from a stalled one) is seen often.
+WRITE_BATCH = 1 << 20
+# Back-pressure (see sessions.base.Congestion): a reader that fed a congested
+# receiver pauses in steps of STALL_STEP, at most MAX_STALL per chunk; a
+# receiver whose writer made no progress for STALLED_AFTER slows nobody.
+STALL_STEP = 0.002
+MAX_STALL = 0.05
+STALLED_AFTER = 0.25
 
 # Accept errors that mean "out of resources right now": retried after a pause,
 # as trio.serve_listeners does, instead of killing the accept loop.
@@ -264,6 +273,7 @@ class Server:
     async def _reader(self, conn: Connection, session: Session) -> None:
         stream = conn.stream
         counters = self.hub.counters
+        congestion = self.hub.congestion
         ob = session.outbox
         while not ob.closed:
             try:
@@ -275,9 +285,23 @@ class Server:
                 return
             counters.bytes_in += len(data)
             session.on_data(data, trio.current_time())
+            if congestion.pending:
+                congestion.pending = False
+                await self._throttle()
+
+    async def _throttle(self) -> None:
+        """Pause this reader while a receiver it fed is congested but still draining."""
+        congestion = self.hub.congestion
+        end = trio.current_time() + MAX_STALL
+        while True:
+            now = trio.current_time()
+            if now >= end or not congestion.draining(now, STALLED_AFTER):
+                return
+            await trio.sleep(STALL_STEP)
 
     async def _writer(self, conn: Connection, session: Session, scope: trio.CancelScope) -> None:
         ob = session.outbox
+        ob.last_progress = trio.current_time()
         stream = conn.stream
         try:
             while True:
@@ -286,9 +310,10 @@ class Server:
                         break
                     await conn.lot.park()
                     continue
-                chunks = ob.take()
+                chunks = ob.take(WRITE_BATCH)
                 data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 await stream.send_all(data)
+                ob.last_progress = trio.current_time()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:

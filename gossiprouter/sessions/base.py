@@ -42,7 +42,11 @@ class Outbox:
         "chunks",
         "close_reason",
         "closed",
+        "congestion",
         "dropped",
+        "flagged",
+        "hwm",
+        "last_progress",
         "max_bytes",
         "max_frames",
         "nbytes",
@@ -51,15 +55,23 @@ class Outbox:
         "wake",
     )
 
-    def __init__(self, max_bytes: int, max_frames: int, policy: str) -> None:
+    def __init__(
+        self, max_bytes: int, max_frames: int, policy: str, congestion: Congestion | None = None
+    ) -> None:
         self.chunks: list[bytes] = []
         self.nbytes = 0
         self.max_bytes = max_bytes
         self.max_frames = max_frames
+        # Above this many queued bytes the receiver is congested: whoever
+        # pushes to it is briefly paused (see Congestion).
+        self.hwm = max_bytes // 4
         self.policy = policy
         self.dropped = 0
         self.closed = False
         self.close_reason = ""
+        self.congestion = congestion or Congestion()
+        self.flagged = False
+        self.last_progress = 0.0
         # Set by the server: wake the writer / bound the final flush.
         self.wake: Callable[[], None] = _nothing
         self.on_close: Callable[[], None] = _nothing
@@ -76,14 +88,27 @@ class Outbox:
         self.nbytes = n
         if len(chunks) == 1:
             self.wake()
+        elif n > self.hwm:
+            self.congestion.hit(self)
         return True
 
-    def take(self) -> list[bytes]:
-        """Everything queued, in order, emptying the queue."""
+    def take(self, limit: int = 1 << 20) -> list[bytes]:
+        """The oldest queued chunks, about ``limit`` bytes (at least one chunk), in order."""
         chunks = self.chunks
-        self.chunks = []
-        self.nbytes = 0
-        return chunks
+        if self.nbytes <= limit:
+            self.chunks = []
+            self.nbytes = 0
+            return chunks
+        size = 0
+        i = 0
+        for i, c in enumerate(chunks):  # noqa: B007 - i is used after the loop
+            size += len(c)
+            if size >= limit:
+                break
+        out = chunks[: i + 1]
+        del chunks[: i + 1]
+        self.nbytes -= size
+        return out
 
     def close(self, reason: str, farewell: bytes = b"", *, discard: bool = False) -> None:
         """Stop accepting frames; queue ``farewell`` last; ask for the connection to close."""
@@ -99,6 +124,42 @@ class Outbox:
         self.close_reason = reason
         self.wake()
         self.on_close()
+
+
+class Congestion:
+    """Back-pressure without head-of-line blocking (after the NATS server's stall).
+
+    When a push leaves a receiver's queue above its high-water mark, the
+    connection whose input caused it is paused for a few milliseconds before
+    its next read, as long as that receiver is still draining (its writer
+    made progress recently). A healthy but slower receiver thus slows the
+    senders to its pace instead of being cut off, while a receiver that has
+    stopped reading stops slowing anyone and is cut off (or has its frames
+    dropped) when its queue is full.
+    """
+
+    __slots__ = ("outboxes", "pending")
+
+    def __init__(self) -> None:
+        self.pending = False
+        self.outboxes: list[Outbox] = []
+
+    def hit(self, ob: Outbox) -> None:
+        self.pending = True
+        if not ob.flagged:
+            ob.flagged = True
+            self.outboxes.append(ob)
+
+    def draining(self, now: float, stalled_after: float) -> bool:
+        """True while a flagged receiver is above its high-water mark and still reading."""
+        keep = []
+        for ob in self.outboxes:
+            if ob.nbytes > ob.hwm and not ob.closed:
+                keep.append(ob)
+            else:
+                ob.flagged = False
+        self.outboxes = keep
+        return any(now - ob.last_progress < stalled_after for ob in keep)
 
 
 @dataclass
@@ -128,7 +189,7 @@ class Session:
         self.peer = peer
         cfg = hub.config
         self.outbox = Outbox(cfg.outbound_queue_bytes, cfg.outbound_queue_frames,
-                             cfg.slow_consumer_policy)
+                             cfg.slow_consumer_policy, hub.congestion)
         self.last_recv = 0.0
 
     def __repr__(self) -> str:
@@ -189,6 +250,7 @@ class Hub:
         self.table.limits.addresses_per_connection = config.addresses_per_connection
         self.table.limits.groups_per_connection = config.groups_per_connection
         self.counters = Counters()
+        self.congestion = Congestion()
         for p in config.provisioned:
             self.table.connect(None, p.group, p.addr, p.name, p.physical,
                                kind=Kind.PROVISIONED, sticky=True)
