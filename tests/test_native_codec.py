@@ -168,3 +168,12 @@ def test_route_header_rejects_trailing_bytes() -> None:
     frame = wire.encode_route("g", None, b"a", b"x") + b"!"
     with pytest.raises(ProtocolError):
         wire.route_header(frame, 4, len(frame))
+
+
+def test_docs_example_bytes() -> None:
+    """The hex example in docs/protocol.md §9 is what the codec produces."""
+    assert wire.encode(wire.Hello((1,), "test", None)).hex() == "0000000a94019101a474657374c0"
+    assert (wire.encode(wire.Connect(1, "demo", b"A", "A", ())).hex()
+            == "0000000e960301a464656d6fc40141a14190")
+    assert (wire.encode(wire.Route("demo", None, b"A", b"hi")).hex()
+            == "0000000f9506a464656d6fc0c40141c4026869")
