@@ -92,7 +92,8 @@ class HealthyPair:
                     return
                 self.received += 1
         except (OSError, EOFError) as e:
-            self.errors.append(f"receiver: {e!r}")
+            if not (self._stop.is_set() and self.received == self.sent):
+                self.errors.append(f"receiver: {e!r}")
 
     def finish(self) -> None:
         self._stop.set()
@@ -182,20 +183,30 @@ def test_fuzz_does_not_disturb_a_healthy_pair(fuzz_router: RouterProcess) -> Non
 
 
 def test_slow_client_does_not_disturb_others(fuzz_router: RouterProcess) -> None:
-    """A client trickling its HELLO one byte per second is served, and blocks nobody."""
+    """Clients trickling bytes at 1 byte/s are served or timed out, and block nobody."""
     pair = HealthyPair(fuzz_router.port)
-    with socket.create_connection(("127.0.0.1", fuzz_router.port), timeout=10) as slow:
-        data = HELLO
-        sent_before = pair.sent
-        for i in range(len(data)):
-            slow.sendall(data[i : i + 1])
-            time.sleep(1.0 if i < 3 else 0.02)  # the first bytes at 1 byte/s
-        assert pair.sent - sent_before > 500  # the others went on meanwhile
+    port = fuzz_router.port
+    sent_before = pair.sent
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as slow_hello, \
+            socket.create_connection(("127.0.0.1", port), timeout=10) as slow_preamble:
+        slow_hello.sendall(wire.PREAMBLE)
+        hello = wire.encode(wire.Hello((1,), "slow"))
+        t0 = time.monotonic()
+        for i in range(3):  # 1 byte per second: the preamble one never completes in time
+            slow_hello.sendall(hello[i : i + 1])
+            slow_preamble.sendall(wire.PREAMBLE[i : i + 1])
+            time.sleep(1.0)
+        slow_hello.sendall(hello[3:])
+        # The HELLO, however slow, is answered (only idle_timeout applies after the preamble).
         dec = wire.Decoder()
-        slow.settimeout(5)
         while (f := dec.next_frame()) is None:
-            dec.feed(slow.recv(4096))
+            dec.feed(slow_hello.recv(4096))
         assert isinstance(f, wire.Welcome)
+        # The preamble trickler was closed after the 2 s handshake timeout.
+        slow_preamble.settimeout(5)
+        assert slow_preamble.recv(100) == b""
+        assert time.monotonic() - t0 < 6
+    assert pair.sent - sent_before > 500  # the others went on meanwhile
     pair.finish()
     assert pair.errors == [] and pair.received == pair.sent
 
@@ -245,9 +256,11 @@ def test_sigterm_tells_clients_and_exits_cleanly() -> None:
         p.close()
     assert proc.proc.wait(10) == 0
     assert time.monotonic() - t0 < 4.0
-    # The port is free again.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", port))
+    # The port is free again: nothing listens, and a new router can bind it.
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=2)
+    with RouterProcess(port) as again:
+        assert again.stop() == 0
 
 
 async def test_connection_limit(start_router: object) -> None:
