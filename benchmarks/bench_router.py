@@ -56,15 +56,33 @@ def _peer(port: int, group: str, addr: bytes) -> socket.socket:
     return s
 
 
+def _batch(group: str, dest: bytes | None, addr: bytes, size: int, mixed: bool) -> bytes:
+    """About 64 KiB of frames: all of ``size`` bytes, or (mixed) sizes spread over
+    size/2 .. 3*size/2 so that no two neighbours are alike (the router's slow path)."""
+    if not mixed:
+        frame = wire.encode_route(group, dest, addr, bytes(size))
+        return frame * max(1, 65536 // len(frame))
+    sizes = [size // 2 + (i * 37) % (size + 1) for i in range(64)]
+    one = b"".join(wire.encode_route(group, dest, addr, bytes(n)) for n in sizes)
+    return one * max(1, 65536 // len(one))
+
+
+def frame_len(group: str, dest: bytes | None, size: int, mixed: bool) -> float:
+    """The mean frame length of what a sender sends."""
+    if not mixed:
+        return len(wire.encode_route(group, dest, b"S0", bytes(size)))
+    sizes = [size // 2 + (i * 37) % (size + 1) for i in range(64)]
+    return sum(len(wire.encode_route(group, dest, b"S0", bytes(n))) for n in sizes) / 64
+
+
 def _member(port: int, group: str, addr: bytes, dest: bytes | None, size: int | None,
-            frame_len: int, start: float, t0: float, t1: float,
+            mixed: bool, flen: float, start: float, t0: float, t1: float,
             ready: mp.Barrier, out: mp.Queue) -> None:  # type: ignore[type-arg]
     """One member: optionally sends as fast as it can; counts what it receives in [t0, t1]."""
     s = _peer(port, group, addr)
     s.settimeout(0.5)
     if size is not None:
-        frame = wire.encode_route(group, dest, addr, bytes(size))
-        batch = frame * max(1, 65536 // len(frame))
+        batch = _batch(group, dest, addr, size, mixed)
 
         def send() -> None:
             while time.time() < start:
@@ -92,31 +110,32 @@ def _member(port: int, group: str, addr: bytes, dest: bytes | None, size: int | 
             window += len(data)
         elif now > t1:
             break
-    out.put(window / frame_len)
+    out.put(window / flen)
     s.close()
 
 
 def run_case(case: str, size: int, seconds: float) -> Result:
+    mixed = case.endswith("-mixed")
     ctx = mp.get_context("fork")
     with RouterProcess(None, "--log-level", "warning") as router:
         group = "bench"
         # (addr, dest, payload size or None for a pure receiver)
         members: list[tuple[bytes, bytes | None, int | None]]
-        if case == "unicast":
+        if case.startswith("unicast"):
             members = [(b"S%d" % i, b"R%d" % i, size) for i in range(4)]
             members += [(b"R%d" % i, None, None) for i in range(4)]
-            frame_len = len(wire.encode_route(group, b"R0", b"S0", bytes(size)))
+            flen = frame_len(group, b"R0", size, mixed)
         else:
             members = [(b"S0", None, size), (b"S1", None, size)]
             members += [(b"R%d" % i, None, None) for i in range(6)]
-            frame_len = len(wire.encode_route(group, None, b"S0", bytes(size)))
+            flen = frame_len(group, None, size, mixed)
         start = time.time() + 2.0
         t0, t1 = start + WARMUP, start + WARMUP + seconds
         ready = ctx.Barrier(len(members) + 1)
         out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
         procs = [
-            ctx.Process(target=_member, args=(router.port, group, a, d, sz, frame_len, start, t0,
-                                              t1, ready, out))
+            ctx.Process(target=_member, args=(router.port, group, a, d, sz, mixed, flen, start,
+                                              t0, t1, ready, out))
             for a, d, sz in members
         ]
         for p in procs:
@@ -142,7 +161,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1, help="runs per case (median reported)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
-    cases = [("unicast", 100), ("unicast", 1000), ("fanout", 100), ("fanout", 1000)]
+    cases = [("unicast", 100), ("unicast", 1000), ("fanout", 100), ("fanout", 1000),
+             ("unicast-mixed", 100), ("fanout-mixed", 100)]
     results = []
     print(f"gossiprouter bench: {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"{args.seconds:g} s per case, {args.runs} run(s) each", flush=True)
@@ -150,7 +170,7 @@ def main() -> None:
         runs = [run_case(case, size, args.seconds) for _ in range(args.runs)]
         med = sorted(runs, key=lambda r: r.delivered_per_s)[len(runs) // 2]
         results.append(med)
-        print(f"  {case:8} {size:5d} B: {med.delivered_per_s:12,.0f} deliveries/s, "
+        print(f"  {case:13} {size:5d} B: {med.delivered_per_s:12,.0f} deliveries/s, "
               f"{med.router_cpu_us_per_msg:6.2f} us router CPU/msg "
               f"(router CPU {med.router_cpu_util:.0%})"
               + (f"  [runs: {', '.join(f'{r.delivered_per_s:,.0f}' for r in runs)}]"

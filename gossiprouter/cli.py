@@ -18,7 +18,11 @@ import trio
 
 from gossiprouter import __version__
 from gossiprouter.config import OPTIONS, Config, ConfigError, Option, build
+from gossiprouter.ops.dump import dump
+from gossiprouter.ops.logs import use_format as use_log_format
+from gossiprouter.ops.runtime import check_startup, reload_on_sighup
 from gossiprouter.server import Server
+from gossiprouter.tools import listen_command, members_command, send_command
 
 log = logging.getLogger("gossiprouter")
 
@@ -32,7 +36,16 @@ def _click_type(o: Option) -> Any:
 def _help(o: Option) -> str:
     unit = f" ({o.unit})" if o.unit else ""
     shown = o.default if o.default != "" else "none"
+    if o.type is tuple:
+        shown = ", ".join(o.default) or "none"
+        unit = f" Repeat or comma-separate for several.{unit}"
     return f"{o.help}{unit}  [default: {shown}]"
+
+
+def _list_value(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> Any:
+    # Not given -> None, so the config file's value stands (click gives () by default).
+    items = tuple(s.strip() for v in value for s in v.split(",") if s.strip())
+    return items or None
 
 
 def router_options(f: Any) -> Any:
@@ -42,6 +55,9 @@ def router_options(f: Any) -> Any:
             name = o.name.replace("_", "-")
             decl = f"--{name}/--no-{name}"
             f = click.option(decl, o.name, default=None, help=_help(o))(f)
+        elif o.type is tuple:  # a list option: repeatable
+            f = click.option(o.flag, o.name, multiple=True, callback=_list_value,
+                             metavar=_metavar(o), help=_help(o))(f)
         else:
             f = click.option(o.flag, o.name, type=_click_type(o), default=None, metavar=_metavar(o),
                              help=_help(o))(f)
@@ -49,6 +65,8 @@ def router_options(f: Any) -> Any:
 
 
 def _metavar(o: Option) -> str:
+    if o.metavar:
+        return o.metavar
     if o.choices:
         return "[" + "|".join(o.choices) + "]"
     return {int: "INT", float: "SECONDS" if o.unit == "seconds" else "NUM", str: "TEXT"}[o.type]
@@ -90,9 +108,10 @@ def serve(config_file: Path | None, **options: Any) -> None:
     given = {k: v for k, v in options.items() if v is not None}
     try:
         config = build(config_file, **given)
+        check_startup(config)  # TLS files, tokens file: refused now, not after listening
     except ConfigError as e:
         raise _Fail(str(e)) from None
-    setup_logging(config.log_level)
+    setup_logging(config.log_level, config.log_format)
     try:
         trio.run(run_until_signal, config)
     except OSError as e:
@@ -123,17 +142,25 @@ async def run_until_signal(config: Config) -> None:
                     return
 
             nursery.start_soon(on_signal)
+            nursery.start_soon(reload_on_sighup, server)
             await server.wait_closed()
             nursery.cancel_scope.cancel()
 
 
-def setup_logging(level: str) -> None:
+def setup_logging(level: str, fmt: str = "text") -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    use_log_format(fmt)
 
 
 def run() -> None:  # pragma: no cover - console-script shim
     main()
+
+
+main.add_command(members_command)
+main.add_command(send_command)
+main.add_command(listen_command)
+main.add_command(dump)

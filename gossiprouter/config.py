@@ -8,7 +8,9 @@ are all derived from it, so they cannot drift apart.
 
 from __future__ import annotations
 
+import ipaddress
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,9 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Option:
+    """One router option. ``type`` is int, float, bool, str, or tuple for a list of
+    strings (a TOML array; on the command line a repeatable, comma-splittable option)."""
+
     name: str
     type: type
     default: Any
@@ -30,6 +35,10 @@ class Option:
     choices: tuple[str, ...] | None = None
     minimum: float | None = None
     unit: str = ""
+    # Checks a non-empty str value, or each item of a list (type tuple) option;
+    # raises ValueError saying what was expected.
+    parse: Callable[[str], object] | None = None
+    metavar: str = ""
 
     @property
     def flag(self) -> str:
@@ -84,10 +93,46 @@ OPTIONS: tuple[Option, ...] = (
            "it keeps trying to deliver the final ERROR frame behind what was already being "
            "written. The connection's members leave at once.", minimum=0, unit="seconds"),
     Option("backlog", int, 1024, "Listen backlog.", minimum=1),
+    Option("direct_send", bool, True,
+           "Let a connection's reader write routed frames straight to an idle receiver's "
+           "socket instead of waking its writer task (fewer task switches per message)."),
     Option("router_id", str, "",
            "Name announced in WELCOME (default: gossiprouter@HOST:PORT)."),
     Option("log_level", str, "info", "Log level.",
            choices=("debug", "info", "warning", "error")),
+    # --- operations and security (gossiprouter.ops; see docs/operations.md)
+    Option("log_format", str, "text",
+           "Log line format: 'text' for people, 'json' for log shippers (one object per line).",
+           choices=("text", "json")),
+    Option("metrics", str, "",
+           "HOST:PORT of the read-only HTTP endpoint: Prometheus /metrics and the admin view "
+           "/groups; empty disables. Bind it to a private address.",
+           parse=lambda v: parse_listen(v), metavar="HOST:PORT"),
+    Option("tls_cert", str, "",
+           "PEM certificate chain: the router port speaks TLS (every protocol); reloaded on "
+           "SIGHUP.", metavar="FILE"),
+    Option("tls_key", str, "",
+           "PEM private key of tls_cert (default: read from the tls_cert file).", metavar="FILE"),
+    Option("tls_client_ca", str, "",
+           "PEM CA bundle that client certificates are verified against (mutual TLS).",
+           metavar="FILE"),
+    Option("tls_require_client_cert", bool, False,
+           "Refuse TLS clients without a certificate signed by tls_client_ca."),
+    Option("tokens_file", str, "",
+           "TOML file of native-protocol tokens (identity, allowed groups); when set, HELLO "
+           "must carry a known token. Reloaded on SIGHUP.", metavar="FILE"),
+    Option("jgroups", bool, True,
+           "Serve the JGroups 2.12 and 5.x protocols (they carry no credentials); false "
+           "refuses them."),
+    Option("allow_native", tuple, ("0.0.0.0/0", "::/0"),
+           "Client networks (CIDR) allowed to speak the native protocol.",
+           parse=lambda v: parse_network(v), metavar="CIDR"),
+    Option("allow_jgroups2", tuple, ("0.0.0.0/0", "::/0"),
+           "Client networks (CIDR) allowed to speak JGroups 2.12.",
+           parse=lambda v: parse_network(v), metavar="CIDR"),
+    Option("allow_jgroups5", tuple, ("0.0.0.0/0", "::/0"),
+           "Client networks (CIDR) allowed to speak JGroups 3.6.5+/5.x.",
+           parse=lambda v: parse_network(v), metavar="CIDR"),
 )
 
 _BY_NAME = {o.name: o for o in OPTIONS}
@@ -123,8 +168,20 @@ class Config:
     shutdown_timeout: float = 5.0
     close_timeout: float = 10.0
     backlog: int = 1024
+    direct_send: bool = True
     router_id: str = ""
     log_level: str = "info"
+    log_format: str = "text"
+    metrics: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    tls_require_client_cert: bool = False
+    tokens_file: str = ""
+    jgroups: bool = True
+    allow_native: tuple[str, ...] = ("0.0.0.0/0", "::/0")
+    allow_jgroups2: tuple[str, ...] = ("0.0.0.0/0", "::/0")
+    allow_jgroups5: tuple[str, ...] = ("0.0.0.0/0", "::/0")
     provisioned: tuple[Provisioned, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -146,6 +203,9 @@ class Config:
 
 def check(o: Option, value: Any) -> None:
     """Refuse a bad value with the key, the value and what was expected."""
+    if o.type is tuple:
+        _check_list(o, value)
+        return
     ok_type = (
         isinstance(value, o.type) and not (o.type is not bool and isinstance(value, bool))
     ) or (o.type is float and isinstance(value, int) and not isinstance(value, bool))
@@ -157,10 +217,49 @@ def check(o: Option, value: Any) -> None:
         raise ConfigError(f"{o.name} = {value!r}: expected a value >= {o.minimum:g}")
     if o.name == "port" and value > 65535:
         raise ConfigError(f"port = {value!r}: expected a TCP port, 0 to 65535")
+    if o.parse is not None and value != "":
+        try:
+            o.parse(value)
+        except ValueError as e:
+            raise ConfigError(f"{o.name} = {value!r}: {e}") from None
+
+
+def _check_list(o: Option, value: Any) -> None:
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{o.name} = {value!r}: expected {_type_word(o)}")
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise ConfigError(f"{o.name}[{i}] = {item!r}: expected a string")
+        if o.parse is not None:
+            try:
+                o.parse(item)
+            except ValueError as e:
+                raise ConfigError(f"{o.name}[{i}] = {item!r}: {e}") from None
 
 
 def _type_word(o: Option) -> str:
+    if o.type is tuple:
+        return f"a list of strings ({o.metavar or 'TEXT'} each)"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[o.type]
+
+
+def parse_network(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """A client network in CIDR notation; ValueError says what was expected."""
+    try:
+        return ipaddress.ip_network(value, strict=True)
+    except ValueError as e:
+        raise ValueError(
+            f"expected a network in CIDR notation, e.g. 10.0.0.0/8 or fd00::/8 ({e})"
+        ) from None
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` to listen on; port 0 picks a free port (tests)."""
+    host, _, port_s = value.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port_s.isdigit() or int(port_s) > 65535:
+        raise ValueError("expected HOST:PORT (e.g. 127.0.0.1:9100), port 0 to 65535")
+    return host, int(port_s)
 
 
 def _parse_addr(value: Any, where: str) -> bytes:
@@ -240,7 +339,7 @@ def load_file(path: Path) -> dict[str, Any]:
             values[name] = _parse_provisioned(value)
             continue
         check(_BY_NAME[name], value)
-        values[name] = value
+        values[name] = tuple(value) if isinstance(value, list) else value
     return values
 
 

@@ -77,10 +77,12 @@ class LocalMember(NativeSession):
         self._errors: list[tuple[str, str]] = []
 
     # carrier interface
-    def push(self, data: bytes) -> None:
-        f = wire.frame_from_body(data[4:])
-        if isinstance(f, wire.Route):
-            self._put(Message(f.group, f.sender, f.dest, f.payload))
+    def push(self, data: bytes, count: int = 1) -> None:
+        decoder = wire.Decoder(max_frame=len(data))
+        decoder.feed(data)
+        for f in decoder.frames():
+            if isinstance(f, wire.Route):
+                self._put(Message(f.group, f.sender, f.dest, f.payload))
 
     def notify(self, kind: str, entry: Entry) -> None:
         self._put(MemberEvent(entry.group, kind, entry.addr, entry.name, entry.physical))
@@ -102,7 +104,9 @@ class LocalMember(NativeSession):
         """Route ``payload`` to ``dest`` (or the whole group when None)."""
         frame = wire.encode_route(self.group, dest, self.addr, payload)
         self._errors.clear()
-        self._route(frame, 0, 4, len(frame))
+        found = self._lookup(frame, 4, len(frame))
+        if found is not None:
+            self._forward(found[1], frame, 1)
         if self._errors:
             code, message = self._errors[0]
             raise RoutingError(code, message)

@@ -265,7 +265,10 @@ class RoutingTable:
                     "address_in_use",
                     f"address is registered in {group!r} by a {e.kind.label} member",
                 )
-            if e.identity != identity and e.carriers and kind == e.kind:
+            # An entry in reconnect grace has no carriers but still belongs
+            # to its identity: another one must not take it (and its held traffic).
+            owned = bool(e.carriers) or e.grace_until is not None
+            if e.identity != identity and owned and kind == e.kind:
                 raise RoutingError(
                     "address_in_use", f"address is registered in {group!r} by another identity"
                 )

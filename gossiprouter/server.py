@@ -20,7 +20,11 @@ from dataclasses import dataclass
 import trio
 
 from gossiprouter.config import Config
+from gossiprouter.ops.runtime import Operations
+from gossiprouter.ops.tls import TLSStream
 from gossiprouter.protocol import native as wire
+from gossiprouter.sessions import jgroups2 as _jgroups2
+from gossiprouter.sessions import jgroups5 as _jgroups5
 from gossiprouter.sessions.base import Hub, Session
 from gossiprouter.sessions.native import NativeSession
 
@@ -88,7 +92,8 @@ class Connection:
     """A live TCP connection and its session."""
 
     def __init__(self, stream: trio.SocketStream, peer: str) -> None:
-        self.stream = stream
+        # The socket stream, or the TLS stream over it once ops.accept has run.
+        self.stream: trio.SocketStream | TLSStream = stream
         self.peer = peer
         self.session: Session | None = None
         self.scope = trio.CancelScope()
@@ -107,11 +112,17 @@ class Server:
         self.config = config
         self.hub = hub or Hub(config)
         self.connections: set[Connection] = set()
-        self.factories: dict[str, SessionFactory] = {"native": _native_factory}
+        self.factories: dict[str, SessionFactory] = {
+            "native": _native_factory,
+            "jgroups2": _jgroups2.factory,
+            "jgroups5": _jgroups5.factory,
+        }
         self.address: tuple[str, int] | None = None
         self._accept_scope = trio.CancelScope()
         self._stopping = False
         self._closed = trio.Event()
+        # TLS, allow-lists, tokens, metrics/admin port (raises ConfigError on bad files).
+        self.ops = Operations(self)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -127,6 +138,7 @@ class Server:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._reaper)
+                await nursery.start(self.ops.serve)
                 task_status.started(self.address)
                 with self._accept_scope:
                     await self._accept_loop(listener, nursery)
@@ -201,14 +213,20 @@ class Server:
         finally:
             self.connections.discard(conn)
             if conn.session is not None:
+                conn.session.outbox.direct = None  # never write to a closed socket
                 self._forget(conn.session)
             with trio.CancelScope(shield=True):
+                if conn.stream is not stream:  # TLS: try to send close_notify, briefly
+                    with trio.move_on_after(0.5):
+                        await conn.stream.aclose()
                 await stream.aclose()
 
     async def _run(self, conn: Connection) -> None:
         cfg = self.config
         first = b""
         with trio.move_on_after(cfg.handshake_timeout) as handshake:
+            if not await self.ops.accept(conn):  # allow-list, then TLS (logged there)
+                return
             verdict = None
             while verdict is None:
                 try:
@@ -227,6 +245,8 @@ class Server:
             log.info("closing %s: %s", conn.peer, verdict)
             return
         assert verdict is not None
+        if not await self.ops.admit(conn, verdict.protocol):  # per-protocol allow-list
+            return
         factory = self.factories.get(verdict.protocol)
         session = None if factory is None else factory(self.hub, conn.peer, first)
         if session is None:
@@ -303,6 +323,7 @@ class Server:
         ob = session.outbox
         ob.last_progress = trio.current_time()
         stream = conn.stream
+        counters = self.hub.counters
         try:
             while True:
                 if not ob.chunks:
@@ -312,6 +333,8 @@ class Server:
                     continue
                 chunks = ob.take(WRITE_BATCH)
                 data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                counters.writes += 1  # per write, not per frame
+                counters.bytes_out += len(data)
                 await stream.send_all(data)
                 ob.last_progress = trio.current_time()
         except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -20,6 +20,7 @@ from gossiprouter.routing import Entry, Kind, Notice, RoutingTable
 
 if TYPE_CHECKING:
     from gossiprouter.config import Config
+    from gossiprouter.ops.auth import Authenticator
 
 log = logging.getLogger("gossiprouter")
 
@@ -39,10 +40,12 @@ class Outbox:
     """
 
     __slots__ = (
+        "busy",
         "chunks",
         "close_reason",
         "closed",
         "congestion",
+        "direct",
         "dropped",
         "flagged",
         "hwm",
@@ -72,15 +75,34 @@ class Outbox:
         self.congestion = congestion or Congestion()
         self.flagged = False
         self.last_progress = 0.0
-        # Set by the server: wake the writer / bound the final flush.
+        # Set by the server: wake the writer / bound the final flush / send
+        # without blocking (None when not possible, e.g. TLS); busy while the
+        # writer is sending.
+        self.direct: Callable[[bytes], int] | None = None
+        self.busy = False
         self.wake: Callable[[], None] = _nothing
         self.on_close: Callable[[], None] = _nothing
 
     def push(self, data: bytes) -> bool:
-        """Queue ``data``; False if it was not queued (dropped, or closing)."""
+        """Queue ``data``; False if it was not queued (dropped, or closing).
+
+        When the queue is empty and the writer idle, the bytes are first
+        offered to ``direct`` (a non-blocking send set by the server): most
+        of the time the socket takes them all and no writer task needs to
+        wake up, which is most of a light-loaded router's cost per message.
+        """
         if self.closed:
             return False
         chunks = self.chunks
+        if not chunks and self.direct is not None and not self.busy:
+            try:
+                sent = self.direct(data)
+            except OSError:
+                sent = 0  # the writer will meet the error and close the connection
+            if sent == len(data):
+                return True
+            if sent:
+                data = data[sent:]
         n = self.nbytes + len(data)
         if n > self.max_bytes or len(chunks) >= self.max_frames:
             return False
@@ -114,6 +136,7 @@ class Outbox:
         """Stop accepting frames; queue ``farewell`` last; ask for the connection to close."""
         if self.closed:
             return
+        self.direct = None
         if discard:
             self.chunks = []
             self.nbytes = 0
@@ -169,6 +192,9 @@ class Counters:
     frames_in: dict[str, int] = field(default_factory=dict)
     frames_out: dict[str, int] = field(default_factory=dict)
     bytes_in: int = 0
+    # Counted by the server's writer per socket write (not per frame): every frame type.
+    bytes_out: int = 0
+    writes: int = 0
     routed: int = 0
     delivered: int = 0
     drops: dict[str, int] = field(default_factory=dict)
@@ -211,16 +237,17 @@ class Session:
         return b""
 
     # --- called by the hub / other sessions (the carrier interface)
-    def push(self, data: bytes) -> None:
-        """Queue routed bytes for this connection, applying the slow-consumer policy."""
+    def push(self, data: bytes, count: int = 1) -> None:
+        """Queue ``count`` routed frames (``data``) for this connection, applying the
+        slow-consumer policy."""
         ob = self.outbox
         if ob.push(data):
             return
         if ob.closed:
             return
         if ob.policy == "drop":
-            ob.dropped += 1
-            self.hub.counters.drop("slow_consumer")
+            ob.dropped += count
+            self.hub.counters.drop("slow_consumer", count)
             return
         self.hub.counters.slow_consumer_disconnects += 1
         log.warning(
@@ -251,6 +278,8 @@ class Hub:
         self.table.limits.groups_per_connection = config.groups_per_connection
         self.counters = Counters()
         self.congestion = Congestion()
+        # Native-protocol tokens; set by gossiprouter.ops when tokens_file is configured.
+        self.auth: Authenticator | None = None
         for p in config.provisioned:
             self.table.connect(None, p.group, p.addr, p.name, p.physical,
                                kind=Kind.PROVISIONED, sticky=True)

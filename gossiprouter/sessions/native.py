@@ -23,6 +23,33 @@ log = logging.getLogger("gossiprouter")
 _LEN = struct.Struct(">I")
 _ROUTE0, _ROUTE1 = 0x95, int(wire.T.ROUTE)
 _EVENT_KINDS = frozenset(wire.EVENT_KINDS)
+_Route = tuple[str, bytes | None, bytes]  # group, dest, sender
+# Requests naming a group that authentication (tokens' group patterns) may forbid.
+_GROUP_REQUESTS = (wire.Connect, wire.GetMembers, wire.Watch)
+
+
+def _same_frames(data: bytes, pos: int, step: int, plen: int, size: int) -> int:
+    """How many frames of ``step`` bytes, starting at ``pos``, begin with the same
+    ``plen`` bytes as the one at ``pos`` (at least 1).
+
+    Equal prefixes (length prefix, ROUTE header, payload length) mean equally
+    valid frames of the same route. Instead of a Python loop over frames this
+    compares byte columns: the j-th byte of every frame is one strided slice,
+    and ``lstrip`` counts how many of them match, both at C speed.
+    """
+    k = (size - pos) // step
+    if k <= 1:
+        return 1
+    span = (k - 1) * step + 1
+    for j in range(plen):
+        col = data[pos + j : pos + j + span : step]
+        rest = len(col.lstrip(col[:1]))
+        if rest:
+            k = len(col) - rest
+            if k == 1:
+                return 1
+            span = (k - 1) * step + 1
+    return k
 
 
 class NativeSession(Session):
@@ -32,63 +59,110 @@ class NativeSession(Session):
 
     def __init__(self, hub: Hub, peer: str, identity: str | None = None) -> None:
         super().__init__(hub, peer)
-        self.buf = bytearray()
+        self.rest = b""  # the start of a frame not yet complete
         self.ready = False
         self.identity = identity
         # header bytes (group, dest, sender) -> (group, dest, sender) for the ROUTE fast path
-        self._route_cache: dict[bytes, tuple[str, bytes | None, bytes]] = {}
+        self._route_cache: dict[bytes, _Route] = {}
         self._unknown_dest_at: dict[str, float] = {}
         self._now = 0.0
 
     # ------------------------------------------------------------------ the hot loop
 
     def on_data(self, data: bytes, now: float) -> None:
-        """Process one received chunk: every complete frame in it, in order."""
+        """Process one received chunk: every complete frame in it, in order.
+
+        The router's hot loop. Consecutive ROUTE frames whose headers (group,
+        dest, sender) are byte-identical form a *run*: the first frame of a
+        run is parsed and checked, the following ones only compared with its
+        header bytes (one C-level ``startswith``) and their payload length
+        checked; the whole run is then routed once, as one slice of the
+        received bytes shared by every receiver. Anything else goes through
+        the validating decoder.
+        """
         self.last_recv = self._now = now
-        buf = self.buf
-        if buf:
-            buf += data
-            data = bytes(buf)
-        max_frame = self.hub.config.max_frame
+        if self.rest:
+            data = self.rest + data
+            self.rest = b""
         size = len(data)
+        max_frame = self.hub.config.max_frame
+        unpack = _LEN.unpack_from
+        ob = self.outbox
         pos = 0
-        closed = self.outbox
-        while size - pos >= 4 and not closed.closed:
-            n = (data[pos] << 24) | (data[pos + 1] << 16) | (data[pos + 2] << 8) | data[pos + 3]
-            if n > max_frame:
-                self._fail(
-                    ProtocolError(
-                        f"frame of {n} bytes exceeds max_frame {max_frame}",
-                        code="frame_too_large",
-                    )
-                )
-                return
+        run_hdr = b""  # header bytes of the current run ("" = no run)
+        run_route: _Route | None = None
+        run_start = run_n = 0
+        while size - pos >= 4:
+            n = unpack(data, pos)[0]
             end = pos + 4 + n
+            body = pos + 4
+            if run_hdr and end <= size and data.startswith(run_hdr, body, end):
+                # Same header as the previous frame: check the payload's bin length.
+                p = body + len(run_hdr)
+                if p < end:
+                    m = data[p]
+                    if m == 0xC4:
+                        plen = p + 2
+                        ok = plen + data[p + 1] == end
+                    elif m == 0xC5:
+                        plen = p + 3
+                        ok = plen + ((data[p + 1] << 8) | data[p + 2]) == end
+                    elif m == 0xC6:
+                        plen = p + 5
+                        ok = plen + unpack(data, p + 1)[0] == end
+                    else:
+                        ok = False
+                    if ok:
+                        # Frames of the same size with the same prefix (length,
+                        # header, payload length) follow each other in bulk.
+                        if data[end : end + 4] == data[pos:body]:
+                            k = _same_frames(data, pos, end - pos, plen - pos, size)
+                            run_n += k
+                            pos += k * (end - pos)
+                        else:
+                            run_n += 1
+                            pos = end
+                        continue
+            if run_n:
+                assert run_route is not None
+                self._forward(run_route, data[run_start:pos], run_n)
+                run_hdr, run_n = b"", 0
+                if ob.closed:
+                    return
+            if n > max_frame:
+                self._fail(ProtocolError(
+                    f"frame of {n} bytes exceeds max_frame {max_frame}", code="frame_too_large"))
+                return
             if end > size:
                 break
-            start = pos + 4
-            if n > 2 and data[start] == _ROUTE0 and data[start + 1] == _ROUTE1 and self.ready:
-                self._route(data, pos, start, end)
+            if n > 2 and data[body] == _ROUTE0 and data[body + 1] == _ROUTE1 and self.ready:
+                found = self._lookup(data, body, end)
+                if found is not None:
+                    run_hdr, run_route = found
+                    run_start, run_n = pos, 1
             else:
                 try:
-                    frame = wire.frame_from_body(data[start:end])
+                    frame = wire.frame_from_body(data[body:end])
                 except ProtocolError as e:
                     self._fail(e)
                     return
                 self._control(frame)
+            if ob.closed:
+                return
             pos = end
-        if pos == size:
-            if buf:
-                buf.clear()
-        else:
-            self.buf = bytearray(data[pos:])
+        if run_n:
+            assert run_route is not None
+            self._forward(run_route, data[run_start:pos], run_n)
+        if pos < size:
+            self.rest = data[pos:]
 
-    def _route(self, data: bytes, pos: int, start: int, end: int) -> None:
+    def _lookup(self, data: bytes, body: int, end: int) -> tuple[bytes, _Route] | None:
+        """Parse and check a ROUTE header; None (after answering the error) if it is refused."""
         try:
-            group_b, dest, sender, hlen = wire.route_header(data, start, end)
-            key = data[start : start + hlen]
-            hit = self._route_cache.get(key)
-            if hit is None:
+            group_b, dest, sender, hlen = wire.route_header(data, body, end)
+            hdr = data[body : body + hlen]
+            route = self._route_cache.get(hdr)
+            if route is None:
                 group = group_b.decode()
                 if not group or len(group_b) > wire.MAX_GROUP:
                     raise ProtocolError("group must be 1 to 1024 bytes of UTF-8")
@@ -96,36 +170,41 @@ class NativeSession(Session):
                     raise ProtocolError("address longer than 255 bytes")
                 if len(self._route_cache) > 4096:
                     self._route_cache.clear()
-                hit = self._route_cache[key] = (group, dest, sender)
-            group, dest, sender = hit
+                route = self._route_cache[hdr] = (group, dest, sender)
         except ProtocolError as err:
             self._fail(err)
-            return
+            return None
         except UnicodeDecodeError:
             self._fail(ProtocolError("group is not UTF-8"))
-            return
+            return None
+        group, dest, sender = route
+        if not self.hub.table.holds(self, group, sender):
+            self._error(None, "not_member",
+                        f"sender is not registered in {group!r} on this connection")
+            return None
+        return hdr, route
+
+    def _forward(self, route: _Route, frames: bytes, count: int) -> None:
+        """Deliver ``count`` whole ROUTE frames (``frames``) with the same header."""
+        group, dest, sender = route
         hub = self.hub
         table = hub.table
-        if not table.holds(self, group, sender):
-            self._error(None, "not_member", f"sender is not registered in {group!r} on this "
-                        "connection")
-            return
-        frame = data[pos:end]
-        hub.counters.routed += 1
+        counters = hub.counters
+        counters.routed += count
         if dest is None:
             targets = table.resolve_multicast(group, self)
             for t in targets:
-                cast(Session, t).push(frame)
-            hub.counters.delivered += len(targets)
-            g = table.groups[group]
-            if g.graced:
+                cast(Session, t).push(frames, count)
+            counters.delivered += count * len(targets)
+            g = table.groups.get(group)
+            if g is not None and g.graced:
                 for e in g.graced:
                     if e.addr != sender:
-                        table.hold(e, frame)
+                        table.hold(e, frames)
             return
         entry = table.resolve_unicast(group, dest)
         if entry is None:
-            hub.counters.drop("unknown_destination")
+            counters.drop("unknown_destination", count)
             last = self._unknown_dest_at.get(group, -1e9)
             if self._now - last >= 1.0:
                 self._unknown_dest_at[group] = self._now
@@ -134,19 +213,28 @@ class NativeSession(Session):
             return
         c = entry.carrier
         if c is None:
-            table.hold(entry, frame)
+            table.hold(entry, frames)
             return
-        cast(Session, c).push(frame)
-        hub.counters.delivered += 1
+        cast(Session, c).push(frames, count)
+        counters.delivered += count
 
     # ------------------------------------------------------------------ control frames
 
     def _control(self, f: wire.Frame) -> None:
+        # Control frames only (ROUTE is counted as counters.routed): metrics by type.
+        fin = self.hub.counters.frames_in
+        fin[type(f).__name__] = fin.get(type(f).__name__, 0) + 1
         if not self.ready:
             if isinstance(f, wire.Hello):
                 self._hello(f)
             else:
                 self._fail(ProtocolError(f"first frame must be HELLO, got {type(f).__name__}"))
+            return
+        auth = self.hub.auth
+        if (auth is not None and isinstance(f, _GROUP_REQUESTS)
+                and not auth.permits(self.identity, f.group)):
+            self._error(f.req, "forbidden",
+                        f"identity {self.identity!r} may not use group {f.group!r}")
             return
         match f:
             case wire.Ping(nonce):
@@ -179,8 +267,10 @@ class NativeSession(Session):
             case wire.Route():
                 # Only reached when the fast path did not recognise the encoding
                 # (e.g. a non-minimal msgpack array header); route it the same way.
-                body = wire.encode(f)
-                self._route(body, 0, 4, len(body))
+                frame = wire.encode(f)
+                found = self._lookup(frame, 4, len(frame))
+                if found is not None:
+                    self._forward(found[1], frame, 1)
             case wire.Hello():
                 self._fail(ProtocolError("second HELLO"))
             case _:
@@ -195,6 +285,12 @@ class NativeSession(Session):
                        f"router speaks versions {list(wire.SUPPORTED_VERSIONS)}, "
                        f"client offered {list(f.versions)}")
             return
+        if self.hub.auth is not None:
+            identity = self.hub.auth.identify(f.token, self)
+            if identity is None:
+                self.close("unauthorized", "HELLO needs a valid token (tokens_file is set)")
+                return
+            self.identity = identity
         cfg = self.hub.config
         self.ready = True
         self.outbox.push(wire.encode(wire.Welcome(max(common), cfg.name, {

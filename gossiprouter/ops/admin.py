@@ -1,0 +1,211 @@
+"""The read-only HTTP endpoint: Prometheus ``/metrics`` and the admin view ``/groups``.
+
+A deliberately small HTTP/1.1 server on trio, running in the router's own
+process and event loop, so a scrape sees the live table without locks or
+threads. One request per connection (``Connection: close``), GET or HEAD
+only, bounded request size, time and concurrency: it must never be a way to
+hurt the router. Endpoints:
+
+* ``/metrics``: Prometheus text format (see :mod:`gossiprouter.ops.metrics`).
+* ``/groups``: every group with its member and watcher counts.
+* ``/groups/NAME`` (NAME percent-encoded): the members of one group.
+
+Anything else is a 404 with a JSON body; other methods get 405.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
+
+import trio
+
+from gossiprouter.config import ConfigError, parse_listen
+from gossiprouter.routing import Entry, RoutingTable
+
+if TYPE_CHECKING:
+    from gossiprouter.server import Server
+
+log = logging.getLogger("gossiprouter.ops.admin")
+
+MAX_REQUEST = 16 * 1024
+REQUEST_TIMEOUT = 10.0
+MAX_CLIENTS = 32
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            413: "Content Too Large", 500: "Internal Server Error",
+            503: "Service Unavailable"}
+
+Response = tuple[int, str, bytes]
+
+
+# ---------------------------------------------------------------------- views (pure)
+
+
+def groups_view(table: RoutingTable) -> dict[str, Any]:
+    """``/groups``: name, member count and watcher count of every group, by name."""
+    return {"groups": [
+        {"name": g.name, "members": len(g.entries), "watchers": len(g.watchers)}
+        for g in sorted(table.groups.values(), key=lambda g: g.name)
+    ]}
+
+
+def group_view(table: RoutingTable, name: str, now: float) -> dict[str, Any] | None:
+    """``/groups/NAME``: every member in registration order, or None for an unknown group."""
+    g = table.group(name)
+    if g is None:
+        return None
+    return {"name": g.name, "watchers": len(g.watchers),
+            "members": [member_view(e, now) for e in g.entries.values()]}
+
+
+def member_view(e: Entry, now: float) -> dict[str, Any]:
+    active = e.carrier
+    return {
+        "addr": e.addr.hex(),
+        "name": e.name,
+        "physical": [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in e.physical],
+        "kind": e.kind.label,
+        "sticky": e.sticky,
+        "identity": e.identity,
+        # Registration order; "active" marks the one that carries the traffic now.
+        "connections": [
+            {"peer": str(getattr(c, "peer", c)), "protocol": str(getattr(c, "protocol", "?")),
+             "active": c is active}
+            for c in e.carriers
+        ],
+        "expires_in": None if e.expires_at is None else round(max(e.expires_at - now, 0), 3),
+        "grace_remaining": (None if e.grace_until is None
+                            else round(max(e.grace_until - now, 0), 3)),
+        "held_bytes": e.held_bytes,
+    }
+
+
+def _json(status: int, obj: Any) -> Response:
+    return status, "application/json", (json.dumps(obj, indent=2) + "\n").encode()
+
+
+# ---------------------------------------------------------------------- the server
+
+
+class AdminServer:
+    """Serves the endpoints for one router (``server``) on ``metrics`` = HOST:PORT."""
+
+    def __init__(self, server: Server, listen: str,
+                 render_metrics: Callable[[], bytes] | None) -> None:
+        self.server = server
+        self.host, self.port = parse_listen(listen)
+        self.listen = listen
+        self.render_metrics = render_metrics
+        self.address: tuple[str, int] | None = None
+        self._limit = trio.Semaphore(MAX_CLIENTS)
+
+    async def serve(self, *, task_status: trio.TaskStatus[tuple[str, int]] =
+                    trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        except OSError as e:
+            raise ConfigError(f"metrics = {self.listen!r}: cannot listen there "
+                              f"({e.strerror or e})") from None
+        name = listeners[0].socket.getsockname()
+        self.address = (name[0], name[1])
+        log.info("metrics and admin view on http://%s:%d/ (/metrics, /groups)",
+                 *self.address)
+        try:
+            async with trio.open_nursery() as nursery:
+                for listener in listeners:
+                    nursery.start_soon(self._accept, listener, nursery)
+                task_status.started(self.address)
+        finally:
+            for listener in listeners:
+                with trio.CancelScope(shield=True):
+                    await listener.aclose()
+
+    async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as e:  # out of fds and the like: the router matters more
+                log.warning("admin accept failed: %s", e)
+                await trio.sleep(0.5)
+                continue
+            nursery.start_soon(self._handle, stream)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        if self._limit.value == 0:  # too many scrapers at once: refuse, never queue
+            await trio.aclose_forcefully(stream)
+            return
+        async with self._limit:
+            try:
+                with trio.move_on_after(REQUEST_TIMEOUT):
+                    await self._exchange(stream)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
+            except Exception:  # a bug in a view must not take the router down
+                log.exception("admin request failed")
+            finally:
+                await trio.aclose_forcefully(stream)
+
+    async def _exchange(self, stream: trio.SocketStream) -> None:
+        head = b""
+        while b"\r\n\r\n" not in head and b"\n\n" not in head:
+            if len(head) > MAX_REQUEST:
+                await _send(stream, "GET", _json(413, {"error": "request too large"}))
+                return
+            data = await stream.receive_some(4096)
+            if not data:
+                return
+            head += data
+        line = head.split(b"\n", 1)[0].decode("latin-1").strip()
+        parts = line.split()
+        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+            await _send(stream, "GET", _json(400, {"error": "not an HTTP request line"}))
+            return
+        method, target = parts[0], parts[1]
+        if method not in ("GET", "HEAD"):
+            await _send(stream, method, _json(405, {
+                "error": f"{method} not allowed: this endpoint is read-only (GET, HEAD)"}),
+                extra="Allow: GET, HEAD\r\n")
+            return
+        try:
+            response = self.respond(urlsplit(target).path)
+        except Exception:
+            log.exception("admin view %s failed", target)
+            response = _json(500, {"error": "internal error; see the router's log"})
+        await _send(stream, method, response)
+
+    def respond(self, path: str) -> Response:
+        """The response to GET ``path`` (raw, percent-encoded)."""
+        table = self.server.hub.table
+        if path == "/metrics":
+            if self.render_metrics is None:
+                return _json(503, {"error": "metrics need prometheus-client: pip install "
+                                            "'gossiprouter[ops]'"})
+            from gossiprouter.ops.metrics import CONTENT_TYPE
+
+            return 200, CONTENT_TYPE, self.render_metrics()
+        if path in ("/groups", "/groups/"):
+            return _json(200, groups_view(table))
+        if path.startswith("/groups/"):
+            try:
+                name = unquote(path[len("/groups/"):], errors="strict")
+            except UnicodeDecodeError:
+                return _json(400, {"error": "group name is not percent-encoded UTF-8"})
+            view = group_view(table, name, trio.current_time())
+            if view is None:
+                return _json(404, {"error": f"no group {name!r}"})
+            return _json(200, view)
+        return _json(404, {"error": f"no such endpoint {path!r}",
+                           "endpoints": ["/metrics", "/groups", "/groups/NAME"]})
+
+
+async def _send(stream: trio.SocketStream, method: str, response: Response,
+                extra: str = "") -> None:
+    status, ctype, body = response
+    head = (f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\n"
+            f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+            f"Cache-Control: no-store\r\nConnection: close\r\n{extra}\r\n").encode()
+    await stream.send_all(head if method == "HEAD" else head + body)

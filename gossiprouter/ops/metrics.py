@@ -1,0 +1,202 @@
+"""Prometheus metrics, computed at scrape time from the router's own state.
+
+Nothing here runs per frame: a scrape reads the hub's counters (which the
+core already keeps as plain integers), walks the connections and the routing
+table once, and renders the text format with prometheus-client. Labels take
+only values from small fixed sets (protocols, frame types, reasons, kinds):
+never an address, a group or a peer, so the series count stays bounded
+whatever the traffic.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from gossiprouter import __version__
+from gossiprouter.ops.access import PROTOCOLS
+from gossiprouter.routing import Kind
+
+if TYPE_CHECKING:
+    from gossiprouter.ops.runtime import Operations
+    from gossiprouter.server import Server
+
+# The exposition format every Prometheus version reads (our names need no escaping).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_SNAKE = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+def _frame_label(name: str) -> str:
+    """Counter key -> label value: ``GetMembers`` -> ``get_members``, ``CONNECT`` -> ``connect``."""
+    return _SNAKE.sub("_", name).lower()
+
+
+class RouterCollector(Collector):
+    """Reads one router's state when Prometheus scrapes."""
+
+    def __init__(self, server: Server, ops: Operations) -> None:
+        self.server = server
+        self.ops = ops
+
+    def collect(self) -> Iterator[Metric]:
+        server, ops = self.server, self.ops
+        hub = server.hub
+        c = hub.counters
+        table = hub.table
+
+        info = GaugeMetricFamily("gossiprouter_info", "Router version and name.",
+                                 labels=["version", "router_id"])
+        info.add_metric([__version__, hub.config.name], 1)
+        yield info
+
+        # --- connections (scrape-time walk of the open connections)
+        by_proto = dict.fromkeys((*PROTOCOLS, "handshake"), 0)
+        queued = queued_max = 0
+        for conn in server.connections:
+            s = conn.session
+            if s is None:
+                by_proto["handshake"] += 1
+                continue
+            by_proto[s.protocol] = by_proto.get(s.protocol, 0) + 1
+            n = s.outbox.nbytes
+            queued += n
+            queued_max = max(queued_max, n)
+        g = GaugeMetricFamily("gossiprouter_connections",
+                              "Open client connections by protocol ('handshake': not yet known).",
+                              labels=["protocol"])
+        for proto, n in sorted(by_proto.items()):
+            g.add_metric([proto], n)
+        yield g
+        cm = CounterMetricFamily("gossiprouter_connections_accepted",
+                                 "Connections admitted, by protocol.", labels=["protocol"])
+        for proto in PROTOCOLS:
+            cm.add_metric([proto], ops.stats.accepted.get(proto, 0))
+        yield cm
+        cm = CounterMetricFamily(
+            "gossiprouter_connections_refused",
+            "Connections refused by the access policy, by protocol ('any' at accept) and reason "
+            "(network: not in the allow-list; disabled: jgroups = false).",
+            labels=["protocol", "reason"])
+        for (proto, reason), n in sorted(ops.stats.refused.items()):
+            cm.add_metric([proto, reason], n)
+        yield cm
+        yield _counter("gossiprouter_tls_handshake_failures",
+                       "TLS handshakes that failed (plain-text clients, bad or missing client "
+                       "certificates).", 0 if ops.tls is None else ops.tls.handshake_failures)
+        cm = CounterMetricFamily("gossiprouter_auth_failures",
+                                 "Native requests refused by authentication: unauthorized (HELLO "
+                                 "without a known token), forbidden (group not granted).",
+                                 labels=["reason"])
+        failures = {} if ops.auth is None else ops.auth.failures
+        for reason in ("unauthorized", "forbidden"):
+            cm.add_metric([reason], failures.get(reason, 0))
+        yield cm
+        cm = CounterMetricFamily("gossiprouter_reloads",
+                                 "SIGHUP reloads of TLS certificates and the tokens file.",
+                                 labels=["what", "result"])
+        for (what, result), n in sorted(ops.stats.reloads.items()):
+            cm.add_metric([what, result], n)
+        yield cm
+
+        # --- membership (scrape-time walk of the table)
+        kinds = {k.label: 0 for k in Kind}
+        watchers = graced = held_bytes = 0
+        for grp in table.groups.values():
+            watchers += len(grp.watchers)
+            for e in grp.entries.values():
+                kinds[e.kind.label] += 1
+            for e in grp.graced:
+                graced += 1
+                held_bytes += e.held_bytes
+        g = GaugeMetricFamily("gossiprouter_members",
+                              "Registered members (routing entries), by kind.", labels=["kind"])
+        for kind, n in kinds.items():
+            g.add_metric([kind], n)
+        yield g
+        yield GaugeMetricFamily("gossiprouter_groups", "Groups with a member or a watcher.",
+                                value=len(table.groups))
+        yield GaugeMetricFamily("gossiprouter_watchers", "WATCH registrations.", value=watchers)
+        yield GaugeMetricFamily("gossiprouter_grace_entries",
+                                "Members in reconnect grace (connection lost, traffic held).",
+                                value=graced)
+        yield GaugeMetricFamily("gossiprouter_grace_held_bytes",
+                                "Bytes of traffic held for members in reconnect grace.",
+                                value=held_bytes)
+        yield _counter("gossiprouter_grace_delivered_frames",
+                       "Held frames delivered when a member came back within its grace.",
+                       table.stats.grace_delivered)
+        yield _counter("gossiprouter_expired_members",
+                       "Members removed because their registration expired.",
+                       table.stats.expired)
+
+        # --- traffic (the core's counters)
+        cm = CounterMetricFamily(
+            "gossiprouter_frames_in",
+            "Frames received, by type (route: ROUTE frames accepted for routing).",
+            labels=["type"])
+        cm.add_metric(["route"], c.routed)
+        for name, n in sorted(c.frames_in.items()):
+            if _frame_label(name) != "route":  # a ROUTE seen by the slow path is in c.routed
+                cm.add_metric([_frame_label(name)], n)
+        yield cm
+        cm = CounterMetricFamily(
+            "gossiprouter_frames_out",
+            "Frames queued for clients, by type (route: copies of routed frames handed to "
+            "receivers' queues).",
+            labels=["type"])
+        cm.add_metric(["route"], c.delivered)
+        for name, n in sorted(c.frames_out.items()):
+            if _frame_label(name) != "route":
+                cm.add_metric([_frame_label(name)], n)
+        yield cm
+        yield _counter("gossiprouter_socket_writes",
+                       "Writes to client sockets (each carries one or more frames of any type; "
+                       "bytes_out / socket_writes shows how well writes are batched).",
+                       c.writes)
+        yield _counter("gossiprouter_bytes_in", "Bytes received from clients (after TLS).",
+                       c.bytes_in)
+        yield _counter("gossiprouter_bytes_out", "Bytes written to clients (before TLS).",
+                       c.bytes_out)
+        drops = dict(c.drops)
+        drops["grace_buffer"] = drops.get("grace_buffer", 0) + table.stats.grace_dropped
+        for reason in ("slow_consumer", "unknown_destination"):
+            drops.setdefault(reason, 0)
+        cm = CounterMetricFamily("gossiprouter_drops", "Frames dropped, by reason.",
+                                 labels=["reason"])
+        for reason, n in sorted(drops.items()):
+            cm.add_metric([reason], n)
+        yield cm
+        yield _counter("gossiprouter_slow_consumer_disconnects",
+                       "Connections closed because their outbound queue overflowed.",
+                       c.slow_consumer_disconnects)
+        yield _counter("gossiprouter_protocol_errors",
+                       "Connections closed for a protocol violation.", c.protocol_errors)
+        yield GaugeMetricFamily("gossiprouter_outbound_queued_bytes",
+                                "Bytes queued for all connections.", value=queued)
+        yield GaugeMetricFamily("gossiprouter_outbound_queued_bytes_max",
+                                "Bytes queued for the most backed-up connection.",
+                                value=queued_max)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+class Metrics:
+    """A registry holding the router collector and the process metrics."""
+
+    def __init__(self, server: Server, ops: Operations) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(RouterCollector(server, ops))
+        # process_cpu_seconds, resident memory, open fds (Linux; nothing elsewhere).
+        ProcessCollector(registry=self.registry)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,222 @@
+"""Metrics, the admin view, `gossiprouter dump` and JSON logs, over real sockets."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from gossiprouter.ops.logs import JsonFormatter
+from gossiprouter.protocol import native as wire
+from gossiprouter.server import Server
+from tests.conftest import RouterFactory
+from tests.ops_client import OpsClient, http_get
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+async def scrape(server: Server) -> Samples:
+    assert server.ops.admin_address is not None
+    status, headers, body = await http_get(server.ops.admin_address, "/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    out: Samples = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def v(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+async def _open(server: Server) -> OpsClient:
+    assert server.address is not None
+    return await OpsClient.open(*server.address)
+
+
+async def test_metrics_move_with_traffic(start_router: RouterFactory) -> None:
+    server = await start_router(metrics="127.0.0.1:0", grace=30.0)
+    before = await scrape(server)
+    assert v(before, "gossiprouter_connections", protocol="native") == 0
+    assert v(before, "gossiprouter_groups") == 0
+    a, b = await _open(server), await _open(server)
+    assert await a.connect("g", b"A", "alpha") == wire.Ok(1)
+    assert await b.connect("g", b"B") == wire.Ok(1)
+    for _ in range(10):
+        await a.send(wire.Route("g", b"B", b"A", b"x" * 100))
+    await a.send(wire.Route("g", None, b"A", b"to-all"))
+    for _ in range(11):
+        assert isinstance(await b.recv(), wire.Route)
+    await a.send(wire.Route("g", b"NOBODY", b"A", b"lost"))
+    assert isinstance(await a.recv(), wire.Error)  # unknown_destination
+    after = await scrape(server)
+
+    def delta(name: str, **labels: str) -> float:
+        return v(after, name, **labels) - v(before, name, **labels)
+
+    assert v(after, "gossiprouter_connections", protocol="native") == 2
+    assert v(after, "gossiprouter_members", kind="connection") == 2
+    assert v(after, "gossiprouter_groups") == 1
+    assert delta("gossiprouter_connections_accepted_total", protocol="native") == 2
+    assert delta("gossiprouter_frames_in_total", type="route") == 12
+    assert v(after, "gossiprouter_frames_in_total", type="connect") == 2
+    assert v(after, "gossiprouter_frames_in_total", type="hello") == 2
+    assert delta("gossiprouter_frames_out_total", type="route") == 11
+    assert delta("gossiprouter_drops_total", reason="unknown_destination") == 1
+    assert delta("gossiprouter_bytes_in_total") > 1000
+    # At least: a's WELCOME, OK, ERROR and b's WELCOME, OK, ROUTEs (batched or not).
+    assert delta("gossiprouter_socket_writes_total") >= 5
+    assert delta("gossiprouter_bytes_out_total") > 1000
+    assert v(after, "gossiprouter_outbound_queued_bytes") >= 0
+    assert v(after, "gossiprouter_grace_entries") == 0
+
+    # Reconnect grace: B's connection drops, traffic for it is held.
+    await b.aclose()
+    await trio.sleep(0.1)
+    await a.send(wire.Route("g", b"B", b"A", b"held"))
+    with trio.fail_after(5):
+        while True:
+            s = await scrape(server)
+            if v(s, "gossiprouter_grace_held_bytes") > 0:
+                break
+            await trio.sleep(0.02)
+    assert v(s, "gossiprouter_grace_entries") == 1
+    assert v(s, "gossiprouter_connections", protocol="native") == 1
+    # No per-address or per-group label anywhere.
+    for _, labels in s:
+        assert {k for k, _ in labels} <= {"protocol", "type", "reason", "kind", "what",
+                                          "result", "version", "router_id"}
+
+
+async def test_groups_view_matches_get_members(start_router: RouterFactory) -> None:
+    server = await start_router(metrics="127.0.0.1:0")
+    assert server.ops.admin_address is not None
+    admin = server.ops.admin_address
+    a, b, w = await _open(server), await _open(server), await _open(server)
+    await a.connect("g/1", b"\x01\x02", "alpha", (("10.0.0.1", 7800),))
+    await b.connect("g/1", b"B", None, (("::1", 7801),))
+    await b.connect("h", b"B")
+    assert await w.request(wire.Watch(w.req(), "g/1")) == wire.Ok(1)
+
+    status, headers, body = await http_get(admin, "/groups")
+    assert status == 200 and headers["content-type"] == "application/json"
+    assert json.loads(body) == {"groups": [
+        {"name": "g/1", "members": 2, "watchers": 1},
+        {"name": "h", "members": 1, "watchers": 0},
+    ]}
+    status, _, body = await http_get(admin, "/groups/g%2F1")
+    assert status == 200
+    view = json.loads(body)
+    reply = await w.members("g/1")
+    assert isinstance(reply, wire.Ok) and reply.members is not None
+    assert [(bytes.fromhex(m["addr"]), m["name"]) for m in view["members"]] == \
+        [(m.addr, m.name) for m in reply.members]
+    assert view["members"][0]["physical"] == ["10.0.0.1:7800"]
+    assert view["members"][1]["physical"] == ["[::1]:7801"]
+    m0 = view["members"][0]
+    assert m0["kind"] == "connection" and m0["sticky"] is False
+    assert m0["expires_in"] is None and m0["grace_remaining"] is None
+    assert len(m0["connections"]) == 1 and m0["connections"][0]["protocol"] == "native"
+    assert m0["connections"][0]["active"] is True
+    assert m0["connections"][0]["peer"].startswith("127.0.0.1:")
+    assert view["watchers"] == 1
+
+    status, _, body = await http_get(admin, "/groups/nope")
+    assert status == 404 and "nope" in json.loads(body)["error"]
+    status, _, body = await http_get(admin, "/nothing-here")
+    assert status == 404 and "error" in json.loads(body)
+    status, headers, body = await http_get(admin, "/groups", method="POST")
+    assert status == 405 and headers["allow"] == "GET, HEAD"
+    status, _, body = await http_get(admin, "/groups", method="HEAD")
+    assert status == 200 and body == b""
+
+
+def _wait_for(path: Path, needle: str, timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = path.read_text()
+        if needle in text:
+            return text
+        time.sleep(0.05)
+    raise AssertionError(f"{needle!r} not in log:\n{path.read_text()}")
+
+
+def _admin_port(log_text: str) -> int:
+    line = next(ln for ln in log_text.splitlines() if "admin view on http://" in ln)
+    return int(line.split("http://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+
+
+def _router_port(log_text: str) -> int:
+    line = next(ln for ln in log_text.splitlines() if "listening on " in ln)
+    return int(line.split("listening on ", 1)[1].split()[0].rsplit(":", 1)[1])
+
+
+def test_dump_end_to_end(tmp_path: Path) -> None:
+    """`gossiprouter dump` against a router running in another process."""
+    log_path = tmp_path / "router.log"
+    with log_path.open("w") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gossiprouter", "serve", "--port", "0",
+             "--metrics", "127.0.0.1:0", "--log-format", "json"],
+            stderr=log_file, stdout=subprocess.DEVNULL)
+    try:
+        text = _wait_for(log_path, "admin view on http://")
+        admin = f"127.0.0.1:{_admin_port(text)}"
+        port = _router_port(text)
+
+        async def register_and_dump() -> None:
+            c = await OpsClient.open("127.0.0.1", port)
+            await c.connect("billing", b"\xab\xcd", "svc-1", (("10.1.2.3", 7800),))
+
+            def dump(*args: str) -> subprocess.CompletedProcess[str]:
+                return subprocess.run([sys.executable, "-m", "gossiprouter", "dump", admin,
+                                       *args], capture_output=True, text=True, timeout=30)
+
+            r = await trio.to_thread.run_sync(dump)
+            assert r.returncode == 0, r.stderr
+            assert r.stdout.split("\n")[0].split() == ["GROUP", "MEMBERS", "WATCHERS"]
+            assert r.stdout.split("\n")[1].split() == ["billing", "1", "0"]
+            r = await trio.to_thread.run_sync(dump, "billing")
+            assert r.returncode == 0, r.stderr
+            assert "abcd" in r.stdout and "svc-1" in r.stdout and "10.1.2.3:7800" in r.stdout
+            r = await trio.to_thread.run_sync(dump, "billing", "--json")
+            assert json.loads(r.stdout)["members"][0]["addr"] == "abcd"
+            r = await trio.to_thread.run_sync(dump, "nope")
+            assert r.returncode == 1 and "no group 'nope'" in r.stderr
+            await c.aclose()
+
+        trio.run(register_and_dump)
+        # JSON logs: one object per line; the join names who, which group, from where.
+        lines = [json.loads(ln) for ln in _wait_for(log_path, "joined").splitlines()]
+        assert all({"time", "level", "logger", "message"} <= set(o) for o in lines)
+        join = next(o for o in lines if o["message"].startswith("joined"))
+        assert "svc-1" in join["message"] and "billing" in join["message"]
+        assert "127.0.0.1:" in join["message"] and join["level"] == "info"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    r = subprocess.run([sys.executable, "-m", "gossiprouter", "dump", "127.0.0.1:1"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "cannot reach the admin endpoint" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_json_formatter_extra_fields() -> None:
+    rec = logging.LogRecord("gossiprouter.ops", logging.WARNING, __file__, 1,
+                            "refusing %s", ("1.2.3.4:5",), None)
+    rec.peer, rec.reason = "1.2.3.4:5", "network"
+    out = json.loads(JsonFormatter().format(rec))
+    assert out["message"] == "refusing 1.2.3.4:5" and out["level"] == "warning"
+    assert out["logger"] == "gossiprouter.ops" and out["time"].endswith("Z")
+    assert out["peer"] == "1.2.3.4:5" and out["reason"] == "network"
+    assert "args" not in out and "msg" not in out
+    assert os.linesep not in JsonFormatter().format(rec)
