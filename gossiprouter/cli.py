@@ -6,7 +6,6 @@ one clear line on stderr and a non-zero exit status, never a traceback.
 
 from __future__ import annotations
 
-import errno
 import logging
 import signal
 import sys
@@ -21,7 +20,7 @@ from gossiprouter.config import OPTIONS, Config, ConfigError, Option, build
 from gossiprouter.ops.dump import dump
 from gossiprouter.ops.logs import use_format as use_log_format
 from gossiprouter.ops.runtime import check_startup, reload_on_sighup
-from gossiprouter.server import Server
+from gossiprouter.server import ListenError, Server
 from gossiprouter.tools import listen_command, members_command, send_command
 
 log = logging.getLogger("gossiprouter")
@@ -114,19 +113,25 @@ def serve(config_file: Path | None, **options: Any) -> None:
     setup_logging(config.log_level, config.log_format)
     try:
         trio.run(run_until_signal, config)
-    except OSError as e:
-        if e.errno == errno.EADDRINUSE:
-            raise _Fail(f"cannot listen on {config.host}:{config.port}: the port is already "
-                        "in use (is another router running?)") from None
-        if e.errno == errno.EADDRNOTAVAIL:
-            raise _Fail(f"cannot listen on {config.host}:{config.port}: no such local "
-                        "address") from None
-        if e.errno == errno.EACCES:
-            raise _Fail(f"cannot listen on {config.host}:{config.port}: permission denied "
-                        "(ports below 1024 need privileges)") from None
-        raise _Fail(f"cannot listen on {config.host}:{config.port}: {e.strerror}") from None
+    except BaseException as e:
+        failure = _find(e, ListenError)
+        if failure is not None:
+            raise _Fail(str(failure)) from None
+        raise
     except KeyboardInterrupt:  # a second Ctrl-C during shutdown
         sys.exit(130)
+
+
+def _find(e: BaseException, kind: type[ListenError]) -> ListenError | None:
+    """The first ``kind`` exception in ``e`` or, for an exception group, inside it."""
+    if isinstance(e, kind):
+        return e
+    if isinstance(e, BaseExceptionGroup):
+        for sub in e.exceptions:
+            found = _find(sub, kind)
+            if found is not None:
+                return found
+    return None
 
 
 async def run_until_signal(config: Config) -> None:

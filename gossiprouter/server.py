@@ -49,6 +49,22 @@ _ACCEPT_PAUSE = 0.1
 SessionFactory = Callable[[Hub, str, bytes], Session | None]
 
 
+class ListenError(OSError):
+    """The router could not listen on its address; says which and why."""
+
+    def __init__(self, host: str, port: int, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror)
+        self.host, self.port = host, port
+
+    def __str__(self) -> str:
+        why = {
+            errno.EADDRINUSE: "the port is already in use (is another router running?)",
+            errno.EADDRNOTAVAIL: "no such local address",
+            errno.EACCES: "permission denied (ports below 1024 need privileges)",
+        }.get(self.errno or 0, self.strerror or "error")
+        return f"cannot listen on {self.host}:{self.port}: {why}"
+
+
 @dataclass(frozen=True)
 class Sniffed:
     protocol: str
@@ -131,7 +147,10 @@ class Server:
     ) -> None:
         """Listen, accept and serve until :meth:`shutdown` or cancellation."""
         cfg = self.config
-        listener = await self._listen(cfg.host, cfg.port, cfg.backlog)
+        try:
+            listener = await self._listen(cfg.host, cfg.port, cfg.backlog)
+        except OSError as e:
+            raise ListenError(cfg.host, cfg.port, e) from e
         sockname = listener.socket.getsockname()
         self.address = (sockname[0], sockname[1])
         log.info("listening on %s:%d (native, JGroups 2.12 and 5.x on one port)", *self.address)

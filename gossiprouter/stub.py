@@ -32,6 +32,7 @@ import logging
 import math
 import random
 import socket
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 import trio
 
+from gossiprouter.ops.tls import wrap_client
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
 
@@ -379,6 +381,8 @@ def describe_error(e: BaseException) -> str:
             return describe_error(leaves[0])
     if isinstance(e, ConnectionRefusedError):
         return "connection refused"
+    if isinstance(e, trio.BrokenResourceError) and isinstance(e.__cause__, ssl.SSLError):
+        return f"TLS handshake failed ({e.__cause__.reason or e.__cause__})"
     if isinstance(e, OSError) and e.strerror:
         s = e.strerror
         return s[:1].lower() + s[1:]
@@ -614,11 +618,12 @@ def _left(link: _Link, ch: Channel, result: wire.Ok | StubError) -> None:
 class _Link:
     """One live TCP connection to a router (a new object for every reconnect)."""
 
-    def __init__(self, transport: _Transport, stream: trio.SocketStream, welcome: wire.Welcome,
-                 decoder: wire.Decoder, write_timeout: float) -> None:
+    def __init__(self, transport: _Transport, stream: trio.abc.Stream, welcome: wire.Welcome,
+                 decoder: wire.Decoder, write_timeout: float, raw: trio.SocketStream) -> None:
         self.transport = transport
         self.router = transport.address
-        self.stream = stream
+        self.stream = stream  # the TLS stream over ``raw``, or ``raw`` itself
+        self.raw = raw
         self.welcome = welcome
         settings = welcome.settings
         mf = settings.get("max_frame")
@@ -662,7 +667,7 @@ class _Link:
         log.info("connection to %s lost: %s", _fmt(self.router), self.error)
         self.scope.cancel()
         # Closing the socket wakes a task blocked in send_all/receive_some at once.
-        self.stream.socket.close()
+        self.raw.socket.close()
         lost = ConnectionLostError(f"connection to {_fmt(self.router)} lost: {self.error}")
         for p in self.pending.values():
             p.set(lost)
@@ -746,7 +751,15 @@ class RouterStub:
             dropped and counted in :attr:`Channel.dropped`.
         event_buffer: events buffered per channel, per watch and per
             :meth:`state_changes` stream (oldest dropped when full).
-        client_name, token: sent in HELLO.
+        client_name, token: sent in HELLO. A router that refuses the token
+            (ERROR ``unauthorized``) is retried with the usual backoff (its
+            tokens file may be reloaded); sends meanwhile raise
+            :class:`NotConnectedError` naming the refusal.
+        ssl_context: connect with TLS using this context (see
+            :func:`gossiprouter.ops.tls.client_context`; give it a client
+            certificate for mutual TLS). None: plain TCP.
+        server_hostname: the name the router's certificate must be valid for
+            (default: the host connected to).
         on_state: called (in the trio thread, must not block) with every
             :class:`StubEvent`.
     """
@@ -769,6 +782,8 @@ class RouterStub:
         event_buffer: int = 256,
         client_name: str = CLIENT_NAME,
         token: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
         on_state: Callable[[StubEvent], None] | None = None,
     ) -> None:
         if isinstance(routers, str):
@@ -814,6 +829,8 @@ class RouterStub:
         self.event_buffer = event_buffer
         self.client_name = client_name
         self.token = token
+        self.ssl_context = ssl_context
+        self.server_hostname = server_hostname
         self.on_state = on_state
         self.stats = StubStats()
 
@@ -1263,8 +1280,12 @@ class RouterStub:
     async def _open_link(self, t: _Transport) -> _Link:
         host, port = t.address
         with trio.fail_after(self.connect_timeout):
-            stream = await trio.open_tcp_stream(host, port)
+            raw = await trio.open_tcp_stream(host, port)
+            stream: trio.abc.Stream = raw
             try:
+                if self.ssl_context is not None:
+                    stream = await wrap_client(raw, self.ssl_context,
+                                               self.server_hostname or host)
                 hello = wire.encode(wire.Hello(wire.SUPPORTED_VERSIONS, self.client_name,
                                                self.token))
                 await stream.send_all(wire.PREAMBLE + hello)
@@ -1290,7 +1311,7 @@ class RouterStub:
                 await trio.aclose_forcefully(stream)
                 raise
         t.router_id = f.router_id
-        return _Link(t, stream, f, decoder, self._write_timeout)
+        return _Link(t, stream, f, decoder, self._write_timeout, raw)
 
     async def _run_link(self, t: _Transport, link: _Link) -> None:
         t.link = link

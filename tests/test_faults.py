@@ -335,3 +335,19 @@ def test_accept_errors_are_retried(tmp_path: object) -> None:
     assert proc.returncode == 0
     assert b"accept failed" in err and b"retrying" in err
     assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] > 64  # ours was untouched
+
+
+def test_port_in_use_is_one_clear_line() -> None:
+    import subprocess
+    import sys
+
+    with RouterProcess() as first:
+        r = subprocess.run(
+            [sys.executable, "-m", "gossiprouter", "serve", "--port", str(first.port)],
+            capture_output=True, text=True, timeout=30,
+        )
+    assert r.returncode == 1
+    assert r.stderr.strip() == (
+        f"gossiprouter: error: cannot listen on 127.0.0.1:{first.port}: the port is already in "
+        "use (is another router running?)"
+    )
