@@ -56,7 +56,8 @@ OPTIONS: tuple[Option, ...] = (
            "Bound on bytes queued for one connection; at least 2 x max-frame.",
            minimum=1024, unit="bytes"),
     Option("outbound_queue_frames", int, 100_000,
-           "Bound on frames queued for one connection.", minimum=1),
+           "Bound on chunks queued for one connection (a chunk is one frame, or a run of "
+           "frames that arrived together for it).", minimum=1),
     Option("slow_consumer_policy", str, "disconnect",
            "What happens when a receiver's queue is full: 'disconnect' (ERROR slow_consumer, "
            "then close) or 'drop' (the frame is dropped for that receiver and counted).",
@@ -357,3 +358,28 @@ def build(file: Path | None = None, **cli: Any) -> Config:
         if o.type is float and isinstance(v, int) and not isinstance(v, bool):
             values[o.name] = float(v)
     return Config(**values)
+
+
+_PIPE = "\\|"  # a "|" inside a Markdown table cell
+
+
+def options_markdown() -> str:
+    """The options table of docs/operations.md, generated from :data:`OPTIONS`."""
+    rows = ["| config key | command line | default | meaning |", "|---|---|---|---|"]
+    for o in OPTIONS:
+        if o.type is bool:
+            flag = f"`--[no-]{o.name.replace('_', '-')}`"
+        elif o.choices:
+            flag = f"`{o.flag} {_PIPE.join(o.choices)}`"
+        else:
+            flag = f"`{o.flag} {o.metavar or o.type.__name__.upper()}`"
+        if o.type is tuple:
+            default = "`[" + ", ".join(f'"{v}"' for v in o.default) + "]`"
+        elif o.type is bool:
+            default = f"`{str(o.default).lower()}`"
+        elif o.default == "":
+            default = "(none)"
+        else:
+            default = f"`{o.default}`" + (f" {o.unit}" if o.unit else "")
+        rows.append(f"| `{o.name}` | {flag} | {default} | {o.help.replace('|', '/')} |")
+    return "\n".join(rows) + "\n"

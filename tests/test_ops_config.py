@@ -117,8 +117,8 @@ def test_example_config_is_accepted(tmp_path: Path) -> None:
 
 
 def _doc_block(first_line: str) -> str:
-    """The ```toml block of docs/operations-ops.md that starts with ``first_line``."""
-    text = (ROOT / "docs" / "operations-ops.md").read_text()
+    """The ```toml block of docs/operations.md that starts with ``first_line``."""
+    text = (ROOT / "docs" / "operations.md").read_text()
     for block in text.split("```toml\n")[1:]:
         body = block.split("```", 1)[0]
         if body.startswith(first_line):
