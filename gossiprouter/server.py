@@ -405,6 +405,10 @@ class Server:
             notices = self.hub.table.expire(now)
             if notices:
                 self.hub.deliver(notices)
+                for e in {id(n.entry): n.entry for n in notices}.values():
+                    log.info("%s (%s) left %r: %s", e.name or "-", e.addr.hex(), e.group,
+                             "reconnect grace ended" if e.kind.label == "connection"
+                             else "registration expired")
             nd = self.hub.table.next_deadline()
             if nd is not None:
                 wake = min(wake, nd)
