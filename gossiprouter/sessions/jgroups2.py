@@ -30,14 +30,12 @@ from gossiprouter.protocol.jgroups_common import (
     read_addresses,
 )
 from gossiprouter.routing import Entry
-from gossiprouter.sessions.base import Hub
+from gossiprouter.sessions.base import Hub, same_frames
 from gossiprouter.sessions.jgroups_common import (
     CACHE_MAX,
     LENGTHS_MAX,
     U32,
     JGroupsSession,
-    border_free,
-    same_frames,
     wire_address,
     wire_physical,
 )
@@ -46,30 +44,14 @@ log = logging.getLogger("gossiprouter")
 
 _MESSAGE = j2.MESSAGE
 # A header of a MESSAGE: (header length, table group, destination key or None, the bytes that
-# start the re-wrapped message up to and including the buffer's presence byte, whether the
-# header is border-free (see _flush)).
-_Route = tuple[int, str, bytes | None, bytes, bool]
+# start the re-wrapped message up to and including the buffer's presence byte).
+_Route = tuple[int, str, bytes | None, bytes]
 # _learn's answers besides a route.
 _SLOW = 0  # not a plain MESSAGE header: use the full decoder
 _EMPTY_MEMBERS = b"\x00\x00"  # a GOSSIP_GET reply with no members
 # The slow path hands the decoder the rest of a chunk in growing windows, so that a chunk of
 # many small control objects is not copied once per object.
 _FIRST_WINDOW = 256
-
-
-def _rewrap(region: bytes, hlen: int, head: bytes) -> bytes:
-    """Re-wrap consecutive messages that share one ``hlen``-byte header, one by one (used when
-    the header bytes may also occur inside a payload)."""
-    u32 = U32
-    parts = []
-    pos = 0
-    size = len(region)
-    while pos < size:
-        p = pos + hlen
-        end = p + 4 + u32(region, p)[0]
-        parts.append(region[p:end])
-        pos = end
-    return head + head.join(parts)
 
 
 class JGroups2Session(JGroupsSession):
@@ -115,17 +97,17 @@ class JGroups2Session(JGroupsSession):
         max_frame = self.max_frame
         u32 = U32
         # The current run of MESSAGEs with one header: the header bytes, its length, its
-        # route, where the run starts, how many messages.
+        # route, and the (length + payload) part of each message.
         run_hdr = b""
         hlen = 0
         run: _Route | None = None
-        run_start = run_n = 0
+        parts: list[bytes] = []
         # Groups where this connection was found to have a member, during this call (only
         # this connection's own CONNECT/DISCONNECT/CLOSE can change that, so it is reset
         # after every object of the slow path).
         member_of: set[str] = set()
         while pos < size:
-            if run_n and data.startswith(run_hdr, pos):
+            if parts and data.startswith(run_hdr, pos):
                 p = pos + hlen
                 if p + 4 <= size:
                     n = u32(data, p)[0]
@@ -135,17 +117,19 @@ class JGroups2Session(JGroupsSession):
                         if data[end + hlen : end + hlen + 4] == data[p : p + 4]:
                             # The next one may have the same header and length: count the
                             # bulk at C speed.
-                            k = same_frames(data, pos, end - pos, hlen + 4, size)
-                            run_n += k
-                            pos += k * (end - pos)
+                            step = end - pos
+                            k = same_frames(data, pos, step, hlen + 4, size)
+                            tail = step - hlen
+                            parts += [data[a : a + tail] for a in range(p, p + k * step, step)]
+                            pos += k * step
                         else:
-                            run_n += 1
+                            parts.append(data[p:end])
                             pos = end
                         continue
-            if run_n:
+            if parts:
                 assert run is not None
-                self._flush(run, data, run_start, pos, run_n)
-                run_n = 0
+                self._flush(run, parts)
+                parts = []
                 if ob.closed:
                     return
             if data[pos] == _MESSAGE:
@@ -168,13 +152,11 @@ class JGroups2Session(JGroupsSession):
                             self._keep(data, pos, end - pos)
                             return
                         group = hit[1]
-                        if group in member_of or self._is_member(group):
-                            member_of.add(group)
+                        if group in member_of or self._is_member(group, member_of):
                             run = hit
                             hlen = hit[0]
                             run_hdr = data[pos:p]
-                            run_start = pos
-                            run_n = 1
+                            parts.append(data[p:end])
                         pos = end
                         continue
                 elif hit:  # NeedMore: the header itself is incomplete
@@ -184,26 +166,16 @@ class JGroups2Session(JGroupsSession):
             if ob.closed:
                 return
             member_of.clear()
-        if run_n:
+        if parts:
             assert run is not None
-            self._flush(run, data, run_start, pos, run_n)
+            self._flush(run, parts)
 
-    def _flush(self, run: _Route, data: bytes, start: int, stop: int, count: int) -> None:
-        """Route the run of ``count`` messages ``data[start:stop]`` (one header), re-wrapped
-        once into the form every receiver gets."""
-        hlen, group, dest, head, clean = run
-        if count == 1:
-            out = head + data[start + hlen : stop]
-        else:
-            region = data[start:stop]
-            hdr = region[:hlen]
-            if clean and region.count(hdr) == count:
-                # The header cannot overlap itself, and occurs exactly once per message: it is
-                # nowhere inside a payload, so one replace re-wraps the whole run.
-                out = region.replace(hdr, head)
-            else:
-                out = _rewrap(region, hlen, head)
-        self.route(group, dest, out, count)
+    def _flush(self, run: _Route, parts: list[bytes]) -> None:
+        """Route a run of messages with one header, re-wrapped (group null, as 2.12 does) into
+        one bytes object shared by every receiver."""
+        head = run[3]
+        out = head + head.join(parts) if len(parts) > 1 else head + parts[0]
+        self.route(run[1], run[2], out, len(parts))
 
     def _keep(self, data: bytes, pos: int, need: int) -> None:
         """Keep the incomplete object at ``pos`` until at least ``need`` bytes of it are here."""
@@ -236,10 +208,7 @@ class JGroups2Session(JGroupsSession):
         # The re-wrapped form: group null, the destination as received, no sender field.
         head = j2.message_to_client(dest, b"")[:-4]
         hdr = data[pos : r.pos]
-        route: _Route = (
-            length, self.prefix + group, None if dest is None else dest.key, head,
-            border_free(hdr),
-        )
+        route: _Route = (length, self.prefix + group, None if dest is None else dest.key, head)
         routes = self._routes
         if len(routes) >= CACHE_MAX:
             routes.clear()
@@ -251,20 +220,22 @@ class JGroups2Session(JGroupsSession):
             self._lengths.append(length)
         return route
 
-    def _is_member(self, group: str) -> bool:
-        """True when this connection registered at least one address in table ``group``.
+    def _is_member(self, group: str, known: set[str] | None = None) -> bool:
+        """True when this connection registered at least one address in table ``group``
+        (then added to ``known``).
 
         2.12 messages carry no sender, so this is the closest JGroups 2.12 allows to
         "the sender is a member" (JGroups itself routes anything).
         """
         regs = self.hub.table.registrations(self)
         key = self._witness.get(group)
-        if key is not None and key in regs:
+        if key is None or key not in regs:
+            key = next((k for k in regs if k[0] == group), None)
+        if key is not None:
+            self._witness[group] = key
+            if known is not None:
+                known.add(group)
             return True
-        for k in regs:
-            if k[0] == group:
-                self._witness[group] = k
-                return True
         self.hub.counters.drop("not_member")
         self.warn_limited("not_member", "MESSAGE to %r dropped: this connection has no member "
                           "there (send CONNECT first)", group)

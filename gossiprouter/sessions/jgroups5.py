@@ -23,13 +23,12 @@ from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol.errors import ProtocolError
 from gossiprouter.protocol.jgroups_common import V5, JAddress, NeedMore, Reader, read_address
 from gossiprouter.routing import Entry
-from gossiprouter.sessions.base import Hub
+from gossiprouter.sessions.base import Hub, same_frames
 from gossiprouter.sessions.jgroups_common import (
     CACHE_MAX,
     LENGTHS_MAX,
     U32,
     JGroupsSession,
-    same_frames,
     wire_address,
     wire_physical,
 )

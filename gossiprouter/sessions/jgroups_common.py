@@ -33,9 +33,10 @@ log = logging.getLogger("gossiprouter")
 #: Reads a big-endian u32 (frame and payload lengths) in the hot loops.
 U32 = struct.Struct(">I").unpack_from
 
-# A per-connection header cache is cleared when it grows past this (a client cycling through
-# destinations must not grow the router's memory without bound).
-CACHE_MAX = 4096
+# A per-connection header cache is cleared when it grows past this: one entry per (group,
+# destination) a client sends to is plenty for clusters of hundreds of members, and a client
+# cycling through made-up destinations must not grow the router's memory without bound.
+CACHE_MAX = 1024
 # Distinct header lengths remembered per connection (see the sessions' hot loops).
 LENGTHS_MAX = 16
 # At most one log line per this many seconds per connection and kind of problem.
@@ -93,46 +94,6 @@ def wire_physical(entry: Entry, version: int) -> tuple[JAddress, ...] | None:
         except ValueError:  # a host name, not an IP literal: JGroups cannot carry it
             continue
     return tuple(out) or None
-
-
-def same_frames(data: bytes, pos: int, step: int, plen: int, size: int) -> int:
-    """How many frames of ``step`` bytes, starting at ``pos``, begin with the same ``plen``
-    bytes as the one at ``pos`` (at least 1).
-
-    Equal prefixes (header and payload length) make equally valid frames of the same route, so
-    a bulk of equal-size messages needs no Python loop per frame: the j-th byte of every frame
-    is one strided slice, and ``lstrip`` counts how many of them match, both at C speed.
-    """
-    k = (size - pos) // step
-    if k <= 1:
-        return 1
-    span = (k - 1) * step + 1
-    for j in range(plen):
-        col = data[pos + j : pos + j + span : step]
-        rest = len(col.lstrip(col[:1]))
-        if rest:
-            k = len(col) - rest
-            if k == 1:
-                return 1
-            span = (k - 1) * step + 1
-    return k
-
-
-def border_free(b: bytes) -> bool:
-    """True when no proper prefix of ``b`` is also a suffix of it.
-
-    Then two occurrences of ``b`` in a string can never overlap, so ``s.count(b)`` counts every
-    occurrence and ``s.replace(b, x)`` replaces exactly those.
-    """
-    fail = [0] * len(b)  # the KMP failure function
-    k = 0
-    for i in range(1, len(b)):
-        while k and b[i] != b[k]:
-            k = fail[k - 1]
-        if b[i] == b[k]:
-            k += 1
-        fail[i] = k
-    return not b or fail[-1] == 0
 
 
 class JGroupsSession(Session):
@@ -275,7 +236,7 @@ class JGroupsSession(Session):
         if not carriers:  # in reconnect grace: held, delivered if it comes back in time
             table.hold(entry, frames)
             return
-        c = cast(Session, carriers[-1])
+        c: Session = carriers[-1]  # type: ignore[assignment]  # carriers are sessions here
         if not c.outbox.push(frames):
             c.push(frames, count)
         counters.delivered += count

@@ -16,7 +16,7 @@ from typing import cast
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
 from gossiprouter.routing import Entry, RoutingError, is_reserved
-from gossiprouter.sessions.base import Hub, Session
+from gossiprouter.sessions.base import Hub, Session, same_frames
 
 log = logging.getLogger("gossiprouter")
 
@@ -26,30 +26,6 @@ _EVENT_KINDS = frozenset(wire.EVENT_KINDS)
 _Route = tuple[str, bytes | None, bytes]  # group, dest, sender
 # Requests naming a group that authentication (tokens' group patterns) may forbid.
 _GROUP_REQUESTS = (wire.Connect, wire.GetMembers, wire.Watch)
-
-
-def _same_frames(data: bytes, pos: int, step: int, plen: int, size: int) -> int:
-    """How many frames of ``step`` bytes, starting at ``pos``, begin with the same
-    ``plen`` bytes as the one at ``pos`` (at least 1).
-
-    Equal prefixes (length prefix, ROUTE header, payload length) mean equally
-    valid frames of the same route. Instead of a Python loop over frames this
-    compares byte columns: the j-th byte of every frame is one strided slice,
-    and ``lstrip`` counts how many of them match, both at C speed.
-    """
-    k = (size - pos) // step
-    if k <= 1:
-        return 1
-    span = (k - 1) * step + 1
-    for j in range(plen):
-        col = data[pos + j : pos + j + span : step]
-        rest = len(col.lstrip(col[:1]))
-        if rest:
-            k = len(col) - rest
-            if k == 1:
-                return 1
-            span = (k - 1) * step + 1
-    return k
 
 
 class NativeSession(Session):
@@ -116,7 +92,7 @@ class NativeSession(Session):
                         # Frames of the same size with the same prefix (length,
                         # header, payload length) follow each other in bulk.
                         if data[end : end + 4] == data[pos:body]:
-                            k = _same_frames(data, pos, end - pos, plen - pos, size)
+                            k = same_frames(data, pos, end - pos, plen - pos, size)
                             run_n += k
                             pos += k * (end - pos)
                         else:

@@ -1,0 +1,286 @@
+"""Raw JGroups GossipRouter test clients (2.12 and 5.x) over real sockets, built on the codecs.
+
+They do what a RouterStub does on the wire and nothing more (no reconnects, no keep-alive
+tasks), so tests drive the protocol by hand and see every byte the router sends. Their encoders
+are the codecs', which the codec tests check against the capture bytes; ``tests/
+test_jgroups_router.py`` also replays the captures themselves through the router.
+
+Also here: addresses for tests, and :func:`replay`, which plays the client side of a capture log
+(``tests/data/jgroups_captures``) against a router and returns what each connection received.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+import trio.testing
+
+from gossiprouter.protocol import jgroups2 as j2
+from gossiprouter.protocol import jgroups5 as j5
+from gossiprouter.protocol.jgroups_common import V2, V5, JAddress
+
+BIG = 64 * 1024 * 1024
+CAPTURES = Path(__file__).parent / "data" / "jgroups_captures"
+
+
+def uuid(i: int, version: int) -> JAddress:
+    """A plain UUID address, distinct for each ``i``."""
+    return JAddress.from_uuid(0x0102030405060700 + i, 0x1112131415161700 + i, version=version)
+
+
+def ip(port: int, version: int, host: str = "127.0.0.1") -> JAddress:
+    return JAddress.from_ip(host, port, version=version)
+
+
+class _Client:
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.eof = False
+
+    async def send_raw(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def _fill(self, timeout: float) -> None:
+        with trio.fail_after(timeout):
+            data = await self.stream.receive_some(1 << 20)
+        if not data:
+            self.eof = True
+            raise EOFError("router closed the connection")
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    async def recv(self, timeout: float = 5.0) -> object:
+        """The next event the router sent (the subclasses' decoders say which)."""
+        raise NotImplementedError
+
+    async def send_eof(self) -> None:
+        """Half-close (FIN), as a client process that exits does."""
+        await self.stream.send_eof()
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+class J2Client(_Client):
+    """A JGroups 2.12 RouterStub's wire behaviour."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        super().__init__(stream)
+        self.decoder = j2.ClientDecoder(max_frame=BIG)
+
+    @classmethod
+    async def open(cls, host: str, port: int) -> J2Client:
+        return cls(await trio.open_tcp_stream(host, port))
+
+    def _feed(self, data: bytes) -> None:
+        self.decoder.feed(data)
+
+    async def recv(self, timeout: float = 5.0) -> j2.ClientEvent:
+        while True:
+            ev = self.decoder.next_event()
+            if ev is not None:
+                return ev
+            await self._fill(timeout)
+
+    async def recv_until_closed(self, timeout: float = 5.0) -> list[j2.ClientEvent]:
+        out: list[j2.ClientEvent] = []
+        try:
+            while True:
+                out.append(await self.recv(timeout))
+        except EOFError:
+            return out
+
+    async def connect(
+        self,
+        group: str | None,
+        addr: JAddress | None,
+        name: str | None = None,
+        physical: list[JAddress] | None = None,
+    ) -> j2.ConnectReply:
+        self.decoder.expect_connect_reply()
+        await self.send_raw(j2.connect(group, addr, name, physical))
+        ev = await self.recv()
+        assert isinstance(ev, j2.ConnectReply), ev
+        return ev
+
+    async def gossip_get(self, group: str | None) -> tuple[j2.Member, ...]:
+        self.decoder.expect_members_reply()
+        await self.send_raw(j2.gossip_get(group))
+        while True:
+            ev = await self.recv()
+            if isinstance(ev, j2.MembersReply):
+                return ev.members
+
+    async def disconnect(self, group: str, addr: JAddress) -> None:
+        await self.send_raw(j2.disconnect(group, addr))
+        while True:
+            if isinstance(await self.recv(), j2.DisconnectOk):
+                return
+
+    async def message(self, group: str | None, dest: JAddress | None, payload: bytes) -> None:
+        await self.send_raw(j2.message(group, dest, payload))
+
+
+class J5Client(_Client):
+    """A JGroups 5.x RouterStub's wire behaviour."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        super().__init__(stream)
+        self.decoder = j5.Decoder(max_frame=BIG)
+        self.close_marker = False
+
+    @classmethod
+    async def open(cls, host: str, port: int) -> J5Client:
+        return cls(await trio.open_tcp_stream(host, port))
+
+    def _feed(self, data: bytes) -> None:
+        self.decoder.feed(data)
+
+    async def recv(self, timeout: float = 5.0) -> j5.Event:
+        while True:
+            ev = self.decoder.next_event()
+            if ev is not None:
+                if isinstance(ev, j5.CloseMarker):
+                    self.close_marker = True
+                return ev
+            await self._fill(timeout)
+
+    async def recv_until_closed(self, timeout: float = 5.0) -> list[j5.Event]:
+        out: list[j5.Event] = []
+        try:
+            while True:
+                out.append(await self.recv(timeout))
+        except EOFError:
+            return out
+
+    async def register(
+        self, group: str | None, addr: JAddress | None, name: str | None = None,
+        physical: JAddress | None = None,
+    ) -> None:
+        await self.send_raw(j5.register(group, addr, name, physical))
+
+    async def unregister(self, group: str, addr: JAddress) -> None:
+        await self.send_raw(j5.unregister(group, addr))
+
+    async def get_members(self, group: str | None) -> list[j5.MembersReply]:
+        """GET_MBRS; the replies up to the first GET_MBRS_RSP (per group) or the LAST one."""
+        await self.send_raw(j5.get_members(group))
+        out: list[j5.MembersReply] = []
+        while True:
+            ev = await self.recv()
+            if isinstance(ev, j5.MembersReply):
+                out.append(ev)
+                if ev.last or group is not None:
+                    return out
+
+    async def message(
+        self, group: str | None, dest: JAddress | None, sender: JAddress | None, payload: bytes
+    ) -> bytes:
+        frame = j5.message(group, dest, sender, payload)
+        await self.send_raw(frame)
+        return frame
+
+    async def sync(self) -> None:
+        """A HEARTBEAT and its echo: everything sent before it has been processed."""
+        await self.send_raw(j5.heartbeat())
+        while True:
+            if isinstance(await self.recv(), j5.Heartbeat):
+                return
+
+
+async def nothing_more(c: _Client, wait: float = 0.2) -> None:
+    """Assert that nothing arrives on ``c`` within ``wait`` seconds."""
+    with trio.move_on_after(wait):
+        ev = await c.recv(timeout=wait + 1)
+        raise AssertionError(f"unexpected {ev!r}")
+
+
+# --------------------------------------------------------------------------- capture replay
+
+
+@dataclass(frozen=True)
+class Step:
+    """One line of a capture log: ``data`` on ``conn`` in ``direction``; ``b""`` is a FIN."""
+
+    conn: str
+    direction: str
+    data: bytes
+
+
+def load_steps(name: str) -> list[Step]:
+    """The lines of a capture log, FINs included (``tests/jgroups_captures`` leaves them out)."""
+    steps = []
+    for line in (CAPTURES / name).read_text().splitlines():
+        parts = line.split()
+        if len(parts) < 4 or "ERR" in parts[1:3]:
+            continue
+        data = bytes.fromhex(parts[4]) if len(parts) > 4 else b""
+        steps.append(Step(parts[1], parts[2], data))
+    return steps
+
+
+async def replay(host: str, port: int, steps: list[Step]) -> dict[str, bytes]:
+    """Play the client side of ``steps`` against the router at ``host:port``, in log order and
+    with the log's segmentation, letting the (in-process) router settle after every send.
+
+    Returns what each connection received, until the router closed it or the replay ended.
+    """
+    streams: dict[str, trio.SocketStream] = {}
+    got: dict[str, bytearray] = {}
+
+    async def reader(conn: str, s: trio.SocketStream) -> None:
+        try:
+            while True:
+                data = await s.receive_some(1 << 16)
+                if not data:
+                    return
+                got[conn] += data
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+
+    async with trio.open_nursery() as nursery:
+        for step in steps:
+            if step.direction != "C>S":
+                continue
+            s = streams.get(step.conn)
+            if s is None:
+                s = streams[step.conn] = await trio.open_tcp_stream(host, port)
+                got[step.conn] = bytearray()
+                nursery.start_soon(reader, step.conn, s)
+            if step.data:
+                await s.send_all(step.data)
+            else:
+                await s.send_eof()
+            await trio.testing.wait_all_tasks_blocked(0.01)
+        await trio.testing.wait_all_tasks_blocked(0.05)
+        for s in streams.values():
+            await s.aclose()
+    return {conn: bytes(b) for conn, b in got.items()}
+
+
+def capture_streams(steps: list[Step]) -> dict[str, bytes]:
+    """What the real router sent to each connection in the capture."""
+    out: dict[str, bytearray] = {}
+    for st in steps:
+        if st.direction == "S>C":
+            out.setdefault(st.conn, bytearray()).extend(st.data)
+    return {conn: bytes(b) for conn, b in out.items()}
+
+
+__all__ = [
+    "V2",
+    "V5",
+    "J2Client",
+    "J5Client",
+    "Step",
+    "capture_streams",
+    "ip",
+    "load_steps",
+    "nothing_more",
+    "replay",
+    "uuid",
+]
