@@ -321,7 +321,7 @@ class JavaNode:
         name: str,
         cluster: str,
         stack: str,
-        router_port: int,
+        router_port: int | str,
         log_dir: Path,
         router_host: str = LOOPBACK,
     ) -> None:
@@ -589,9 +589,10 @@ async def wait_for_view(
 
 
 def start_nodes(
-    names: Sequence[str], cluster: str, stack: str, router_port: int, log_dir: Path
+    names: Sequence[str], cluster: str, stack: str, router_port: int | str, log_dir: Path
 ) -> list[JavaNode]:
-    """Launch one JVM per name at once (JVM start-up is slow; they start concurrently)."""
+    """``router_port`` may be "P1,P2" for several routers (TUNNEL gossip_router_hosts)."""
+    # Launch one JVM per name at once (JVM start-up is slow; they start concurrently).
     nodes = [JavaNode(name, cluster, stack, router_port, log_dir) for name in names]
     for node in nodes:
         node.start()
@@ -614,8 +615,11 @@ class NodeFactory:
         self.log_dir = log_dir
         self.nodes: list[JavaNode] = []
 
-    def start(self, names: list[str], cluster: str, stack: str) -> list[JavaNode]:
-        nodes = start_nodes(names, cluster, stack, self.router.port, self.log_dir)
+    def start(self, names: list[str], cluster: str, stack: str,
+              routers: Sequence[Router] = ()) -> list[JavaNode]:
+        """Start nodes using the test's router, or every router in ``routers``."""
+        ports = ",".join(str(r.port) for r in routers) if routers else self.router.port
+        nodes = start_nodes(names, cluster, stack, ports, self.log_dir)
         self.nodes.extend(nodes)
         return nodes
 

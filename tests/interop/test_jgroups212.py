@@ -19,6 +19,7 @@ from .harness import (
     NodeFactory,
     Router,
     expected_texts,
+    free_port,
     summarize_counts,
     wait_for_view,
     wait_until,
@@ -244,3 +245,28 @@ async def test_gossiprouter_members_cli_lists_jgroups2_members(
     addrs = [e["addr"] for e in listed]
     assert all(isinstance(a, str) and a for a in addrs), out
     assert len(set(addrs)) == len(NAMES), out
+
+
+async def test_tunnel_two_routers_one_stopped(
+    router: Router, nodes: NodeFactory, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Scenario 9 (TUNNEL_Test2): members use two routers; with one stopped, traffic keeps
+    flowing through the other; restarted, it is used again (the other is stopped then)."""
+    second = Router(router.kind, free_port(), tmp_path_factory.mktemp("second-router"))
+    second.start()
+    try:
+        members = nodes.start(NAMES, "interop-two", "tunnel", routers=[router, second])
+        await wait_for_view(members, NAMES, JOIN_TIMEOUT, router)
+        assert await _multicast_round(members, "both", 5, 20)
+        await second.astop()
+        assert await _multicast_round(members, "first-only", 5, 30), summarize_counts(
+            members, [f"first-only{n.name}" for n in members])
+        await second.astart()
+        await trio.sleep(4.0)  # reconnect_interval is 1 s: the members re-register with it
+        await router.astop()
+        assert await _multicast_round(members, "second-only", 5, 30), summarize_counts(
+            members, [f"second-only{n.name}" for n in members])
+        await wait_for_view(members, NAMES, 10, second)
+        await router.astart()
+    finally:
+        second.stop()

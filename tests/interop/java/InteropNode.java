@@ -71,9 +71,19 @@ public final class InteropNode extends ReceiverAdapter {
         + "<FRAG2 frag_size=\"60000\"/>";
 
     /** TUNNEL (all traffic through the router) + PING (discovery by multicast via the router). */
-    static String tunnelStack(String routerHost, int routerPort) {
+    /** "host[p1],host[p2]" for a comma-separated list of router ports. */
+    static String hostList(String routerHost, String routerPorts) {
+        StringBuilder b = new StringBuilder();
+        for (String p : routerPorts.split(",")) {
+            if (b.length() > 0) b.append(',');
+            b.append(routerHost).append('[').append(Integer.parseInt(p.trim())).append(']');
+        }
+        return b.toString();
+    }
+
+    static String tunnelStack(String routerHost, String routerPorts) {
         return "<config>"
-            + "<TUNNEL gossip_router_hosts=\"" + routerHost + "[" + routerPort + "]\""
+            + "<TUNNEL gossip_router_hosts=\"" + hostList(routerHost, routerPorts) + "\""
             + " bind_addr=\"127.0.0.1\" reconnect_interval=\"1000\" enable_bundling=\"false\""
             + " enable_diagnostics=\"false\"" + POOLS + "/>"
             + "<PING timeout=\"2000\" num_initial_members=\"3\"/>"
@@ -82,17 +92,17 @@ public final class InteropNode extends ReceiverAdapter {
     }
 
     /** TCP between the members; TCPGOSSIP asks the router who is there (GOSSIP_GET). */
-    static String tcpGossipStack(String routerHost, int routerPort) {
+    static String tcpGossipStack(String routerHost, String routerPorts) {
         return "<config>"
             + "<TCP bind_addr=\"127.0.0.1\" bind_port=\"0\" loopback=\"true\""
             + " sock_conn_timeout=\"1000\" enable_diagnostics=\"false\"" + POOLS + "/>"
-            + "<TCPGOSSIP initial_hosts=\"" + routerHost + "[" + routerPort + "]\""
+            + "<TCPGOSSIP initial_hosts=\"" + hostList(routerHost, routerPorts) + "\""
             + " timeout=\"3000\" num_initial_members=\"3\" reconnect_interval=\"1000\"/>"
             + String.format(UPPER_STACK, "<FD timeout=\"2000\" max_tries=\"3\"/>")
             + "</config>";
     }
 
-    static String stackConfig(String stack, String routerHost, int routerPort) {
+    static String stackConfig(String stack, String routerHost, String routerPort) {
         if (stack.equals("tunnel")) {
             return tunnelStack(routerHost, routerPort);
         }
@@ -221,18 +231,18 @@ public final class InteropNode extends ReceiverAdapter {
         System.setOut(System.err);
 
         if (args.length == 4 && args[0].equals("--print-config")) {
-            out.println(stackConfig(args[1], args[2], Integer.parseInt(args[3])));
+            out.println(stackConfig(args[1], args[2], args[3]));
             out.flush();
             return;
         }
         if (args.length != 5) {
-            System.err.println("usage: InteropNode NAME CLUSTER tunnel|tcpgossip HOST PORT\n"
+            System.err.println("usage: InteropNode NAME CLUSTER tunnel|tcpgossip HOST PORT[,PORT...]\n"
                 + "       InteropNode --print-config tunnel|tcpgossip HOST PORT");
             System.exit(2);
         }
         String name = args[0];
         String cluster = args[1];
-        String xml = stackConfig(args[2], args[3], Integer.parseInt(args[4]));
+        String xml = stackConfig(args[2], args[3], args[4]);
 
         JGROUPS_LOGGER.setLevel(Level.parse(System.getProperty("interop.loglevel", "WARNING")));
 
