@@ -1,0 +1,1 @@
+"""Analysis of load-test runs on Apache Spark: the delivery audit, latency and throughput report."""

@@ -1,0 +1,129 @@
+"""``gossiprouter analyze``: the command-line face of the load-test analysis.
+
+Exports :func:`analyze_command`, a click command that the main ``gossiprouter`` group
+registers. PySpark is imported only when the command runs, so the rest of the CLI starts
+fast and works without it.
+
+Exit codes: 0 fine; 1 the analysis failed (Spark error, PySpark or Java missing); 2 bad
+input (no such run directory, no records); 3 deliveries were lost among members that stayed
+connected (unless ``--allow-loss``).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Final
+
+import click
+
+__all__ = ["EXIT_FAILED", "EXIT_INPUT", "EXIT_LOSS", "analyze_command"]
+
+EXIT_FAILED: Final = 1
+EXIT_INPUT: Final = 2
+EXIT_LOSS: Final = 3
+
+
+def _progress(line: str) -> None:
+    # Progress goes to stderr so that stdout carries only the summary.
+    click.echo(line, err=True)
+
+
+def _fail(message: str, code: int) -> SystemExit:
+    click.echo(f"error: {message}", err=True)
+    return SystemExit(code)
+
+
+def _one_line(exc: BaseException) -> str:
+    """A one-line description of a (possibly Java) exception, without the stack trace."""
+    java = getattr(exc, "java_exception", None)
+    text = str(java.toString()) if java is not None else str(exc)
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    first = lines[0] if lines else type(exc).__name__
+    return first if len(first) <= 300 else first[:297] + "..."
+
+
+@click.command("analyze")
+@click.argument("run_dir", metavar="RUN_DIR")
+@click.option("--master", metavar="URL", default=None,
+              help="Spark master URL, e.g. spark://host:7077 (default: embedded local[*]).")
+@click.option("--out", "out_dir", metavar="REPORT_DIR", default=None,
+              help="Where report.json and report.html go (default: RUN_DIR/report).")
+@click.option("--settle", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              metavar="SECONDS",
+              help="Settle window: receivers must be members for [t_send, t_send+SECONDS].")
+@click.option("--sample", type=click.IntRange(min=0), default=20, show_default=True,
+              help="Examples kept per kind of anomaly.")
+@click.option("--conf", "conf", multiple=True, metavar="KEY=VALUE",
+              help="Extra Spark configuration, repeatable (e.g. spark.executor.memory=4g).")
+@click.option("--allow-loss", is_flag=True,
+              help="Exit 0 even if members that stayed connected lost messages.")
+def analyze_command(
+    run_dir: str,
+    master: str | None,
+    out_dir: str | None,
+    settle: float,
+    sample: int,
+    conf: tuple[str, ...],
+    allow_loss: bool,
+) -> None:
+    """Audit the load-test run in RUN_DIR (a path or a Hadoop URI) with Apache Spark.
+
+    Checks every message against its expected receivers (lost, duplicated, out of order),
+    computes latency percentiles and throughput, writes report.json and report.html, and
+    prints a summary.
+    """
+    settings: dict[str, str] = {}
+    for item in conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise _fail(f"--conf expects KEY=VALUE, got {item!r}", EXIT_INPUT)
+        settings[key.strip()] = value
+    out = out_dir or run_dir.rstrip("/") + "/report"
+
+    try:
+        from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+        from pyspark.errors import PySparkException
+
+        from gossiprouter.analytics.audit import (
+            AuditInputError,
+            analyze,
+            check_run_dir,
+            local_path,
+        )
+        from gossiprouter.analytics.report import format_summary
+    except ImportError as e:
+        raise _fail(f"the analysis needs PySpark ({e}); install gossiprouter[loadtest]",
+                    EXIT_FAILED) from None
+
+    try:
+        check_run_dir(run_dir)
+    except AuditInputError as e:
+        raise _fail(str(e), EXIT_INPUT) from None
+
+    # Spark's own log lines would bury the summary: they go to a file next to the report.
+    local_out = local_path(out)
+    if local_out is not None:
+        try:
+            local_out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise _fail(f"cannot create report directory {out}: {e}", EXIT_INPUT) from None
+        log_path = local_out / "spark.log"
+    else:
+        log_path = Path(tempfile.gettempdir()) / "gossiprouter-analyze-spark.log"
+
+    try:
+        report = analyze(run_dir, out, master=master, settle_s=settle, sample=sample,
+                         conf=settings, spark_log=log_path, progress=_progress)
+    except AuditInputError as e:
+        raise _fail(str(e), EXIT_INPUT) from None
+    except (PySparkException, Py4JError, OSError) as e:
+        raise _fail(f"analysis failed: {_one_line(e)} (Spark log: {log_path})",
+                    EXIT_FAILED) from None
+
+    click.echo(format_summary(report))
+    click.echo(f"report: {out.rstrip('/')}/report.html")
+    lost = report.audit.lost_stayed_connected.count
+    if lost and not allow_loss:
+        raise _fail(f"{lost:,} deliveries lost among members that stayed connected "
+                    "(see the report; --allow-loss to accept)", EXIT_LOSS)

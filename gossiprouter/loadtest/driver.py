@@ -1,0 +1,862 @@
+"""The load-test driver: starts the router and the peer processes, plays the scenario, records.
+
+:func:`run_loadtest` does a whole run into ``RUN_DIR`` (layout in
+:mod:`gossiprouter.loadtest.records`):
+
+1. checks that ``RUN_DIR`` is new or empty, writes ``manifest.json`` (scenario, versions,
+   host facts) and, with ``spawn_router``, starts ``gossiprouter serve`` on a free port of
+   127.0.0.1 (its log goes to ``RUN_DIR/logs/router.log``);
+2. starts one ``python -m gossiprouter.loadtest.peer`` per scenario process, in a session
+   of its own (so a Ctrl-C on the terminal reaches only the driver, which then stops them in
+   order). Each peer is coordinated over its stdin/stdout pipes in JSON lines (the control
+   channel, see :mod:`gossiprouter.loadtest.peer`); its stderr is ``RUN_DIR/logs/peer-N.log``;
+3. waits until every peer has joined its initial members (the driver writes each ``join``
+   to the membership timeline with the time the peer took after the router's acknowledgement),
+   then sends every peer ``start`` with one ``t0`` a little in the future on the shared
+   monotonic clock, so all start sending together;
+4. plays the timed events at ``t0 + at``, one after the other: ``leave``/``join`` go to the
+   member's peer, which answers with the time it took (the driver records it); ``kill``
+   freezes the peer (it stops recording, stops sending and flushes its records), records
+   ``killed`` for each of its joined members, then sends SIGKILL; ``restart-router`` stops
+   the spawned router (SIGTERM or SIGKILL), waits ``down`` seconds and starts it again on the
+   same port;
+5. waits for every live peer to finish (they stop sending at ``t0 + duration``, keep
+   receiving for ``drain`` seconds, flush, report their counters and leave), stops the
+   router and completes the manifest with the outcome.
+
+All along it shows live progress (rich), collecting each peer's counters from its periodic
+``stats`` line. Any failure (a peer or the router dying unexpectedly, a timeout) raises
+:class:`LoadTestError` with a one-line message; on any exit, Ctrl-C included, every child
+process is stopped (SIGTERM, then SIGKILL after a bounded wait). Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import trio
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+import gossiprouter
+from gossiprouter.loadtest.peer import trio_time_at
+from gossiprouter.loadtest.records import (
+    MANIFEST_FILE,
+    MEMBERSHIP_FILE,
+    RECORDS_DIR,
+    MembershipWriter,
+)
+from gossiprouter.loadtest.scenario import Event, MemberSpec, Scenario
+
+__all__ = [
+    "LoadTestError",
+    "Progress",
+    "RunInputError",
+    "RunResult",
+    "run_loadtest",
+]
+
+HOST: Final = "127.0.0.1"
+ROUTER_START_TIMEOUT: Final = 20.0
+ROUTER_STOP_TIMEOUT: Final = 15.0
+PEER_READY_TIMEOUT: Final = 60.0  # plus a little per member, see _ready_timeout
+START_LEAD_S: Final = 0.3  # t0 is this far ahead of the start command: all get it in time
+FREEZE_TIMEOUT: Final = 5.0
+KILL_WAIT: Final = 5.0
+FINISH_GRACE: Final = 30.0  # after the drain, for the peers to flush, report and leave
+CLEANUP_WAIT: Final = 5.0
+STATS_INTERVAL: Final = 0.5
+CONTROL_WRITE_TIMEOUT: Final = 10.0
+LOGS_DIR: Final = "logs"
+
+
+class LoadTestError(Exception):
+    """The run failed; the message is one line for the user."""
+
+
+class RunInputError(LoadTestError):
+    """The run could not start because of its input (options, run directory)."""
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class RunResult:
+    """What a finished run did (the analysis of ``run_dir`` says what was delivered)."""
+
+    run_id: str
+    run_dir: Path
+    router: str
+    seconds: float
+    sent: int
+    received: int
+    errors: int
+    dropped: int
+    killed: list[int]
+    router_restarts: int
+    record_files: int
+    send_errors: int = 0
+    router_errors: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def summary(self, scenario: Scenario) -> str:
+        """A few lines for the terminal."""
+        n_members = len(scenario.members)
+        errors = f"errors {self.errors:,}"
+        if self.errors:
+            # Router errors are what the router reports about traffic: unicasts to a member
+            # that left or was killed come back as unknown_destination, say.
+            codes = ", ".join(f"{n:,} {code}" for code, n in sorted(self.router_errors.items()))
+            errors += f" (send failures {self.send_errors:,}" + (
+                f"; from the router: {codes})" if codes else ")")
+        lines = [
+            f"loadtest {scenario.name}: run {self.run_id}, {self.seconds:.1f} s, "
+            f"{_n(scenario.processes, 'process')}, {_n(n_members, 'member')} in "
+            f"{_n(len(scenario.groups), 'group')}, router {self.router}",
+            f"sent {self.sent:,} messages, recorded {self.received:,} deliveries, "
+            f"{errors}, dropped {self.dropped:,}"
+            + (f", killed processes {', '.join(map(str, self.killed))}" if self.killed else "")
+            + (f", router restarts {self.router_restarts}" if self.router_restarts else ""),
+            f"run directory: {self.run_dir} ({self.record_files} record files, "
+            f"{MEMBERSHIP_FILE}, {MANIFEST_FILE}, {LOGS_DIR}/)",
+        ]
+        lines += [f"warning: {w}" for w in self.warnings]
+        lines.append(f"next: gossiprouter analyze {self.run_dir}")
+        return "\n".join(lines)
+
+
+def _n(count: int, noun: str) -> str:
+    """``1 group``, ``2 groups``, ``3 processes``."""
+    if count == 1:
+        return f"1 {noun}"
+    return f"{count:,} {noun}{'es' if noun.endswith('s') else 's'}"
+
+
+# --------------------------------------------------------------------------- progress
+
+
+@dataclass
+class PeerView:
+    """What the progress display shows of one peer."""
+
+    proc: int
+    members: int
+    joined: int
+    state: str
+    sent: int
+    received: int
+    errors: int
+    dropped: int
+    send_rate: float
+    recv_rate: float
+
+
+class Progress:
+    """Live progress on a console: a rich table when ``live``, else plain lines.
+
+    Event lines are printed above the table as they happen; the table shows per-process
+    counters and rates, refreshed a few times a second.
+    """
+
+    def __init__(self, console: Console | None = None, *, live: bool | None = None,
+                 plain_every: float = 5.0) -> None:
+        self.console = console or Console(stderr=True)
+        self.live_mode = self.console.is_terminal if live is None else live
+        self.plain_every = plain_every
+        self._live: Live | None = None
+        self._t0_ns: int | None = None
+
+    def elapsed(self) -> float:
+        return 0.0 if self._t0_ns is None else (time.monotonic_ns() - self._t0_ns) / 1e9
+
+    def set_t0(self, t0_ns: int) -> None:
+        self._t0_ns = t0_ns
+
+    def log(self, text: str) -> None:
+        stamp = f"{self.elapsed():7.2f} s  " if self._t0_ns is not None else "           "
+        self.console.print(Text(stamp + text), highlight=False)
+
+    async def run(self, snapshot: Callable[[], tuple[str, list[PeerView]]]) -> None:
+        """Refresh the display until cancelled."""
+        if not self.live_mode:
+            while True:
+                await trio.sleep(self.plain_every)
+                _, views = snapshot()
+                self.log(_plain_line(views))
+        with Live(console=self.console, auto_refresh=False, transient=False) as live:
+            self._live = live
+            try:
+                while True:
+                    live.update(_render(*snapshot()), refresh=True)
+                    await trio.sleep(0.25)
+            finally:
+                live.update(_render(*snapshot()), refresh=True)
+                self._live = None
+
+
+def _plain_line(views: list[PeerView]) -> str:
+    t = _total(views)
+    return (f"sent {t.sent:,} ({t.send_rate:,.0f}/s), delivered {t.received:,} "
+            f"({t.recv_rate:,.0f}/s), errors {t.errors:,}, dropped {t.dropped:,}")
+
+
+def _total(views: list[PeerView]) -> PeerView:
+    return PeerView(-1, sum(v.members for v in views), sum(v.joined for v in views), "",
+                    sum(v.sent for v in views), sum(v.received for v in views),
+                    sum(v.errors for v in views), sum(v.dropped for v in views),
+                    sum(v.send_rate for v in views), sum(v.recv_rate for v in views))
+
+
+def _render(title: str, views: list[PeerView]) -> Group:
+    table = Table(title=None, expand=False, show_edge=False, pad_edge=False)
+    for name, justify in (("process", "left"), ("members", "right"), ("state", "left"),
+                          ("sent", "right"), ("delivered", "right"), ("sent/s", "right"),
+                          ("delivered/s", "right"), ("errors", "right"), ("dropped", "right")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+
+    def row(v: PeerView, label: str) -> list[str]:
+        return [label, f"{v.joined}/{v.members}", v.state, f"{v.sent:,}", f"{v.received:,}",
+                f"{v.send_rate:,.0f}", f"{v.recv_rate:,.0f}",
+                f"{v.errors:,}", f"{v.dropped:,}"]
+
+    for v in views:
+        table.add_row(*row(v, f"p{v.proc}"),
+                      style="red" if v.state in ("failed",) else
+                      "dim" if v.state in ("killed", "done") else None)
+    if len(views) > 1:
+        table.add_section()
+        table.add_row(*row(_total(views), "total"), style="bold")
+    return Group(Text(title, style="bold"), table)
+
+
+# --------------------------------------------------------------------------- children
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _last_line(path: Path) -> str:
+    """The last non-empty line of a log, for error messages."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines()]
+    except OSError:
+        return ""
+    lines = [ln for ln in lines if ln]
+    return lines[-1][:300] if lines else ""
+
+
+def _exit_status(rc: int | None) -> str:
+    """``exited with status 1`` / ``was killed by SIGKILL``."""
+    if rc is not None and rc < 0:
+        try:
+            return f"was killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"was killed by signal {-rc}"
+    return f"exited with status {rc}"
+
+
+async def _can_connect(port: int) -> bool:
+    try:
+        with trio.move_on_after(1.0):
+            stream = await trio.open_tcp_stream(HOST, port)
+            await stream.aclose()
+            return True
+    except OSError:
+        return False
+    return False
+
+
+async def _wait_exit(proc: trio.Process, timeout: float) -> bool:
+    """Wait up to ``timeout`` for ``proc`` to exit; True if it did."""
+    with trio.move_on_after(timeout):
+        await proc.wait()
+    return proc.returncode is not None
+
+
+class SpawnedRouter:
+    """``gossiprouter serve`` on 127.0.0.1:port, run (and restarted) by the driver."""
+
+    def __init__(self, port: int, args: tuple[str, ...], log_path: Path) -> None:
+        self.port = port
+        self.args = args
+        self.log_path = log_path
+        self.proc: trio.Process | None = None
+        self.stopping = False  # the driver is stopping it: its exit is expected
+        self.restarts = 0
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "gossiprouter", "serve", "--host", HOST,
+                 "--port", str(self.port), *self.args],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        proc = self.proc
+        deadline = trio.current_time() + ROUTER_START_TIMEOUT
+        while not await _can_connect(self.port):
+            if proc.returncode is not None or proc.poll() is not None:
+                raise LoadTestError(f"the router {_exit_status(proc.returncode)} at start: "
+                                    f"{_last_line(self.log_path)} (log: {self.log_path})")
+            if trio.current_time() > deadline:
+                raise LoadTestError(f"the router did not listen on {HOST}:{self.port} within "
+                                    f"{ROUTER_START_TIMEOUT:g} s (log: {self.log_path})")
+            await trio.sleep(0.05)
+        self.stopping = False
+        nursery.start_soon(self._supervise, proc)
+
+    async def _supervise(self, proc: trio.Process) -> None:
+        await proc.wait()
+        if not self.stopping and proc is self.proc:
+            raise LoadTestError(f"the router {_exit_status(proc.returncode)} unexpectedly: "
+                                f"{_last_line(self.log_path)} (log: {self.log_path})")
+
+    async def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        self.stopping = True
+        proc.send_signal(sig)
+        if not await _wait_exit(proc, ROUTER_STOP_TIMEOUT):
+            proc.kill()
+            await _wait_exit(proc, CLEANUP_WAIT)
+
+    async def restart(self, nursery: trio.Nursery, sig: signal.Signals, down: float) -> None:
+        await self.stop(sig)
+        await trio.sleep(down)
+        await self.start(nursery)
+        self.restarts += 1
+
+
+class PeerProcess:
+    """One peer process and its control channel."""
+
+    def __init__(self, proc_no: int, members: list[MemberSpec], log_path: Path) -> None:
+        self.proc_no = proc_no
+        self.members = members
+        self.log_path = log_path
+        self.process: trio.Process | None = None
+        self.state = "starting"
+        self.joined: dict[str, str] = {}  # member -> group, as the peer reported
+        self.ready = trio.Event()
+        self.finished = trio.Event()  # "bye" received
+        self.stats: dict[str, Any] = {}
+        self.rates = (0.0, 0.0)
+        self.error: str | None = None
+        self.expected_exit = False  # killed by the driver, or cleaning up
+        self._buffer = bytearray()
+        self._replies: dict[int, dict[str, Any]] = {}
+        self._reply_events: dict[int, trio.Event] = {}
+        self._next_id = 0
+        self._send_lock = trio.Lock()
+
+    @property
+    def name(self) -> str:
+        return f"p{self.proc_no}"
+
+    async def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.process = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "gossiprouter.loadtest.peer"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                start_new_session=True)
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+    async def send(self, msg: dict[str, Any]) -> None:
+        assert self.process is not None and self.process.stdin is not None
+        data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+        async with self._send_lock:
+            try:
+                with trio.fail_after(CONTROL_WRITE_TIMEOUT):
+                    await self.process.stdin.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                raise LoadTestError(f"peer process {self.proc_no} is gone "
+                                    f"({self.error or _last_line(self.log_path)})") from None
+            except trio.TooSlowError:
+                raise LoadTestError(f"peer process {self.proc_no} has not read its control "
+                                    f"channel for {CONTROL_WRITE_TIMEOUT:g} s "
+                                    f"(log: {self.log_path})") from None
+
+    async def request(self, msg: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        """Send a command and wait up to ``timeout`` for its reply (None if none came)."""
+        self._next_id += 1
+        req = self._next_id
+        ev = self._reply_events[req] = trio.Event()
+        try:
+            await self.send({**msg, "id": req})
+            with trio.move_on_after(timeout):
+                await ev.wait()
+            return self._replies.pop(req, None)
+        finally:
+            self._reply_events.pop(req, None)
+
+    async def read_loop(self, on_message: Callable[[PeerProcess, dict[str, Any]], None]) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        stdout = self.process.stdout
+        while True:
+            try:
+                data = await stdout.receive_some(65536)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            if not data:
+                return
+            self._buffer += data
+            while (i := self._buffer.find(b"\n")) >= 0:
+                line = bytes(self._buffer[:i])
+                del self._buffer[:i + 1]
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue  # not ours (cannot happen: the peer keeps fd 1 for the channel)
+                if isinstance(msg, dict):
+                    self._dispatch(msg, on_message)
+
+    def _dispatch(self, msg: dict[str, Any],
+                  on_message: Callable[[PeerProcess, dict[str, Any]], None]) -> None:
+        ev = msg.get("ev")
+        if ev == "reply":
+            req = msg.get("id")
+            if isinstance(req, int) and req in self._reply_events:
+                self._replies[req] = msg
+                self._reply_events[req].set()
+            return
+        if ev in ("stats", "bye"):
+            old = self.stats
+            if old and msg.get("t_ns", 0) > old.get("t_ns", 0):
+                dt = (msg["t_ns"] - old["t_ns"]) / 1e9
+                self.rates = ((msg["sent"] - old["sent"]) / dt,
+                              (msg["received"] - old["received"]) / dt)
+            self.stats = msg
+            if ev == "bye":
+                self.state = "done"
+                self.rates = (0.0, 0.0)
+                self.finished.set()
+        elif ev == "ready":
+            self.ready.set()
+        elif ev == "error":
+            self.error = str(msg.get("message"))
+        on_message(self, msg)
+
+    async def supervise(self) -> None:
+        assert self.process is not None
+        rc = await self.process.wait()
+        if self.expected_exit or (self.finished.is_set() and rc == 0):
+            return
+        self.state = "failed"
+        why = self.error or _last_line(self.log_path) or "no message in its log"
+        raise LoadTestError(f"peer process {self.proc_no} {_exit_status(rc)}: {why} "
+                            f"(log: {self.log_path})")
+
+    def view(self) -> PeerView:
+        s = self.stats
+        return PeerView(self.proc_no, len(self.members), len(self.joined), self.state,
+                        int(s.get("sent", 0)), int(s.get("received", 0)),
+                        int(s.get("errors", 0)), int(s.get("dropped", 0)), *self.rates)
+
+
+# --------------------------------------------------------------------------- host facts
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def host_facts() -> dict[str, Any]:
+    """Versions and machine facts for the manifest."""
+    return {
+        "versions": {
+            "gossiprouter": gossiprouter.__version__,
+            "python": platform.python_version(),
+            "python_implementation": platform.python_implementation(),
+            "trio": trio.__version__,
+            "pyarrow": _version("pyarrow"),
+            "msgpack": _version("msgpack"),
+            "rich": _version("rich"),
+        },
+        "host": {
+            "hostname": platform.node(),
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "cores": os.cpu_count(),
+            "memory_bytes": _memory_bytes(),
+        },
+    }
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def parse_router_option(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` of an existing router, which must be on 127.0.0.1 (one machine, one
+    monotonic clock for every record)."""
+    host, sep, port_s = value.rpartition(":")
+    if not sep or not port_s.isdigit() or not 0 < int(port_s) <= 65535:
+        raise RunInputError(f"--router {value!r}: expected HOST:PORT with a port from 1 to 65535")
+    if host not in ("127.0.0.1", "localhost"):
+        raise RunInputError(f"--router {value!r}: the load test runs on one machine, so the "
+                            "router must be on 127.0.0.1")
+    return HOST, int(port_s)
+
+
+def prepare_run_dir(run_dir: Path) -> None:
+    """Create ``run_dir``, which must not exist yet or be empty (one run per directory)."""
+    if run_dir.exists():
+        if not run_dir.is_dir():
+            raise RunInputError(f"--out {run_dir}: exists and is not a directory")
+        if any(run_dir.iterdir()):
+            raise RunInputError(f"--out {run_dir}: the directory is not empty (use a new "
+                                "directory for each run)")
+    try:
+        (run_dir / RECORDS_DIR).mkdir(parents=True, exist_ok=True)
+        (run_dir / LOGS_DIR).mkdir(exist_ok=True)
+    except OSError as e:
+        raise RunInputError(f"--out {run_dir}: cannot create it: {e.strerror or e}") from None
+
+
+class _Run:
+    def __init__(self, scenario: Scenario, run_dir: Path, router: tuple[str, int] | None,
+                 progress: Progress, scenario_file: str | None) -> None:
+        self.s = scenario
+        self.run_dir = run_dir
+        self.progress = progress
+        self.spawn = router is None
+        self.port = free_port() if router is None else router[1]
+        self.router_addr = f"{HOST}:{self.port}"
+        self.router: SpawnedRouter | None = None
+        if self.spawn:
+            self.router = SpawnedRouter(self.port, scenario.router_args,
+                                        run_dir / LOGS_DIR / "router.log")
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        self.run_id = f"{scenario.name}-{stamp}-{secrets.token_hex(2)}"
+        self.membership = MembershipWriter(run_dir / MEMBERSHIP_FILE, autoflush=False)
+        self.peers = [PeerProcess(p, scenario.members_of_process(p),
+                                  run_dir / LOGS_DIR / f"peer-{p}.log")
+                      for p in range(scenario.processes)]
+        self.t0_ns: int | None = None
+        self.phase = "starting"
+        self.pending_events = list(scenario.events)
+        self.killed: list[int] = []
+        self.warnings: list[str] = []
+        self.started_at = datetime.datetime.now(datetime.UTC)
+        self.manifest: dict[str, Any] = {
+            "format": "gossiprouter-loadtest-run/1",
+            "run": self.run_id,
+            "scenario": scenario.name,
+            "scenario_file": scenario_file,
+            "scenario_config": scenario.to_dict(),
+            "router": {"address": self.router_addr, "spawned": self.spawn},
+            "processes": [{"proc": p.proc_no, "log": f"{LOGS_DIR}/peer-{p.proc_no}.log",
+                           "members": [m.name for m in p.members]} for p in self.peers],
+            **host_facts(),
+            "started_at": self.started_at.isoformat(timespec="seconds"),
+            "status": "running",
+        }
+
+    # -- bookkeeping ---------------------------------------------------------------------
+
+    def on_message(self, peer: PeerProcess, msg: dict[str, Any]) -> None:
+        ev = msg.get("ev")
+        if ev == "joined":
+            member, group = str(msg["member"]), str(msg["group"])
+            peer.joined[member] = group
+            self.membership.join(group, member, int(msg["t_ns"]))
+        elif ev == "left":
+            member, group = str(msg["member"]), str(msg["group"])
+            peer.joined.pop(member, None)
+            self.membership.leave(group, member, int(msg["t_ns"]))
+
+    def snapshot(self) -> tuple[str, list[PeerView]]:
+        elapsed = self.progress.elapsed()
+        nxt = self.pending_events[0] if self.pending_events else None
+        title = f"{self.s.name} ({self.run_id}): {self.phase}"
+        if self.t0_ns is not None:
+            title += f", {min(elapsed, self.s.duration + self.s.drain):.1f} s of " \
+                     f"{self.s.duration:g} s + {self.s.drain:g} s drain"
+        if nxt is not None:
+            title += f"; next at {nxt.at:g} s: {nxt.describe()}"
+        title += f"; router {self.router_addr}"
+        return title, [p.view() for p in self.peers]
+
+    def write_manifest(self) -> None:
+        _write_json(self.run_dir / MANIFEST_FILE, self.manifest)
+
+    # -- phases --------------------------------------------------------------------------
+
+    async def run(self) -> RunResult:
+        self.write_manifest()
+        self.membership.flush()
+        started = time.monotonic()
+        status = "failed"
+        try:
+            async with trio.open_nursery() as nursery:
+                try:
+                    await self._run(nursery)
+                    status = "ok"
+                except KeyboardInterrupt:
+                    status = "interrupted"
+                    raise
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await self._cleanup()
+                    nursery.cancel_scope.cancel()
+        except BaseException as e:
+            if _contains(e, KeyboardInterrupt):
+                status = "interrupted"
+            raise
+        finally:
+            self.membership.flush()
+            self.manifest["status"] = status
+            self.manifest["finished_at"] = datetime.datetime.now(datetime.UTC).isoformat(
+                timespec="seconds")
+            self.manifest["t0_ns"] = self.t0_ns
+            self.manifest["killed_processes"] = self.killed
+            self.manifest["router_restarts"] = self.router.restarts if self.router else 0
+            self.manifest["counters"] = {p.name: {k: v for k, v in p.stats.items()
+                                                  if k not in ("ev", "t_ns")}
+                                         for p in self.peers}
+            self.manifest["warnings"] = self.warnings
+            self.write_manifest()
+        totals = _total([p.view() for p in self.peers])
+        router_errors: dict[str, int] = {}
+        for p in self.peers:
+            for code, n in dict(p.stats.get("router_errors_by_code") or {}).items():
+                router_errors[code] = router_errors.get(code, 0) + int(n)
+        return RunResult(
+            run_id=self.run_id, run_dir=self.run_dir, router=self.router_addr,
+            seconds=time.monotonic() - started, sent=totals.sent, received=totals.received,
+            errors=totals.errors, dropped=totals.dropped, killed=self.killed,
+            router_restarts=self.router.restarts if self.router else 0,
+            record_files=sum(1 for p in (self.run_dir / RECORDS_DIR).glob("*.parquet")),
+            send_errors=sum(int(p.stats.get("send_errors", 0)) for p in self.peers),
+            router_errors=router_errors, warnings=self.warnings)
+
+    async def _run(self, nursery: trio.Nursery) -> None:
+        s, say = self.s, self.progress.log
+        if self.router is not None:
+            say(f"starting the router on {self.router_addr}")
+            await self.router.start(nursery)
+        elif not await _can_connect(self.port):
+            raise LoadTestError(f"cannot reach the router at {self.router_addr}")
+        say(f"starting {_n(s.processes, 'peer process')} ({_n(len(s.members), 'member')} in "
+            f"{_n(len(s.groups), 'group')}, one RouterStub {s.stubs.replace('-', ' ')})")
+        config = {"cmd": "config", "run": self.run_id, "routers": [self.router_addr],
+                  "records_dir": str(self.run_dir / RECORDS_DIR), "scenario": s.to_dict(),
+                  "stats_interval": STATS_INTERVAL}
+        for p in self.peers:
+            await p.start()
+            nursery.start_soon(p.read_loop, self.on_message)
+            nursery.start_soon(p.supervise)
+            await p.send({**config, "proc": p.proc_no})
+        nursery.start_soon(self.progress.run, self.snapshot)
+
+        self.phase = "joining"
+        timeout = PEER_READY_TIMEOUT + 0.01 * len(s.members)
+        with trio.move_on_after(timeout):
+            for p in self.peers:
+                await p.ready.wait()
+                p.state = "ready"
+        waiting = [p.name for p in self.peers if not p.ready.is_set()]
+        if waiting:
+            raise LoadTestError(f"peer processes {', '.join(waiting)} did not join their "
+                                f"members within {timeout:g} s")
+        self.membership.flush()
+
+        say(f"all {len(s.members)} initial members joined; sending for {s.duration:g} s")
+        self.t0_ns = time.monotonic_ns() + round(START_LEAD_S * 1e9)
+        for p in self.peers:
+            await p.send({"cmd": "start", "t0_ns": self.t0_ns})
+            p.state = "running"
+        self.progress.set_t0(self.t0_ns)
+        self.phase = "sending"
+
+        while self.pending_events:
+            ev = self.pending_events[0]
+            await trio.sleep_until(trio_time_at(self.t0_ns + round(ev.at * 1e9)))
+            await self._play(nursery, ev)
+            self.pending_events.pop(0)
+            self.membership.flush()
+
+        send_end = self.t0_ns + round(s.duration * 1e9)
+        await trio.sleep_until(trio_time_at(send_end))
+        self.phase = "draining"
+        say(f"sending stopped; draining for {s.drain:g} s")
+        end = trio_time_at(send_end + round(s.drain * 1e9)) + FINISH_GRACE
+        live = [p for p in self.peers if p.proc_no not in self.killed]
+        with trio.move_on_at(end):
+            for p in live:
+                await p.finished.wait()
+                assert p.process is not None
+                await p.process.wait()
+        late = [p.name for p in live if not p.finished.is_set() or p.alive]
+        if late:
+            raise LoadTestError(f"peer processes {', '.join(late)} did not finish within "
+                                f"{FINISH_GRACE:g} s after the drain")
+        self.phase = "done"
+        say("all peers finished")
+
+    async def _play(self, nursery: trio.Nursery, ev: Event) -> None:
+        say = self.progress.log
+        if ev.action in ("leave", "join"):
+            assert ev.member is not None
+            member = self.s.member(ev.member)
+            peer = self.peers[member.proc]
+            reply = await peer.request({"cmd": ev.action, "member": ev.member},
+                                       timeout=self.s.stub.send_timeout + 10)
+            if reply is None or not reply.get("ok"):
+                why = "no reply" if reply is None else reply.get("error")
+                self.warnings.append(f"event at {ev.at:g} s ({ev.describe()}) failed: {why}")
+                say(f"{ev.describe()}: FAILED ({why})")
+            else:
+                say(f"{ev.describe()} (process {member.proc})")
+        elif ev.action == "kill":
+            assert ev.process is not None
+            await self._kill(self.peers[ev.process])
+        else:
+            assert self.router is not None
+            sig = signal.SIGKILL if ev.signal == "KILL" else signal.SIGTERM
+            say(f"{ev.describe()}: stopping")
+            await self.router.restart(nursery, sig, ev.down)
+            say("router restarted")
+
+    async def _kill(self, peer: PeerProcess) -> None:
+        say = self.progress.log
+        # Freeze first: the peer stops recording and sending and writes every row it has, so
+        # the SIGKILL below loses nothing and the audit can be exact.
+        reply = await peer.request({"cmd": "freeze"}, timeout=FREEZE_TIMEOUT)
+        if reply is None:
+            self.warnings.append(f"process {peer.proc_no} did not confirm the freeze within "
+                                 f"{FREEZE_TIMEOUT:g} s; killed anyway (rows it had not "
+                                 "flushed are lost)")
+        # Taken after the freeze and before the signal: no record of the process is later.
+        t = time.monotonic_ns()
+        for member, group in sorted(peer.joined.items()):
+            self.membership.killed(group, member, t)
+        self.membership.flush()
+        peer.expected_exit = True
+        peer.state = "killed"
+        peer.rates = (0.0, 0.0)
+        members = len(peer.joined)
+        peer.joined.clear()
+        self.killed.append(peer.proc_no)
+        assert peer.process is not None
+        peer.process.kill()  # SIGKILL: the router sees the connections drop, no DISCONNECT
+        if not await _wait_exit(peer.process, KILL_WAIT):
+            raise LoadTestError(f"peer process {peer.proc_no} survived SIGKILL for "
+                                f"{KILL_WAIT:g} s")
+        say(f"killed process {peer.proc_no} ({members} members)")
+
+    async def _cleanup(self) -> None:
+        """Stop every child still running: SIGTERM (peers flush and exit), then SIGKILL."""
+        alive = [p for p in self.peers if p.alive]
+        for p in alive:
+            p.expected_exit = True
+            assert p.process is not None
+            p.process.send_signal(signal.SIGTERM)
+        with trio.move_on_after(CLEANUP_WAIT):
+            for p in alive:
+                assert p.process is not None
+                await p.process.wait()
+        for p in alive:
+            if p.alive:
+                assert p.process is not None
+                p.process.kill()
+                await _wait_exit(p.process, CLEANUP_WAIT)
+        for p in self.peers:
+            if p.process is not None:
+                for stream in (p.process.stdin, p.process.stdout):
+                    if stream is not None:
+                        await trio.aclose_forcefully(stream)
+        if self.router is not None:
+            await self.router.stop()
+
+
+def _contains(e: BaseException, kind: type[BaseException]) -> bool:
+    if isinstance(e, kind):
+        return True
+    if isinstance(e, BaseExceptionGroup):
+        return any(_contains(x, kind) for x in e.exceptions)
+    return False
+
+
+def first_error(e: BaseException) -> LoadTestError | None:
+    """The first :class:`LoadTestError` in ``e`` or in its exception groups."""
+    if isinstance(e, LoadTestError):
+        return e
+    if isinstance(e, BaseExceptionGroup):
+        for x in e.exceptions:
+            found = first_error(x)
+            if found is not None:
+                return found
+    return None
+
+
+async def run_loadtest(
+    scenario: Scenario,
+    run_dir: str | os.PathLike[str],
+    *,
+    router: str | None = None,
+    spawn_router: bool = False,
+    progress: Progress | None = None,
+    scenario_file: str | None = None,
+) -> RunResult:
+    """Run ``scenario`` against the router at ``router`` (HOST:PORT on 127.0.0.1) or, with
+    ``spawn_router``, against one started (and restarted) here; write everything to
+    ``run_dir``. Raises :class:`RunInputError` for bad input and :class:`LoadTestError`
+    (possibly inside an exception group) when the run fails."""
+    if (router is None) == (not spawn_router):
+        raise RunInputError("give either --router HOST:PORT or --spawn-router")
+    address = parse_router_option(router) if router is not None else None
+    restarts = [i for i, e in enumerate(scenario.events) if e.action == "restart-router"]
+    if address is not None and restarts:
+        raise RunInputError(f"{scenario.source}: the scenario restarts the router (event at "
+                            f"{scenario.events[restarts[0]].at:g} s), which needs "
+                            "--spawn-router: the tool restarts only a router it started")
+    path = Path(run_dir)
+    prepare_run_dir(path)
+    out = progress or Progress(Console(quiet=True), live=False)
+    run = _Run(scenario, path, address, out, scenario_file)
+    if address is not None and scenario.router_args:
+        run.warnings.append("router.args of the scenario ignored: the router is not spawned")
+    return await run.run()

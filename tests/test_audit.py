@@ -1,0 +1,312 @@
+"""Tests of the load-test analysis: the Spark delivery audit, the report files and the CLI.
+
+A small run is built by hand with the real writers, with known faults: lost, duplicated and
+reordered deliveries, a member that leaves mid-run, one that is killed, one that joins late,
+a message whose send record is missing and a delivery to a non-member. All Spark tests share
+one local Spark session (module-scoped) so the module takes seconds rather than minutes.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from gossiprouter.analytics.audit import (
+    AuditInputError,
+    analyze,
+    membership_intervals,
+    spark_session,
+)
+from gossiprouter.analytics.cli import EXIT_INPUT, EXIT_LOSS, analyze_command
+from gossiprouter.analytics.report import Report
+from gossiprouter.loadtest.records import (
+    MEMBERSHIP_SCHEMA,
+    RECORD_SCHEMA,
+    MembershipWriter,
+    RecordWriter,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+S = 1_000_000_000  # ns per second
+MS = 1_000_000
+T0 = 1_000 * S  # an arbitrary monotonic-clock origin
+LATENCY = 1 * MS
+SLOW_LATENCY = 50 * MS  # the one slow delivery: x/4 to y
+
+
+@dataclass
+class Delivery:
+    sender: str
+    seq: int
+    group: str
+    receiver: str
+    t_send: int
+    t_recv: int
+    dest: str | None = None
+
+
+def build_run(run_dir: Path) -> None:
+    """Write the hand-made run (see the expectations in test_delivery_audit)."""
+    with MembershipWriter(run_dir / "membership.parquet") as m:
+        for member in ("a", "b", "c", "d", "e"):
+            m.join("g1", member, T0)
+        for member in ("x", "y"):
+            m.join("g2", member, T0)
+        m.join("g1", "f", T0 + 5 * S + S // 2)  # joins late, at 5.5 s
+        m.leave("g1", "d", T0 + 10 * S)
+        m.killed("g1", "e", T0 + 20 * S)
+    (run_dir / "manifest.json").write_text(json.dumps({"scenario": "unit", "peers": 7}))
+
+    sends: list[tuple[str, int, str, int, str | None]] = []  # sender, seq, group, t, dest
+    recvs: list[Delivery] = []
+
+    # a multicasts in g1 at 1 s, 2 s, ... 29 s (seq 0..28).
+    for seq in range(29):
+        t = T0 + (seq + 1) * S
+        sends.append(("a", seq, "g1", t, None))
+        receivers = ["b", "c"]
+        if seq <= 9:  # d leaves at 10 s: seq 9 (sent at 10 s) is undetermined, delivered
+            receivers.append("d")
+        if seq <= 18:  # e killed at 20 s: seq 19 is undetermined and not delivered
+            receivers.append("e")
+        if seq >= 5:  # f joined at 5.5 s: seq 4 is undetermined and not delivered
+            receivers.append("f")
+        lost = {(3, "c"), (7, "b"), (2, "d"), (15, "e"), (16, "e")}
+        for r in receivers:
+            if (seq, r) not in lost:
+                recvs.append(Delivery("a", seq, "g1", r, t, t + LATENCY))
+    # Duplicates: b gets a/5 twice, c gets a/20 three times.
+    recvs.append(Delivery("a", 5, "g1", "b", T0 + 6 * S, T0 + 6 * S + 2 * MS))
+    recvs += [Delivery("a", 20, "g1", "c", T0 + 21 * S, T0 + 21 * S + k * MS) for k in (2, 3)]
+    # Reordering: c gets a/12 before a/11; b gets a/25 after a/27.
+    for d in recvs:
+        if (d.sender, d.receiver, d.seq) == ("a", "c", 11):
+            d.t_recv = T0 + 13 * S + 2 * MS
+        if (d.sender, d.receiver, d.seq) == ("a", "b", 25):
+            d.t_recv = T0 + 28 * S + 2 * MS
+    # A delivery to x, which is not in g1.
+    recvs.append(Delivery("a", 0, "g1", "x", T0 + S, T0 + S + LATENCY))
+    # e multicasts once at 3 s but its send record was never flushed (killed later).
+    recvs += [Delivery("e", 0, "g1", r, T0 + 3 * S, T0 + 3 * S + LATENCY) for r in "abcd"]
+
+    # x unicasts to y at 1..5 s (x/2 lost, x/4 slow), then to zz, a non-member, at 6 s.
+    for seq in range(5):
+        t = T0 + (seq + 1) * S
+        sends.append(("x", seq, "g2", t, "y"))
+        if seq != 2:
+            lat = SLOW_LATENCY if seq == 4 else LATENCY
+            recvs.append(Delivery("x", seq, "g2", "y", t, t + lat, dest="y"))
+    sends.append(("x", 5, "g2", T0 + 6 * S, "zz"))
+    # y unicasts to x at 2 s.
+    sends.append(("y", 0, "g2", T0 + 2 * S, "x"))
+    recvs.append(Delivery("y", 0, "g2", "x", T0 + 2 * S, T0 + 2 * S + LATENCY, dest="x"))
+
+    # One writer per "process"; small batches so that each process writes several files.
+    procs = {name: i for i, name in enumerate("abcdefxy")}
+    writers = {name: RecordWriter(run_dir / "records", run="unit-run", proc=p, batch_rows=10)
+               for name, p in procs.items()}
+    def size(group: str) -> int:
+        return 100 if group == "g1" else 1000
+
+    for sender, seq, group, t, dest in sends:
+        writers[sender].send(sender, seq, group, size(group), dest=dest, t_send_ns=t)
+    for d in recvs:
+        writers[d.receiver].recv(d.sender, d.seq, d.group, d.receiver, size(d.group), d.t_send,
+                                 dest=d.dest, t_recv_ns=d.t_recv)
+    for w in writers.values():
+        w.close()
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = spark_session("local[2]", conf={"spark.sql.shuffle.partitions": "4"})
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("run")
+    build_run(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def report(spark: SparkSession, run_dir: Path) -> Report:
+    return analyze(str(run_dir), str(run_dir / "report"), spark=spark)
+
+
+def test_writer_files_have_the_schema(run_dir: Path) -> None:
+    files = sorted((run_dir / "records").glob("*.parquet"))
+    assert len(files) > 8  # batch_rows=10: several files per process
+    for f in files:
+        assert pq.read_schema(f).equals(RECORD_SCHEMA, check_metadata=False)
+    assert not list((run_dir / "records").glob(".*"))  # no temporary files left behind
+    timeline = pq.read_table(run_dir / "membership.parquet")
+    assert timeline.schema.equals(MEMBERSHIP_SCHEMA, check_metadata=False)
+    assert timeline.num_rows == 10
+
+
+def test_record_writer_flushes_by_batch_and_time(tmp_path: Path) -> None:
+    now = [0]
+    w = RecordWriter(tmp_path, run="r", proc=1, batch_rows=3, clock=lambda: now[0])
+    assert w.send("p1", 0, "g", 10) == "p1/0"
+    w.send("p1", 1, "g", 10, dest="p2")
+    assert w.buffered == 2 and not w.files
+    w.recv("p2", 0, "g", "p1", 10, 5)
+    assert w.buffered == 0 and len(w.files) == 1
+    w.send("p1", 2, "g", 10)
+    w.close()
+    assert len(w.files) == 2
+    rows = pq.read_table(w.files[0]).to_pylist()
+    assert [r["cast"] for r in rows] == ["multicast", "unicast", "multicast"]
+    assert rows[1]["dest"] == "p2" and rows[2]["receiver"] == "p1"
+    assert rows[2]["t_recv_ns"] == 0 and rows[2]["t_send_ns"] == 5
+    with pytest.raises(ValueError):
+        w.send("p1", 3, "g", 10)
+    eager = RecordWriter(tmp_path / "eager", run="r", proc=2, flush_interval_s=0.0)
+    eager.send("p2", 0, "g", 10)
+    assert len(eager.files) == 1 and eager.buffered == 0
+
+
+def test_membership_intervals() -> None:
+    intervals, warnings = membership_intervals([
+        (10, "g", "m", "join"),
+        (20, "g", "m", "leave"),
+        (20, "g", "m", "join"),  # rejoin at the same instant: one continuous membership
+        (30, "g", "m", "leave"),
+        (40, "g", "m", "join"),
+        (50, "g", "k", "killed"),  # never joined
+        (5, "g", "s", "join"),
+    ])
+    by_member = {(i.member, i.start_ns): i for i in intervals}
+    assert set(by_member) == {("m", 10), ("m", 40), ("s", 5)}
+    assert by_member["m", 10].end_ns == 30 and by_member["m", 10].next_start_ns == 40
+    assert by_member["m", 40].end_ns is None and by_member["m", 40].status == "left"
+    assert by_member["s", 5].status == "stayed"
+    assert len(warnings) == 1 and "k killed g" in warnings[0]
+
+
+@pytest.mark.spark
+def test_delivery_audit(report: Report) -> None:
+    c, a = report.counts, report.audit
+    assert report.runs == ["unit-run"]
+    assert report.manifest == {"scenario": "unit", "peers": 7}
+    assert (c.records, c.send_records, c.recv_records) == (155, 36, 119)
+    assert (c.messages, c.messages_without_send_record, c.deliveries) == (37, 1, 116)
+    # a's 29 multicasts: b 29 + c 29 + d 9 (seq 0..8) + e 19 (seq 0..18) + f 24 (seq 5..28);
+    # e/0: a, b, c, d; x -> y: 5; y -> x: 1.
+    assert a.expected == 120
+    assert a.delivered == 114
+    assert a.lost.count == 6
+    assert [(s["msg_id"], s["receiver"]) for s in a.lost.sample] == [
+        ("a/2", "d"), ("a/3", "c"), ("a/7", "b"), ("a/15", "e"), ("a/16", "e"), ("x/2", "y")]
+    assert [s["receiver_status"] for s in a.lost.sample] == [
+        "left", "stayed", "stayed", "killed", "killed", "stayed"]
+    assert a.lost_stayed_connected.count == 3
+    assert [(s["msg_id"], s["receiver"]) for s in a.lost_stayed_connected.sample] == [
+        ("a/3", "c"), ("a/7", "b"), ("x/2", "y")]
+    assert (a.lost_to_left, a.lost_to_killed) == (1, 2)
+    assert a.duplicated.count == 2 and a.duplicate_copies == 3
+    assert [(s["msg_id"], s["receiver"], s["copies"]) for s in a.duplicated.sample] == [
+        ("a/5", "b", 2), ("a/20", "c", 3)]
+    assert a.out_of_order.count == 2 and a.out_of_order_pairs == 2
+    assert [(s["msg_id"], s["receiver"], s["after_seq"]) for s in a.out_of_order.sample] == [
+        ("a/11", "c", 12), ("a/25", "b", 27)]
+    # d's a/9 (delivered), e's a/19 and f's a/4 (not delivered).
+    assert (a.undetermined, a.undetermined_delivered) == (3, 1)
+    assert [(s["msg_id"], s["receiver"]) for s in a.unexpected.sample] == [("a/0", "x")]
+    assert not report.ok
+
+
+@pytest.mark.spark
+def test_latency_and_throughput(report: Report) -> None:
+    lat = report.latency
+    assert lat is not None
+    assert lat.count == 116
+    # The reordered a/25 reaches b after a/27, sent two seconds later.
+    assert lat.p50_ns == LATENCY and lat.max_ns == 2 * S + 2 * MS
+    assert report.latency_by_cast["unicast"].count == 5
+    assert report.latency_by_cast["unicast"].max_ns == SLOW_LATENCY
+    assert set(report.latency_by_group) == {"g1", "g2"}
+    assert report.latency_by_group["g2"].count == 5
+    assert list(report.latency_by_size) == ["100", "1000"]
+    assert report.latency_by_size["1000"].count == 5
+    assert sum(report.latency_histogram.counts) == 116
+    assert len(report.latency_histogram.edges_ns) == len(report.latency_histogram.counts) + 1
+    tp = report.throughput
+    assert [b.t_s for b in tp] == list(range(len(tp)))
+    assert sum(b.sends for b in tp) == 37
+    assert sum(b.deliveries for b in tp) == 116
+    assert sum(b.lost for b in tp) == 6
+    assert tp[0].sends == 2  # a/0 and x/0, both at 1 s, the first send
+
+
+@pytest.mark.spark
+def test_report_files(report: Report, run_dir: Path) -> None:
+    out = run_dir / "report"
+    data = json.loads((out / "report.json").read_text())
+    assert data["ok"] is False
+    assert data["audit"]["lost_stayed_connected"]["count"] == 3
+    assert data["manifest"]["scenario"] == "unit"
+    page = (out / "report.html").read_text()
+    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert len(images) == 2
+    for img in images:
+        assert base64.b64decode(img).startswith(b"\x89PNG\r\n\x1a\n")
+    assert "a/3" in page  # the samples are in the page
+
+
+@pytest.mark.spark
+def test_sample_limit_and_settle(spark: SparkSession, run_dir: Path, tmp_path: Path) -> None:
+    # With no settle window nothing is undetermined: a/9, sent the instant d left, was due
+    # to d (and delivered); a/19, sent the instant e was killed, was due to e and is lost;
+    # a/4, sent before f joined, was not due to f.
+    r = analyze(str(run_dir), str(tmp_path / "out"), spark=spark, settle_s=0.0, sample=2)
+    assert (r.audit.undetermined, r.audit.undetermined_delivered) == (0, 0)
+    assert (r.audit.expected, r.audit.delivered) == (122, 115)
+    assert (r.audit.lost.count, r.audit.lost_to_killed) == (7, 3)
+    assert r.audit.lost_stayed_connected.count == 3
+    assert [(s["msg_id"], s["receiver"]) for s in r.audit.lost.sample] == [
+        ("a/2", "d"), ("a/3", "c")]
+    assert len(r.audit.lost_stayed_connected.sample) == 2
+
+
+@pytest.mark.spark
+def test_cli_exit_codes(spark: SparkSession, run_dir: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    out = tmp_path / "cli-report"
+    result = runner.invoke(analyze_command, [str(run_dir), "--out", str(out)])
+    assert result.exit_code == EXIT_LOSS, result.output
+    assert "reading records…" in result.output and "auditing…" in result.output
+    assert "lost among members that stayed connected" in result.output
+    assert (out / "report.html").exists()
+    result = runner.invoke(analyze_command, [str(run_dir), "--out", str(out), "--allow-loss"])
+    assert result.exit_code == 0, result.output
+    assert re.search(r"lost\s+6\s+\(stayed connected 3, left 1, killed 2\)", result.output)
+
+
+def test_cli_input_errors(tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(analyze_command, [str(tmp_path / "nope")])
+    assert result.exit_code == EXIT_INPUT
+    assert result.output.strip() == f"error: run directory {tmp_path / 'nope'} does not exist"
+    assert not (tmp_path / "nope").exists()
+    (tmp_path / "empty" / "records").mkdir(parents=True)
+    result = runner.invoke(analyze_command, [str(tmp_path / "empty")])
+    assert result.exit_code == EXIT_INPUT
+    assert result.output.startswith("error: no records in ")
+    assert len(result.output.strip().splitlines()) == 1
+    with pytest.raises(AuditInputError):
+        analyze(str(tmp_path / "empty"), str(tmp_path / "out"))
