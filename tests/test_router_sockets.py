@@ -205,3 +205,17 @@ async def test_per_sender_fifo_10000(router: Server) -> None:
         nursery.start_soon(expect, c)
         for k in range(0, len(batch), 7919):  # odd-sized writes split frames anywhere
             await a.send_raw(batch[k : k + 7919])
+
+
+async def test_direct_send_wakes_no_writer(router: Server) -> None:
+    """Light load: routed frames go straight to an idle receiver's socket (Outbox.direct),
+    so the receiver's writer task never has to send them."""
+    a, b = await _open(router), await _open(router)
+    await a.connect("g", b"A")
+    await b.connect("g", b"B")
+    writes_before = router.hub.counters.writes
+    for i in range(50):
+        await a.send(wire.Route("g", b"B", b"A", b"%d" % i))
+        assert await b.recv() == wire.Route("g", b"B", b"A", b"%d" % i)
+    # Only A's own replies (none here) could have needed a writer.
+    assert router.hub.counters.writes - writes_before < 5
