@@ -53,7 +53,7 @@ class RoutingError(Exception):
         self.message = message
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Entry:
     """One routing entry: one per (group, addr)."""
 

@@ -31,6 +31,9 @@ from gossiprouter.sessions.native import NativeSession
 log = logging.getLogger("gossiprouter")
 
 RECV_SIZE = 256 * 1024
+# The first read only has to tell the protocol; a small buffer keeps the
+# allocator from fragmenting on thousands of connections that say little.
+SNIFF_SIZE = 4096
 # A writer sends at most about this much per send_all, so that its progress
 # (which tells a slow receiver from a stalled one) is seen often.
 WRITE_BATCH = 1 << 20
@@ -249,7 +252,7 @@ class Server:
             verdict = None
             while verdict is None:
                 try:
-                    data = await conn.stream.receive_some(RECV_SIZE)
+                    data = await conn.stream.receive_some(SNIFF_SIZE)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     return
                 if not data:
@@ -317,12 +320,29 @@ class Server:
         elif len(first) > verdict.consumed:
             session.on_data(first[verdict.consumed:], now)
             self.hub.counters.bytes_in += len(first)
+        del first  # not kept for the connection's lifetime
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._writer, conn, session, nursery.cancel_scope)
+            # The writer task starts only when something has to wait for the
+            # socket (with direct sends most connections never need one), which
+            # keeps idle connections small.
+            writer = False
+
+            def start_writer() -> None:
+                nonlocal writer
+                if writer:
+                    lot.unpark_all()
+                else:
+                    writer = True
+                    nursery.start_soon(self._writer, conn, session, nursery.cancel_scope)
+
+            ob.wake = start_writer
+            if ob.chunks or ob.closed:  # queued before the nursery existed
+                start_writer()
             await self._reader(conn, session)
             # The reader is done (EOF or the session closed): let the writer flush.
             if not ob.closed:
                 ob.close("eof")
+            start_writer()
 
     async def _reader(self, conn: Connection, session: Session) -> None:
         stream = conn.stream
