@@ -43,6 +43,9 @@ WRITE_BATCH = 1 << 20
 STALL_STEP = 0.002
 MAX_STALL = 0.05
 STALLED_AFTER = 0.25
+# Membership events wait this long so that a burst of closes is seen whole
+# before anyone is told (see Hub.deliver).
+NOTICE_DELAY = 0.005
 
 # Accept errors that mean "out of resources right now": retried after a pause,
 # as trio.serve_listeners does, instead of killing the accept loop.
@@ -160,6 +163,7 @@ class Server:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._reaper)
+                nursery.start_soon(self._notifier)
                 await nursery.start(self.ops.serve)
                 task_status.started(self.address)
                 with self._accept_scope:
@@ -297,6 +301,7 @@ class Server:
                 def direct(data: bytes) -> int:
                     n: int = send(data)
                     counters.bytes_out += n
+                    counters.writes += 1
                     return n
 
                 ob.direct = direct
@@ -420,6 +425,26 @@ class Server:
                 elif e.grace_until is not None:
                     log.info("%s (%s) in %r: connection %r closed (%s); in reconnect grace",
                              e.name or "-", e.addr.hex(), e.group, session, reason)
+
+    # ------------------------------------------------------------------ notices
+
+    async def _notifier(self) -> None:
+        """Deliver membership events a few milliseconds late, in batches (Hub.deliver)."""
+        hub = self.hub
+        lot = trio.lowlevel.ParkingLot()
+
+        def wake() -> None:
+            lot.unpark_all()
+
+        hub.defer = wake
+        try:
+            while True:
+                if not hub.pending:
+                    await lot.park()
+                await trio.sleep(NOTICE_DELAY)
+                hub.flush_notices(hub.take_pending())
+        finally:
+            hub.defer = None
 
     # ------------------------------------------------------------------ reaper
 

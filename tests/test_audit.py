@@ -22,12 +22,22 @@ from click.testing import CliRunner
 
 from gossiprouter.analytics.audit import (
     AuditInputError,
+    _HadoopFs,
     analyze,
     membership_intervals,
     spark_session,
 )
 from gossiprouter.analytics.cli import EXIT_INPUT, EXIT_LOSS, analyze_command
-from gossiprouter.analytics.report import Report
+from gossiprouter.analytics.report import (
+    Audit,
+    Counts,
+    Finding,
+    Histogram,
+    Report,
+    ThroughputBucket,
+    format_summary,
+    write_report,
+)
 from gossiprouter.loadtest.records import (
     MEMBERSHIP_SCHEMA,
     RECORD_SCHEMA,
@@ -130,7 +140,12 @@ def build_run(run_dir: Path) -> None:
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    session = spark_session("local[2]", conf={"spark.sql.shuffle.partitions": "4"})
+    # Tiny data: few partitions (every task has a fixed cost), and no optimising JIT
+    # compiler (it costs more CPU than it saves in a run this short; halves the test time).
+    session = spark_session("local[2]", conf={
+        "spark.sql.shuffle.partitions": "2",
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+    })
     yield session
     session.stop()
 
@@ -269,32 +284,50 @@ def test_report_files(report: Report, run_dir: Path) -> None:
 
 
 @pytest.mark.spark
-def test_sample_limit_and_settle(spark: SparkSession, run_dir: Path, tmp_path: Path) -> None:
-    # With no settle window nothing is undetermined: a/9, sent the instant d left, was due
-    # to d (and delivered); a/19, sent the instant e was killed, was due to e and is lost;
-    # a/4, sent before f joined, was not due to f.
-    r = analyze(str(run_dir), str(tmp_path / "out"), spark=spark, settle_s=0.0, sample=2)
-    assert (r.audit.undetermined, r.audit.undetermined_delivered) == (0, 0)
-    assert (r.audit.expected, r.audit.delivered) == (122, 115)
-    assert (r.audit.lost.count, r.audit.lost_to_killed) == (7, 3)
-    assert r.audit.lost_stayed_connected.count == 3
-    assert [(s["msg_id"], s["receiver"]) for s in r.audit.lost.sample] == [
-        ("a/2", "d"), ("a/3", "c")]
-    assert len(r.audit.lost_stayed_connected.sample) == 2
-
-
-@pytest.mark.spark
 def test_cli_exit_codes(spark: SparkSession, run_dir: Path, tmp_path: Path) -> None:
     runner = CliRunner()
     out = tmp_path / "cli-report"
     result = runner.invoke(analyze_command, [str(run_dir), "--out", str(out)])
     assert result.exit_code == EXIT_LOSS, result.output
-    assert "reading records…" in result.output and "auditing…" in result.output
-    assert "lost among members that stayed connected" in result.output
+    assert "reading records…" in result.stderr and "auditing…" in result.stderr
+    assert re.search(r"lost\s+6\s+\(stayed connected 3, left 1, killed 2\)", result.stdout)
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: 3 deliveries lost among members that stayed connected "
+        "(see the report; --allow-loss to accept)")
     assert (out / "report.html").exists()
-    result = runner.invoke(analyze_command, [str(run_dir), "--out", str(out), "--allow-loss"])
+
+
+@pytest.mark.spark
+def test_cli_allow_loss_settle_and_sample(
+    spark: SparkSession, run_dir: Path, tmp_path: Path,
+) -> None:
+    out = tmp_path / "settle0"
+    result = CliRunner().invoke(analyze_command, [
+        str(run_dir), "--out", str(out), "--allow-loss", "--settle", "0", "--sample", "2"])
     assert result.exit_code == 0, result.output
-    assert re.search(r"lost\s+6\s+\(stayed connected 3, left 1, killed 2\)", result.output)
+    a = json.loads((out / "report.json").read_text())["audit"]
+    # With no settle window nothing is undetermined: a/9, sent the instant d left, was due
+    # to d (and delivered); a/19, sent the instant e was killed, was due to e and is lost;
+    # a/4, sent before f joined, was not due to f.
+    assert (a["undetermined"], a["undetermined_delivered"]) == (0, 0)
+    assert (a["expected"], a["delivered"]) == (122, 115)
+    assert (a["lost"]["count"], a["lost_to_killed"]) == (7, 3)
+    assert a["lost_stayed_connected"]["count"] == 3
+    assert [(s["msg_id"], s["receiver"]) for s in a["lost"]["sample"]] == [
+        ("a/2", "d"), ("a/3", "c")]
+    assert len(a["lost_stayed_connected"]["sample"]) == 2
+
+
+@pytest.mark.spark
+def test_hadoop_filesystem_io(spark: SparkSession, tmp_path: Path) -> None:
+    # The code path used for non-local URIs (hdfs://, s3a://), exercised on file: URIs.
+    fs = _HadoopFs(spark)
+    uri = f"file://{tmp_path}/sub/report.json"
+    assert not fs.exists(uri)
+    fs.write_bytes(uri, b'{"x": 1}')
+    assert (tmp_path / "sub" / "report.json").read_bytes() == b'{"x": 1}'
+    assert fs.exists(uri) and fs.read_bytes(uri) == b'{"x": 1}'
+    assert fs.names(f"file://{tmp_path}/sub") == ["report.json"]
 
 
 def test_cli_input_errors(tmp_path: Path) -> None:
@@ -310,3 +343,20 @@ def test_cli_input_errors(tmp_path: Path) -> None:
     assert len(result.output.strip().splitlines()) == 1
     with pytest.raises(AuditInputError):
         analyze(str(tmp_path / "empty"), str(tmp_path / "out"))
+
+
+def test_report_of_an_empty_audit_renders(tmp_path: Path) -> None:
+    # No deliveries at all: no latency, an empty histogram; the writers must still work.
+    nothing = Finding(0)
+    report = Report(
+        run_dir="r", out_dir=str(tmp_path), generated_at="now", settle_s=1.0,
+        spark_master="local[1]", spark_version="4", analysis_s=0.0, manifest=None, runs=[],
+        counts=Counts(1, 1, 0, 1, 0, 0, 1, 0, 1),
+        audit=Audit(0, 0, nothing, nothing, 0, 0, nothing, 0, nothing, 0, 0, 0, nothing),
+        latency=None, latency_by_group={}, latency_by_size={}, latency_by_cast={},
+        latency_histogram=Histogram([], []), throughput=[ThroughputBucket(0, 1, 0, 0)],
+    )
+    assert "verdict              OK" in format_summary(report)
+    write_report(report, str(tmp_path))
+    assert json.loads((tmp_path / "report.json").read_text())["latency"] is None
+    assert (tmp_path / "report.html").read_text().count("data:image/png;base64,") == 2

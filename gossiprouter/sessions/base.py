@@ -288,8 +288,18 @@ class Session:
             discard=True,
         )
 
+    @classmethod
+    def event_frame(cls, kind: str, entry: Entry) -> bytes | None:
+        """The bytes that tell a client of this protocol that ``entry`` joined / left /
+        is suspected, or None when the protocol has no such frame. It depends only on
+        the protocol, so the hub encodes it once per event for all its receivers."""
+        return None
+
     def notify(self, kind: str, entry: Entry) -> None:
         """Tell this connection that ``entry`` joined / left / is suspected."""
+        data = self.event_frame(kind, entry)
+        if data:
+            self.push(data)
 
 
 class Hub:
@@ -306,6 +316,9 @@ class Hub:
         self.table.limits.groups_per_connection = config.groups_per_connection
         self.counters = Counters()
         self.congestion = Congestion()
+        # Set by the server to defer notice delivery (see deliver()).
+        self.defer: Callable[[], None] | None = None
+        self.pending: list[Notice] = []
         # Native-protocol tokens; set by gossiprouter.ops when tokens_file is configured.
         self.auth: Authenticator | None = None
         for p in config.provisioned:
@@ -313,9 +326,56 @@ class Hub:
                                kind=Kind.PROVISIONED, sticky=True)
 
     def deliver(self, notices: list[Notice]) -> None:
+        """Send ``notices`` now, or (when the server set :attr:`defer`) a moment later.
+
+        Deferring suspects matters when many connections drop at once: every member
+        lost is announced to every remaining member, and waiting a few
+        milliseconds lets the other closes be noticed first, so events are not
+        queued for connections that are already gone (a mass disconnect of N
+        members would otherwise cost N² events).
+        """
+        if self.defer is None:
+            self.flush_notices(notices)
+            return
+        # join/leave go to the (few) watchers at once, in order with the traffic
+        # around them; only suspects, which go to every member, wait.
+        # Notices stay in order: once one waits, every later one waits behind it.
+        if not self.pending and all(n.kind != "suspect" for n in notices):
+            self.flush_notices(notices)
+            return
+        if not self.pending:
+            self.defer()
+        self.pending.extend(notices)
+
+    def flush_notices(self, notices: list[Notice]) -> None:
+        """Deliver notices to whoever should get them *now*: the group's current
+        connections (suspect) or watchers (join, leave); each event is encoded
+        once per protocol."""
+        table = self.table
         for n in notices:
-            for target in n.targets:
-                cast(Session, target).notify(n.kind, n.entry)
+            g = table.groups.get(n.entry.group)
+            if g is None:
+                continue
+            if n.kind != "join" and g.entries.get(n.entry.addr) not in (None, n.entry):
+                continue  # registered again meanwhile: it is not gone any more
+            targets = g.targets() if n.kind == "suspect" else tuple(g.watchers)
+            frames: dict[type, bytes | None] = {}
+            for t in targets:
+                s = cast(Session, t)
+                cls = type(s)
+                if cls.notify is not Session.notify:  # e.g. in-process members
+                    s.notify(n.kind, n.entry)
+                    continue
+                if cls in frames:
+                    data = frames[cls]
+                else:
+                    data = frames[cls] = cls.event_frame(n.kind, n.entry)
+                if data:
+                    s.push(data)
+
+    def take_pending(self) -> list[Notice]:
+        pending, self.pending = self.pending, []
+        return pending
 
     def log_membership(self, what: str, entry: Entry, via: object) -> None:
         if log.isEnabledFor(logging.INFO):

@@ -382,13 +382,13 @@ class JGroups2Session(JGroupsSession):
 
     # ------------------------------------------------------------------ carrier interface
 
-    def notify(self, kind: str, entry: Entry) -> None:
+    @classmethod
+    def event_frame(cls, kind: str, entry: Entry) -> bytes | None:
         """JGroups 2.12 only understands SUSPECT (join/leave are for native watchers)."""
         if kind != "suspect":
-            return
+            return None
         addr = wire_address(entry, V2)
-        if addr is not None:
-            self.push(j2.suspect(addr))
+        return None if addr is None else j2.suspect(addr)
 
     def farewell(self, code: str, message: str) -> bytes:
         # 2.12 has no way to say why: the connection is just closed.

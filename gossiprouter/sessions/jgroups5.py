@@ -304,13 +304,13 @@ class JGroups5Session(JGroupsSession):
 
     # ------------------------------------------------------------------ carrier interface
 
-    def notify(self, kind: str, entry: Entry) -> None:
+    @classmethod
+    def event_frame(cls, kind: str, entry: Entry) -> bytes | None:
         """JGroups 5.x only understands SUSPECT (join/leave are for native watchers)."""
         if kind != "suspect":
-            return
+            return None
         addr: JAddress | None = wire_address(entry, V5)
-        if addr is not None:
-            self.push(j5.suspect(entry.group[len(self.prefix) :], addr))
+        return None if addr is None else j5.suspect(entry.group[len(cls.prefix) :], addr)
 
     def farewell(self, code: str, message: str) -> bytes:
         # 5.x cannot say why either, but the -5 marker tells the client it was deliberate.

@@ -300,10 +300,9 @@ class NativeSession(Session):
 
     # ------------------------------------------------------------------ carrier interface
 
-    def notify(self, kind: str, entry: Entry) -> None:
-        self.outbox.push(
-            wire.encode(wire.Event(entry.group, kind, entry.addr, entry.name, entry.physical))
-        )
+    @classmethod
+    def event_frame(cls, kind: str, entry: Entry) -> bytes:
+        return wire.encode(wire.Event(entry.group, kind, entry.addr, entry.name, entry.physical))
 
     # ------------------------------------------------------------------ errors
 
