@@ -82,11 +82,22 @@ class Entry:
 
 @dataclass(frozen=True, slots=True)
 class Notice:
-    """Tell ``targets`` that ``entry`` joined / left / is suspected in its group."""
+    """``entry`` joined / left / is suspected in ``group``.
+
+    Who must be told is read when the notice is delivered (:attr:`targets`),
+    not stored: a burst of removals would otherwise keep one tuple of every
+    member per removal, N² memory for N members dropping at once.
+    """
 
     kind: str
     entry: Entry
-    targets: tuple[object, ...]
+    group: Group
+
+    @property
+    def targets(self) -> tuple[object, ...]:
+        """Every connection carrying a member (suspect) or every watcher (join, leave)."""
+        g = self.group
+        return g.targets() if self.kind == "suspect" else tuple(g.watchers)
 
 
 @dataclass
@@ -292,7 +303,7 @@ class RoutingTable:
             )
             g.entries[addr] = e
             if first and g.watchers:
-                notices.append(Notice("join", e, tuple(g.watchers)))
+                notices.append(Notice("join", e, g))
         else:
             # Registering again: newest data wins; expiry later wins; sticky if either is.
             e.name, e.physical, e.identity = name, physical, identity
@@ -475,9 +486,9 @@ class RoutingTable:
         del g.entries[e.addr]
         notices: list[Notice] = []
         if suspect and self.suspect_events and g.load:
-            notices.append(Notice("suspect", e, g.targets()))
+            notices.append(Notice("suspect", e, g))
         if g.watchers:
-            notices.append(Notice("leave", e, tuple(g.watchers)))
+            notices.append(Notice("leave", e, g))
         self._gc(g)
         return notices
 

@@ -46,6 +46,7 @@ STALLED_AFTER = 0.25
 # Membership events wait this long so that a burst of closes is seen whole
 # before anyone is told (see Hub.deliver).
 NOTICE_DELAY = 0.005
+NOTICE_MAX_DELAY = 1.0
 
 # Accept errors that mean "out of resources right now": retried after a pause,
 # as trio.serve_listeners does, instead of killing the accept loop.
@@ -344,10 +345,16 @@ class Server:
             if ob.chunks or ob.closed:  # queued before the nursery existed
                 start_writer()
             await self._reader(conn, session)
-            # The reader is done (EOF or the session closed): let the writer flush.
+            # The reader is done (EOF or the session closed): let the writer
+            # flush, if there is anything to flush; a connection that closes
+            # with nothing queued needs no writer task at all (cheaper when
+            # thousands of clients drop at once).
+            if not writer and not ob.chunks:
+                ob.wake = _nothing_to_wake
             if not ob.closed:
                 ob.close("eof")
-            start_writer()
+            if writer or ob.chunks:
+                start_writer()
 
     async def _reader(self, conn: Connection, session: Session) -> None:
         stream = conn.stream
@@ -441,7 +448,14 @@ class Server:
             while True:
                 if not hub.pending:
                     await lot.park()
-                await trio.sleep(NOTICE_DELAY)
+                # Wait while members keep dropping (a mass disconnect), at most
+                # NOTICE_MAX_DELAY, then tell only those still connected.
+                start = trio.current_time()
+                seen = -1
+                while len(hub.pending) != seen and (
+                        trio.current_time() - start < NOTICE_MAX_DELAY):
+                    seen = len(hub.pending)
+                    await trio.sleep(NOTICE_DELAY)
                 hub.flush_notices(hub.take_pending())
         finally:
             hub.defer = None
@@ -476,6 +490,10 @@ class Server:
             if nd is not None:
                 wake = min(wake, nd)
             await trio.sleep_until(max(wake, now + 0.01) if math.isfinite(wake) else now + 1.0)
+
+
+def _nothing_to_wake() -> None:
+    pass
 
 
 def _native_factory(hub: Hub, peer: str, first: bytes) -> Session:

@@ -128,7 +128,7 @@ CASES = [
 
 def run_case(case: Case) -> tuple[RoutingTable, list[Any], list[str], list[bytes]]:
     t = RoutingTable(grace=case.grace, suspect_events=case.suspect_events)
-    notices: list[Any] = []
+    notices: list[Any] = []  # (kind, group, addr, targets at the time of the operation)
     errors: list[str] = []
     held: list[bytes] = []
     now = 0.0
@@ -166,6 +166,9 @@ def run_case(case: Case) -> tuple[RoutingTable, list[Any], list[str], list[bytes
                     raise AssertionError(f"bad op {op}")
         except RoutingError as e:
             errors.append(e.code)
+        notices = [n if isinstance(n, tuple) else
+                   (n.kind, n.entry.group, n.entry.addr, tuple(map(str, n.targets)))
+                   for n in notices]
     return t, notices, errors, held
 
 
@@ -178,8 +181,7 @@ def test_rule(case: Case) -> None:
         if g.entries
     }
     assert table == case.table
-    got = [(n.kind, n.entry.group, n.entry.addr, tuple(map(str, n.targets))) for n in notices]
-    assert got == case.notices
+    assert notices == case.notices
     assert errors == case.errors
     assert held == case.held
 

@@ -349,29 +349,40 @@ class Hub:
 
     def flush_notices(self, notices: list[Notice]) -> None:
         """Deliver notices to whoever should get them *now*: the group's current
-        connections (suspect) or watchers (join, leave); each event is encoded
-        once per protocol."""
+        connections (suspect) or watchers (join, leave).
+
+        Notices for one group and audience are sent as one block per connection,
+        encoded once per protocol, so a burst of N events to M connections costs M
+        pushes, not N x M. Within an audience the order is kept.
+        """
         table = self.table
+        buckets: dict[tuple[str, bool], list[Notice]] = {}
         for n in notices:
-            g = table.groups.get(n.entry.group)
+            buckets.setdefault((n.entry.group, n.kind == "suspect"), []).append(n)
+        for (group, to_members), bucket in buckets.items():
+            g = table.groups.get(group)
             if g is None:
                 continue
-            if n.kind != "join" and g.entries.get(n.entry.addr) not in (None, n.entry):
-                continue  # registered again meanwhile: it is not gone any more
-            targets = g.targets() if n.kind == "suspect" else tuple(g.watchers)
-            frames: dict[type, bytes | None] = {}
+            # A member registered again meanwhile is not gone any more.
+            live = [n for n in bucket
+                    if n.kind == "join" or g.entries.get(n.entry.addr) in (None, n.entry)]
+            if not live:
+                continue
+            targets = g.targets() if to_members else tuple(g.watchers)
+            blocks: dict[type, bytes] = {}
             for t in targets:
                 s = cast(Session, t)
                 cls = type(s)
                 if cls.notify is not Session.notify:  # e.g. in-process members
-                    s.notify(n.kind, n.entry)
+                    for n in live:
+                        s.notify(n.kind, n.entry)
                     continue
-                if cls in frames:
-                    data = frames[cls]
-                else:
-                    data = frames[cls] = cls.event_frame(n.kind, n.entry)
-                if data:
-                    s.push(data)
+                block = blocks.get(cls)
+                if block is None:
+                    frames = (cls.event_frame(n.kind, n.entry) for n in live)
+                    block = blocks[cls] = b"".join(f for f in frames if f)
+                if block:
+                    s.push(block, len(live))
 
     def take_pending(self) -> list[Notice]:
         pending, self.pending = self.pending, []
