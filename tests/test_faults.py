@@ -354,3 +354,35 @@ def test_port_in_use_is_one_clear_line() -> None:
         f"gossiprouter: error: cannot listen on 127.0.0.1:{first.port}: the port is already in "
         "use (is another router running?)"
     )
+
+
+async def test_mass_disconnect_costs_linear_events(start_router: object) -> None:
+    """600 members of one group drop at once: the one that stays hears about each of
+    them exactly once, and the router does not queue an event per (lost member, dying
+    member) pair: N² = 360,000 here, at most a few thousand in practice."""
+    router: Server = await start_router()  # type: ignore[operator]
+    assert router.address is not None
+    n = 600
+    observer = await NativeClient.open(*router.address)
+    await observer.connect("g", b"OBSERVER")
+    clients = []
+    for i in range(n):
+        c = await NativeClient.open(*router.address)
+        await c.send(wire.Connect(1, "g", b"M%04d" % i, None, ()))
+        clients.append(c)
+    with trio.fail_after(20):
+        while len(router.hub.table.members("g")) < n + 1:
+            await trio.sleep(0.05)
+    before = router.hub.counters.events_out
+    for c in clients:
+        c.stream.socket.close()  # all at once, no DISCONNECT
+    suspected = set()
+    with trio.fail_after(20):
+        while len(suspected) < n:
+            f = await observer.recv()
+            assert isinstance(f, wire.Event) and f.kind == "suspect"
+            assert f.addr not in suspected
+            suspected.add(f.addr)
+    events = router.hub.counters.events_out - before
+    print(f"\n{n} members dropped: {events} events queued in all")
+    assert events < n * 10

@@ -228,6 +228,8 @@ class Counters:
     drops: dict[str, int] = field(default_factory=dict)
     slow_consumer_disconnects: int = 0
     protocol_errors: int = 0
+    # Membership events queued for clients (one per event per receiving connection).
+    events_out: int = 0
 
     def drop(self, reason: str, n: int = 1) -> None:
         self.drops[reason] = self.drops.get(reason, 0) + n
@@ -383,6 +385,7 @@ class Hub:
                     block = blocks[cls] = b"".join(f for f in frames if f)
                 if block:
                     s.push(block, len(live))
+                    self.counters.events_out += len(live)
 
     def take_pending(self) -> list[Notice]:
         pending, self.pending = self.pending, []
