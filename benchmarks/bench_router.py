@@ -77,7 +77,7 @@ def frame_len(group: str, dest: bytes | None, size: int, mixed: bool) -> float:
 
 def _member(port: int, group: str, addr: bytes, dest: bytes | None, size: int | None,
             mixed: bool, flen: float, start: float, t0: float, t1: float,
-            ready: mp.Barrier, out: mp.Queue) -> None:  # type: ignore[type-arg]
+            ready: threading.Barrier, out: mp.Queue) -> None:  # type: ignore[type-arg]
     """One member: optionally sends as fast as it can; counts what it receives in [t0, t1]."""
     s = _peer(port, group, addr)
     s.settimeout(0.5)
@@ -131,7 +131,7 @@ def run_case(case: str, size: int, seconds: float) -> Result:
             flen = frame_len(group, None, size, mixed)
         start = time.time() + 2.0
         t0, t1 = start + WARMUP, start + WARMUP + seconds
-        ready = ctx.Barrier(len(members) + 1)
+        ready: threading.Barrier = ctx.Barrier(len(members) + 1)
         out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
         procs = [
             ctx.Process(target=_member, args=(router.port, group, a, d, sz, mixed, flen, start,
