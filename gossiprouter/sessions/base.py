@@ -247,6 +247,9 @@ class Session:
         self.outbox = Outbox(cfg.outbound_queue_bytes, cfg.outbound_queue_frames,
                              cfg.slow_consumer_policy, hub.congestion)
         self.last_recv = 0.0
+        # The start of a frame not yet complete, and how many bytes it needs.
+        self._rest = bytearray()
+        self._need = 0
 
     def __repr__(self) -> str:
         return f"<{self.protocol} {self.peer}>"
@@ -254,6 +257,23 @@ class Session:
     # --- called by the server
     def on_data(self, data: bytes, now: float) -> None:
         raise NotImplementedError
+
+    def _complete(self, data: bytes) -> bytes | None:
+        """``data`` behind the carried-over start of a frame; None while that frame
+        is still incomplete (no bytes are copied or parsed again until it is)."""
+        rest = self._rest
+        if not rest:
+            return data
+        rest += data
+        if len(rest) < self._need:
+            return None
+        self._rest = bytearray()
+        return bytes(rest)
+
+    def _carry(self, data: bytes, pos: int, need: int) -> None:
+        """Keep ``data[pos:]``, the start of a frame of ``need`` bytes, for the next chunk."""
+        self._rest = bytearray(memoryview(data)[pos:])
+        self._need = need
 
     def on_eof(self) -> None:
         """The peer closed its side; nothing more will be received."""

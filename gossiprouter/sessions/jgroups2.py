@@ -64,8 +64,6 @@ class JGroups2Session(JGroupsSession):
     def __init__(self, hub: Hub, peer: str) -> None:
         super().__init__(hub, peer)
         # The start of an object not yet complete, and how many bytes it needs at least.
-        self._rest = bytearray()
-        self._need = 0
         # A decoder holding an object of the slow path that is not complete yet.
         self._dec: j2.Decoder | None = None
         self._routes: dict[bytes, _Route] = {}
@@ -83,13 +81,11 @@ class JGroups2Session(JGroupsSession):
             pos = self._resume(data)
             if pos < 0:
                 return
-        elif self._rest:
-            rest = self._rest
-            rest += data
-            if len(rest) < self._need:
+        else:
+            resumed = self._complete(data)
+            if resumed is None:
                 return
-            data = bytes(rest)
-            self._rest = bytearray()
+            data = resumed
         size = len(data)
         ob = self.outbox
         routes = self._routes
@@ -143,13 +139,13 @@ class JGroups2Session(JGroupsSession):
                 if isinstance(hit, tuple):
                     p = pos + hit[0]
                     if p + 4 > size:
-                        self._keep(data, pos, p + 4 - pos)
+                        self._carry(data, pos, p + 4 - pos)
                         return
                     n = u32(data, p)[0]
                     end = p + 4 + n
                     if n and end - pos <= max_frame:
                         if end > size:
-                            self._keep(data, pos, end - pos)
+                            self._carry(data, pos, end - pos)
                             return
                         group = hit[1]
                         if group in member_of or self._is_member(group, member_of):
@@ -160,7 +156,7 @@ class JGroups2Session(JGroupsSession):
                         pos = end
                         continue
                 elif hit:  # NeedMore: the header itself is incomplete
-                    self._keep(data, pos, hit)
+                    self._carry(data, pos, hit)
                     return
             pos = self._slow(data, pos, size)
             if ob.closed:
@@ -176,11 +172,6 @@ class JGroups2Session(JGroupsSession):
         head = run[3]
         out = head + head.join(parts) if len(parts) > 1 else head + parts[0]
         self.route(run[1], run[2], out, len(parts))
-
-    def _keep(self, data: bytes, pos: int, need: int) -> None:
-        """Keep the incomplete object at ``pos`` until at least ``need`` bytes of it are here."""
-        self._rest = bytearray(memoryview(data)[pos:])
-        self._need = need
 
     def _learn(self, data: bytes, pos: int, size: int) -> _Route | int:
         """Parse the header of the MESSAGE at ``pos`` and cache it.

@@ -54,9 +54,6 @@ class JGroups5Session(JGroupsSession):
 
     def __init__(self, hub: Hub, peer: str) -> None:
         super().__init__(hub, peer)
-        # The start of a frame not yet complete, and its whole length.
-        self._rest = bytearray()
-        self._need = 0
         self._routes: dict[bytes, _Route] = {}
         self._lengths: list[int] = []
 
@@ -65,13 +62,10 @@ class JGroups5Session(JGroupsSession):
     def on_data(self, data: bytes, now: float) -> None:
         """Process one received chunk: every complete frame in it, in order."""
         self.last_recv = self.now = now
-        if self._rest:
-            rest = self._rest
-            rest += data
-            if len(rest) < self._need:
-                return
-            data = bytes(rest)
-            self._rest = bytearray()
+        resumed = self._complete(data)
+        if resumed is None:
+            return
+        data = resumed
         size = len(data)
         ob = self.outbox
         routes = self._routes
@@ -153,9 +147,8 @@ class JGroups5Session(JGroupsSession):
             if ob.closed:
                 return
         if pos < size:
-            self._rest = bytearray(memoryview(data)[pos:])
             # The whole frame once its length is known; else just the length prefix.
-            self._need = 4 + u32(data, pos)[0] if size - pos >= 4 else 4
+            self._carry(data, pos, 4 + u32(data, pos)[0] if size - pos >= 4 else 4)
 
     def _learn(self, data: bytes, body: int, end: int) -> _Route | None:
         """Parse and cache the header of the MESSAGE frame ``data[body:end]``; None when it does

@@ -35,7 +35,6 @@ class NativeSession(Session):
 
     def __init__(self, hub: Hub, peer: str, identity: str | None = None) -> None:
         super().__init__(hub, peer)
-        self.rest = b""  # the start of a frame not yet complete
         self.ready = False
         self.identity = identity
         # header bytes (group, dest, sender) -> (group, dest, sender) for the ROUTE fast path
@@ -57,9 +56,10 @@ class NativeSession(Session):
         the validating decoder.
         """
         self.last_recv = self._now = now
-        if self.rest:
-            data = self.rest + data
-            self.rest = b""
+        resumed = self._complete(data)
+        if resumed is None:
+            return
+        data = resumed
         size = len(data)
         max_frame = self.hub.config.max_frame
         unpack = _LEN.unpack_from
@@ -130,7 +130,7 @@ class NativeSession(Session):
             assert run_route is not None
             self._forward(run_route, data[run_start:pos], run_n)
         if pos < size:
-            self.rest = data[pos:]
+            self._carry(data, pos, 4 + unpack(data, pos)[0] if size - pos >= 4 else 4)
 
     def _lookup(self, data: bytes, body: int, end: int) -> tuple[bytes, _Route] | None:
         """Parse and check a ROUTE header; None (after answering the error) if it is refused."""
