@@ -3,28 +3,45 @@
 from __future__ import annotations
 
 import itertools
+import ssl
 
 import trio
 
+from gossiprouter.ops.tls import wrap_client
 from gossiprouter.protocol import native as wire
 
 
 class NativeClient:
-    """Sends frames and reads frames, nothing else; tests drive the protocol by hand."""
+    """Sends frames and reads frames, nothing else; tests drive the protocol by hand.
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    ``stream`` is what frames go through (TLS when asked for); ``raw`` is the TCP
+    stream under it, for socket options and abrupt closes.
+    """
+
+    def __init__(self, stream: trio.abc.Stream, raw: trio.SocketStream) -> None:
         self.stream = stream
+        self.raw = raw
         self.decoder = wire.Decoder(max_frame=64 * 1024 * 1024)
         self._req = itertools.count(1)
         self.welcome: wire.Welcome | None = None
 
     @classmethod
-    async def open(cls, host: str, port: int, *, hello: bool = True) -> NativeClient:
-        stream = await trio.open_tcp_stream(host, port)
-        c = cls(stream)
+    async def open(cls, host: str, port: int, *, hello: bool = True,
+                   ssl_context: ssl.SSLContext | None = None,
+                   token: str | None = None) -> NativeClient:
+        """Connect (TLS when ``ssl_context``), send the preamble and HELLO, await WELCOME."""
+        raw = await trio.open_tcp_stream(host, port)
+        stream: trio.abc.Stream = raw
+        if ssl_context is not None:
+            try:
+                stream = await wrap_client(raw, ssl_context, host)
+            except BaseException:
+                await trio.aclose_forcefully(raw)
+                raise
+        c = cls(stream, raw)
         await stream.send_all(wire.PREAMBLE)
         if hello:
-            await c.send(wire.Hello((1,), "test"))
+            await c.send(wire.Hello((1,), "test", token))
             w = await c.recv()
             assert isinstance(w, wire.Welcome), w
             c.welcome = w
@@ -51,12 +68,12 @@ class NativeClient:
                 self.decoder.feed(data)
 
     async def recv_until_closed(self, timeout: float = 5.0) -> list[wire.Frame]:
-        """Every frame until the router closes the connection."""
+        """Every frame until the router closes the connection (a reset counts as closed)."""
         out: list[wire.Frame] = []
         try:
             while True:
                 out.append(await self.recv(timeout))
-        except EOFError:
+        except (EOFError, trio.BrokenResourceError):
             return out
 
     async def request(
@@ -75,5 +92,8 @@ class NativeClient:
                       physical: wire.Physical = ()) -> wire.Frame:
         return await self.request(wire.Connect(self.req(), group, addr, name, physical))
 
+    async def members(self, group: str) -> wire.Frame:
+        return await self.request(wire.GetMembers(self.req(), group))
+
     async def aclose(self) -> None:
-        await self.stream.aclose()
+        await trio.aclose_forcefully(self.stream)

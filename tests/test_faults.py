@@ -374,7 +374,7 @@ async def test_mass_disconnect_costs_linear_events(start_router: object) -> None
             await trio.sleep(0.05)
     before = router.hub.counters.events_out
     for c in clients:
-        c.stream.socket.close()  # all at once, no DISCONNECT
+        c.raw.socket.close()  # all at once, no DISCONNECT
     suspected: set[bytes] = set()
     with trio.fail_after(20):
         while len(suspected) < n:

@@ -63,7 +63,7 @@ async def _run(address: tuple[str, int], stalled: bool) -> tuple[dict[bytes, Tal
             addr = b"STALLED"
         c = await NativeClient.open(*address)
         if addr == b"STALLED":
-            c.stream.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            c.raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         assert await c.connect("g", addr) == wire.Ok(1)
         members[addr] = c
     tallies = {a: Tally() for a in members if a != b"STALLED"}
@@ -134,7 +134,7 @@ async def test_drop_policy_counts_drops(start_router: object) -> None:
         slow_consumer_policy="drop", outbound_queue_bytes=2 * 1024 * 1024, max_frame=1024 * 1024)
     assert router.address is not None
     stalled = await NativeClient.open(*router.address)
-    stalled.stream.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled.raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     await stalled.connect("g", b"STALLED")
     a, b = await NativeClient.open(*router.address), await NativeClient.open(*router.address)
     await a.connect("g", b"A")
