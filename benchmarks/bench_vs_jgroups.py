@@ -57,6 +57,7 @@ sys.path.insert(0, str(REPO))
 from gossiprouter.protocol import jgroups2 as j2  # noqa: E402
 from gossiprouter.protocol import native as wire  # noqa: E402
 from gossiprouter.protocol.jgroups_common import V2, JAddress  # noqa: E402
+from tests.procs import free_port, proc_cpu_seconds, wait_listening  # noqa: E402
 
 JAR = Path("/usr/share/java/jgroups.jar")
 JAVA_SRC = REPO / "benchmarks" / "jgroups" / "Blaster.java"
@@ -141,34 +142,6 @@ def kill_children() -> None:
 
 def _on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def wait_listening(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"router exited with status {proc.returncode} before listening")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"nothing listening on 127.0.0.1:{port}") from None
-            time.sleep(0.05)
-
-
-def proc_cpu_seconds(pid: int) -> float:
-    """User + system CPU of a whole process (every thread), from /proc/PID/stat."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def proc_status_kib(pid: int, key: str) -> int:

@@ -21,9 +21,13 @@ def free_port() -> int:
         return port
 
 
-def wait_listening(port: int, timeout: float = 20.0) -> None:
+def wait_listening(port: int, proc: subprocess.Popen[bytes] | None = None,
+                   timeout: float = 20.0) -> None:
+    """Wait until 127.0.0.1:port accepts; fail at once if ``proc`` exits first."""
     deadline = time.monotonic() + timeout
     while True:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"router exited with status {proc.returncode} before listening")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 return
@@ -31,6 +35,13 @@ def wait_listening(port: int, timeout: float = 20.0) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"nothing listening on 127.0.0.1:{port}") from None
             time.sleep(0.05)
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """User + system CPU of a whole process (every thread), from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class RouterProcess:
@@ -49,7 +60,7 @@ class RouterProcess:
              "--port", str(self.port), *self.args],
             stdout=out, stderr=out, cwd=REPO,
         )
-        wait_listening(self.port)
+        wait_listening(self.port, self.proc)
         return self
 
     @property
@@ -65,10 +76,7 @@ class RouterProcess:
         raise RuntimeError("no VmRSS")
 
     def cpu_seconds(self) -> float:
-        with open(f"/proc/{self.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        ticks = os.sysconf("SC_CLK_TCK")
-        return (int(fields[11]) + int(fields[12])) / ticks
+        return proc_cpu_seconds(self.pid)
 
     def stop(self, timeout: float = 15.0) -> int:
         """SIGTERM, wait; returns the exit status."""
