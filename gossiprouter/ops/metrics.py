@@ -149,12 +149,11 @@ class RouterCollector(Collector):
         cm = CounterMetricFamily(
             "gossiprouter_frames_out",
             "Frames queued for clients, by type (route: copies of routed frames handed to "
-            "receivers' queues).",
+            "receivers' queues; event: join/leave/suspect EVENTs, one per receiving "
+            "connection).",
             labels=["type"])
         cm.add_metric(["route"], c.delivered)
-        for name, n in sorted(c.frames_out.items()):
-            if _frame_label(name) != "route":
-                cm.add_metric([_frame_label(name)], n)
+        cm.add_metric(["event"], c.events_out)
         yield cm
         yield _counter("gossiprouter_socket_writes",
                        "Writes to client sockets (each carries one or more frames of any type; "

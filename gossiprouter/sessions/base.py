@@ -218,7 +218,6 @@ class Counters:
     """Router-wide counters (exported as metrics by the operations layer)."""
 
     frames_in: dict[str, int] = field(default_factory=dict)
-    frames_out: dict[str, int] = field(default_factory=dict)
     bytes_in: int = 0
     # Counted by the server's writer per socket write (not per frame): every frame type.
     bytes_out: int = 0
