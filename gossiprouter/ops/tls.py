@@ -28,21 +28,23 @@ def server_context(cert: str, key: str = "", client_ca: str = "",
     """
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    # load_cert_chain reports neither which file is missing (a missing key is an SSLError
+    # "PEM lib", a missing cert a FileNotFoundError without a name), so each file is
+    # opened first and a problem is reported against the option that names it.
+    _readable("tls_cert", cert)
+    if key:
+        _readable("tls_key", key)
     try:
         ctx.load_cert_chain(cert, key or None)
-    except FileNotFoundError as e:
-        which = "tls_key" if key and e.filename == key else "tls_cert"
-        raise ConfigError(f"{which} = {e.filename or cert!r}: file not found") from None
     except (ssl.SSLError, OSError) as e:
         raise ConfigError(
             f"tls_cert = {cert!r}, tls_key = {key!r}: expected a PEM certificate chain and its "
             f"private key ({_reason(e)})"
         ) from None
     if client_ca:
+        _readable("tls_client_ca", client_ca)
         try:
             ctx.load_verify_locations(cafile=client_ca)
-        except FileNotFoundError:
-            raise ConfigError(f"tls_client_ca = {client_ca!r}: file not found") from None
         except (ssl.SSLError, OSError) as e:
             raise ConfigError(
                 f"tls_client_ca = {client_ca!r}: expected PEM CA certificates ({_reason(e)})"
@@ -52,6 +54,17 @@ def server_context(cert: str, key: str = "", client_ca: str = "",
     else:
         ctx.verify_mode = ssl.CERT_NONE
     return ctx
+
+
+def _readable(option: str, path: str) -> None:
+    """Raise ConfigError naming ``option`` when the file ``path`` cannot be opened."""
+    try:
+        with open(path, "rb"):
+            pass
+    except FileNotFoundError:
+        raise ConfigError(f"{option} = {path!r}: file not found") from None
+    except OSError as e:
+        raise ConfigError(f"{option} = {path!r}: cannot read it ({e.strerror})") from None
 
 
 def check_config(cfg: Config) -> None:
