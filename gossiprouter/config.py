@@ -9,6 +9,7 @@ are all derived from it, so they cannot drift apart.
 from __future__ import annotations
 
 import ipaddress
+import math
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
@@ -83,6 +84,23 @@ OPTIONS: tuple[Option, ...] = (
            minimum=0),
     Option("groups_per_connection", int, 256,
            "Most groups one connection may register in (ERROR limit); 0 = no limit.", minimum=0),
+    # --- bounds on what a client may store (see docs/operations.md, "Stored names")
+    Option("max_name_bytes", int, 255,
+           "Longest logical name, and longest physical host, a member may register (UTF-8 "
+           "bytes); longer is refused (native ERROR too_long, JGroups 2.12 OP_FAIL, 5.x "
+           "skipped and logged). JGroups names are host names plus a few digits.",
+           minimum=1, unit="bytes"),
+    Option("max_group_bytes", int, 1024,
+           "Longest group (cluster) name a member may register in (UTF-8 bytes; the native "
+           "protocol's own limit); longer is refused as for max_name_bytes.",
+           minimum=1, unit="bytes"),
+    Option("max_physical_addresses", int, 16,
+           "Most physical addresses one member may register; more is refused as for "
+           "max_name_bytes.", minimum=0),
+    Option("max_address_bytes", int, 512,
+           "Longest JGroups address encoding a member may register (its logical address, e.g. "
+           "an ExtendedUUID with its keys, or a physical one), kept to be written back in "
+           "member lists; longer is refused as for max_name_bytes.", minimum=32, unit="bytes"),
     Option("handshake_timeout", float, 10.0,
            "Close a connection that has not said which protocol it speaks within this time.",
            minimum=0.1, unit="seconds"),
@@ -165,6 +183,10 @@ class Config:
     max_connections: int = 20_000
     addresses_per_connection: int = 1024
     groups_per_connection: int = 256
+    max_name_bytes: int = 255
+    max_group_bytes: int = 1024
+    max_physical_addresses: int = 16
+    max_address_bytes: int = 512
     handshake_timeout: float = 10.0
     shutdown_timeout: float = 5.0
     close_timeout: float = 10.0
@@ -214,6 +236,9 @@ def check(o: Option, value: Any) -> None:
         raise ConfigError(f"{o.name} = {value!r}: expected {_type_word(o)}")
     if o.choices is not None and value not in o.choices:
         raise ConfigError(f"{o.name} = {value!r}: expected one of {', '.join(o.choices)}")
+    if o.type is float and not math.isfinite(value):
+        # nan passes every comparison below and inf overflows int(seconds * 1000) later.
+        raise ConfigError(f"{o.name} = {value!r}: expected a finite number")
     if o.minimum is not None and value < o.minimum:
         raise ConfigError(f"{o.name} = {value!r}: expected a value >= {o.minimum:g}")
     if o.name == "port" and value > 65535:
@@ -336,10 +361,13 @@ def load_file(path: Path) -> dict[str, Any]:
                 f"config file {path}: unknown key {key!r}; expected one of "
                 + ", ".join(sorted(known))
             )
-        if name == "provisioned":
-            values[name] = _parse_provisioned(value)
-            continue
-        check(_BY_NAME[name], value)
+        try:
+            if name == "provisioned":
+                values[name] = _parse_provisioned(value)
+                continue
+            check(_BY_NAME[name], value)
+        except ConfigError as e:
+            raise ConfigError(f"config file {path}: {e}") from None
         values[name] = tuple(value) if isinstance(value, list) else value
     return values
 

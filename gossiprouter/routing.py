@@ -21,6 +21,7 @@ The rules, each with its reason and its test, are in ``docs/routing.md``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -186,6 +187,10 @@ class RoutingTable:
         self._regs: dict[object, dict[tuple[str, bytes], Entry]] = {}
         self._watching: dict[object, set[str]] = {}
         self.stats = Stats()
+        # Set by the owner (the hub): called with (group, addr, name, physical, wire) before
+        # a non-provisioned registration changes anything; raises RoutingError to refuse a
+        # value that is too long or that some protocol could not write back.
+        self.check: Callable[[str, bytes, str | None, Physical, Any], None] | None = None
 
     # ----------------------------------------------------------------- queries
 
@@ -260,9 +265,11 @@ class RoutingTable:
         Returns the entry, the notices to send, and the frames held for the
         entry during reconnect grace, which the caller must now deliver to
         ``carrier`` in order. Raises :class:`RoutingError` (``forbidden``,
-        ``address_in_use``, ``limit``) when a rule refuses it; nothing has
-        changed then.
+        ``address_in_use``, ``limit``, or whatever :attr:`check` raises) when a
+        rule refuses it; nothing has changed then.
         """
+        if self.check is not None and kind != Kind.PROVISIONED:
+            self.check(group, addr, name, physical, wire)
         g = self.groups.get(group)
         e = None if g is None else g.entries.get(addr)
         regs = self._regs.get(carrier)

@@ -6,6 +6,28 @@ turns what the reader receives into bytes queued on other connections'
 outboxes, and each connection's writer drains its own outbox with one
 ``send_all`` per wake-up. A receiver that cannot keep up is handled by its
 outbox's policy; nothing here ever waits on another connection's socket.
+
+Errors (the policy, as :func:`trio.serve_listeners` states its own):
+
+* A client's mistake is not an exception: sessions answer bad frames, refused
+  requests and values that cannot be stored (too long, not writable back in
+  some protocol) with the protocol's error (native ERROR, JGroups 2.12
+  OP_FAIL, a 5.x frame skipped and logged) and count them.
+* Any other exception raised while serving one connection (decoding, routing,
+  encoding a reply, the writer) is a router bug confined to that connection:
+  logged once with its traceback, counted (metric
+  ``gossiprouter_internal_errors_total``), answered with ERROR
+  ``internal_error`` where the protocol has one, and that connection is
+  closed (its members leave as for any close). Every other connection is
+  served on. Telling a watcher or member about an event runs on behalf of
+  whoever caused it, so there the failure is confined to the one target
+  (:meth:`Hub.contain`); an event that cannot be encoded at all is dropped for
+  that protocol and counted, closing nobody.
+* The reaper and notifier tasks log, count and carry on after an exception.
+* Fatal, ending :meth:`Server.serve`: failing to listen (:class:`ListenError`),
+  an accept error other than running out of descriptors or memory (those are
+  retried after a pause), and what is not an :class:`Exception` (cancellation,
+  KeyboardInterrupt, SystemExit).
 """
 
 from __future__ import annotations
@@ -241,7 +263,10 @@ class Server:
             self.connections.discard(conn)
             if conn.session is not None:
                 conn.session.outbox.direct = None  # never write to a closed socket
-                self._forget(conn.session)
+                try:
+                    self._forget(conn.session)
+                except Exception as exc:  # the connection is gone anyway: log, count
+                    self.hub.contain(conn.session, exc, "removing its members")
             with trio.CancelScope(shield=True):
                 if conn.stream is not stream:  # TLS: try to send close_notify, briefly
                     with trio.move_on_after(0.5):
@@ -324,8 +349,11 @@ class Server:
             session.close(reason, f"too many connections (max {cfg.max_connections})"
                           if reason == "limit" else "router is shutting down")
         elif len(first) > verdict.consumed:
-            session.on_data(first[verdict.consumed:], now)
             self.hub.counters.bytes_in += len(first)
+            try:
+                session.on_data(first[verdict.consumed:], now)
+            except Exception as exc:
+                self.hub.contain(session, exc, "handling received data")
         del first  # not kept for the connection's lifetime
         async with trio.open_nursery() as nursery:
             # The writer task starts only when something has to wait for the
@@ -366,11 +394,15 @@ class Server:
                 data = await stream.receive_some(RECV_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return
-            if not data:
-                session.on_eof()
-                return
             counters.bytes_in += len(data)
-            session.on_data(data, trio.current_time())
+            try:
+                if not data:
+                    session.on_eof()
+                    return
+                session.on_data(data, trio.current_time())
+            except Exception as exc:  # see "Errors" above: this connection only
+                self.hub.contain(session, exc, "handling received data")
+                return
             if congestion.pending:
                 congestion.pending = False
                 await self._throttle()
@@ -408,6 +440,8 @@ class Server:
                 ob.last_progress = trio.current_time()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+        except Exception as exc:
+            self.hub.contain(session, exc, "writing to it")
         finally:
             # The writer ends only when the connection is over.
             if not ob.closed:
@@ -456,40 +490,56 @@ class Server:
                         trio.current_time() - start < NOTICE_MAX_DELAY):
                     seen = len(hub.pending)
                     await trio.sleep(NOTICE_DELAY)
-                hub.flush_notices(hub.take_pending())
+                try:  # failures per target are contained inside; this is the last resort
+                    hub.flush_notices(hub.take_pending())
+                except Exception as exc:
+                    self._task_error("notifier", exc)
         finally:
             hub.defer = None
 
     # ------------------------------------------------------------------ reaper
+
+    def _task_error(self, task: str, exc: Exception) -> None:
+        """An exception in a router-wide task: logged and counted; the task carries on."""
+        self.hub.counters.internal_errors += 1
+        log.error("internal error in the %s (it carries on)", task, exc_info=exc)
 
     async def _reaper(self) -> None:
         """Idle connections, expired entries, ended reconnect graces."""
         cfg = self.config
         idle = cfg.idle_timeout
         while True:
-            now = trio.current_time()
-            wake = now + 1.0
-            if idle > 0:
-                for conn in list(self.connections):
-                    s = conn.session
-                    if s is None or s.outbox.closed:
-                        continue
-                    if now - s.last_recv >= idle:
-                        log.info("closing %r: idle for %.1fs", s, now - s.last_recv)
-                        s.close("idle_timeout", f"nothing received for {idle:g}s")
-                    else:
-                        wake = min(wake, s.last_recv + idle)
-            notices = self.hub.table.expire(now)
-            if notices:
-                self.hub.deliver(notices)
-                for e in {id(n.entry): n.entry for n in notices}.values():
-                    log.info("%s (%s) left %r: %s", e.name or "-", e.addr.hex(), e.group,
-                             "reconnect grace ended" if e.kind.label == "connection"
-                             else "registration expired")
-            nd = self.hub.table.next_deadline()
-            if nd is not None:
-                wake = min(wake, nd)
-            await trio.sleep_until(max(wake, now + 0.01) if math.isfinite(wake) else now + 1.0)
+            try:
+                await self._reap(idle)
+            except Exception as exc:
+                self._task_error("reaper", exc)
+                await trio.sleep(1.0)
+
+    async def _reap(self, idle: float) -> None:
+        """One round of the reaper, then sleep until the next thing to reap."""
+        now = trio.current_time()
+        wake = now + 1.0
+        if idle > 0:
+            for conn in list(self.connections):
+                s = conn.session
+                if s is None or s.outbox.closed:
+                    continue
+                if now - s.last_recv >= idle:
+                    log.info("closing %r: idle for %.1fs", s, now - s.last_recv)
+                    s.close("idle_timeout", f"nothing received for {idle:g}s")
+                else:
+                    wake = min(wake, s.last_recv + idle)
+        notices = self.hub.table.expire(now)
+        if notices:
+            self.hub.deliver(notices)
+            for e in {id(n.entry): n.entry for n in notices}.values():
+                log.info("%s (%s) left %r: %s", e.name or "-", e.addr.hex(), e.group,
+                         "reconnect grace ended" if e.kind.label == "connection"
+                         else "registration expired")
+        nd = self.hub.table.next_deadline()
+        if nd is not None:
+            wake = min(wake, nd)
+        await trio.sleep_until(max(wake, now + 0.01) if math.isfinite(wake) else now + 1.0)
 
 
 def _nothing_to_wake() -> None:

@@ -582,16 +582,28 @@ class Watch(EventStream[GroupEvent]):
 
 
 class _Pending:
-    __slots__ = ("event", "result")
+    __slots__ = ("event", "parts", "result")
 
     def __init__(self) -> None:
         self.event = trio.Event()
         self.result: wire.Ok | StubError | None = None
+        # The members of the OK parts received so far (a list longer than one frame).
+        self.parts: list[wire.MemberInfo] = []
 
     def set(self, result: wire.Ok | StubError) -> None:
         if self.result is None:
             self.result = result
             self.event.set()
+
+    def ok(self, f: wire.Ok) -> None:
+        """One OK frame: a part of a member list (``more``), or the answer, whole or last."""
+        if f.members is not None and (f.more or self.parts):
+            self.parts += f.members
+            if f.more:
+                return
+            f = wire.Ok(f.req, tuple(self.parts))
+            self.parts = []
+        self.set(f)
 
 
 @dataclass
@@ -1529,7 +1541,7 @@ class RouterStub:
             case wire.Ok(req):
                 p = link.pending.get(req)
                 if p is not None:
-                    p.set(f)
+                    p.ok(f)
             case wire.Error(req, code, message):
                 p = None if req is None else link.pending.get(req)
                 if p is not None:

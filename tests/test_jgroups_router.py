@@ -362,8 +362,10 @@ async def test_bb22_j5_address_kinds_listed_and_routed(router: Server) -> None:
     assert await clients["F"].recv() == j5.Suspect("k", ext)
 
 
-async def test_bb23_non_ascii_and_long_names(router: Server) -> None:
-    """23. Non-ASCII (modified UTF-8: NUL, non-BMP) and long group and logical names."""
+async def test_bb23_non_ascii_and_long_names(start_router: RouterFactory) -> None:
+    """23. Non-ASCII (modified UTF-8: NUL, non-BMP) and long group and logical names (longer
+    than the default max_group_bytes / max_name_bytes, which this router raises)."""
+    router = await start_router(max_group_bytes=4096, max_name_bytes=2048)
     group = "grüppe-\x00-\U0001f600-" + "x" * 3000
     name = "nœud-\U0001f680" * 100
     a = await _j5_member(router, group, A5, name)

@@ -177,6 +177,10 @@ class RouterCollector(Collector):
                        c.slow_consumer_disconnects)
         yield _counter("gossiprouter_protocol_errors",
                        "Connections closed for a protocol violation.", c.protocol_errors)
+        yield _counter("gossiprouter_internal_errors",
+                       "Unexpected exceptions (router bugs) contained: each closed the one "
+                       "connection it happened on, or was logged by the task it happened in.",
+                       c.internal_errors)
         yield GaugeMetricFamily("gossiprouter_outbound_queued_bytes",
                                 "Bytes queued for all connections.", value=queued)
         yield GaugeMetricFamily("gossiprouter_outbound_queued_bytes_max",

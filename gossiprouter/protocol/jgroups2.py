@@ -38,6 +38,7 @@ from gossiprouter.protocol.jgroups_common import (
     JAddress,
     NeedMore,
     Reader,
+    encode_utf,
     read_address,
     read_addresses,
     write_address,
@@ -88,6 +89,7 @@ __all__ = [
     "op_fail",
     "ping",
     "suspect",
+    "writable",
 ]
 
 # GossipRouter type codes (2.12); there is no 3 or 5-9.
@@ -473,6 +475,21 @@ def op_fail() -> bytes:
 def disconnect_ok() -> bytes:
     """Router: DISCONNECT_OK, a GossipData with every field null."""
     return bytes([DISCONNECT_OK]) + b"\x00" + _NULL_ADDR_TO_END + b"\x00"
+
+
+def writable(name: str | None) -> str | None:
+    """Why a 2.12 member named ``name`` could not be written back (None if it can).
+
+    2.12 writes back only the logical name (GOSSIP_GET replies; SUSPECT and forwarded
+    MESSAGEs carry a null group), as a ``writeUTF`` of at most 65,535 bytes of modified UTF-8,
+    where a NUL read as one byte is written as two. Checked at registration.
+    """
+    if name is not None:
+        try:
+            encode_utf(name)
+        except ProtocolError as e:
+            return f"logical name cannot be written back: {e}"
+    return None
 
 
 def gossip_get_reply(members: Sequence[Member]) -> bytes:

@@ -34,6 +34,7 @@ from gossiprouter.protocol.jgroups_common import (
     NeedMore,
     Reader,
     copy_bytes,
+    encode_utf,
     read_address,
     read_addresses,
     write_address,
@@ -42,6 +43,7 @@ from gossiprouter.protocol.jgroups_common import (
 )
 
 __all__ = [
+    "ALL_GROUPS",
     "CLOSE_MARKER",
     "GET_MBRS",
     "GET_MBRS_RSP",
@@ -72,6 +74,7 @@ __all__ = [
     "register",
     "suspect",
     "unregister",
+    "writable",
 ]
 
 # GossipType ordinals.
@@ -86,6 +89,9 @@ GET_MBRS_RSP_LAST = 7
 
 #: ``Connection.GRACEFUL_CLOSE``: a length of -5, then FIN.
 CLOSE_MARKER = b"\xff\xff\xff\xfb"
+# ``Global.ALL_GROUPS``: the group of the replies to a GET_MBRS for every group (5.4.4+), which
+# write each group as ``<<all-groups>>:name``.
+ALL_GROUPS = "<<all-groups>>"
 _GRACEFUL_CLOSE = -5
 
 _I16 = struct.Struct(">h")
@@ -414,6 +420,23 @@ def heartbeat() -> bytes:
 def close_marker() -> bytes:
     """The graceful-close marker, sent just before closing the connection."""
     return CLOSE_MARKER
+
+
+def writable(group: str, name: str | None) -> str | None:
+    """Why a 5.x member of ``group`` named ``name`` could not be written back (None if it can).
+
+    SUSPECT and GET_MBRS_RSP write the group, the all-groups reply writes
+    ``<<all-groups>>:group``, member lists write the name: each a ``writeUTF``, at most 65,535
+    bytes of modified UTF-8 (where NUL and characters outside the BMP take more bytes than
+    they came in). Checked at registration, so that no query can fail later.
+    """
+    for what, s in (("group", f"{ALL_GROUPS}:{group}"), ("logical name", name)):
+        if s is not None:
+            try:
+                encode_utf(s)
+            except ProtocolError as e:
+                return f"{what} cannot be written back: {e}"
+    return None
 
 
 def get_members_reply(group: str | None, members: Sequence[Member], last: bool) -> bytes:

@@ -18,6 +18,7 @@ Two ways in:
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -32,6 +33,9 @@ SUPPORTED_VERSIONS = (1,)
 DEFAULT_MAX_FRAME = 8 * 1024 * 1024
 MAX_ADDR = 255
 MAX_GROUP = 1024
+# Room an OK frame needs around its member list: array header, type, req (up to 9 bytes),
+# the list's header (up to 5) and the continuation flag, rounded up.
+OK_OVERHEAD = 32
 
 _LEN = struct.Struct(">I")
 
@@ -110,10 +114,15 @@ class MemberInfo:
 
 @dataclass(frozen=True, slots=True)
 class Ok:
-    """Answer to a request. ``members`` is set only for GET_MEMBERS."""
+    """Answer to a request. ``members`` is set only for GET_MEMBERS.
+
+    ``more`` marks a part of a member list too long for one frame: further OK frames with
+    the same ``req`` follow, the last one without ``more`` (see :func:`encode_members`).
+    """
 
     req: int
     members: tuple[MemberInfo, ...] | None = None
+    more: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,13 +213,13 @@ def _fields(frame: Frame) -> list[Any]:
             return [T.DISCONNECT, req, group, addr]
         case GetMembers(req, group):
             return [T.GET_MEMBERS, req, group]
-        case Ok(req, members):
+        case Ok(req, members, more):
             result = (
                 None
                 if members is None
                 else [[m.addr, m.name, _phys(m.physical)] for m in members]
             )
-            return [T.OK, req, result]
+            return [T.OK, req, result, True] if more else [T.OK, req, result]
         case Error(req, code, message):
             return [T.ERROR, req, code, message]
         case Ping(nonce):
@@ -228,6 +237,58 @@ def _fields(frame: Frame) -> list[Any]:
 
 def encode_error(req: int | None, code: str, message: str) -> bytes:
     return encode(Error(req, code, message))
+
+
+def _array_header(n: int) -> bytes:
+    if n < 16:
+        return bytes([0x90 | n])
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+def encode_members(req: int, members: Sequence[MemberInfo], max_frame: int) -> list[bytes]:
+    """The OK answering GET_MEMBERS ``req``: one frame, or as many as it takes so that no
+    body exceeds ``max_frame`` (every part but the last flagged ``more``).
+
+    A member list grows with the group while ``max_frame`` is fixed, so a big group cannot be
+    answered in one frame; each member is packed once and the parts are cut between members.
+    Registration refuses a member that would not fit alone (:func:`member_problem`), so every
+    part holds at least one member.
+    """
+    head = _packb(T.OK) + _packb(req)
+    packed = [_packb([m.addr, m.name, _phys(m.physical)]) for m in members]
+    room = max_frame - OK_OVERHEAD
+    frames: list[bytes] = []
+    part: list[bytes] = []
+    size = 0
+    for p in packed:
+        if part and size + len(p) > room:
+            frames.append(_frame(b"\x94" + head + _array_header(len(part)) + b"".join(part)
+                                 + b"\xc3"))
+            part, size = [], 0
+        part.append(p)
+        size += len(p)
+    frames.append(_frame(b"\x93" + head + _array_header(len(part)) + b"".join(part)))
+    return frames
+
+
+def member_problem(group: str, addr: bytes, name: str | None, physical: Physical,
+                   max_frame: int) -> str | None:
+    """Why a member could not be written back to a native client (None if it can).
+
+    Any member may be listed (GET_MEMBERS) and announced (EVENT) to a native client, JGroups
+    ones included: its address must be one a native frame may carry, and each of those
+    frames must fit in ``max_frame`` on its own.
+    """
+    if len(addr) > MAX_ADDR:
+        return f"address of {len(addr)} bytes: the native protocol carries at most {MAX_ADDR}"
+    event = len(encode(Event(group, "suspect", addr, name, physical))) - 4
+    member = len(_packb([addr, name, _phys(physical)])) + OK_OVERHEAD
+    if max(event, member) > max_frame:
+        return (f"member data of {max(event, member)} bytes does not fit in one frame "
+                f"(max_frame {max_frame})")
+    return None
 
 
 # --------------------------------------------------------------------------- decoding
@@ -347,12 +408,18 @@ def frame_from_body(body: bytes | memoryview) -> Frame:
             _arity(a, 3, "GET_MEMBERS")
             return GetMembers(_req(a[1]), _group(a[2]))
         case T.OK:
-            _arity(a, 3, "OK")
+            if len(a) != 4:
+                _arity(a, 3, "OK")
+            more = len(a) == 4 and a[3] is True
+            if len(a) == 4 and type(a[3]) is not bool:
+                raise _bad("OK continuation flag must be a boolean")
             if a[2] is None:
+                if more:
+                    raise _bad("OK continuation without a member list")
                 return Ok(_req(a[1]), None)
             if type(a[2]) is not list:
                 raise _bad("OK result must be nil or a member list")
-            return Ok(_req(a[1]), tuple(_member(m) for m in a[2]))
+            return Ok(_req(a[1]), tuple(_member(m) for m in a[2]), more)
         case T.ERROR:
             _arity(a, 4, "ERROR")
             req = None if a[1] is None else _req(a[1])

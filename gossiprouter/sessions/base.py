@@ -16,7 +16,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
-from gossiprouter.routing import Entry, Kind, Notice, RoutingTable
+from gossiprouter.protocol import jgroups2 as _j2
+from gossiprouter.protocol import jgroups5 as _j5
+from gossiprouter.protocol import native as _native
+from gossiprouter.protocol.jgroups_common import JAddress
+from gossiprouter.routing import (
+    RESERVED_PREFIXES,
+    Entry,
+    Kind,
+    Notice,
+    Physical,
+    RoutingError,
+    RoutingTable,
+)
 
 if TYPE_CHECKING:
     from gossiprouter.config import Config
@@ -227,6 +239,8 @@ class Counters:
     drops: dict[str, int] = field(default_factory=dict)
     slow_consumer_disconnects: int = 0
     protocol_errors: int = 0
+    # Unexpected exceptions contained by the server (see the error policy in server.py).
+    internal_errors: int = 0
     # Membership events queued for clients (one per event per receiving connection).
     events_out: int = 0
 
@@ -335,6 +349,7 @@ class Hub:
         )
         self.table.limits.addresses_per_connection = config.addresses_per_connection
         self.table.limits.groups_per_connection = config.groups_per_connection
+        self.table.check = self.check_registration
         self.counters = Counters()
         self.congestion = Congestion()
         # Set by the server to defer notice delivery (see deliver()).
@@ -345,6 +360,53 @@ class Hub:
         for p in config.provisioned:
             self.table.connect(None, p.group, p.addr, p.name, p.physical,
                                kind=Kind.PROVISIONED, sticky=True)
+
+    def check_registration(self, group: str, addr: bytes, name: str | None, physical: Physical,
+                           wire: object) -> None:
+        """Refuse (RoutingError ``too_long``) a registration the router must not store.
+
+        Two kinds of check, before anything is stored: the configured bounds on what a client
+        may make the router keep (max_name_bytes, ...), and, for every protocol that can see
+        the group, whether its codec can write the member back. A value accepted here can
+        then never make a later reply, an honest client's member query included, fail.
+        Native clients can see every group (GET_MEMBERS and WATCH of the JGroups namespaces);
+        JGroups clients only their own namespace.
+        """
+        cfg = self.config
+        short = group
+        for prefix in RESERVED_PREFIXES:
+            if group.startswith(prefix):
+                short = group[len(prefix):]
+        problem = None
+        if len(short) * 4 > cfg.max_group_bytes and len(short.encode()) > cfg.max_group_bytes:
+            problem = f"group longer than {cfg.max_group_bytes} bytes (max_group_bytes)"
+        elif name is not None and len(name) * 4 > cfg.max_name_bytes and (
+                len(name.encode("utf-8", "surrogatepass")) > cfg.max_name_bytes):
+            problem = f"logical name longer than {cfg.max_name_bytes} bytes (max_name_bytes)"
+        elif len(physical) > cfg.max_physical_addresses:
+            problem = (f"{len(physical)} physical addresses, more than "
+                       f"{cfg.max_physical_addresses} (max_physical_addresses)")
+        elif any(len(h.encode("utf-8", "surrogatepass")) > cfg.max_name_bytes
+                 for h, _ in physical):
+            problem = f"physical host longer than {cfg.max_name_bytes} bytes (max_name_bytes)"
+        else:
+            # The JGroups encodings kept to write the member back (Entry.wire).
+            held = [getattr(wire, "addr", None), *(getattr(wire, "physical", None) or ())]
+            jaddrs = [a for a in held if isinstance(a, JAddress)]
+            if len(jaddrs) > 1 + cfg.max_physical_addresses:
+                problem = (f"{len(jaddrs) - 1} physical addresses, more than "
+                           f"{cfg.max_physical_addresses} (max_physical_addresses)")
+            elif any(len(a.raw) > cfg.max_address_bytes for a in jaddrs):
+                problem = (f"address encoding longer than {cfg.max_address_bytes} bytes "
+                           "(max_address_bytes)")
+            elif group.startswith("jgroups5:"):
+                problem = _j5.writable(short, name)
+            elif group.startswith("jgroups2:"):
+                problem = _j2.writable(name)
+            if problem is None:
+                problem = _native.member_problem(group, addr, name, physical, cfg.max_frame)
+        if problem is not None:
+            raise RoutingError("too_long", problem)
 
     def deliver(self, notices: list[Notice]) -> None:
         """Send ``notices`` now, or (when the server set :attr:`defer`) a moment later.
@@ -393,18 +455,49 @@ class Hub:
             blocks: dict[type, bytes] = {}
             for t in targets:
                 s = cast(Session, t)
-                cls = type(s)
-                if cls.notify is not Session.notify:  # e.g. in-process members
-                    for n in live:
-                        s.notify(n.kind, n.entry)
-                    continue
-                block = blocks.get(cls)
-                if block is None:
-                    frames = (cls.event_frame(n.kind, n.entry) for n in live)
-                    block = blocks[cls] = b"".join(f for f in frames if f)
-                if block:
-                    s.push(block, len(live))
-                    self.counters.events_out += len(live)
+                # This runs for whichever connection or task caused the notices: a failure
+                # to tell one target is that target's (see server.py's error policy), so it
+                # closes that target only and the others are still told.
+                try:
+                    self._notify(s, live, blocks)
+                except Exception as exc:
+                    self.contain(s, exc, "delivering a membership event")
+
+    def _notify(self, s: Session, live: list[Notice], blocks: dict[type, bytes]) -> None:
+        cls = type(s)
+        if cls.notify is not Session.notify:  # e.g. in-process members
+            for n in live:
+                s.notify(n.kind, n.entry)
+            return
+        block = blocks.get(cls)
+        if block is None:
+            try:
+                frames = (cls.event_frame(n.kind, n.entry) for n in live)
+                block = b"".join(f for f in frames if f)
+            except Exception as exc:
+                # The events' data, not any receiver, is at fault: nobody of this protocol
+                # gets them (logged and counted once), and nobody is closed for it.
+                self.counters.internal_errors += 1
+                self.counters.drop("unencodable_event", len(live))
+                log.error("cannot encode %d membership events of %r for %s clients",
+                          len(live), live[0].entry.group, cls.protocol, exc_info=exc)
+                block = b""
+            blocks[cls] = block
+        if block:
+            s.push(block, len(live))
+            self.counters.events_out += len(live)
+
+    def contain(self, s: object, exc: Exception, doing: str) -> None:
+        """An unexpected exception while handling connection ``s``: log it once with its
+        traceback, count it, and close that connection (ERROR ``internal_error`` where its
+        protocol can say so). Everyone else is served on (server.py, "Errors")."""
+        self.counters.internal_errors += 1
+        log.error("closing %r: internal error while %s", s, doing, exc_info=exc)
+        if isinstance(s, Session) and not s.outbox.closed:
+            try:
+                s.close("internal_error", "internal router error; see the router's log")
+            except Exception:  # the farewell itself failed: close without one
+                s.outbox.close("internal_error")
 
     def take_pending(self) -> list[Notice]:
         pending, self.pending = self.pending, []

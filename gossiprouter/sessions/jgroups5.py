@@ -38,8 +38,7 @@ log = logging.getLogger("gossiprouter")
 _MESSAGE = j5.MESSAGE
 _CLOSE = 0xFFFFFFFB  # the length -5 read as unsigned
 _NEGATIVE = 0x80000000
-# ``Global.ALL_GROUPS``: the group of the replies to a GET_MBRS for every group (5.4.4+).
-ALL_GROUPS = "<<all-groups>>"
+ALL_GROUPS = j5.ALL_GROUPS
 # A MESSAGE header: (header length, table group, destination key or None, (group, sender key)
 # as the routing table's registration key, for the sender check).
 _Route = tuple[int, str, bytes | None, tuple[str, bytes]]

@@ -229,11 +229,13 @@ class NativeSession(Session):
                 self.outbox.push(wire.encode(wire.Ok(req)))
                 self.hub.deliver(notices)
             case wire.GetMembers(req, group):
-                members = tuple(
+                members = [
                     wire.MemberInfo(e.addr, e.name, e.physical)
                     for e in self.hub.table.members(group)
-                )
-                self.outbox.push(wire.encode(wire.Ok(req, members)))
+                ]
+                # A big group takes several frames (OK ``more``), each within max_frame.
+                for part in wire.encode_members(req, members, self.hub.config.max_frame):
+                    self.push(part)
             case wire.Watch(req, group):
                 self.hub.table.watch(self, group)
                 self.outbox.push(wire.encode(wire.Ok(req)))
