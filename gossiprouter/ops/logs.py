@@ -75,6 +75,10 @@ class ClientText(logging.Filter):
             return True
         record.msg = clean(message, MAX_LINE)
         record.args = None
+        # Fields passed with ``extra=`` (the JSON format writes them), e.g. a refused group.
+        for key, value in list(vars(record).items()):
+            if key not in _STANDARD and isinstance(value, str):
+                setattr(record, key, clean(value))
         record._client_text_clean = True
         return True
 
