@@ -378,7 +378,8 @@ class Hub:
             if group.startswith(prefix):
                 short = group[len(prefix):]
         problem = None
-        if len(short) * 4 > cfg.max_group_bytes and len(short.encode()) > cfg.max_group_bytes:
+        if len(short) * 4 > cfg.max_group_bytes and (
+                len(short.encode("utf-8", "surrogatepass")) > cfg.max_group_bytes):
             problem = f"group longer than {cfg.max_group_bytes} bytes (max_group_bytes)"
         elif name is not None and len(name) * 4 > cfg.max_name_bytes and (
                 len(name.encode("utf-8", "surrogatepass")) > cfg.max_name_bytes):
