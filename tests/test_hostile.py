@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import msgpack
 import pytest
 import trio
 import trustme
@@ -400,6 +401,11 @@ def test_member_list_parts_fit_max_frame() -> None:
     # A list that fits stays one frame, in the original 3-element form.
     [one] = wire.encode_members(4, members[:3], 4096)
     assert one == wire.encode(wire.Ok(4, tuple(members[:3])))
+    # The flag is a boolean, and only on a member list.
+    for bad in ([7, 1, None, True], [7, 1, [], "yes"]):
+        with pytest.raises(ProtocolError):
+            wire.frame_from_body(msgpack.packb(bad))
+    assert wire.frame_from_body(msgpack.packb([7, 1, [], False])) == wire.Ok(1, ())
 
 
 async def test_100k_members_through_the_stub(start_router: RouterFactory) -> None:

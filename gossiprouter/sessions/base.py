@@ -493,6 +493,8 @@ class Hub:
         traceback, count it, and close that connection (ERROR ``internal_error`` where its
         protocol can say so). Everyone else is served on (server.py, "Errors")."""
         self.counters.internal_errors += 1
+        if isinstance(s, Session) and s.outbox.close_reason == "internal_error":
+            return  # already logged and closing: one traceback per connection is enough
         log.error("closing %r: internal error while %s", s, doing, exc_info=exc)
         if isinstance(s, Session) and not s.outbox.closed:
             try:
