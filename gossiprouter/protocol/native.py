@@ -283,8 +283,12 @@ def member_problem(group: str, addr: bytes, name: str | None, physical: Physical
     """
     if len(addr) > MAX_ADDR:
         return f"address of {len(addr)} bytes: the native protocol carries at most {MAX_ADDR}"
-    event = len(encode(Event(group, "suspect", addr, name, physical))) - 4
-    member = len(_packb([addr, name, _phys(physical)])) + OK_OVERHEAD
+    try:
+        event = len(encode(Event(group, "suspect", addr, name, physical))) - 4
+        member = len(_packb([addr, name, _phys(physical)])) + OK_OVERHEAD
+    except UnicodeEncodeError:
+        # A JGroups (Java) string may hold a lone UTF-16 surrogate; UTF-8 cannot carry it.
+        return "group, name or host is not valid Unicode (a lone surrogate)"
     if max(event, member) > max_frame:
         return (f"member data of {max(event, member)} bytes does not fit in one frame "
                 f"(max_frame {max_frame})")
