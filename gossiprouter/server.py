@@ -242,6 +242,9 @@ class Server:
             if conn.session is not None:
                 conn.session.outbox.direct = None  # never write to a closed socket
                 self._forget(conn.session)
+                # Its buffers and budget back now; its outbox's closures (over conn and the
+                # session) dropped, so no cycle keeps them until a GC (Session.release).
+                conn.session.release()
             with trio.CancelScope(shield=True):
                 if conn.stream is not stream:  # TLS: try to send close_notify, briefly
                     with trio.move_on_after(0.5):
