@@ -271,8 +271,7 @@ class JGroupsSession(Session):
         for (group, addr), e in list(table.registrations(self).items()):
             if e.carriers == [self] and e.kind == Kind.CONNECTION and not e.sticky:
                 notices += table.disconnect(self, group, addr)
-                log.info("%s (%s) left %r via %r (connection closed cleanly)", e.name or "-",
-                         addr.hex(), group, self)
+                self.hub.log_membership("left", e, self)  # the join line's form
         self.hub.deliver(notices)
 
     def members(self, group: str) -> list[Entry]:
