@@ -148,16 +148,6 @@ class JGroups2Session(JGroupsSession):
                         return
                     n = u32(data, p)[0]
                     end = p + 4 + n
-                    if n and end - pos > max_frame and self.registered:
-                        # The buffer's length is known: the message streams past unbuffered
-                        # and the stream stays in sync (before a CONNECT, the decoder below
-                        # refuses it and the connection closes).
-                        self._oversized(end - pos, "frame_too_large")
-                        if end > size:
-                            self._skip = end - size
-                            return
-                        pos = end
-                        continue
                     if n and end - pos <= max_frame:
                         if end > size:
                             if not self._carry(data, pos, end - pos):
@@ -170,6 +160,16 @@ class JGroups2Session(JGroupsSession):
                             hlen = hit[0]
                             run_hdr = data[pos:p]
                             parts.append(data[p:end])
+                        pos = end
+                        continue
+                    if n and self.registered:
+                        # Above jgroups_max_frame. The buffer's length is known: the message
+                        # streams past unbuffered and the stream stays in sync (before a
+                        # CONNECT, the decoder below refuses it and the connection closes).
+                        self._oversized(end - pos, "frame_too_large")
+                        if end > size:
+                            self._skip = end - size
+                            return
                         pos = end
                         continue
                 elif hit:  # NeedMore: the header itself is incomplete
