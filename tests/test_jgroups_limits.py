@@ -156,3 +156,18 @@ async def test_after_leave_window_is_bounded(
     await a.sync()
     assert router.hub.counters.drops.get("not_member") == 1
     await nothing_more(b, 0.05)
+
+
+async def test_frame_larger_than_the_queue_bound_still_delivered(
+        start_router: RouterFactory) -> None:
+    """jgroups_max_frame may exceed outbound_queue_bytes: an empty queue takes one frame of any
+    size (here without direct sends, so every frame goes through the queue), instead of the
+    frame being dropped for every receiver as a slow consumer."""
+    router = await start_router(max_frame=64 * 1024, outbound_queue_bytes=256 * 1024,
+                                direct_send=False)
+    a = await _member(router, "demo", A5, "A")
+    b = await _member(router, "demo", B5, "B")
+    frame = await a.message("demo", B5, A5, b"y" * (1 << 20))
+    ev = await b.recv(timeout=10)
+    assert isinstance(ev, j5.Message) and ev.raw == frame
+    assert router.hub.counters.drops.get("slow_consumer", 0) == 0
