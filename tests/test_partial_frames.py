@@ -28,6 +28,7 @@ from gossiprouter.sessions.base import Session
 from tests.conftest import RouterFactory
 from tests.jgroups_clients import V2, V5, J2Client, J5Client, ip, uuid
 from tests.nclient import NativeClient
+from tests.test_ops_metrics import scrape, v
 
 MiB = 1 << 20
 TOKEN = "partial-frames-token-0123456789"
@@ -283,3 +284,24 @@ async def test_closed_connection_freed_without_gc(start_router: RouterFactory) -
             assert ref() is None, f"{open_.__name__}: session kept alive after close"
     finally:
         gc.enable()
+
+
+async def test_native_preauth_error_and_budget_gauge(
+        start_router: RouterFactory, tmp_path: Path) -> None:
+    """Before HELLO, a frame above preauth_max_frame (but within max_frame) gets ERROR
+    frame_too_large naming the limit; a small partial HELLO is held and shows in the
+    gossiprouter_partial_frame_bytes gauge until its connection closes."""
+    router = await start_router(tokens_file=str(_tokens(tmp_path)), metrics="127.0.0.1:0")
+    host, port = _addr(router)
+    bad = await NativeClient.open(host, port, hello=False)
+    await bad.send_raw((1 * MiB).to_bytes(4, "big") + b"\x94" * 100)
+    [err] = await bad.recv_until_closed()
+    assert isinstance(err, wire.Error) and err.code == "frame_too_large", err
+    assert "preauth_max_frame 65536" in err.message
+    slow = await NativeClient.open(host, port, hello=False)
+    await slow.send_raw((50_000).to_bytes(4, "big") + b"\x94" * 100)
+    await _wait_for(lambda: router.hub.counters.partial_bytes == 50_004, "partial HELLO held")
+    assert v(await scrape(router), "gossiprouter_partial_frame_bytes") == 50_004
+    await slow.aclose()
+    await _wait_for(lambda: router.hub.counters.partial_bytes == 0, "released")
+    assert v(await scrape(router), "gossiprouter_partial_frame_bytes") == 0
