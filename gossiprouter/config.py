@@ -50,8 +50,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("port", int, 12001, "TCP port for every protocol (native, JGroups 2.12, JGroups 5.x).",
            minimum=0),
     Option("max_frame", int, DEFAULT_MAX_FRAME,
-           "Largest frame accepted or sent; a longer length prefix is refused before any "
-           "allocation with ERROR frame_too_large.", minimum=64, unit="bytes"),
+           "Largest native frame accepted or sent; a longer length prefix is refused before "
+           "any allocation with ERROR frame_too_large (JGroups: jgroups-max-frame).",
+           minimum=64, unit="bytes"),
     Option("outbound_queue_bytes", int, 2 * DEFAULT_MAX_FRAME,
            "Bound on bytes queued for one connection; at least 2 x max-frame.",
            minimum=1024, unit="bytes"),
@@ -94,7 +95,7 @@ OPTIONS: tuple[Option, ...] = (
            "it keeps trying to deliver the final ERROR frame behind what was already being "
            "written. The connection's members leave at once.", minimum=0, unit="seconds"),
     # --- memory a client can pin, and JGroups-specific limits (docs/operations.md "Incomplete
-    # frames"; docs/jgroups.md §5)
+    # frames"; docs/jgroups.md §6)
     Option("preauth_max_frame", int, 64 * 1024,
            "Largest frame a connection may send before it is authenticated (native: until its "
            "HELLO is accepted; JGroups: until it has registered a member); a longer length "
