@@ -18,8 +18,10 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 
+import pytest
 import trio
 
+from gossiprouter.config import Config, ConfigError
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
@@ -305,3 +307,15 @@ async def test_native_preauth_error_and_budget_gauge(
     await slow.aclose()
     await _wait_for(lambda: router.hub.counters.partial_bytes == 0, "released")
     assert v(await scrape(router), "gossiprouter_partial_frame_bytes") == 0
+
+
+def test_budget_must_hold_the_largest_frame() -> None:
+    """partial_frames_budget below max_frame or jgroups_max_frame is refused at start-up with
+    one line naming both options (no such frame could ever be buffered)."""
+    with pytest.raises(ConfigError, match="partial_frames_budget = 1048576: expected at least "
+                       "jgroups_max_frame"):
+        Config(partial_frames_budget=1 << 20, max_frame=1 << 20)
+    with pytest.raises(ConfigError, match="expected at least max_frame"):
+        Config(partial_frames_budget=1 << 20, jgroups_max_frame=1 << 20, max_frame=2 << 20,
+               outbound_queue_bytes=4 << 20)
+    Config(partial_frames_budget=1 << 20, jgroups_max_frame=1 << 20, max_frame=1 << 20)
