@@ -91,7 +91,7 @@ async def test_slow_receiver_gets_drops_not_a_close(start_router: RouterFactory)
     payload = b"p" * 60_000
     counters = router.hub.counters
     with trio.fail_after(30):
-        for _ in range(200):
+        for _ in range(1000):  # 60 MB at most: beyond what kernel buffers can absorb
             await a.message("demo", None, A5, payload)
             while not isinstance(await a.recv(timeout=10), j5.Message):
                 pass  # a reads its own copy, so only the stalled member falls behind
@@ -107,7 +107,7 @@ async def test_slow_receiver_gets_drops_not_a_close(start_router: RouterFactory)
         while not isinstance(ev := await stalled.recv(timeout=10), j5.Heartbeat):
             assert isinstance(ev, j5.Message) and len(ev.raw) > 60_000
             n += 1
-    assert 0 < n < 200
+    assert 0 < n < 1000
     assert not stalled.eof and not stalled.close_marker
 
 
