@@ -51,8 +51,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("port", int, 12001, "TCP port for every protocol (native, JGroups 2.12, JGroups 5.x).",
            minimum=0),
     Option("max_frame", int, DEFAULT_MAX_FRAME,
-           "Largest frame accepted or sent; a longer length prefix is refused before any "
-           "allocation with ERROR frame_too_large.", minimum=64, unit="bytes"),
+           "Largest native frame accepted or sent; a longer length prefix is refused before "
+           "any allocation with ERROR frame_too_large (JGroups: jgroups-max-frame).",
+           minimum=64, unit="bytes"),
     Option("outbound_queue_bytes", int, 2 * DEFAULT_MAX_FRAME,
            "Bound on bytes queued for one connection; at least 2 x max-frame.",
            minimum=1024, unit="bytes"),
@@ -111,6 +112,26 @@ OPTIONS: tuple[Option, ...] = (
            "When the router closes a connection (slow consumer, idle, protocol error), how long "
            "it keeps trying to deliver the final ERROR frame behind what was already being "
            "written. The connection's members leave at once.", minimum=0, unit="seconds"),
+    # --- memory a client can pin, and JGroups-specific limits (docs/operations.md "Incomplete
+    # frames"; docs/jgroups.md §6)
+    Option("preauth_max_frame", int, 64 * 1024,
+           "Largest frame a connection may send before it is authenticated (native: until its "
+           "HELLO is accepted; JGroups: until it has registered a member); a longer length "
+           "prefix closes the connection (native: ERROR frame_too_large).",
+           minimum=64, unit="bytes"),
+    Option("partial_frames_budget", int, 256 * 1024 * 1024,
+           "Router-wide bound on bytes held in incomplete frames larger than preauth-max-frame. "
+           "When exhausted, a JGroups frame is skipped (counted as drops reason "
+           "partial_frames_budget); a native connection gets ERROR limit and is closed. At least "
+           "max-frame and jgroups-max-frame.", minimum=0, unit="bytes"),
+    Option("jgroups_max_frame", int, 64 * 1024 * 1024,
+           "Largest JGroups message routed (JGroups 5.x frame; 2.12 message buffer); a longer "
+           "one is skipped as it streams past, never buffered, counted (drops reason "
+           "frame_too_large) and the connection stays open.", minimum=64, unit="bytes"),
+    Option("jgroups_slow_consumer_policy", str, "drop",
+           "slow_consumer_policy for JGroups connections: 'drop' (JGroups retransmits; a 5.x "
+           "RouterStub survives only one router-side close) or 'disconnect'.",
+           choices=("disconnect", "drop")),
     Option("backlog", int, 1024, "Listen backlog.", minimum=1),
     Option("direct_send", bool, True,
            "Let a connection's reader write routed frames straight to an idle receiver's "
@@ -190,6 +211,10 @@ class Config:
     handshake_timeout: float = 10.0
     shutdown_timeout: float = 5.0
     close_timeout: float = 10.0
+    preauth_max_frame: int = 64 * 1024
+    partial_frames_budget: int = 256 * 1024 * 1024
+    jgroups_max_frame: int = 64 * 1024 * 1024
+    jgroups_slow_consumer_policy: str = "drop"
     backlog: int = 1024
     direct_send: bool = True
     router_id: str = ""
@@ -215,6 +240,12 @@ class Config:
                 f"outbound_queue_bytes = {self.outbound_queue_bytes}: expected at least "
                 f"2 x max_frame ({2 * self.max_frame}), so one whole frame always fits"
             )
+        for name in ("max_frame", "jgroups_max_frame"):
+            if self.partial_frames_budget < getattr(self, name):
+                raise ConfigError(
+                    f"partial_frames_budget = {self.partial_frames_budget}: expected at least "
+                    f"{name} ({getattr(self, name)}), or no such frame could ever be buffered"
+                )
 
     def with_(self, **changes: Any) -> Config:
         return replace(self, **changes)

@@ -267,6 +267,9 @@ class Server:
                     self._forget(conn.session)
                 except Exception as exc:  # the connection is gone anyway: log, count
                     self.hub.contain(conn.session, exc, "removing its members")
+                # Its buffers and budget back now; its outbox's closures (over conn and the
+                # session) dropped, so no cycle keeps them until a GC (Session.release).
+                conn.session.release()
             with trio.CancelScope(shield=True):
                 if conn.stream is not stream:  # TLS: try to send close_notify, briefly
                     with trio.move_on_after(0.5):

@@ -237,19 +237,21 @@ async def test_bb17_j5_bad_frames_skipped_in_sync(router: Server) -> None:
     assert [m.name for m in (await c.get_members("demo"))[0].members] == ["A"]
 
 
-async def test_bb13_j5_oversize_frame_refused(start_router: RouterFactory) -> None:
-    """13. A length above max_frame closes the connection at once (-5, before any body byte is
-    sent); the peers get SUSPECT."""
-    router = await start_router(max_frame=1024)
-    a = await _j5_member(router, "demo", A5, "A")
-    b = await _j5_member(router, "demo", B5, "B")
+async def test_bb13_j5_oversize_frame_refused_before_register(
+        start_router: RouterFactory) -> None:
+    """13. Before its first REGISTER a connection may not send more than preauth_max_frame: a
+    longer prefix closes it at once (-5, before any body byte is sent). A negative length other
+    than -5 closes a registered connection too (the stream cannot be resynchronised)."""
+    router = await start_router(preauth_max_frame=1024)
+    a = await _j5(router)
     await a.send_raw((1025).to_bytes(4, "big"))  # only the prefix: refused without the body
     assert await a.recv_until_closed() == [j5.CloseMarker()]
-    assert await b.recv() == j5.Suspect("demo", A5)
-    # A negative length other than -5 too.
+    assert router.hub.counters.partial_bytes == 0
+    b = await _j5_member(router, "demo", B5, "B")
     c = await _j5_member(router, "demo", C5, "C")
     await c.send_raw(b"\xff\xff\xff\xf0")
     assert await c.recv_until_closed() == [j5.CloseMarker()]
+    assert await b.recv() == j5.Suspect("demo", C5)
 
 
 async def test_bb16_j5_two_addresses_on_one_connection_both_suspected(router: Server) -> None:
@@ -586,15 +588,31 @@ async def test_bb17_j2_bad_input_closes_only_that_connection(router: Server) -> 
     assert [m.name for m in await b.gossip_get("demo")] == ["B"]
 
 
-async def test_bb13_j2_oversize_refused(start_router: RouterFactory) -> None:
-    """13. A declared buffer length above max_frame closes the connection at once, before the
-    bytes arrive."""
-    router = await start_router(max_frame=4096)
-    a = await _j2_member(router, "demo", A2, "A")
-    b = await _j2_member(router, "demo", B2, "B")
+async def test_bb13_j2_oversize_refused_before_connect(start_router: RouterFactory) -> None:
+    """13. Before its first CONNECT, an object longer than preauth_max_frame (here a declared
+    buffer length) closes the connection at once, before the bytes arrive."""
+    router = await start_router(preauth_max_frame=4096)
+    a = await _j2(router)
     await a.send_raw(j2.message("demo", None, b"x" * 10)[:-14] + (1 << 30).to_bytes(4, "big"))
     assert await a.recv_until_closed() == []
-    assert await b.recv() == j2.Suspect(A2)
+    assert router.hub.counters.partial_bytes == 0
+
+
+async def test_bb13_j2_oversize_message_skipped_after_connect(
+        start_router: RouterFactory) -> None:
+    """13. After CONNECT, a message above jgroups_max_frame is skipped as it streams past
+    (its buffer length is known from its header), counted; the connection stays in sync and
+    the next message is routed. 2.12's other objects have no length: they cannot be skipped."""
+    router = await start_router(jgroups_max_frame=4096)
+    a = await _j2_member(router, "demo", A2, "A")
+    b = await _j2_member(router, "demo", B2, "B")
+    big = j2.message("demo", B2, b"x" * 100_000)
+    await a.send_raw(big[:50_000])
+    await a.send_raw(big[50_000:] + j2.message("demo", B2, b"after"))
+    assert await b.recv() == j2.Message(None, B2, b"after")
+    assert router.hub.counters.drops.get("frame_too_large") == 1
+    assert router.hub.counters.partial_bytes == 0
+    assert [m.name for m in await b.gossip_get("demo")] == ["A", "B"]
 
 
 async def test_bb19_j2_fragmented_and_coalesced(router: Server) -> None:
@@ -669,9 +687,11 @@ async def test_bb10_j5_twenty_thousand_multicasts_return(router: Server) -> None
 
 
 async def test_bb11_slow_member_does_not_stop_the_group(start_router: RouterFactory) -> None:
-    """11. A member that stops reading is cut off when its queue is full; the other members'
-    multicasts keep flowing (JGroups' default blocks the whole group)."""
-    router = await start_router(max_frame=64 * 1024, outbound_queue_bytes=256 * 1024)
+    """11. Under jgroups_slow_consumer_policy disconnect, a member that stops reading is cut
+    off when its queue is full; the other members' multicasts keep flowing (JGroups' default
+    blocks the whole group). The default, drop, is in tests/test_jgroups_limits.py."""
+    router = await start_router(max_frame=64 * 1024, outbound_queue_bytes=256 * 1024,
+                                jgroups_slow_consumer_policy="disconnect")
     a = await _j2_member(router, "demo", A2, "A")
     stalled = await _j2_member(router, "demo", B2, "B")
     c = await _j2_member(router, "demo", C2, "C")

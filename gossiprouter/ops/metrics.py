@@ -186,6 +186,10 @@ class RouterCollector(Collector):
         yield GaugeMetricFamily("gossiprouter_outbound_queued_bytes_max",
                                 "Bytes queued for the most backed-up connection.",
                                 value=queued_max)
+        yield GaugeMetricFamily("gossiprouter_partial_frame_bytes",
+                                "Bytes reserved by incomplete frames, router-wide (bounded by "
+                                "partial_frames_budget beyond preauth_max_frame each).",
+                                value=c.partial_bytes)
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:

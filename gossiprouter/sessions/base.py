@@ -121,7 +121,10 @@ class Outbox:
                 self.wake()
                 return True
         n = self.nbytes + len(data)
-        if n > self.max_bytes or len(chunks) >= self.max_frames:
+        # An empty queue takes one frame whatever its size: a JGroups frame may be larger than
+        # half the queue bound (jgroups_max_frame), and it must not be dropped for every
+        # receiver that is merely not idle at that instant.
+        if chunks and (n > self.max_bytes or len(chunks) >= self.max_frames):
             return False
         chunks.append(data)
         self.nbytes = n
@@ -148,6 +151,20 @@ class Outbox:
         del chunks[: i + 1]
         self.nbytes -= size
         return out
+
+    def detach(self) -> None:
+        """The connection is over: drop what is queued and the server's callbacks.
+
+        The callbacks are closures over the connection and its session, and the session holds
+        this outbox: a reference cycle that would keep the session, its receive buffers and
+        its queue alive until the cycle collector happens to run.
+        """
+        self.closed = True
+        self.chunks = []
+        self.nbytes = 0
+        self.direct = None
+        self.wake = _nothing
+        self.on_close = _nothing
 
     def close(self, reason: str, farewell: bytes = b"", *, discard: bool = False) -> None:
         """Stop accepting frames; queue ``farewell`` last; ask for the connection to close."""
@@ -243,6 +260,9 @@ class Counters:
     internal_errors: int = 0
     # Membership events queued for clients (one per event per receiving connection).
     events_out: int = 0
+    # Bytes reserved right now by incomplete frames across all connections (a gauge; see
+    # Session._reserve): bounded by Config.partial_frames_budget beyond the small frames.
+    partial_bytes: int = 0
 
     def drop(self, reason: str, n: int = 1) -> None:
         self.drops[reason] = self.drops.get(reason, 0) + n
@@ -263,6 +283,8 @@ class Session:
         # The start of a frame not yet complete, and how many bytes it needs.
         self._rest = bytearray()
         self._need = 0
+        # Bytes this session holds against the router-wide budget (Counters.partial_bytes).
+        self._held = 0
 
     def __repr__(self) -> str:
         return f"<{self.protocol} {self.peer}>"
@@ -281,12 +303,49 @@ class Session:
         if len(rest) < self._need:
             return None
         self._rest = bytearray()
+        self._reserve(0)
         return bytes(rest)
 
-    def _carry(self, data: bytes, pos: int, need: int) -> None:
-        """Keep ``data[pos:]``, the start of a frame of ``need`` bytes, for the next chunk."""
+    def _carry(self, data: bytes, pos: int, need: int) -> bool:
+        """Keep ``data[pos:]``, the start of a frame of ``need`` bytes, for the next chunk.
+
+        False (nothing kept) when ``need`` does not fit the router-wide budget; the caller
+        decides what that means for its protocol (skip the frame, or close).
+        """
+        if not self._reserve(need):
+            return False
         self._rest = bytearray(memoryview(data)[pos:])
         self._need = need
+        return True
+
+    def _reserve(self, n: int) -> bool:
+        """Hold ``n`` bytes (replacing what this session held) of an incomplete frame against
+        the router-wide budget; False, holding nothing more, when it does not fit.
+
+        The whole frame is reserved once its length is known, not the bytes received so far,
+        so that many frames started at once cannot together outgrow the budget later. Frames
+        up to ``preauth_max_frame`` are always admitted (counted, not checked): splitting a
+        small frame across two reads is routine, and refusing it would hurt honest members;
+        what they can pin is bounded by connections x preauth_max_frame.
+        """
+        counters = self.hub.counters
+        held = self._held
+        if n > held:
+            cfg = self.hub.config
+            if (n > cfg.preauth_max_frame
+                    and counters.partial_bytes - held + n > cfg.partial_frames_budget):
+                return False
+        counters.partial_bytes += n - held
+        self._held = n
+        return True
+
+    def release(self) -> None:
+        """The connection is closed: give back its receive buffers, its share of the budget
+        and its queue now, not whenever the cycle collector runs (called by the server)."""
+        self._rest = bytearray()
+        self._need = 0
+        self._reserve(0)
+        self.outbox.detach()
 
     def on_eof(self) -> None:
         """The peer closed its side; nothing more will be received."""

@@ -76,6 +76,10 @@ class JGroups2Session(JGroupsSession):
     def on_data(self, data: bytes, now: float) -> None:
         """Process one received chunk: every complete object in it, in order."""
         self.last_recv = self.now = now
+        if self._skip:
+            data = self._skip_through(data)
+            if not data:
+                return
         pos = 0
         if self._dec is not None:
             pos = self._resume(data)
@@ -139,13 +143,16 @@ class JGroups2Session(JGroupsSession):
                 if isinstance(hit, tuple):
                     p = pos + hit[0]
                     if p + 4 > size:
-                        self._carry(data, pos, p + 4 - pos)
+                        if not self._carry(data, pos, p + 4 - pos):
+                            self._no_budget()
                         return
                     n = u32(data, p)[0]
                     end = p + 4 + n
                     if n and end - pos <= max_frame:
                         if end > size:
-                            self._carry(data, pos, end - pos)
+                            if not self._carry(data, pos, end - pos):
+                                self._oversized(end - pos, "partial_frames_budget")
+                                self._skip = end - size
                             return
                         group = hit[1]
                         if group in member_of or self._is_member(group, member_of):
@@ -155,13 +162,25 @@ class JGroups2Session(JGroupsSession):
                             parts.append(data[p:end])
                         pos = end
                         continue
+                    if n and self.registered:
+                        # Above jgroups_max_frame. The buffer's length is known: the message
+                        # streams past unbuffered and the stream stays in sync (before a
+                        # CONNECT, the decoder below refuses it and the connection closes).
+                        self._oversized(end - pos, "frame_too_large")
+                        if end > size:
+                            self._skip = end - size
+                            return
+                        pos = end
+                        continue
                 elif hit:  # NeedMore: the header itself is incomplete
-                    self._carry(data, pos, hit)
+                    if not self._carry(data, pos, hit):
+                        self._no_budget()
                     return
             pos = self._slow(data, pos, size)
             if ob.closed:
                 return
             member_of.clear()
+            max_frame = self.max_frame  # raised by the first CONNECT
         if parts:
             assert run is not None
             self._flush(run, parts)
@@ -227,6 +246,8 @@ class JGroups2Session(JGroupsSession):
             if known is not None:
                 known.add(group)
             return True
+        if self._after_leave(group, None):
+            return True
         self.hub.counters.drop("not_member")
         self.warn_limited("not_member", "MESSAGE to %r dropped: this connection has no member "
                           "there (send CONNECT first)", group)
@@ -250,6 +271,8 @@ class JGroups2Session(JGroupsSession):
                     break
                 if fed >= size:
                     self._dec = dec
+                    if not self._reserve(dec.buffered):
+                        self._no_budget()
                     return size
                 window *= 4
         except ProtocolError as e:
@@ -268,15 +291,29 @@ class JGroups2Session(JGroupsSession):
             ev = dec.next_event()
         except ProtocolError as e:
             self._dec = None
+            self._reserve(0)
             self.fail(e)
             return -1
         if ev is None:
+            if not self._reserve(dec.buffered):
+                self._no_budget()
             return -1
         self._dec = None
+        self._reserve(0)
         # The object ended inside ``data``: what the decoder still holds is the tail of it.
         pos = len(data) - dec.buffered
         self._handle(ev)
         return -1 if self.outbox.closed else pos
+
+    def _no_budget(self) -> None:
+        """An incomplete object that is not a message body cannot be skipped (2.12 objects are
+        not length-framed): with no room in the router-wide budget, the connection closes."""
+        self._dec = None
+        self._rest = bytearray()
+        self._reserve(0)
+        self.hub.counters.drop("partial_frames_budget")
+        self.fail(ProtocolError("an incomplete object does not fit the router's "
+                                "partial_frames_budget", code="limit"))
 
     def _handle(self, ev: j2.ServerEvent) -> None:
         match ev:

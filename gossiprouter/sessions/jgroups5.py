@@ -3,8 +3,11 @@
 Every frame is an ``int32`` length and that many bytes (reference notes §2), so the stream is
 cut into frames first and each frame is parsed *within* its bounds: a frame that does not parse
 is counted, logged at most once per second, and skipped, and the connection stays in sync. A
-length above ``max_frame`` is refused on the prefix, before anything is buffered, and closes
-the connection; the length ``-5`` is the peer's graceful close.
+length above ``jgroups_max_frame`` is skipped as the frame streams past, never buffered
+(``_skip``), and so is a frame the router-wide ``partial_frames_budget`` has no room for: a 5.x
+RouterStub survives only one router-side close, and JGroups retransmits what is dropped. Before
+the connection's first REGISTER the limit is ``preauth_max_frame`` and a longer prefix closes
+the connection. The length ``-5`` is the peer's graceful close.
 
 :meth:`JGroups5Session.on_data` is the hot loop. MESSAGE frames are forwarded as the exact bytes
 received, length prefix included. Their header (type, group, destination, sender) is looked up,
@@ -61,6 +64,10 @@ class JGroups5Session(JGroupsSession):
     def on_data(self, data: bytes, now: float) -> None:
         """Process one received chunk: every complete frame in it, in order."""
         self.last_recv = self.now = now
+        if self._skip:
+            data = self._skip_through(data)
+            if not data:
+                return
         resumed = self._complete(data)
         if resumed is None:
             return
@@ -109,10 +116,20 @@ class JGroups5Session(JGroupsSession):
                     self.fail(ProtocolError(f"negative frame length {n - (1 << 32)}"))
                 return
             if n > max_frame:
-                # Refused on the prefix: nothing of the frame is buffered.
-                self.fail(ProtocolError(f"frame length {n} exceeds max_frame {max_frame}",
-                                        code="frame_too_large"))
-                return
+                if not self.registered:
+                    # Refused on the prefix, nothing buffered: before its first registration
+                    # there is no member to keep in sync with.
+                    self.fail(ProtocolError(
+                        f"frame length {n} before any REGISTER exceeds preauth_max_frame "
+                        f"{max_frame}", code="frame_too_large"))
+                    return
+                # Skipped as it streams past: the stream stays in sync, the member connected.
+                self._oversized(n, "frame_too_large")
+                if end > size:
+                    self._skip = end - size
+                    return
+                pos = end
+                continue
             if end > size:
                 break
             body = pos + 4
@@ -139,6 +156,7 @@ class JGroups5Session(JGroupsSession):
             if ob.closed:
                 return
             regs = self.hub.table.registrations(self)
+            max_frame = self.max_frame  # raised by the first REGISTER
             pos = end
         if run_n:
             assert run is not None
@@ -147,7 +165,11 @@ class JGroups5Session(JGroupsSession):
                 return
         if pos < size:
             # The whole frame once its length is known; else just the length prefix.
-            self._carry(data, pos, 4 + u32(data, pos)[0] if size - pos >= 4 else 4)
+            need = 4 + u32(data, pos)[0] if size - pos >= 4 else 4
+            if not self._carry(data, pos, need):
+                # No room in the router-wide budget: skipped like an oversized frame.
+                self._oversized(need - 4, "partial_frames_budget")
+                self._skip = need - (size - pos)
 
     def _learn(self, data: bytes, body: int, end: int) -> _Route | None:
         """Parse and cache the header of the MESSAGE frame ``data[body:end]``; None when it does
@@ -181,6 +203,8 @@ class JGroups5Session(JGroupsSession):
         anything; a frame from an unregistered sender is dropped and counted). ``reg`` is the
         (table group, sender key) registration, None for a frame without a sender."""
         if reg is not None and reg in self.hub.table.registrations(self):
+            return True
+        if reg is not None and self._after_leave(*reg):
             return True
         self.hub.counters.drop("not_member")
         self.warn_limited("not_member", "MESSAGE to %r dropped: its sender is not registered "

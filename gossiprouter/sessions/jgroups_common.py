@@ -41,6 +41,10 @@ CACHE_MAX = 1024
 LENGTHS_MAX = 16
 # At most one log line per this many seconds per connection and kind of problem.
 LOG_INTERVAL = 1.0
+# How long after a member's clean leave its connection's trailing frames from it are still
+# routed (UNICAST3 ACKs follow a 5.x TUNNEL member's UNREGISTER) and a repeated UNREGISTER of it
+# (TCPGOSSIP sends two) is expected rather than refused with a warning.
+AFTER_LEAVE = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,9 +112,22 @@ class JGroupsSession(Session):
 
     def __init__(self, hub: Hub, peer: str) -> None:
         super().__init__(hub, peer)
-        self.max_frame = hub.config.max_frame
+        cfg = hub.config
+        # Until the connection registers a member it is not trusted with more than
+        # preauth_max_frame (a message before that is dropped as not_member anyway); then
+        # jgroups_max_frame, above which a message is skipped, never buffered (_oversized).
+        self.max_frame = cfg.preauth_max_frame
+        self.registered = False
+        # Bytes of a skipped frame still to come (see _skip_through).
+        self._skip = 0
+        # JGroups retransmits what is dropped, and a 5.x RouterStub survives only one
+        # router-side close: dropping is the default (docs/jgroups.md §5).
+        self.outbox.policy = cfg.jgroups_slow_consumer_policy
         self.now = 0.0
         self._logged_at: dict[str, float] = {}
+        self._oversize_logged: set[str] = set()
+        # (table group, address key) -> when this connection unregistered it (AFTER_LEAVE).
+        self._left: dict[tuple[str, bytes], float] = {}
 
     # ------------------------------------------------------------------ helpers
 
@@ -125,6 +142,51 @@ class JGroupsSession(Session):
             return
         self._logged_at[kind] = self.now
         log.warning("%r: " + msg, self, *args)
+
+    def _skip_through(self, data: bytes) -> bytes:
+        """What is left of ``data`` after the rest of a skipped frame (per chunk, not per
+        frame): the frame streams past without being buffered."""
+        k = self._skip
+        if len(data) <= k:
+            self._skip = k - len(data)
+            return b""
+        self._skip = 0
+        return data[k:]
+
+    def _oversized(self, n: int, reason: str) -> None:
+        """Skip a frame of ``n`` bytes (``frame_too_large``: above jgroups_max_frame;
+        ``partial_frames_budget``: the router-wide budget has no room for it): counted, and
+        logged once per connection and reason; the connection stays open and in sync."""
+        self.hub.counters.drop(reason)
+        level = logging.DEBUG if reason in self._oversize_logged else logging.WARNING
+        self._oversize_logged.add(reason)
+        if reason == "frame_too_large":
+            why = f"above jgroups_max_frame {self.hub.config.jgroups_max_frame}"
+        else:
+            why = (f"the router's partial_frames_budget "
+                   f"({self.hub.config.partial_frames_budget}) is in use")
+        log.log(level, "%r: skipping a message of %d bytes: %s (counted in drops{reason=%s}; "
+                "JGroups retransmits it; further ones on this connection are logged at debug)",
+                self, n, why, reason)
+
+    def _after_leave(self, group: str, key: bytes | None) -> bool:
+        """True for a frame from ``key`` (None: any address; 2.12 messages carry no sender)
+        that this connection unregistered from ``group`` less than AFTER_LEAVE ago: it is
+        routed, as the Java router does, counted and logged at debug only (a clean 5.x TUNNEL
+        leave sends UNICAST3 ACKs after its UNREGISTER)."""
+        left = self._left
+        if not left:
+            return False
+        now = self.now
+        if key is not None:
+            t = left.get((group, key))
+            ok = t is not None and now - t < AFTER_LEAVE
+        else:
+            ok = any(g == group and now - t < AFTER_LEAVE for (g, _), t in left.items())
+        if ok:
+            self.count_in("after_leave")
+            log.debug("%r: routing a frame sent to %r just after its sender left", self, group)
+        return ok
 
     def count_in(self, name: str) -> None:
         """Count a control frame received (metrics by type; MESSAGE counts as ``routed``)."""
@@ -163,20 +225,38 @@ class JGroupsSession(Session):
             return None
         if known is None:
             self.hub.log_membership("joined", entry, self)
+        if not self.registered:
+            self.registered = True
+            self.max_frame = self.hub.config.jgroups_max_frame
+        self._left.pop((full, addr.key), None)
         return held, notices
 
     def unregister(self, group: str, addr: JAddress) -> bool:
         """A clean leave of ``addr`` from ``group`` (no SUSPECT); False if this connection did
         not register it (JGroups lets anybody unregister anybody; we follow routing rule R8)."""
         full = self.prefix + group
+        table = self.hub.table
+        entry = table.entry(full, addr.key)
         try:
-            notices = self.hub.table.disconnect(self, full, addr.key)
+            notices = table.disconnect(self, full, addr.key)
         except RoutingError as e:
+            t = self._left.get((full, addr.key))
+            if t is not None and self.now - t < AFTER_LEAVE:
+                # TCPGOSSIP unregisters twice on close (stop() and handleDisconnect()).
+                self.count_in("unregister_repeated")
+                log.debug("%r: repeated unregister of %s from %r (it already left)", self,
+                          addr, full)
+                return False
             self.hub.counters.drop("not_member")
             self.warn_limited("unregister", "unregister of %s from %r refused: %s", addr, full,
                               e.message)
             return False
-        log.info("%s (%s) left %r via %r", addr, addr.key.hex(), full, self)
+        left = self._left
+        if len(left) >= CACHE_MAX:
+            left.clear()
+        left[(full, addr.key)] = self.now
+        if entry is not None:
+            self.hub.log_membership("left", entry, self)
         self.hub.deliver(notices)
         return True
 
@@ -191,8 +271,7 @@ class JGroupsSession(Session):
         for (group, addr), e in list(table.registrations(self).items()):
             if e.carriers == [self] and e.kind == Kind.CONNECTION and not e.sticky:
                 notices += table.disconnect(self, group, addr)
-                log.info("%s (%s) left %r via %r (connection closed cleanly)", e.name or "-",
-                         addr.hex(), group, self)
+                self.hub.log_membership("left", e, self)  # the join line's form
         self.hub.deliver(notices)
 
     def members(self, group: str) -> list[Entry]:

@@ -37,6 +37,9 @@ class NativeSession(Session):
         super().__init__(hub, peer)
         self.ready = False
         self.identity = identity
+        # Largest frame accepted: small until the HELLO is accepted (a HELLO is tiny, and an
+        # unauthenticated client must not make the router buffer megabytes), then max_frame.
+        self.max_in = hub.config.preauth_max_frame
         # header bytes (group, dest, sender) -> (group, dest, sender) for the ROUTE fast path
         self._route_cache: dict[bytes, _Route] = {}
         self._unknown_dest_at: dict[str, float] = {}
@@ -61,7 +64,7 @@ class NativeSession(Session):
             return
         data = resumed
         size = len(data)
-        max_frame = self.hub.config.max_frame
+        max_frame = self.max_in
         unpack = _LEN.unpack_from
         ob = self.outbox
         pos = 0
@@ -107,7 +110,9 @@ class NativeSession(Session):
                     return
             if n > max_frame:
                 self._fail(ProtocolError(
-                    f"frame of {n} bytes exceeds max_frame {max_frame}", code="frame_too_large"))
+                    f"frame of {n} bytes exceeds max_frame {max_frame}" if self.ready else
+                    f"frame of {n} bytes before HELLO was accepted exceeds preauth_max_frame "
+                    f"{max_frame}", code="frame_too_large"))
                 return
             if end > size:
                 break
@@ -123,14 +128,19 @@ class NativeSession(Session):
                     self._fail(e)
                     return
                 self._control(frame)
+                max_frame = self.max_in  # raised by HELLO
             if ob.closed:
                 return
             pos = end
         if run_n:
             assert run_route is not None
             self._forward(run_route, data[run_start:pos], run_n)
-        if pos < size:
-            self._carry(data, pos, 4 + unpack(data, pos)[0] if size - pos >= 4 else 4)
+        if pos < size and not self._carry(
+                data, pos, 4 + unpack(data, pos)[0] if size - pos >= 4 else 4):
+            # Native frames cannot be skipped without telling the client it lost one.
+            self.hub.counters.drop("partial_frames_budget")
+            self._fail(ProtocolError(
+                "the router's partial_frames_budget is in use; retry later", code="limit"))
 
     def _lookup(self, data: bytes, body: int, end: int) -> tuple[bytes, _Route] | None:
         """Parse and check a ROUTE header; None (after answering the error) if it is refused."""
@@ -271,6 +281,7 @@ class NativeSession(Session):
             self.identity = identity
         cfg = self.hub.config
         self.ready = True
+        self.max_in = cfg.max_frame
         self.outbox.push(wire.encode(wire.Welcome(max(common), cfg.name, {
             "max_frame": cfg.max_frame,
             "heartbeat_ms": int(cfg.heartbeat_interval * 1000),
