@@ -21,6 +21,7 @@ import contextlib
 import logging
 import signal
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -50,6 +51,8 @@ class OpsStats:
     refused: dict[tuple[str, str], int] = field(default_factory=dict)
     # (what, "ok" / "failed") -> count
     reloads: dict[tuple[str, str], int] = field(default_factory=dict)
+    # Native connections whose HELLO was held back after failed authentications.
+    auth_delayed: int = 0
 
     def bump(self, table: dict[tuple[str, str], int], key: tuple[str, str]) -> None:
         table[key] = table.get(key, 0) + 1
@@ -88,7 +91,8 @@ class Operations:
         check_config(cfg)
         self.tls = ServerTLS(cfg) if cfg.tls_cert else None
         self.access = AccessPolicy.from_config(cfg)
-        self.auth = Authenticator(cfg.tokens_file) if cfg.tokens_file else None
+        self.auth = (Authenticator(cfg.tokens_file, cfg.auth_backoff) if cfg.tokens_file
+                     else None)
         server.hub.auth = self.auth
         self.admin: AdminServer | None = None
         if cfg.metrics:
@@ -138,6 +142,13 @@ class Operations:
         reason = None if access.everyone else access.verdict(protocol, peer_ip(conn.peer))
         if reason is None:
             self.stats.accepted[protocol] = self.stats.accepted.get(protocol, 0) + 1
+            if protocol == "native" and self.auth is not None:
+                # Recent failed authentications from this address: its HELLO waits its turn
+                # (bounded by the handshake deadline, which the server applies around this).
+                delay = self.auth.backoff.delay(conn.peer.rpartition(":")[0], time.monotonic())
+                if delay > 0:
+                    self.stats.auth_delayed += 1
+                    await trio.sleep(delay)
             return True
         self.stats.bump(self.stats.refused, (protocol, reason))
         if reason == "disabled":

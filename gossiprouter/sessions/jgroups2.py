@@ -159,7 +159,11 @@ class JGroups2Session(JGroupsSession):
                     self._carry(data, pos, hit)
                     return
             pos = self._slow(data, pos, size)
+            self.spend_control()
             if ob.closed:
+                return
+            if self.paused:  # budget or turn spent: resume later
+                self.keep(data, pos)
                 return
             member_of.clear()
         if parts:

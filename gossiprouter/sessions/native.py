@@ -123,6 +123,10 @@ class NativeSession(Session):
                     self._fail(e)
                     return
                 self._control(frame)
+                self.spend_control()
+                if self.paused and not ob.closed:  # budget or turn spent: resume later
+                    self.keep(data, end)
+                    return
             if ob.closed:
                 return
             pos = end
