@@ -143,10 +143,14 @@ class Group:
 
 @dataclass
 class Limits:
-    """Per-connection registration limits (0 = unlimited)."""
+    """Registration limits (0 = unlimited): per connection, and router-wide on groups."""
 
     addresses_per_connection: int = 0
     groups_per_connection: int = 0
+    watches_per_connection: int = 0
+    # Groups in the table (with a member or a watcher); entries of other kinds than
+    # CONNECTION (provisioned, in-process) are not refused.
+    max_groups: int = 0
 
 
 @dataclass
@@ -285,6 +289,8 @@ class RoutingTable:
                 )
         if regs is None or (group, addr) not in regs:
             self._check_limits(carrier, group)
+        if g is None and kind == Kind.CONNECTION:
+            self._check_new_group()
 
         notices: list[Notice] = []
         held: list[bytes] = []
@@ -408,8 +414,17 @@ class RoutingTable:
         return best
 
     def watch(self, carrier: object, group: str) -> None:
+        """Send ``carrier`` the join/leave notices of ``group``. Raises RoutingError
+        ``limit`` beyond watches_per_connection or max_groups; nothing has changed then."""
         g = self.groups.get(group)
+        watched = self._watching.get(carrier)
+        if g is not None and carrier in g.watchers:
+            return
+        lim = self.limits.watches_per_connection
+        if lim and watched is not None and len(watched) >= lim:
+            raise RoutingError("limit", f"at most {lim} watched groups per connection")
         if g is None:
+            self._check_new_group()
             g = self.groups[group] = Group(group)
         if carrier not in g.watchers:
             g.watchers.append(carrier)
@@ -439,6 +454,11 @@ class RoutingTable:
                 raise RoutingError(
                     "limit", f"at most {lim.groups_per_connection} groups per connection"
                 )
+
+    def _check_new_group(self) -> None:
+        cap = self.limits.max_groups
+        if cap and len(self.groups) >= cap:
+            raise RoutingError("limit", f"at most {cap} groups in the router (max_groups)")
 
     def _link(self, g: Group, e: Entry, carrier: object) -> None:
         old = e.carrier

@@ -401,6 +401,8 @@ class Hub:
         )
         self.table.limits.addresses_per_connection = config.addresses_per_connection
         self.table.limits.groups_per_connection = config.groups_per_connection
+        self.table.limits.watches_per_connection = config.watches_per_connection
+        self.table.limits.max_groups = config.max_groups
         self.counters = Counters()
         self.congestion = Congestion()
         # Set by the server to defer notice delivery (see deliver()).

@@ -81,6 +81,10 @@ class JGroups2Session(JGroupsSession):
             pos = self._resume(data)
             if pos < 0:
                 return
+            self.spend_control()  # the object completed by this chunk
+            if self.paused:
+                self.keep(data, pos)
+                return
         else:
             resumed = self._complete(data)
             if resumed is None:
@@ -159,7 +163,8 @@ class JGroups2Session(JGroupsSession):
                     self._carry(data, pos, hit)
                     return
             pos = self._slow(data, pos, size)
-            self.spend_control()
+            if self._dec is None:  # an object was handled (else it is incomplete, kept)
+                self.spend_control()
             if ob.closed:
                 return
             if self.paused:  # budget or turn spent: resume later

@@ -239,7 +239,11 @@ class NativeSession(Session):
                 )
                 self.outbox.push(wire.encode(wire.Ok(req, members)))
             case wire.Watch(req, group):
-                self.hub.table.watch(self, group)
+                try:
+                    self.hub.table.watch(self, group)
+                except RoutingError as e:
+                    self._error(req, e.code, e.message)
+                    return
                 self.outbox.push(wire.encode(wire.Ok(req)))
             case wire.Unwatch(req, group):
                 self.hub.table.unwatch(self, group)
