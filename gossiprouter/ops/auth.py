@@ -128,6 +128,33 @@ def _token_digest(it: dict[str, Any], at: str) -> bytes:
     return bytes.fromhex(hexd)
 
 
+def load_secret(ref: str) -> str:
+    """The secret ``ref`` points at: ``file:PATH`` (its first line) or ``env:NAME``.
+
+    ConfigError names the option and what is wrong, never the secret."""
+    kind, _, where = ref.partition(":")
+    at = f"admin_token = {ref!r}"
+    if kind == "env":
+        value = os.environ.get(where, "").strip()
+        if not value:
+            raise ConfigError(f"{at}: environment variable {where} is not set or empty")
+    elif kind == "file":
+        try:
+            lines = Path(where).read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            raise ConfigError(f"{at}: file not found") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{at}: cannot read it ({e})") from None
+        value = lines[0].strip() if lines else ""
+        if not value:
+            raise ConfigError(f"{at}: the file's first line is empty")
+    else:
+        raise ConfigError(f"{at}: expected file:PATH or env:NAME")
+    if len(value) < 16:
+        raise ConfigError(f"{at}: expected a token of at least 16 characters")
+    return value
+
+
 def _warn_if_readable(path: Path) -> None:
     try:
         mode = path.stat().st_mode

@@ -22,7 +22,7 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -31,7 +31,7 @@ import trio
 from gossiprouter.config import Config, ConfigError, parse_listen
 from gossiprouter.ops.access import AccessPolicy, describe, peer_ip
 from gossiprouter.ops.admin import AdminServer
-from gossiprouter.ops.auth import Authenticator, load_tokens
+from gossiprouter.ops.auth import Authenticator, load_secret, load_tokens
 from gossiprouter.ops.tls import ServerTLS, check_config
 from gossiprouter.protocol import native as wire
 
@@ -66,6 +66,11 @@ def check_startup(cfg: Config) -> None:
         ServerTLS(cfg)
     if cfg.tokens_file:
         load_tokens(cfg.tokens_file)
+    if cfg.admin_token:
+        if not cfg.metrics:
+            raise ConfigError("admin_token is set but metrics is not: the token protects "
+                              "the metrics/admin endpoint, which is off")
+        load_secret(cfg.admin_token)
     if cfg.metrics:
         host, port = parse_listen(cfg.metrics)
         if port and port == cfg.port and host in (cfg.host, "0.0.0.0", "::"):
@@ -96,9 +101,10 @@ class Operations:
         server.hub.auth = self.auth
         self.admin: AdminServer | None = None
         if cfg.metrics:
-            self.admin = AdminServer(server, cfg.metrics, self._metrics_renderer())
+            self.admin = AdminServer(server, cfg.metrics, self._metrics_renderer(),
+                                     cfg.admin_token)
 
-    def _metrics_renderer(self) -> Callable[[], bytes] | None:
+    def _metrics_renderer(self) -> Callable[[], Awaitable[bytes]] | None:
         try:
             from gossiprouter.ops.metrics import Metrics
         except ImportError:
@@ -192,8 +198,18 @@ class Operations:
                 self.stats.bump(self.stats.reloads, ("tokens", "ok"))
                 log.info("reloaded tokens_file %s: %d identities", self.auth.path,
                          self.auth.tokens.identities)
-        if self.tls is None and self.auth is None:
-            log.info("SIGHUP: nothing to reload (no TLS, no tokens_file)")
+        if self.admin is not None and self.admin.token_ref:
+            try:
+                self.admin.reload()
+            except ConfigError as e:
+                self.stats.bump(self.stats.reloads, ("admin_token", "failed"))
+                log.error("admin_token reload failed, keeping the current token: %s", e)
+            else:
+                self.stats.bump(self.stats.reloads, ("admin_token", "ok"))
+                log.info("reloaded admin_token")
+        if self.tls is None and self.auth is None and not (
+                self.admin is not None and self.admin.token_ref):
+            log.info("SIGHUP: nothing to reload (no TLS, no tokens_file, no admin_token)")
 
 
 async def reload_on_sighup(server: Server) -> None:
