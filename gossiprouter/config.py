@@ -84,7 +84,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("groups_per_connection", int, 256,
            "Most groups one connection may register in (ERROR limit); 0 = no limit.", minimum=0),
     Option("handshake_timeout", float, 10.0,
-           "Close a connection that has not said which protocol it speaks within this time.",
+           "Close a connection whose whole handshake (TLS, preamble and HELLO; for JGroups "
+           "the first complete frame) is not done within this time.",
            minimum=0.1, unit="seconds"),
     Option("shutdown_timeout", float, 5.0,
            "On SIGINT/SIGTERM, how long clients get to receive what is queued for them.",
@@ -164,7 +165,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("admin_token", str, "",
            "Bearer token required by the metrics/admin endpoint: 'file:PATH' (first line of "
            "the file, re-read on SIGHUP) or 'env:NAME' (an environment variable); empty: "
-           "no token.", parse=lambda v: parse_secret_ref(v), metavar="file:PATH|env:NAME"),
+           "no token.", parse=lambda v: parse_secret_ref(v), metavar="SOURCE"),
 )
 
 _BY_NAME = {o.name: o for o in OPTIONS}

@@ -10,6 +10,7 @@ outbox's policy; nothing here ever waits on another connection's socket.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import math
@@ -48,7 +49,7 @@ STALLED_AFTER = 0.25
 # SLICE bytes, and lets every other task run (a checkpoint) once it has used TURN seconds
 # since its last one, or when its session paused (its share of control frames per turn, or
 # its control budget, is spent: see Session.spend_control).
-SLICE = 16 * 1024
+SLICE = 64 * 1024
 TURN = 0.001
 # Connections accepted beyond max_connections, at most this many at once, get a short
 # handshake so that a native client can be told why (ERROR limit); beyond them, new
@@ -248,7 +249,13 @@ class Server:
                     await trio.sleep(_ACCEPT_PAUSE)
                     continue
                 raise
-            reason = self._over_limit(stream)
+            try:
+                peer_addr = stream.socket.getpeername()
+            except OSError:  # already gone
+                stream.socket.close()
+                continue
+            ip = peer_addr[0]
+            reason = self._over_limit(ip)
             if reason:
                 # Refused before anything is read or started: a flood of connections costs
                 # one accept and one close each, and never holds a slot.
@@ -256,39 +263,32 @@ class Server:
                 self._refusals.warning("refusing connections: %s", REFUSAL_WHY[reason])
                 stream.socket.close()
                 continue
-            nursery.start_soon(self._handle, stream)
+            # Counted here, not in the task, so that a burst of accepts sees them all.
+            conn = Connection(stream, f"{ip}:{peer_addr[1]}")
+            cfg = self.config
+            # Over max_connections (in a refusal slot): just long enough to be told why.
+            over = len(self.connections) >= cfg.max_connections
+            conn.handshake_deadline = trio.current_time() + (
+                min(cfg.handshake_timeout, REFUSAL_HANDSHAKE) if over
+                else cfg.handshake_timeout)
+            self.connections.add(conn)
+            self._per_ip[ip] = self._per_ip.get(ip, 0) + 1
+            nursery.start_soon(self._handle, conn, ip)
 
-    def _over_limit(self, stream: trio.SocketStream) -> str:
+    def _over_limit(self, ip: str) -> str:
         """Why a just-accepted connection must be closed at once ("" if it may stay)."""
         cfg = self.config
         if len(self.connections) >= cfg.max_connections + REFUSAL_SLOTS:
             return "limit"
-        if cfg.max_connections_per_ip:
-            try:
-                ip = stream.socket.getpeername()[0]
-            except OSError:
-                return ""  # gone already: _handle deals with it
-            if self._per_ip.get(ip, 0) >= cfg.max_connections_per_ip:
-                return "limit_per_ip"
+        if cfg.max_connections_per_ip and self._per_ip.get(ip, 0) >= cfg.max_connections_per_ip:
+            return "limit_per_ip"
         return ""
 
-    async def _handle(self, stream: trio.SocketStream) -> None:
-        try:
-            peer_addr = stream.socket.getpeername()
-            peer = f"{peer_addr[0]}:{peer_addr[1]}"
-        except OSError:
-            await stream.aclose()
-            return
-        stream.setsockopt(_stdsocket.IPPROTO_TCP, _stdsocket.TCP_NODELAY, True)
-        conn = Connection(stream, peer)
-        ip = peer_addr[0]
-        self._per_ip[ip] = self._per_ip.get(ip, 0) + 1
-        cfg = self.config
-        # Over max_connections (in a refusal slot): just long enough to be told why.
-        over = len(self.connections) >= cfg.max_connections
-        conn.handshake_deadline = trio.current_time() + (
-            min(cfg.handshake_timeout, REFUSAL_HANDSHAKE) if over else cfg.handshake_timeout)
-        self.connections.add(conn)
+    async def _handle(self, conn: Connection, ip: str) -> None:
+        stream = conn.stream
+        assert isinstance(stream, trio.SocketStream)
+        with contextlib.suppress(OSError):  # a connection already reset fails in _run
+            stream.setsockopt(_stdsocket.IPPROTO_TCP, _stdsocket.TCP_NODELAY, True)
         try:
             with conn.scope:
                 await self._run(conn)
