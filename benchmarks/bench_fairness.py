@@ -80,7 +80,7 @@ def _flooder(port: int, kind: str, seconds: float, out: mp.Queue[tuple[int, str]
             except TimeoutError:
                 continue
             except OSError as e:
-                closed = f"reset ({e.strerror})"
+                closed = closed or f"reset ({e.strerror})"
                 return
             if not data:
                 closed = closed or "closed"

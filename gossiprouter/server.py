@@ -304,6 +304,8 @@ class Server:
                 if conn.stream is not stream:  # TLS: try to send close_notify, briefly
                     with trio.move_on_after(0.5):
                         await conn.stream.aclose()
+                else:
+                    _drop_unread(stream)
                 await stream.aclose()
 
     async def _run(self, conn: Connection) -> None:
@@ -706,6 +708,21 @@ class Server:
                  s.farewell("slow_consumer", f"nothing written for {stalled:.1f}s "
                             f"(write_timeout {self.config.write_timeout:g}s)"),
                  discard=True)
+
+
+def _drop_unread(stream: trio.SocketStream) -> None:
+    """Read and drop, without waiting, what the peer sent that nobody will read.
+
+    Closing a socket with unread input makes the kernel send a reset and discard what is
+    still unsent, such as the farewell telling a flooding or stalled client why it was
+    closed (ERROR rate_limited, slow_consumer). At most 1 MiB, then a normal close."""
+    raw = getattr(stream.socket, "_sock", None)
+    if raw is None:
+        return
+    with contextlib.suppress(OSError):  # BlockingIOError: nothing more is buffered
+        for _ in range(16):
+            if not raw.recv(65536):
+                return
 
 
 def _nothing_to_wake() -> None:
