@@ -371,6 +371,53 @@ async def test_write_deadline_with_drop_policy_discards_the_queue(start_router: 
     assert counters.write_timeouts >= 1 and counters.slow_consumer_disconnects == 0
 
 
+@pytest.mark.parametrize("protocol", ["jgroups2", "jgroups5"])
+async def test_write_deadline_applies_to_jgroups_receivers(start_router: Start,
+                                                           protocol: str) -> None:
+    """A JGroups member whose socket stopped reading, its queue below the bounds, is a slow
+    consumer after write_timeout (policy disconnect): it leaves its group."""
+    router = await start_router(write_timeout=0.5)
+    table = router.hub.table
+    version = V2 if protocol == "jgroups2" else V5
+    stalled_addr = uuid(2, version)
+
+    async def attack(honest: Honest) -> None:
+        assert router.address is not None
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(router.address)
+        s.setblocking(False)
+        sender: J2Client | J5Client
+        if protocol == "jgroups2":
+            s.send(j2.connect("s", stalled_addr, "stalled", None))
+            sender = await J2Client.open(*router.address)
+            assert (await sender.connect("s", uuid(1, V2), "sender")).ok
+        else:
+            s.send(j5.register("s", stalled_addr, "stalled", None))
+            sender = await J5Client.open(*router.address)
+            await sender.register("s", uuid(1, V5), "sender")
+        full = f"{protocol}:s"
+        with trio.fail_after(10):
+            while table.entry(full, stalled_addr.key) is None:
+                await trio.sleep(0.01)
+        payload = bytes(60_000)
+        with trio.fail_after(20):
+            while not router.hub.counters.write_timeouts:
+                if isinstance(sender, J2Client):
+                    await sender.message("s", stalled_addr, payload)
+                else:
+                    await sender.message("s", stalled_addr, uuid(1, V5), payload)
+                await trio.sleep(0.02)
+            while table.entry(full, stalled_addr.key) is not None:
+                await trio.sleep(0.02)
+        s.close()
+        await sender.aclose()
+
+    await _during(router, attack)
+    c = router.hub.counters
+    assert c.write_timeouts >= 1 and c.slow_consumer_disconnects == 1
+
+
 # ------------------------------------------------------------------ item 9: handshake, slots
 
 
