@@ -103,7 +103,8 @@ OPTIONS: tuple[Option, ...] = (
            "an ExtendedUUID with its keys, or a physical one), kept to be written back in "
            "member lists; longer is refused as for max_name_bytes.", minimum=32, unit="bytes"),
     Option("handshake_timeout", float, 10.0,
-           "Close a connection that has not said which protocol it speaks within this time.",
+           "Close a connection whose whole handshake (TLS, preamble and HELLO; for JGroups "
+           "the first complete frame) is not done within this time.",
            minimum=0.1, unit="seconds"),
     Option("shutdown_timeout", float, 5.0,
            "On SIGINT/SIGTERM, how long clients get to receive what is queued for them.",
@@ -173,6 +174,37 @@ OPTIONS: tuple[Option, ...] = (
     Option("allow_jgroups5", tuple, ("0.0.0.0/0", "::/0"),
            "Client networks (CIDR) allowed to speak JGroups 3.6.5+/5.x.",
            parse=lambda v: parse_network(v), metavar="CIDR"),
+    # --- hostile clients: limits, budgets, deadlines (issue 12; docs/operations.md)
+    Option("watches_per_connection", int, 256,
+           "Most groups one native connection may WATCH (ERROR limit); 0 = no limit.",
+           minimum=0),
+    Option("max_groups", int, 100_000,
+           "Most groups in the router (registered or watched); a CONNECT, REGISTER or WATCH "
+           "that would create one more is refused (ERROR limit); 0 = no limit.", minimum=0),
+    Option("control_rate", float, 1000.0,
+           "Control frames (anything but routed messages: PING, HEARTBEAT, CONNECT, GET_MEMBERS, "
+           "...) one connection may send per second on average; beyond it its input is read "
+           "at that pace. 0 = no budget.", minimum=0, unit="per second"),
+    Option("control_burst", int, 10_000,
+           "Control frames one connection may send at once above control_rate.", minimum=1),
+    Option("control_grace", float, 5.0,
+           "A connection over its control budget for this long is closed (ERROR rate_limited).",
+           minimum=0.1, unit="seconds"),
+    Option("write_timeout", float, 10.0,
+           "A receiver with data queued whose socket took nothing for this long is a slow "
+           "consumer (its slow_consumer_policy applies); 0 disables.", minimum=0,
+           unit="seconds"),
+    Option("max_connections_per_ip", int, 0,
+           "Most connections at once from one client IP address (refused at accept); "
+           "0 = no limit.", minimum=0),
+    Option("auth_backoff", float, 5.0,
+           "Longest delay before answering a HELLO from an address whose recent HELLOs failed "
+           "authentication (the delay doubles per failure from 50 ms); 0 disables.",
+           minimum=0, unit="seconds"),
+    Option("admin_token", str, "",
+           "Bearer token required by the metrics/admin endpoint: 'file:PATH' (first line of "
+           "the file, re-read on SIGHUP) or 'env:NAME' (an environment variable); empty: "
+           "no token.", parse=lambda v: parse_secret_ref(v), metavar="SOURCE"),
 )
 
 _BY_NAME = {o.name: o for o in OPTIONS}
@@ -230,6 +262,15 @@ class Config:
     allow_native: tuple[str, ...] = ("0.0.0.0/0", "::/0")
     allow_jgroups2: tuple[str, ...] = ("0.0.0.0/0", "::/0")
     allow_jgroups5: tuple[str, ...] = ("0.0.0.0/0", "::/0")
+    watches_per_connection: int = 256
+    max_groups: int = 100_000
+    control_rate: float = 1000.0
+    control_burst: int = 10_000
+    control_grace: float = 5.0
+    write_timeout: float = 10.0
+    max_connections_per_ip: int = 0
+    auth_backoff: float = 5.0
+    admin_token: str = ""
     provisioned: tuple[Provisioned, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -308,6 +349,15 @@ def parse_network(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
         raise ValueError(
             f"expected a network in CIDR notation, e.g. 10.0.0.0/8 or fd00::/8 ({e})"
         ) from None
+
+
+def parse_secret_ref(value: str) -> tuple[str, str]:
+    """``file:PATH`` or ``env:NAME``: where a secret is read from (never the secret itself,
+    so it does not show in ``ps`` or in a config file)."""
+    kind, sep, where = value.partition(":")
+    if not sep or kind not in ("file", "env") or not where:
+        raise ValueError("expected file:PATH or env:NAME")
+    return kind, where
 
 
 def parse_listen(value: str) -> tuple[str, int]:

@@ -144,10 +144,14 @@ class Group:
 
 @dataclass
 class Limits:
-    """Per-connection registration limits (0 = unlimited)."""
+    """Registration limits (0 = unlimited): per connection, and router-wide on groups."""
 
     addresses_per_connection: int = 0
     groups_per_connection: int = 0
+    watches_per_connection: int = 0
+    # Groups in the table (with a member or a watcher); entries of other kinds than
+    # CONNECTION (provisioned, in-process) are not refused.
+    max_groups: int = 0
 
 
 @dataclass
@@ -186,6 +190,9 @@ class RoutingTable:
         self.groups: dict[str, Group] = {}
         self._regs: dict[object, dict[tuple[str, bytes], Entry]] = {}
         self._watching: dict[object, set[str]] = {}
+        # Entries that may have an expiry or a grace end: the reaper looks at these only,
+        # not at every entry (with 100,000s of groups a full walk every second stalls routing).
+        self._timed: dict[Entry, None] = {}
         self.stats = Stats()
         # Set by the owner (the hub): called with (group, addr, name, physical, wire) before
         # a non-provisioned registration changes anything; raises RoutingError to refuse a
@@ -292,6 +299,8 @@ class RoutingTable:
                 )
         if regs is None or (group, addr) not in regs:
             self._check_limits(carrier, group)
+        if g is None and kind == Kind.CONNECTION:
+            self._check_new_group()
 
         notices: list[Notice] = []
         held: list[bytes] = []
@@ -326,6 +335,8 @@ class RoutingTable:
                 self.stats.grace_delivered += len(held)
         if carrier is not None and kind != Kind.PROVISIONED:
             self._link(g, e, carrier)
+        if e.expires_at is not None:
+            self._timed[e] = None
         return e, notices, held
 
     def disconnect(self, carrier: object, group: str, addr: bytes) -> list[Notice]:
@@ -375,6 +386,7 @@ class RoutingTable:
             if self.grace > 0:
                 e.grace_until = now + self.grace
                 g.graced.append(e)
+                self._timed[e] = None
             else:
                 notices += self._remove(e, suspect=True)
         self._regs.pop(carrier, None)
@@ -392,31 +404,51 @@ class RoutingTable:
     def expire(self, now: float) -> list[Notice]:
         """The reaper: remove non-sticky entries whose expiry or grace has passed."""
         notices: list[Notice] = []
-        for g in list(self.groups.values()):
-            for e in list(g.entries.values()):
-                if e.sticky:
-                    continue
-                if e.grace_until is not None and e.grace_until <= now:
-                    self.stats.grace_dropped += len(e.held)
-                    notices += self._remove(e, suspect=True)
-                elif e.expires_at is not None and e.expires_at <= now:
-                    self.stats.expired += 1
-                    notices += self._remove(e, suspect=True)
+        for e in list(self._timed):
+            if not self._is_timed(e):
+                continue
+            if e.sticky:
+                continue
+            if e.grace_until is not None and e.grace_until <= now:
+                self.stats.grace_dropped += len(e.held)
+                notices += self._remove(e, suspect=True)
+            elif e.expires_at is not None and e.expires_at <= now:
+                self.stats.expired += 1
+                notices += self._remove(e, suspect=True)
         return notices
 
     def next_deadline(self) -> float | None:
         """The earliest expiry or grace end, so the reaper can sleep until then."""
         best: float | None = None
-        for g in self.groups.values():
-            for e in g.entries.values():
-                for t in (e.grace_until, None if e.sticky else e.expires_at):
-                    if t is not None and (best is None or t < best):
-                        best = t
+        for e in list(self._timed):
+            if not self._is_timed(e):
+                continue
+            for t in (e.grace_until, None if e.sticky else e.expires_at):
+                if t is not None and (best is None or t < best):
+                    best = t
         return best
 
+    def _is_timed(self, e: Entry) -> bool:
+        """Is ``e`` still in the table with a deadline? If not, it leaves :attr:`_timed`."""
+        g = self.groups.get(e.group)
+        if (g is not None and g.entries.get(e.addr) is e
+                and (e.grace_until is not None or e.expires_at is not None)):
+            return True
+        del self._timed[e]
+        return False
+
     def watch(self, carrier: object, group: str) -> None:
+        """Send ``carrier`` the join/leave notices of ``group``. Raises RoutingError
+        ``limit`` beyond watches_per_connection or max_groups; nothing has changed then."""
         g = self.groups.get(group)
+        watched = self._watching.get(carrier)
+        if g is not None and carrier in g.watchers:
+            return
+        lim = self.limits.watches_per_connection
+        if lim and watched is not None and len(watched) >= lim:
+            raise RoutingError("limit", f"at most {lim} watched groups per connection")
         if g is None:
+            self._check_new_group()
             g = self.groups[group] = Group(group)
         if carrier not in g.watchers:
             g.watchers.append(carrier)
@@ -446,6 +478,11 @@ class RoutingTable:
                 raise RoutingError(
                     "limit", f"at most {lim.groups_per_connection} groups per connection"
                 )
+
+    def _check_new_group(self) -> None:
+        cap = self.limits.max_groups
+        if cap and len(self.groups) >= cap:
+            raise RoutingError("limit", f"at most {cap} groups in the router (max_groups)")
 
     def _link(self, g: Group, e: Entry, carrier: object) -> None:
         old = e.carrier

@@ -32,6 +32,7 @@ Errors (the policy, as :func:`trio.serve_listeners` states its own):
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import math
@@ -42,12 +43,13 @@ from dataclasses import dataclass
 import trio
 
 from gossiprouter.config import Config
+from gossiprouter.ops.access import RateLimitedLog
 from gossiprouter.ops.runtime import Operations
 from gossiprouter.ops.tls import TLSStream
 from gossiprouter.protocol import native as wire
 from gossiprouter.sessions import jgroups2 as _jgroups2
 from gossiprouter.sessions import jgroups5 as _jgroups5
-from gossiprouter.sessions.base import Hub, Session
+from gossiprouter.sessions.base import TURN_CONTROLS, Hub, Outbox, Session
 from gossiprouter.sessions.native import NativeSession
 
 log = logging.getLogger("gossiprouter")
@@ -65,6 +67,17 @@ WRITE_BATCH = 1 << 20
 STALL_STEP = 0.002
 MAX_STALL = 0.05
 STALLED_AFTER = 0.25
+# Fairness (issue 12): a reader hands a received chunk to its session in slices of at most
+# SLICE bytes, and lets every other task run (a checkpoint) once it has used TURN seconds
+# since its last one, or when its session paused (its share of control frames per turn, or
+# its control budget, is spent: see Session.spend_control).
+SLICE = 64 * 1024
+TURN = 0.001
+# Connections accepted beyond max_connections, at most this many at once, get a short
+# handshake so that a native client can be told why (ERROR limit); beyond them, new
+# connections are closed at accept without reading a byte.
+REFUSAL_SLOTS = 16
+REFUSAL_HANDSHAKE = 1.0
 # Membership events wait this long so that a burst of closes is seen whole
 # before anyone is told (see Hub.deliver).
 NOTICE_DELAY = 0.005
@@ -74,6 +87,14 @@ NOTICE_MAX_DELAY = 1.0
 # as trio.serve_listeners does, instead of killing the accept loop.
 _ACCEPT_RETRY = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 _ACCEPT_PAUSE = 0.1
+
+# Refusals at accept, write timeouts with policy drop, rate-limited closes: at most one
+# WARNING line per this many seconds for each, with a count of those not logged.
+REFUSAL_LOG_INTERVAL = 10.0
+REFUSAL_WHY = {
+    "limit": "max_connections reached (and its refusal slots in use)",
+    "limit_per_ip": "max_connections_per_ip reached for the client's address",
+}
 
 SessionFactory = Callable[[Hub, str, bytes], Session | None]
 
@@ -143,6 +164,9 @@ class Connection:
         self.session: Session | None = None
         self.scope = trio.CancelScope()
         self.lot = trio.lowlevel.ParkingLot()
+        # The whole handshake (TLS, preamble, HELLO or the first JGroups frame) must be done
+        # by then (the reaper enforces it once the session exists).
+        self.handshake_deadline = math.inf
 
 
 class Server:
@@ -166,6 +190,9 @@ class Server:
         self._accept_scope = trio.CancelScope()
         self._stopping = False
         self._closed = trio.Event()
+        # Open connections per client IP (max_connections_per_ip).
+        self._per_ip: dict[str, int] = {}
+        self._refusals = RateLimitedLog(log, REFUSAL_LOG_INTERVAL)
         # TLS, allow-lists, tokens, metrics/admin port (raises ConfigError on bad files).
         self.ops = Operations(self)
 
@@ -244,23 +271,54 @@ class Server:
                     await trio.sleep(_ACCEPT_PAUSE)
                     continue
                 raise
-            nursery.start_soon(self._handle, stream)
+            try:
+                peer_addr = stream.socket.getpeername()
+            except OSError:  # already gone
+                stream.socket.close()
+                continue
+            ip = peer_addr[0]
+            reason = self._over_limit(ip)
+            if reason:
+                # Refused before anything is read or started: a flood of connections costs
+                # one accept and one close each, and never holds a slot.
+                self.ops.stats.bump(self.ops.stats.refused, ("any", reason))
+                self._refusals.warning("refusing connections: %s", REFUSAL_WHY[reason])
+                stream.socket.close()
+                continue
+            # Counted here, not in the task, so that a burst of accepts sees them all.
+            conn = Connection(stream, f"{ip}:{peer_addr[1]}")
+            cfg = self.config
+            # Over max_connections (in a refusal slot): just long enough to be told why.
+            over = len(self.connections) >= cfg.max_connections
+            conn.handshake_deadline = trio.current_time() + (
+                min(cfg.handshake_timeout, REFUSAL_HANDSHAKE) if over
+                else cfg.handshake_timeout)
+            self.connections.add(conn)
+            self._per_ip[ip] = self._per_ip.get(ip, 0) + 1
+            nursery.start_soon(self._handle, conn, ip)
 
-    async def _handle(self, stream: trio.SocketStream) -> None:
-        try:
-            peer_addr = stream.socket.getpeername()
-            peer = f"{peer_addr[0]}:{peer_addr[1]}"
-        except OSError:
-            await stream.aclose()
-            return
-        stream.setsockopt(_stdsocket.IPPROTO_TCP, _stdsocket.TCP_NODELAY, True)
-        conn = Connection(stream, peer)
-        self.connections.add(conn)
+    def _over_limit(self, ip: str) -> str:
+        """Why a just-accepted connection must be closed at once ("" if it may stay)."""
+        cfg = self.config
+        if len(self.connections) >= cfg.max_connections + REFUSAL_SLOTS:
+            return "limit"
+        if cfg.max_connections_per_ip and self._per_ip.get(ip, 0) >= cfg.max_connections_per_ip:
+            return "limit_per_ip"
+        return ""
+
+    async def _handle(self, conn: Connection, ip: str) -> None:
+        stream = conn.stream
+        assert isinstance(stream, trio.SocketStream)
+        with contextlib.suppress(OSError):  # a connection already reset fails in _run
+            stream.setsockopt(_stdsocket.IPPROTO_TCP, _stdsocket.TCP_NODELAY, True)
         try:
             with conn.scope:
                 await self._run(conn)
         finally:
             self.connections.discard(conn)
+            left = self._per_ip.pop(ip) - 1
+            if left:
+                self._per_ip[ip] = left
             if conn.session is not None:
                 conn.session.outbox.direct = None  # never write to a closed socket
                 try:
@@ -274,12 +332,14 @@ class Server:
                 if conn.stream is not stream:  # TLS: try to send close_notify, briefly
                     with trio.move_on_after(0.5):
                         await conn.stream.aclose()
+                else:
+                    _drop_unread(stream)
                 await stream.aclose()
 
     async def _run(self, conn: Connection) -> None:
         cfg = self.config
         first = b""
-        with trio.move_on_after(cfg.handshake_timeout) as handshake:
+        with trio.move_on_at(conn.handshake_deadline) as handshake:
             if not await self.ops.accept(conn):  # allow-list, then TLS (logged there)
                 return
             verdict = None
@@ -293,14 +353,21 @@ class Server:
                 first += data
                 verdict = sniff(first)
         if handshake.cancelled_caught:
-            log.info("closing %s: no protocol preamble within %.1fs", conn.peer,
-                     cfg.handshake_timeout)
+            log.info("closing %s: handshake not done within %.1fs (no protocol preamble)",
+                     conn.peer, cfg.handshake_timeout)
             return
         if isinstance(verdict, str):
             log.info("closing %s: %s", conn.peer, verdict)
             return
         assert verdict is not None
-        if not await self.ops.admit(conn, verdict.protocol):  # per-protocol allow-list
+        # Per-protocol allow-list; may wait (failed authentications from this address).
+        with trio.move_on_at(conn.handshake_deadline) as handshake:
+            admitted = await self.ops.admit(conn, verdict.protocol)
+        if not admitted:
+            if handshake.cancelled_caught:
+                log.info("closing %s: handshake not done within %.1fs (held back after "
+                         "failed authentications from its address)", conn.peer,
+                         cfg.handshake_timeout)
             return
         factory = self.factories.get(verdict.protocol)
         session = None if factory is None else factory(self.hub, conn.peer, first)
@@ -351,12 +418,9 @@ class Server:
                             len(self.connections) - 1, cfg.max_connections)
             session.close(reason, f"too many connections (max {cfg.max_connections})"
                           if reason == "limit" else "router is shutting down")
-        elif len(first) > verdict.consumed:
+        else:
             self.hub.counters.bytes_in += len(first)
-            try:
-                session.on_data(first[verdict.consumed:], now)
-            except Exception as exc:
-                self.hub.contain(session, exc, "handling received data")
+        initial = first[verdict.consumed:] if not ob.closed else b""
         del first  # not kept for the connection's lifetime
         async with trio.open_nursery() as nursery:
             # The writer task starts only when something has to wait for the
@@ -375,7 +439,8 @@ class Server:
             ob.wake = start_writer
             if ob.chunks or ob.closed:  # queued before the nursery existed
                 start_writer()
-            await self._reader(conn, session)
+            await self._reader(conn, session, initial)
+            del initial
             # The reader is done (EOF or the session closed): let the writer
             # flush, if there is anything to flush; a connection that closes
             # with nothing queued needs no writer task at all (cheaper when
@@ -387,28 +452,129 @@ class Server:
             if writer or ob.chunks:
                 start_writer()
 
-    async def _reader(self, conn: Connection, session: Session) -> None:
+    async def _reader(self, conn: Connection, session: Session, data: bytes) -> None:
+        """Feed the session what the socket delivers, fairly (see SLICE, TURN), until EOF
+        or the session closes. ``data``: what the handshake read beyond the preamble."""
         stream = conn.stream
         counters = self.hub.counters
         congestion = self.hub.congestion
         ob = session.outbox
+        clock = trio.current_time
+        turn = clock()
         while not ob.closed:
-            try:
-                data = await stream.receive_some(RECV_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return
-            counters.bytes_in += len(data)
-            try:
-                if not data:
-                    session.on_eof()
+            if not data:
+                try:
+                    data = await stream.receive_some(RECV_SIZE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
                     return
-                session.on_data(data, trio.current_time())
+                if not data:
+                    try:
+                        session.on_eof()
+                    except Exception as exc:  # see "Errors" above: this connection only
+                        self.hub.contain(session, exc, "handling its end of stream")
+                    return
+                counters.bytes_in += len(data)
+                turn = clock()  # receive_some was a checkpoint
+            # The session's replies to itself (PONG, OK, echoed HEARTBEATs, its own
+            # multicasts) are queued while it runs and written once afterwards, not
+            # with one send() each.
+            held = ob.direct, ob.wake
+            ob.direct, ob.wake = None, _nothing_to_wake
+            try:
+                size = len(data)
+                pos = 0
+                while True:
+                    piece = data if size <= SLICE else data[pos:pos + SLICE]
+                    pos += SLICE
+                    session.new_turn()
+                    session.on_data(piece, clock())
+                    while session.paused and not ob.closed:
+                        self._flush_own(ob, held)
+                        turn = await self._pause(session, turn)
+                        held = ob.direct, ob.wake
+                        ob.direct, ob.wake = None, _nothing_to_wake
+                        session.new_turn()
+                        session.on_data(b"", clock())
+                    if ob.closed or pos >= size:
+                        break
+                    if clock() - turn >= TURN:
+                        counters.turns_cut += 1
+                        self._flush_own(ob, held)
+                        await trio.lowlevel.checkpoint()
+                        held = ob.direct, ob.wake
+                        ob.direct, ob.wake = None, _nothing_to_wake
+                        turn = clock()
             except Exception as exc:  # see "Errors" above: this connection only
                 self.hub.contain(session, exc, "handling received data")
+                self._flush_own(ob, held)  # gives back the wake-up: the farewell goes out
                 return
+            data = b""
+            self._flush_own(ob, held)
+            if not session.established and not ob.closed and trio.current_time() >= (
+                    conn.handshake_deadline):
+                self._handshake_expired(conn, session)
             if congestion.pending:
                 congestion.pending = False
                 await self._throttle()
+
+    async def _pause(self, session: Session, turn: float) -> float:
+        """The session paused: its share of this turn, or its control budget, is spent."""
+        counters = self.hub.counters
+        if session.tokens >= 0:
+            if trio.current_time() - turn < TURN:
+                return turn  # the share of frames is spent, but not the turn's time
+            counters.turns_cut += 1
+            await trio.lowlevel.checkpoint()
+            return trio.current_time()
+        counters.throttled_turns += 1
+        cfg = self.config
+        now = trio.current_time()
+        since = session.over_since if session.over_since is not None else now
+        if now - since >= cfg.control_grace:
+            counters.rate_limited += 1
+            self._refusals.warning(
+                "closing %r: over its control budget (%g frames/s, burst %d) for %.1fs",
+                session, cfg.control_rate, cfg.control_burst, now - since)
+            session.close("rate_limited",
+                          f"more than {cfg.control_rate:g} control frames per second "
+                          f"(burst {cfg.control_burst}) for {cfg.control_grace:g}s")
+            return now
+        # Read nothing more from it until the bucket holds a turn's share again: TCP then
+        # slows the client down to its budget.
+        refill = min(TURN_CONTROLS, session.control_burst) - session.tokens
+        await trio.sleep(refill / session.control_rate)
+        return trio.current_time()
+
+    @staticmethod
+    def _flush_own(ob: Outbox, held: tuple[Callable[[bytes], int] | None, Callable[[], None]]
+                   ) -> None:
+        """Give the outbox back the direct send and the wake-up the reader withheld while
+        the session ran, and write what the session queued for its own connection
+        meanwhile (PONG, OK, echoed HEARTBEATs, its own multicasts) in one send instead of
+        one per reply. Outbox.push sends directly when the writer is idle, else wakes it."""
+        direct, ob.wake = held
+        if ob.closed:
+            ob.wake()  # the farewell queued by close() must be written
+            return
+        ob.direct = direct
+        if not ob.chunks:
+            return
+        if ob.busy or direct is None:  # the writer is sending, or must (TLS)
+            ob.wake()
+            return
+        chunks = ob.take(WRITE_BATCH)
+        if not ob.chunks:
+            ob.push(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        else:  # more than a batch: the writer takes it from here, in order
+            ob.chunks[:0] = chunks
+            ob.nbytes += sum(len(c) for c in chunks)
+            ob.wake()
+
+    def _handshake_expired(self, conn: Connection, session: Session) -> None:
+        log.info("closing %r: handshake not done within %.1fs", session,
+                 self.config.handshake_timeout)
+        session.close("handshake_timeout",
+                      f"handshake not done within {self.config.handshake_timeout:g}s")
 
     async def _throttle(self) -> None:
         """Pause this reader while a receiver it fed is congested but still draining."""
@@ -424,6 +590,7 @@ class Server:
         ob = session.outbox
         ob.last_progress = trio.current_time()
         stream = conn.stream
+        sock = stream.socket if isinstance(stream, trio.SocketStream) else None
         counters = self.hub.counters
         try:
             while True:
@@ -438,10 +605,19 @@ class Server:
                 counters.writes += 1  # per write, not per frame
                 counters.bytes_out += len(data)
                 ob.busy = True
-                await stream.send_all(data)
+                if sock is None:
+                    await stream.send_all(data)
+                else:
+                    # Plain TCP: one send() at a time, so that every bit of progress is
+                    # seen (the write deadline, write_timeout, is about progress).
+                    with memoryview(data) as view:
+                        sent = 0
+                        while sent < len(data):
+                            sent += await sock.send(view[sent:])
+                            ob.last_progress = trio.current_time()
                 ob.busy = False
                 ob.last_progress = trio.current_time()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         except Exception as exc:
             self.hub.contain(session, exc, "writing to it")
@@ -511,27 +687,38 @@ class Server:
         """Idle connections, expired entries, ended reconnect graces."""
         cfg = self.config
         idle = cfg.idle_timeout
+        write_timeout = cfg.write_timeout
         while True:
             try:
-                await self._reap(idle)
+                await self._reap(idle, write_timeout)
             except Exception as exc:
                 self._task_error("reaper", exc)
                 await trio.sleep(1.0)
 
-    async def _reap(self, idle: float) -> None:
+    async def _reap(self, idle: float, write_timeout: float) -> None:
         """One round of the reaper, then sleep until the next thing to reap."""
         now = trio.current_time()
         wake = now + 1.0
-        if idle > 0:
-            for conn in list(self.connections):
-                s = conn.session
-                if s is None or s.outbox.closed:
+        for conn in list(self.connections):
+            s = conn.session
+            if s is None or s.outbox.closed:
+                continue
+            if not s.established:
+                if now >= conn.handshake_deadline:
+                    self._handshake_expired(conn, s)
                     continue
+                wake = min(wake, conn.handshake_deadline)
+            if idle > 0:
                 if now - s.last_recv >= idle:
                     log.info("closing %r: idle for %.1fs", s, now - s.last_recv)
                     s.close("idle_timeout", f"nothing received for {idle:g}s")
+                    continue
+                wake = min(wake, s.last_recv + idle)
+            if write_timeout > 0 and s.outbox.chunks:
+                if now - s.outbox.last_progress >= write_timeout:
+                    self._write_timeout(s, now)
                 else:
-                    wake = min(wake, s.last_recv + idle)
+                    wake = min(wake, s.outbox.last_progress + write_timeout)
         notices = self.hub.table.expire(now)
         if notices:
             self.hub.deliver(notices)
@@ -543,6 +730,52 @@ class Server:
         if nd is not None:
             wake = min(wake, nd)
         await trio.sleep_until(max(wake, now + 0.01) if math.isfinite(wake) else now + 1.0)
+
+    def _write_timeout(self, s: Session, now: float) -> None:
+        """NATS' write deadline: data queued for ``s`` and its socket took nothing for
+        write_timeout seconds. Its slow-consumer policy applies: ``disconnect`` closes it
+        (ERROR slow_consumer); ``drop`` discards what is queued (counted in
+        drops{reason="write_timeout"}) and keeps the connection, which the idle timeout
+        still covers."""
+        ob = s.outbox
+        counters = self.hub.counters
+        counters.write_timeouts += 1
+        stalled = now - ob.last_progress
+        if ob.policy == "drop":
+            # The first chunk may be the tail of a frame whose start is on the wire: it
+            # stays, so the stream remains whole.
+            dropped = len(ob.chunks) - 1
+            if dropped:
+                ob.dropped += dropped
+                counters.drop("write_timeout", dropped)
+                ob.nbytes = len(ob.chunks[0])
+                del ob.chunks[1:]
+            ob.last_progress = now
+            self._refusals.warning("%r: socket took nothing for %.1fs (write_timeout): "
+                                   "%d queued chunks dropped", s, stalled, dropped)
+            return
+        counters.slow_consumer_disconnects += 1
+        log.warning("closing %r: slow consumer (socket took nothing for %.1fs, "
+                    "write_timeout %gs)", s, stalled, self.config.write_timeout)
+        ob.close("slow_consumer",
+                 s.farewell("slow_consumer", f"nothing written for {stalled:.1f}s "
+                            f"(write_timeout {self.config.write_timeout:g}s)"),
+                 discard=True)
+
+
+def _drop_unread(stream: trio.SocketStream) -> None:
+    """Read and drop, without waiting, what the peer sent that nobody will read.
+
+    Closing a socket with unread input makes the kernel send a reset and discard what is
+    still unsent, such as the farewell telling a flooding or stalled client why it was
+    closed (ERROR rate_limited, slow_consumer). At most 1 MiB, then a normal close."""
+    raw = getattr(stream.socket, "_sock", None)
+    if raw is None:
+        return
+    with contextlib.suppress(OSError):  # BlockingIOError: nothing more is buffered
+        for _ in range(16):
+            if not raw.recv(65536):
+                return
 
 
 def _nothing_to_wake() -> None:

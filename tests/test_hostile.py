@@ -416,7 +416,9 @@ async def test_100k_members_through_the_stub(start_router: RouterFactory) -> Non
     """100,000 members with 100-byte names (12 MB of member list, above the default 8 MiB
     max_frame) are listed whole through RouterStub, which reassembles the parts."""
     # One connection registers them all (the per-connection limits would refuse that).
-    server = await start_router(addresses_per_connection=0, groups_per_connection=0)
+    server = await start_router(addresses_per_connection=0, groups_per_connection=0,
+                                # 100,000 CONNECTs in one burst: no control budget here
+                                control_rate=0)
     n = 100_000
     async with honest_traffic(server):
         reg = await NativeClient.open(*_addr(server))

@@ -112,7 +112,7 @@ async def test_groups_view_matches_get_members(start_router: RouterFactory) -> N
     assert json.loads(body) == {"groups": [
         {"name": "g/1", "members": 2, "watchers": 1},
         {"name": "h", "members": 1, "watchers": 0},
-    ]}
+    ], "total": 2, "next": None}
     status, _, body = await http_get(admin, "/groups/g%2F1")
     assert status == 200
     view = json.loads(body)

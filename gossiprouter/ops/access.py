@@ -10,6 +10,8 @@ connection speaks, that protocol's list decides.
 from __future__ import annotations
 
 import ipaddress
+import logging
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -86,3 +88,81 @@ def _networks(items: Iterable[str]) -> tuple[Network, ...]:
 
 def describe(networks: Sequence[Network]) -> str:
     return ", ".join(str(n) for n in networks) or "nowhere"
+
+
+class RateLimitedLog:
+    """WARNING lines a client can cause at will (refusals, failed authentications): at most
+    one line per ``interval`` seconds for each message format; the next line logged says
+    how many were left out meanwhile. Metrics count every occurrence."""
+
+    def __init__(self, logger: logging.Logger, interval: float) -> None:
+        self.logger = logger
+        self.interval = interval
+        # format -> (time of the last line, occurrences not logged since)
+        self._state: dict[str, tuple[float, int]] = {}
+
+    def warning(self, fmt: str, *args: object, now: float | None = None) -> bool:
+        """Log now, or count it for the next line; True if a line was written."""
+        t = time.monotonic() if now is None else now
+        last, skipped = self._state.get(fmt, (-1e18, 0))
+        if t - last < self.interval:
+            self._state[fmt] = (last, skipped + 1)
+            return False
+        self._state[fmt] = (t, 0)
+        if skipped:
+            self.logger.warning(fmt + " (and %d more like this in the last %.0fs)",
+                                *args, skipped, t - last)
+        else:
+            self.logger.warning(fmt, *args)
+        return True
+
+
+class Backoff:
+    """Per-address delay before a HELLO is read, after failed authentications from that
+    address: 50 ms after the first failure, doubling per failure up to ``ceiling``; an
+    address with no failure for ``forget`` seconds starts over. Connections from one address
+    wait one behind the other, so opening many in parallel does not multiply the guesses."""
+
+    FIRST = 0.05
+
+    def __init__(self, ceiling: float, forget: float = 60.0, max_addresses: int = 65536) -> None:
+        self.ceiling = ceiling
+        self.forget = forget
+        self.max_addresses = max_addresses
+        # ip -> (failures, time of the last failure, earliest time the next HELLO is read)
+        self._state: dict[str, tuple[int, float, float]] = {}
+
+    def failed(self, ip: str, now: float) -> None:
+        if not self.ceiling:
+            return
+        n, last, nxt = self._state.get(ip, (0, now, now))
+        if now - last > self.forget:
+            n, nxt = 0, now
+        if len(self._state) >= self.max_addresses and ip not in self._state:
+            self._prune(now)
+        self._state[ip] = (n + 1, now, max(nxt, now))
+
+    def succeeded(self, ip: str) -> None:
+        self._state.pop(ip, None)
+
+    def delay(self, ip: str, now: float) -> float:
+        """How long a new connection from ``ip`` waits before its HELLO is read (and books
+        its turn, so the next one waits behind it)."""
+        st = self._state.get(ip)
+        if st is None:
+            return 0.0
+        n, last, nxt = st
+        if now - last > self.forget:
+            del self._state[ip]
+            return 0.0
+        step: float = min(self.ceiling, self.FIRST * 2.0 ** min(n - 1, 32))
+        at = max(now, nxt) + step
+        self._state[ip] = (n, last, at)
+        return at - now
+
+    def _prune(self, now: float) -> None:
+        for ip, (_n, last, _nxt) in list(self._state.items()):
+            if now - last > self.forget:
+                del self._state[ip]
+        while len(self._state) >= self.max_addresses:  # still full: forget the oldest
+            del self._state[next(iter(self._state))]

@@ -29,12 +29,18 @@ import logging
 import os
 import re
 import stat
+import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gossiprouter.config import ConfigError
+from gossiprouter.ops.access import Backoff, RateLimitedLog
+
+# At most one WARNING line per this many seconds about failed authentications (a guessing
+# client must not be able to flood the log); the metric counts every one.
+FAILURE_LOG_INTERVAL = 10.0
 
 log = logging.getLogger("gossiprouter.ops.auth")
 
@@ -122,6 +128,33 @@ def _token_digest(it: dict[str, Any], at: str) -> bytes:
     return bytes.fromhex(hexd)
 
 
+def load_secret(ref: str) -> str:
+    """The secret ``ref`` points at: ``file:PATH`` (its first line) or ``env:NAME``.
+
+    ConfigError names the option and what is wrong, never the secret."""
+    kind, _, where = ref.partition(":")
+    at = f"admin_token = {ref!r}"
+    if kind == "env":
+        value = os.environ.get(where, "").strip()
+        if not value:
+            raise ConfigError(f"{at}: environment variable {where} is not set or empty")
+    elif kind == "file":
+        try:
+            lines = Path(where).read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            raise ConfigError(f"{at}: file not found") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{at}: cannot read it ({e})") from None
+        value = lines[0].strip() if lines else ""
+        if not value:
+            raise ConfigError(f"{at}: the file's first line is empty")
+    else:
+        raise ConfigError(f"{at}: expected file:PATH or env:NAME")
+    if len(value) < 16:
+        raise ConfigError(f"{at}: expected a token of at least 16 characters")
+    return value
+
+
 def _warn_if_readable(path: Path) -> None:
     try:
         mode = path.stat().st_mode
@@ -135,8 +168,11 @@ def _warn_if_readable(path: Path) -> None:
 class Authenticator:
     """Answers the native session's two questions: who is this token, may it use that group."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, backoff: float = 0.0) -> None:
         self.path = str(path)
+        # Failed HELLOs slow down further HELLOs from the same address (server: Operations).
+        self.backoff = Backoff(backoff)
+        self._warn = RateLimitedLog(log, FAILURE_LOG_INTERVAL)
         self.tokens = load_tokens(path)
         self._compiled: dict[str, re.Pattern[str]] = {}
         self._compile()
@@ -163,11 +199,16 @@ class Authenticator:
     def identify(self, token: str | None, who: object) -> str | None:
         """The identity of ``token``, or None (logged, counted) when it is missing or unknown."""
         ident = None if token is None else self.tokens.by_digest.get(digest(token))
+        ip = str(getattr(who, "peer", "")).rpartition(":")[0]
         if ident is None:
             self.failures["unauthorized"] += 1
-            log.warning("refusing %r: %s token", who, "no" if token is None else "unknown",
-                        extra={"peer": str(who), "reason": "unauthorized"})
+            if ip:
+                self.backoff.failed(ip, time.monotonic())
+            self._warn.warning("refusing %r: %s token", who,
+                               "no" if token is None else "unknown")
             return None
+        if ip:
+            self.backoff.succeeded(ip)
         log.info("%r authenticated as %r", who, ident, extra={"peer": str(who),
                                                                "identity": ident})
         return ident

@@ -15,7 +15,8 @@ from urllib.parse import quote
 
 import click
 
-from gossiprouter.config import parse_listen
+from gossiprouter.config import ConfigError, parse_listen
+from gossiprouter.ops.auth import load_secret
 
 
 class _Fail(click.ClickException):
@@ -23,8 +24,26 @@ class _Fail(click.ClickException):
         click.echo(f"gossiprouter: error: {self.message}", err=True)
 
 
-def fetch(admin: str, group: str | None = None, timeout: float = 5.0) -> dict[str, Any]:
-    """GET /groups or /groups/GROUP from the admin endpoint ``admin`` (HOST:PORT)."""
+def fetch(admin: str, group: str | None = None, timeout: float = 5.0,
+          token: str = "") -> dict[str, Any]:
+    """GET /groups or /groups/GROUP from the admin endpoint ``admin`` (HOST:PORT), every
+    page of it (the endpoint answers in bounded pages), merged into one view."""
+    view = _get(admin, group, timeout, token, "")
+    key = "groups" if group is None else "members"
+    while True:
+        if group is None and view.get("next") is not None:
+            page = _get(admin, None, timeout, token, "?after=" + quote(view["next"], safe=""))
+            view["next"] = page.get("next")
+        elif group is not None and view.get("next_offset") is not None:
+            page = _get(admin, group, timeout, token, f"?offset={view['next_offset']}")
+            view["next_offset"] = page.get("next_offset")
+        else:
+            return view
+        view[key] += page[key]
+
+
+def _get(admin: str, group: str | None, timeout: float, token: str,
+         query: str) -> dict[str, Any]:
     try:
         host, port = parse_listen(admin)
     except ValueError as e:
@@ -32,9 +51,11 @@ def fetch(admin: str, group: str | None = None, timeout: float = 5.0) -> dict[st
     if ":" in host:
         host = f"[{host}]"
     path = "/groups" if group is None else "/groups/" + quote(group, safe="")
-    url = f"http://{host}:{port}{path}"
+    url = f"http://{host}:{port}{path}{query}"
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"}
+                                 if token else {})
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             data: dict[str, Any] = json.load(r)
             return data
     except urllib.error.HTTPError as e:
@@ -93,7 +114,10 @@ def render_group(view: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the admin view's JSON.")
 @click.option("--timeout", type=float, default=5.0, show_default=True, metavar="SECONDS",
               help="How long to wait for the router.")
-def dump(admin: str, group: str | None, as_json: bool, timeout: float) -> None:
+@click.option("--token", "token_ref", default="", metavar="file:PATH|env:NAME",
+              help="Where the endpoint's bearer token is (the router's admin_token).")
+def dump(admin: str, group: str | None, as_json: bool, timeout: float,
+         token_ref: str) -> None:
     """Print a running router's groups, or the members of GROUP.
 
     HOST:PORT is the router's --metrics address (its read-only admin view).
@@ -104,7 +128,11 @@ def dump(admin: str, group: str | None, as_json: bool, timeout: float) -> None:
       gossiprouter dump 127.0.0.1:9100 billing    # members of 'billing'
       gossiprouter dump 127.0.0.1:9100 --json
     """
-    view = fetch(admin, group, timeout)
+    try:
+        token = load_secret(token_ref) if token_ref else ""
+    except ConfigError as e:
+        raise _Fail(str(e).replace("admin_token", "--token", 1)) from None
+    view = fetch(admin, group, timeout, token)
     if as_json:
         click.echo(json.dumps(view, indent=2))
     elif group is None:

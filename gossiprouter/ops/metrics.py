@@ -2,7 +2,9 @@
 
 Nothing here runs per frame: a scrape reads the hub's counters (which the
 core already keeps as plain integers), walks the connections and the routing
-table once, and renders the text format with prometheus-client. Labels take
+table once (:meth:`RouterCollector.refresh`, a few thousand items between two
+checkpoints, so a table of 100,000s of groups never holds the routing loop),
+and renders the text format with prometheus-client. Labels take
 only values from small fixed sets (protocols, frame types, reasons, kinds):
 never an address, a group or a peer, so the series count stays bounded
 whatever the traffic.
@@ -12,8 +14,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import trio
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
@@ -38,36 +42,77 @@ def _frame_label(name: str) -> str:
     return _SNAKE.sub("_", name).lower()
 
 
+# Connections or groups looked at between two checkpoints of a scrape's walk.
+WALK_BATCH = 2000
+
+
+@dataclass
+class Walk:
+    """What a scrape counts by walking the connections and the table (see refresh)."""
+
+    by_proto: dict[str, int] = field(default_factory=dict)
+    queued: int = 0
+    queued_max: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)
+    watchers: int = 0
+    graced: int = 0
+    held_bytes: int = 0
+
+
 class RouterCollector(Collector):
     """Reads one router's state when Prometheus scrapes."""
 
     def __init__(self, server: Server, ops: Operations) -> None:
         self.server = server
         self.ops = ops
+        self.walk = Walk()
+
+    async def refresh(self) -> None:
+        """Walk the connections and the table, WALK_BATCH items per turn of the loop, into
+        :attr:`walk` (collect reads it). Items that change meanwhile are counted as found."""
+        server = self.server
+        w = Walk(by_proto=dict.fromkeys((*PROTOCOLS, "handshake"), 0),
+                 kinds={k.label: 0 for k in Kind})
+        conns = list(server.connections)
+        for i in range(0, len(conns), WALK_BATCH):
+            for conn in conns[i : i + WALK_BATCH]:
+                s = conn.session
+                if s is None:
+                    w.by_proto["handshake"] += 1
+                    continue
+                w.by_proto[s.protocol] = w.by_proto.get(s.protocol, 0) + 1
+                n = s.outbox.nbytes
+                w.queued += n
+                w.queued_max = max(w.queued_max, n)
+            await trio.lowlevel.checkpoint()
+        groups = list(server.hub.table.groups.values())
+        kinds = w.kinds
+        for i in range(0, len(groups), WALK_BATCH):
+            for grp in groups[i : i + WALK_BATCH]:
+                w.watchers += len(grp.watchers)
+                for e in grp.entries.values():
+                    kinds[e.kind.label] += 1
+                for e in grp.graced:
+                    w.graced += 1
+                    w.held_bytes += e.held_bytes
+            await trio.lowlevel.checkpoint()
+        self.walk = w
 
     def collect(self) -> Iterator[Metric]:
         server, ops = self.server, self.ops
         hub = server.hub
         c = hub.counters
         table = hub.table
+        walk = self.walk
 
         info = GaugeMetricFamily("gossiprouter_info", "Router version and name.",
                                  labels=["version", "router_id"])
         info.add_metric([__version__, hub.config.name], 1)
         yield info
 
-        # --- connections (scrape-time walk of the open connections)
-        by_proto = dict.fromkeys((*PROTOCOLS, "handshake"), 0)
-        queued = queued_max = 0
-        for conn in server.connections:
-            s = conn.session
-            if s is None:
-                by_proto["handshake"] += 1
-                continue
-            by_proto[s.protocol] = by_proto.get(s.protocol, 0) + 1
-            n = s.outbox.nbytes
-            queued += n
-            queued_max = max(queued_max, n)
+        # --- connections (the scrape's walk, see refresh)
+        by_proto = walk.by_proto
+        queued, queued_max = walk.queued, walk.queued_max
         g = GaugeMetricFamily("gossiprouter_connections",
                               "Open client connections by protocol ('handshake': not yet known).",
                               labels=["protocol"])
@@ -105,16 +150,9 @@ class RouterCollector(Collector):
             cm.add_metric([what, result], n)
         yield cm
 
-        # --- membership (scrape-time walk of the table)
-        kinds = {k.label: 0 for k in Kind}
-        watchers = graced = held_bytes = 0
-        for grp in table.groups.values():
-            watchers += len(grp.watchers)
-            for e in grp.entries.values():
-                kinds[e.kind.label] += 1
-            for e in grp.graced:
-                graced += 1
-                held_bytes += e.held_bytes
+        # --- membership (the scrape's walk, see refresh)
+        kinds = walk.kinds
+        watchers, graced, held_bytes = walk.watchers, walk.graced, walk.held_bytes
         g = GaugeMetricFamily("gossiprouter_members",
                               "Registered members (routing entries), by kind.", labels=["kind"])
         for kind, n in kinds.items():
@@ -181,6 +219,26 @@ class RouterCollector(Collector):
                        "Unexpected exceptions (router bugs) contained: each closed the one "
                        "connection it happened on, or was logged by the task it happened in.",
                        c.internal_errors)
+        # --- hostile clients (issue 12): fairness, budgets, deadlines
+        yield _counter("gossiprouter_turns_cut",
+                       "Times a connection's reader let others run before finishing what it "
+                       "had received (its share of a turn of the loop was used up).",
+                       c.turns_cut)
+        yield _counter("gossiprouter_throttled_turns",
+                       "Times a connection's input was held back because its control budget "
+                       "(control_rate, control_burst) was spent.", c.throttled_turns)
+        yield _counter("gossiprouter_rate_limited_disconnects",
+                       "Connections closed for staying over their control budget "
+                       "(ERROR rate_limited).", c.rate_limited)
+        yield _counter("gossiprouter_write_timeouts",
+                       "Receivers whose socket took nothing for write_timeout with data "
+                       "queued (then their slow_consumer_policy applied).", c.write_timeouts)
+        yield _counter("gossiprouter_auth_delayed",
+                       "Native HELLOs held back after failed authentications from the same "
+                       "address.", ops.stats.auth_delayed)
+        yield _counter("gossiprouter_admin_unauthorized",
+                       "Requests to this endpoint refused for a missing or wrong bearer token.",
+                       0 if ops.admin is None else ops.admin.unauthorized)
         yield GaugeMetricFamily("gossiprouter_outbound_queued_bytes",
                                 "Bytes queued for all connections.", value=queued)
         yield GaugeMetricFamily("gossiprouter_outbound_queued_bytes_max",
@@ -201,9 +259,11 @@ class Metrics:
 
     def __init__(self, server: Server, ops: Operations) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(RouterCollector(server, ops))
+        self.collector = RouterCollector(server, ops)
+        self.registry.register(self.collector)
         # process_cpu_seconds, resident memory, open fds (Linux; nothing elsewhere).
         ProcessCollector(registry=self.registry)
 
-    def render(self) -> bytes:
+    async def render(self) -> bytes:
+        await self.collector.refresh()
         return generate_latest(self.registry)

@@ -21,7 +21,8 @@ import contextlib
 import logging
 import signal
 import socket
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -30,7 +31,7 @@ import trio
 from gossiprouter.config import Config, ConfigError, parse_listen
 from gossiprouter.ops.access import AccessPolicy, describe, peer_ip
 from gossiprouter.ops.admin import AdminServer
-from gossiprouter.ops.auth import Authenticator, load_tokens
+from gossiprouter.ops.auth import Authenticator, load_secret, load_tokens
 from gossiprouter.ops.tls import ServerTLS, check_config
 from gossiprouter.protocol import native as wire
 
@@ -50,6 +51,8 @@ class OpsStats:
     refused: dict[tuple[str, str], int] = field(default_factory=dict)
     # (what, "ok" / "failed") -> count
     reloads: dict[tuple[str, str], int] = field(default_factory=dict)
+    # Native connections whose HELLO was held back after failed authentications.
+    auth_delayed: int = 0
 
     def bump(self, table: dict[tuple[str, str], int], key: tuple[str, str]) -> None:
         table[key] = table.get(key, 0) + 1
@@ -63,6 +66,11 @@ def check_startup(cfg: Config) -> None:
         ServerTLS(cfg)
     if cfg.tokens_file:
         load_tokens(cfg.tokens_file)
+    if cfg.admin_token:
+        if not cfg.metrics:
+            raise ConfigError("admin_token is set but metrics is not: the token protects "
+                              "the metrics/admin endpoint, which is off")
+        load_secret(cfg.admin_token)
     if cfg.metrics:
         host, port = parse_listen(cfg.metrics)
         if port and port == cfg.port and host in (cfg.host, "0.0.0.0", "::"):
@@ -88,13 +96,15 @@ class Operations:
         check_config(cfg)
         self.tls = ServerTLS(cfg) if cfg.tls_cert else None
         self.access = AccessPolicy.from_config(cfg)
-        self.auth = Authenticator(cfg.tokens_file) if cfg.tokens_file else None
+        self.auth = (Authenticator(cfg.tokens_file, cfg.auth_backoff) if cfg.tokens_file
+                     else None)
         server.hub.auth = self.auth
         self.admin: AdminServer | None = None
         if cfg.metrics:
-            self.admin = AdminServer(server, cfg.metrics, self._metrics_renderer())
+            self.admin = AdminServer(server, cfg.metrics, self._metrics_renderer(),
+                                     cfg.admin_token)
 
-    def _metrics_renderer(self) -> Callable[[], bytes] | None:
+    def _metrics_renderer(self) -> Callable[[], Awaitable[bytes]] | None:
         try:
             from gossiprouter.ops.metrics import Metrics
         except ImportError:
@@ -138,6 +148,13 @@ class Operations:
         reason = None if access.everyone else access.verdict(protocol, peer_ip(conn.peer))
         if reason is None:
             self.stats.accepted[protocol] = self.stats.accepted.get(protocol, 0) + 1
+            if protocol == "native" and self.auth is not None:
+                # Recent failed authentications from this address: its HELLO waits its turn
+                # (bounded by the handshake deadline, which the server applies around this).
+                delay = self.auth.backoff.delay(conn.peer.rpartition(":")[0], time.monotonic())
+                if delay > 0:
+                    self.stats.auth_delayed += 1
+                    await trio.sleep(delay)
             return True
         self.stats.bump(self.stats.refused, (protocol, reason))
         if reason == "disabled":
@@ -181,8 +198,18 @@ class Operations:
                 self.stats.bump(self.stats.reloads, ("tokens", "ok"))
                 log.info("reloaded tokens_file %s: %d identities", self.auth.path,
                          self.auth.tokens.identities)
-        if self.tls is None and self.auth is None:
-            log.info("SIGHUP: nothing to reload (no TLS, no tokens_file)")
+        if self.admin is not None and self.admin.token_ref:
+            try:
+                self.admin.reload()
+            except ConfigError as e:
+                self.stats.bump(self.stats.reloads, ("admin_token", "failed"))
+                log.error("admin_token reload failed, keeping the current token: %s", e)
+            else:
+                self.stats.bump(self.stats.reloads, ("admin_token", "ok"))
+                log.info("reloaded admin_token")
+        if self.tls is None and self.auth is None and not (
+                self.admin is not None and self.admin.token_ref):
+            log.info("SIGHUP: nothing to reload (no TLS, no tokens_file, no admin_token)")
 
 
 async def reload_on_sighup(server: Server) -> None:

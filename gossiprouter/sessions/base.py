@@ -41,6 +41,11 @@ def _nothing() -> None:
     pass
 
 
+# Control frames one connection may have handled per turn of the event loop, before the
+# server lets every other connection run (see Session.spend_control).
+TURN_CONTROLS = 64
+
+
 class Outbox:
     """A connection's outbound queue, bounded in bytes and in frames.
 
@@ -263,6 +268,14 @@ class Counters:
     # Bytes reserved right now by incomplete frames across all connections (a gauge; see
     # Session._reserve): bounded by Config.partial_frames_budget beyond the small frames.
     partial_bytes: int = 0
+    # Fairness (issue 12): turns a reader ended early to let others run (its share of the
+    # loop used up), turns it waited because its connection's control budget was spent, and
+    # connections closed for staying over that budget (ERROR rate_limited).
+    turns_cut: int = 0
+    throttled_turns: int = 0
+    rate_limited: int = 0
+    # Receivers whose socket took nothing for write_timeout with data queued.
+    write_timeouts: int = 0
 
     def drop(self, reason: str, n: int = 1) -> None:
         self.drops[reason] = self.drops.get(reason, 0) + n
@@ -285,6 +298,17 @@ class Session:
         self._need = 0
         # Bytes this session holds against the router-wide budget (Counters.partial_bytes).
         self._held = 0
+        # The control budget (a token bucket, see spend_control) and this turn's share.
+        self.control_rate = cfg.control_rate
+        self.control_burst = float(cfg.control_burst)
+        self.tokens = self.control_burst
+        self.over_since: float | None = None
+        self.turn_left = TURN_CONTROLS
+        self.paused = False
+        self._refilled = 0.0
+        # Past the handshake: the first control frame was handled (for the native protocol
+        # that is HELLO, as anything else first closes the connection).
+        self.established = False
 
     def __repr__(self) -> str:
         return f"<{self.protocol} {self.peer}>"
@@ -350,6 +374,48 @@ class Session:
     def on_eof(self) -> None:
         """The peer closed its side; nothing more will be received."""
 
+    # --- fairness: the control budget and the turn's share (issue 12)
+    def spend_control(self) -> None:
+        """Charge one control frame (anything but ROUTE / MESSAGE) to this connection.
+
+        Sessions call it once per control frame; routed runs never do. Two bounds: a token
+        bucket (``control_rate`` per second, ``control_burst`` at most) and this turn's share
+        of the event loop (TURN_CONTROLS frames). When either is spent, :attr:`paused` is set:
+        the session stops after the frame, keeps the rest of its input (:meth:`keep`) and the
+        server resumes it later with ``on_data(b"")``: after a checkpoint for a spent share,
+        after the bucket has refilled for a spent budget. ``over_since`` says since when the
+        bucket has not been full: the server closes a connection that stays over its budget.
+        """
+        self.established = True
+        self.turn_left -= 1
+        if self.turn_left <= 0:
+            self.paused = True
+        rate = self.control_rate
+        if not rate:
+            return
+        now = self.last_recv
+        t = self.tokens + (now - self._refilled) * rate
+        self._refilled = now
+        if t >= self.control_burst:
+            t = self.control_burst
+            self.over_since = None
+        t -= 1
+        self.tokens = t
+        if t < 0:
+            self.paused = True
+            if self.over_since is None:
+                self.over_since = now
+
+    def new_turn(self) -> None:
+        """Called by the server before it feeds the session in a new turn."""
+        self.turn_left = TURN_CONTROLS
+        self.paused = False
+
+    def keep(self, data: bytes, pos: int) -> None:
+        """Paused at ``pos``: keep ``data[pos:]`` (whole frames) for ``on_data(b"")``."""
+        if pos < len(data):
+            self._carry(data, pos, 0)
+
     def close(self, code: str, message: str) -> None:
         """Close this connection from the router side, telling the peer why if it can."""
         self.outbox.close(code, self.farewell(code, message))
@@ -409,6 +475,8 @@ class Hub:
         self.table.limits.addresses_per_connection = config.addresses_per_connection
         self.table.limits.groups_per_connection = config.groups_per_connection
         self.table.check = self.check_registration
+        self.table.limits.watches_per_connection = config.watches_per_connection
+        self.table.limits.max_groups = config.max_groups
         self.counters = Counters()
         self.congestion = Congestion()
         # Set by the server to defer notice delivery (see deliver()).

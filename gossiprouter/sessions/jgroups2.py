@@ -85,6 +85,10 @@ class JGroups2Session(JGroupsSession):
             pos = self._resume(data)
             if pos < 0:
                 return
+            self.spend_control()  # the object completed by this chunk
+            if self.paused:
+                self.keep(data, pos)
+                return
         else:
             resumed = self._complete(data)
             if resumed is None:
@@ -177,7 +181,12 @@ class JGroups2Session(JGroupsSession):
                         self._no_budget()
                     return
             pos = self._slow(data, pos, size)
+            if self._dec is None:  # an object was handled (else it is incomplete, kept)
+                self.spend_control()
             if ob.closed:
+                return
+            if self.paused:  # budget or turn spent: resume later
+                self.keep(data, pos)
                 return
             member_of.clear()
             max_frame = self.max_frame  # raised by the first CONNECT

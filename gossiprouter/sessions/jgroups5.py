@@ -153,7 +153,11 @@ class JGroups5Session(JGroupsSession):
                         pos = end
                         continue
             self._frame(data[pos:end])
+            self.spend_control()
             if ob.closed:
+                return
+            if self.paused:  # budget or turn spent: resume later
+                self.keep(data, end)
                 return
             regs = self.hub.table.registrations(self)
             max_frame = self.max_frame  # raised by the first REGISTER

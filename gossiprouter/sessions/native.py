@@ -129,6 +129,10 @@ class NativeSession(Session):
                     return
                 self._control(frame)
                 max_frame = self.max_in  # raised by HELLO
+                self.spend_control()
+                if self.paused and not ob.closed:  # budget or turn spent: resume later
+                    self.keep(data, end)
+                    return
             if ob.closed:
                 return
             pos = end
@@ -247,7 +251,11 @@ class NativeSession(Session):
                 for part in wire.encode_members(req, members, self.hub.config.max_frame):
                     self.push(part)
             case wire.Watch(req, group):
-                self.hub.table.watch(self, group)
+                try:
+                    self.hub.table.watch(self, group)
+                except RoutingError as e:
+                    self._error(req, e.code, e.message)
+                    return
                 self.outbox.push(wire.encode(wire.Ok(req)))
             case wire.Unwatch(req, group):
                 self.hub.table.unwatch(self, group)
