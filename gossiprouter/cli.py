@@ -6,6 +6,8 @@ one clear line on stderr and a non-zero exit status, never a traceback.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import logging
 import re
 import signal
@@ -18,7 +20,7 @@ import trio
 
 from gossiprouter import __version__
 from gossiprouter.analytics.cli import analyze_command
-from gossiprouter.cli_errors import PREFIX, CommandError
+from gossiprouter.cli_errors import PREFIX, CommandError, needs_extra
 from gossiprouter.config import OPTIONS, Config, ConfigError, Option, build, check
 from gossiprouter.loadtest.cli import loadtest_command
 from gossiprouter.ops.dump import dump
@@ -226,9 +228,29 @@ def run() -> None:  # pragma: no cover - console-script shim
     main()
 
 
+def _needs(cmd: click.Command, modules: tuple[str, ...], what: str, needs: str,
+           extra: str) -> click.Command:
+    """Check ``cmd``'s optional dependencies before it runs, and name what is missing the
+    one way: the package the user knows and ``pip install 'gossiprouter[EXTRA]'`` (not a
+    dependency of it that happened to be imported first, such as py4j for PySpark)."""
+    run = cmd.callback
+    assert run is not None
+
+    @functools.wraps(run)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        if any(importlib.util.find_spec(m) is None for m in modules):
+            raise CommandError(needs_extra(what, needs, extra))
+        return run(*args, **kwargs)
+
+    cmd.callback = checked
+    return cmd
+
+
 main.add_command(members_command)
 main.add_command(send_command)
 main.add_command(listen_command)
 main.add_command(dump)
-main.add_command(loadtest_command)
-main.add_command(analyze_command)
+main.add_command(_needs(loadtest_command, ("pyarrow", "rich"), "the load test",
+                        "pyarrow and rich", "loadtest"))
+main.add_command(_needs(analyze_command, ("pyspark", "py4j"), "the analysis", "PySpark",
+                        "loadtest"))
