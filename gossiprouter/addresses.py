@@ -48,10 +48,10 @@ def parse_hostport(value: str, *, allow_zero: bool = False) -> HostPort:
         host = host[1:-1]
         if not host:
             raise ValueError(expected)
-    elif ":" in host:
-        raise ValueError(f"an IPv6 address goes in brackets, e.g. [{host}]:{port_s}")
     elif "[" in host or "]" in host:
         raise ValueError(expected)
+    elif ":" in host:
+        raise ValueError(f"an IPv6 address goes in brackets, e.g. [{host}]:{port_s}")
     if not sep or not host or not port_s.isdigit() or not low <= int(port_s) <= 65535:
         raise ValueError(expected)
     return host, int(port_s)

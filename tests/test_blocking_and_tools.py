@@ -193,7 +193,8 @@ async def test_members_and_send_commands(router: Server) -> None:
 
         r = await cli("send", hp, "demo", "--to", "hex:ee", "nobody")
         assert r.returncode == 1
-        assert r.stderr.decode() == "gossiprouter: error: no member hex:ee in 'demo': message dropped\n"
+        assert r.stderr.decode() == (
+            "gossiprouter: error: no member hex:ee in 'demo': message dropped\n")
 
         assert await drain(a, 0.1) == [] and await drain(b, 0) == []
         assert {e.addr for e in router.hub.table.members("demo")} == {b"A", b"\x01\x02\xff"}

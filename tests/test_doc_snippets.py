@@ -101,7 +101,7 @@ BLOCKS = extract()
 
 
 def _params(langs: set[str]) -> list[object]:
-    params = []
+    params: list[object] = []
     for b in BLOCKS:
         if b.lang not in langs or b.not_run:
             continue
@@ -228,7 +228,7 @@ def _interrupt(proc: subprocess.Popen[str], what: str) -> None:
     """Ctrl-C: the command must stop by itself with status 0."""
     proc.send_signal(signal.SIGINT)
     try:
-        out, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=30)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
