@@ -15,12 +15,9 @@ from urllib.parse import quote
 
 import click
 
+from gossiprouter.addresses import format_hostport
+from gossiprouter.cli_errors import CommandError as _Fail
 from gossiprouter.config import parse_listen
-
-
-class _Fail(click.ClickException):
-    def show(self, file: Any = None) -> None:
-        click.echo(f"gossiprouter: error: {self.message}", err=True)
 
 
 def fetch(admin: str, group: str | None = None, timeout: float = 5.0) -> dict[str, Any]:
@@ -29,10 +26,8 @@ def fetch(admin: str, group: str | None = None, timeout: float = 5.0) -> dict[st
         host, port = parse_listen(admin)
     except ValueError as e:
         raise _Fail(f"{admin!r}: {e}") from None
-    if ":" in host:
-        host = f"[{host}]"
     path = "/groups" if group is None else "/groups/" + quote(group, safe="")
-    url = f"http://{host}:{port}{path}"
+    url = f"http://{format_hostport(host, port)}{path}"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             data: dict[str, Any] = json.load(r)
