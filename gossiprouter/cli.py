@@ -101,9 +101,6 @@ def _metavar(o: Option) -> str:
     return {int: "INT", float: "SECONDS" if o.unit == "seconds" else "NUM", str: "TEXT"}[o.type]
 
 
-_Fail = CommandError
-
-
 class _UsageError(click.UsageError):
     """Click's usage errors in the one format: ``gossiprouter: error: ...``, exit 2."""
 
@@ -172,14 +169,14 @@ def serve(config_file: Path | None, **options: Any) -> None:
         config = build(config_file, **given)
         check_startup(config)  # TLS files, tokens file: refused now, not after listening
     except ConfigError as e:
-        raise _Fail(str(e)) from None
+        raise CommandError(str(e)) from None
     setup_logging(config.log_level, config.log_format)
     try:
         trio.run(run_until_signal, config)
     except BaseException as e:
         failure = _find(e, ListenError)
         if failure is not None:
-            raise _Fail(str(failure)) from None
+            raise CommandError(str(failure)) from None
         raise
     except KeyboardInterrupt:  # a second Ctrl-C during shutdown
         sys.exit(130)

@@ -53,10 +53,6 @@ __all__ = ["listen_command", "members_command", "send_command"]
 R = TypeVar("R")
 
 
-ToolError = CommandError  # exit status 1
-BadArgument = BadInput  # exit status 2
-
-
 # --------------------------------------------------------------------------- parsing
 
 
@@ -64,7 +60,7 @@ def parse_routers(value: str) -> list[RouterAddress]:
     try:
         return addresses.parse_hostports(value)
     except ValueError as e:
-        raise BadArgument(f"bad router address {value!r}: {e}") from None
+        raise BadInput(f"bad router address {value!r}: {e}") from None
 
 
 def parse_addr(value: str, what: str = "ADDR") -> bytes:
@@ -72,14 +68,14 @@ def parse_addr(value: str, what: str = "ADDR") -> bytes:
     try:
         return addresses.parse_addr(value)
     except ValueError as e:
-        raise BadArgument(f"bad {what} {value!r}: {e}") from None
+        raise BadInput(f"bad {what} {value!r}: {e}") from None
 
 
 def check_group(group: str) -> str:
     try:
         return addresses.parse_group(group)
     except ValueError as e:
-        raise BadArgument(f"bad GROUP {group[:40]!r}: {e}") from None
+        raise BadInput(f"bad GROUP {group[:40]!r}: {e}") from None
 
 
 # --------------------------------------------------------------------------- formatting
@@ -134,11 +130,11 @@ def _run(fn: Callable[..., Awaitable[R]], *args: Any) -> R:
             if isinstance(e, click.ClickException):
                 raise e from None
             if isinstance(e, NotConnectedError):
-                raise ToolError(str(e)) from None
+                raise CommandError(str(e)) from None
             if isinstance(e, RouterError):
-                raise ToolError(f"the router refused: {e}") from None
+                raise CommandError(f"the router refused: {e}") from None
             if isinstance(e, StubError):
-                raise ToolError(str(e)) from None
+                raise CommandError(str(e)) from None
             if isinstance(e, KeyboardInterrupt):
                 sys.exit(130)
         raise
@@ -250,7 +246,7 @@ def send_command(router: str, group: str, text: str, to: str | None, sender: str
                 # ERROR unknown_destination for the unicast would have arrived before it.
                 await stub.members(group)
                 if stub.stats.async_errors.get("unknown_destination"):
-                    raise ToolError(f"no member {format_addr(dest)} in {group!r}: "
+                    raise CommandError(f"no member {format_addr(dest)} in {group!r}: "
                                     "message dropped")
 
     _run(run)
@@ -349,7 +345,7 @@ def listen_command(router: str, group: str, watch_only: bool, addr_text: str | N
                         chan = await stub.connect(group, addr, name=name)
                     except RouterError as e:
                         hint = " (use --watch-only)" if e.code == "forbidden" else ""
-                        raise ToolError(f"cannot join {group!r}: {e}{hint}") from None
+                        raise CommandError(f"cannot join {group!r}: {e}{hint}") from None
                 members = await stub.members(group)
                 for m in members:
                     if m.name:
