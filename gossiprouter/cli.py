@@ -6,7 +6,10 @@ one clear line on stderr and a non-zero exit status, never a traceback.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import logging
+import re
 import signal
 import sys
 from pathlib import Path
@@ -17,7 +20,8 @@ import trio
 
 from gossiprouter import __version__
 from gossiprouter.analytics.cli import analyze_command
-from gossiprouter.config import OPTIONS, Config, ConfigError, Option, build
+from gossiprouter.cli_errors import PREFIX, CommandError, needs_extra
+from gossiprouter.config import OPTIONS, Config, ConfigError, Option, build, check
 from gossiprouter.loadtest.cli import loadtest_command
 from gossiprouter.ops.dump import dump
 from gossiprouter.ops.logs import use_format as use_log_format
@@ -43,10 +47,34 @@ def _help(o: Option) -> str:
     return f"{o.help}{unit}  [default: {shown}]"
 
 
-def _list_value(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> Any:
-    # Not given -> None, so the config file's value stands (click gives () by default).
-    items = tuple(s.strip() for v in value for s in v.split(",") if s.strip())
-    return items or None
+def _checked(o: Option, value: Any) -> Any:
+    """A value given on the command line, checked like the config file's: a bad one is a
+    usage error (exit status 2, as for any other bad option), not a failure to start."""
+    if value is None:
+        return None
+    try:
+        check(o, value)
+    except ConfigError as e:
+        # "port = 70000: expected ..." names the config key; the user typed --port, which
+        # click names, so keep "70000: expected ...".
+        raise click.BadParameter(re.sub(rf"^{o.name}(\[\d+\])? = ", "", str(e))) from None
+    return value
+
+
+def _value(o: Option) -> Any:
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        return _checked(o, value)
+
+    return callback
+
+
+def _list_value(o: Option) -> Any:
+    def callback(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> Any:
+        # Not given -> None, so the config file's value stands (click gives () by default).
+        items = tuple(s.strip() for v in value for s in v.split(",") if s.strip())
+        return _checked(o, items or None)
+
+    return callback
 
 
 def router_options(f: Any) -> Any:
@@ -57,11 +85,11 @@ def router_options(f: Any) -> Any:
             decl = f"--{name}/--no-{name}"
             f = click.option(decl, o.name, default=None, help=_help(o))(f)
         elif o.type is tuple:  # a list option: repeatable
-            f = click.option(o.flag, o.name, multiple=True, callback=_list_value,
+            f = click.option(o.flag, o.name, multiple=True, callback=_list_value(o),
                              metavar=_metavar(o), help=_help(o))(f)
         else:
             f = click.option(o.flag, o.name, type=_click_type(o), default=None, metavar=_metavar(o),
-                             help=_help(o))(f)
+                             callback=_value(o), help=_help(o))(f)
     return f
 
 
@@ -73,12 +101,42 @@ def _metavar(o: Option) -> str:
     return {int: "INT", float: "SECONDS" if o.unit == "seconds" else "NUM", str: "TEXT"}[o.type]
 
 
-class _Fail(click.ClickException):
+class _UsageError(click.UsageError):
+    """Click's usage errors in the one format: ``gossiprouter: error: ...``, exit 2."""
+
     def show(self, file: Any = None) -> None:
-        click.echo(f"gossiprouter: error: {self.message}", err=True)
+        msg = self.message.rstrip(".")
+        if msg[:1].isupper() and msg[1:2].islower():  # "No such option" -> "no such option"
+            msg = msg[0].lower() + msg[1:]
+        where = f" (see '{self.ctx.command_path} --help')" if self.ctx is not None else ""
+        click.echo(f"{PREFIX}{msg}{where}", err=True)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+def _restyled(e: click.UsageError) -> click.UsageError:
+    if isinstance(e, _UsageError) or type(e).__name__ == "NoArgsIsHelpError":
+        return e  # already restyled, or "gossiprouter" alone: that shows the help
+    return _UsageError(e.format_message(), e.ctx)
+
+
+class _Group(click.Group):
+    """The main group: every usage error, its own or a subcommand's, in the one format."""
+
+    def make_context(self, info_name: str | None, args: list[str],
+                     parent: click.Context | None = None, **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as e:
+            raise _restyled(e) from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as e:
+            raise _restyled(e) from None
+
+
+@click.group(cls=_Group,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, "--version", prog_name="gossiprouter")
 def main() -> None:
     """gossiprouter: a TCP GossipRouter for group communication.
@@ -111,14 +169,14 @@ def serve(config_file: Path | None, **options: Any) -> None:
         config = build(config_file, **given)
         check_startup(config)  # TLS files, tokens file: refused now, not after listening
     except ConfigError as e:
-        raise _Fail(str(e)) from None
+        raise CommandError(str(e)) from None
     setup_logging(config.log_level, config.log_format)
     try:
         trio.run(run_until_signal, config)
     except BaseException as e:
         failure = _find(e, ListenError)
         if failure is not None:
-            raise _Fail(str(failure)) from None
+            raise CommandError(str(failure)) from None
         raise
     except KeyboardInterrupt:  # a second Ctrl-C during shutdown
         sys.exit(130)
@@ -167,9 +225,29 @@ def run() -> None:  # pragma: no cover - console-script shim
     main()
 
 
+def _needs(cmd: click.Command, modules: tuple[str, ...], what: str, needs: str,
+           extra: str) -> click.Command:
+    """Check ``cmd``'s optional dependencies before it runs, and name what is missing the
+    one way: the package the user knows and ``pip install 'gossiprouter[EXTRA]'`` (not a
+    dependency of it that happened to be imported first, such as py4j for PySpark)."""
+    run = cmd.callback
+    assert run is not None
+
+    @functools.wraps(run)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        if any(importlib.util.find_spec(m) is None for m in modules):
+            raise CommandError(needs_extra(what, needs, extra))
+        return run(*args, **kwargs)
+
+    cmd.callback = checked
+    return cmd
+
+
 main.add_command(members_command)
 main.add_command(send_command)
 main.add_command(listen_command)
 main.add_command(dump)
-main.add_command(loadtest_command)
-main.add_command(analyze_command)
+main.add_command(_needs(loadtest_command, ("pyarrow", "rich"), "the load test",
+                        "pyarrow and rich", "loadtest"))
+main.add_command(_needs(analyze_command, ("pyspark", "py4j"), "the analysis", "PySpark",
+                        "loadtest"))

@@ -8,6 +8,7 @@ are all derived from it, so they cannot drift apart.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import math
 import tomllib
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from gossiprouter import addresses
 from gossiprouter.protocol.native import DEFAULT_MAX_FRAME
 
 
@@ -362,22 +364,16 @@ def parse_secret_ref(value: str) -> tuple[str, str]:
 
 def parse_listen(value: str) -> tuple[str, int]:
     """``HOST:PORT`` to listen on; port 0 picks a free port (tests)."""
-    host, _, port_s = value.rpartition(":")
-    host = host.strip("[]")
-    if not host or not port_s.isdigit() or int(port_s) > 65535:
-        raise ValueError("expected HOST:PORT (e.g. 127.0.0.1:9100), port 0 to 65535")
-    return host, int(port_s)
+    return addresses.parse_hostport(value, allow_zero=True)
 
 
 def _parse_addr(value: Any, where: str) -> bytes:
     if not isinstance(value, str):
         raise ConfigError(f"{where} = {value!r}: expected a string (hex bytes or text)")
-    if value.startswith("hex:"):
-        try:
-            return bytes.fromhex(value[4:])
-        except ValueError:
-            raise ConfigError(f"{where} = {value!r}: expected hex digits after 'hex:'") from None
-    return value.encode()
+    try:
+        return addresses.parse_addr(value)
+    except ValueError as e:
+        raise ConfigError(f"{where} = {value!r}: {e}") from None
 
 
 def _parse_provisioned(items: Any) -> tuple[Provisioned, ...]:
@@ -414,13 +410,7 @@ def _parse_provisioned(items: Any) -> tuple[Provisioned, ...]:
 
 def parse_hostport(value: Any) -> tuple[str, int]:
     """Parse ``HOST:PORT`` (``[v6]:PORT`` for IPv6); ValueError says what was expected."""
-    if not isinstance(value, str) or ":" not in value:
-        raise ValueError("expected HOST:PORT")
-    host, _, port_s = value.rpartition(":")
-    host = host.strip("[]")
-    if not host or not port_s.isdigit() or not 0 < int(port_s) <= 65535:
-        raise ValueError("expected HOST:PORT with a port from 1 to 65535")
-    return host, int(port_s)
+    return addresses.parse_hostport(value)
 
 
 def load_file(path: Path) -> dict[str, Any]:
@@ -438,9 +428,11 @@ def load_file(path: Path) -> dict[str, Any]:
     for key, value in raw.items():
         name = key.replace("-", "_")
         if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
             raise ConfigError(
-                f"config file {path}: unknown key {key!r}; expected one of "
-                + ", ".join(sorted(known))
+                f"config file {path}: unknown key {key!r}; "
+                + (f"did you mean {close[0]!r}?" if close
+                   else "expected one of " + ", ".join(sorted(known)))
             )
         try:
             if name == "provisioned":

@@ -42,6 +42,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 import trio
 
+from gossiprouter.addresses import format_hostport, parse_hostport
 from gossiprouter.ops.tls import wrap_client
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
@@ -356,16 +357,14 @@ def parse_router(value: str | tuple[str, int]) -> RouterAddress:
                 or not 0 < port <= 65535:
             raise ValueError(f"router {value!r}: expected (host, port) with a port 1..65535")
         return host, port
-    host, sep, port_s = value.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port_s.isdigit() or not 0 < int(port_s) <= 65535:
-        raise ValueError(f"router {value!r}: expected HOST:PORT with a port 1..65535")
-    return host, int(port_s)
+    try:
+        return parse_hostport(value)
+    except ValueError as e:
+        raise ValueError(f"router {value!r}: {e}") from None
 
 
 def _fmt(router: RouterAddress) -> str:
-    host, port = router
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return format_hostport(*router)
 
 
 def describe_error(e: BaseException) -> str:
@@ -716,6 +715,9 @@ class _Transport:
         self.connections = 0
         self.last_error: str | None = None
         self.router_id: str | None = None
+        # When the current attempt sent HELLO (None before that): a peer that accepts
+        # TCP but never answers is named as such when the caller stops waiting.
+        self.hello_sent_at: float | None = None
 
     def status(self) -> RouterStatus:
         return RouterStatus(self.address, self.state, self.attempts, self.connections,
@@ -724,6 +726,30 @@ class _Transport:
 
 class _HandshakeError(Exception):
     pass
+
+
+FOREIGN = "does not speak the gossiprouter protocol"
+
+
+def _foreign(got: bytes | str) -> _HandshakeError:
+    """The peer answered HELLO with something else than a gossiprouter would."""
+    if isinstance(got, str):
+        return _HandshakeError(f"{FOREIGN} ({got})")
+    if got[:1] in (b"\x15", b"\x16") and got[1:2] == b"\x03":
+        return _HandshakeError(f"{FOREIGN} (got a TLS record: the port expects TLS)")
+    line = got[:48].split(b"\n", 1)[0].rstrip(b"\r")
+    if line and all(32 <= c < 127 for c in line):
+        more = "..." if len(line) < len(got) else ""
+        return _HandshakeError(f"{FOREIGN} (got {line.decode()!r}{more})")
+    return _HandshakeError(f"{FOREIGN} (got bytes {got[:16].hex(' ')}"
+                           f"{' ...' if len(got) > 16 else ''})")
+
+
+def _peer_error(address: RouterAddress, error: str) -> str:
+    """``the peer at H:P does not speak ...`` or ``H:P: connection refused``."""
+    if error.startswith(FOREIGN):
+        return f"the peer at {_fmt(address)} {error}"
+    return f"{_fmt(address)}: {error}"
 
 
 # --------------------------------------------------------------------------- the stub
@@ -1004,15 +1030,22 @@ class RouterStub:
 
     def _not_connected(self, waited: float | None) -> NotConnectedError:
         down = [t for t in self._transports if t.state is not ConnectionState.CONNECTED]
-        why = [f"{_fmt(t.address)}: {t.last_error or 'not connected yet'}" for t in down]
+        why = [_peer_error(t.address, t.last_error or self._pending_error(t)) for t in down]
         if len(down) == 1:
-            msg = f"cannot reach router at {why[0]}"
+            msg = why[0] if why[0].startswith("the peer at") else f"cannot reach router at {why[0]}"
         else:
             msg = "cannot reach any router (" + "; ".join(why) + ")"
-        if waited is not None:
+        if waited is not None and not msg.startswith("the peer at"):
             msg = f"no router connection within {waited:g}s: {msg}"
         errors = [t.last_error for t in down if t.last_error]
         return NotConnectedError(msg, self.status(), errors[-1] if errors else None)
+
+    def _pending_error(self, t: _Transport) -> str:
+        """Why a router whose first attempt is still under way is not connected."""
+        if t.hello_sent_at is None:
+            return "not connected yet"
+        waited = trio.current_time() - t.hello_sent_at
+        return f"{FOREIGN} (got no reply to HELLO in {waited:.1f}s)"
 
     # ------------------------------------------------------------------ groups
 
@@ -1291,6 +1324,7 @@ class RouterStub:
 
     async def _open_link(self, t: _Transport) -> _Link:
         host, port = t.address
+        t.hello_sent_at = None
         with trio.fail_after(self.connect_timeout):
             raw = await trio.open_tcp_stream(host, port)
             stream: trio.abc.Stream = raw
@@ -1301,28 +1335,36 @@ class RouterStub:
                 hello = wire.encode(wire.Hello(wire.SUPPORTED_VERSIONS, self.client_name,
                                                self.token))
                 await stream.send_all(wire.PREAMBLE + hello)
+                t.hello_sent_at = trio.current_time()
                 decoder = wire.Decoder(max_frame=64 * 1024)
+                got = b""  # the start of the reply, to show a peer that is no router
                 while True:
                     try:
                         f = decoder.next_frame()
-                    except Exception as e:
-                        raise _HandshakeError(
-                            f"not a gossiprouter (bad reply to HELLO: {e})") from None
+                    except Exception:
+                        raise _foreign(got) from None
                     if f is None:
                         data = await stream.receive_some(RECV_SIZE)
                         if not data:
-                            raise _HandshakeError("router closed the connection during HELLO")
+                            if got:
+                                raise _foreign(got)
+                            # A gossiprouter may close at once too: its allow-list, or TLS.
+                            raise _HandshakeError("closed the connection without answering "
+                                                  "HELLO (not a gossiprouter, or one that "
+                                                  "refuses this client or expects TLS)")
+                        got += data[: 64 - len(got)]
                         decoder.feed(data)
                         continue
                     if isinstance(f, wire.Welcome):
                         break
                     if isinstance(f, wire.Error):
                         raise _HandshakeError(f"router refused HELLO: {f.code}: {f.message}")
-                    raise _HandshakeError(f"unexpected {type(f).__name__} instead of WELCOME")
+                    raise _foreign(f"got {type(f).__name__} instead of WELCOME")
             except BaseException:
                 await trio.aclose_forcefully(stream)
                 raise
         t.router_id = f.router_id
+        t.hello_sent_at = None
         return _Link(t, stream, f, decoder, self._write_timeout, raw)
 
     async def _run_link(self, t: _Transport, link: _Link) -> None:

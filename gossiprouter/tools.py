@@ -7,8 +7,14 @@ They are click commands that ``gossiprouter.cli`` registers under the main
 the router) ends in one line on stderr, ``gossiprouter: error: ...``, and
 exit status 1 (2 for a bad argument); never a traceback.
 
-HOST:PORT may list several routers separated by commas. An ADDR is text
-(its UTF-8 bytes) or ``hex:`` followed by hex digits.
+HOST:PORT may list several routers separated by commas (IPv6 in brackets). An
+ADDR is text (its UTF-8 bytes) or ``hex:`` followed by hex digits; addresses are
+printed the same way (:mod:`gossiprouter.addresses`), so what ``members`` and
+``listen`` print pastes straight into ``send --to``.
+
+Every command leaves cleanly whatever the outcome (an error, Ctrl-C): it sends
+DISCONNECT for what it joined before closing, so the group sees ``leave``, never
+``suspect``.
 """
 
 from __future__ import annotations
@@ -19,12 +25,16 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import click
 import trio
 
+from gossiprouter import addresses
+from gossiprouter.addresses import format_addr, format_hostport
+from gossiprouter.cli_errors import BadInput, CommandError
 from gossiprouter.stub import (
     ConnectionState,
     GroupEvent,
@@ -36,7 +46,6 @@ from gossiprouter.stub import (
     RouterStub,
     StubError,
     StubEvent,
-    parse_router,
 )
 
 __all__ = ["listen_command", "members_command", "send_command"]
@@ -44,65 +53,45 @@ __all__ = ["listen_command", "members_command", "send_command"]
 R = TypeVar("R")
 
 
-class ToolError(click.ClickException):
-    """One line on stderr and exit status 1, like the ``serve`` command's errors."""
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"gossiprouter: error: {self.message}", err=True)
-
-
-class BadArgument(ToolError):
-    exit_code = 2
-
-
 # --------------------------------------------------------------------------- parsing
 
 
 def parse_routers(value: str) -> list[RouterAddress]:
-    parts = [p.strip() for p in value.split(",") if p.strip()]
-    if not parts:
-        raise BadArgument(f"bad router address {value!r}: expected HOST:PORT")
     try:
-        return [parse_router(p) for p in parts]
-    except ValueError:
-        raise BadArgument(f"bad router address {value!r}: expected HOST:PORT with a port "
-                          "from 1 to 65535 (several separated by commas)") from None
+        return addresses.parse_hostports(value)
+    except ValueError as e:
+        raise BadInput(f"bad router address {value!r}: {e}") from None
 
 
 def parse_addr(value: str, what: str = "ADDR") -> bytes:
     """``hex:0a0b...`` -> those bytes; anything else -> its UTF-8 bytes."""
-    if value.startswith("hex:"):
-        try:
-            b = bytes.fromhex(value[4:])
-        except ValueError:
-            raise BadArgument(f"bad {what} {value!r}: expected hex digits after 'hex:'") from None
-    else:
-        b = value.encode()
-    if not b:
-        raise BadArgument(f"bad {what} {value!r}: an address must not be empty")
-    if len(b) > 255:
-        raise BadArgument(f"bad {what} {value!r}: an address is at most 255 bytes")
-    return b
+    try:
+        return addresses.parse_addr(value)
+    except ValueError as e:
+        raise BadInput(f"bad {what} {value!r}: {e}") from None
 
 
 def check_group(group: str) -> str:
-    if not group:
-        raise BadArgument("bad GROUP '': a group name must not be empty")
-    if len(group.encode()) > 1024:
-        raise BadArgument("bad GROUP: a group name is at most 1024 bytes of UTF-8")
-    return group
+    try:
+        return addresses.parse_group(group)
+    except ValueError as e:
+        raise BadInput(f"bad GROUP {group[:40]!r}: {e}") from None
 
 
 # --------------------------------------------------------------------------- formatting
 
 
+def _physical(m: Member) -> list[str]:
+    return [format_hostport(h, p) for h, p in m.physical]
+
+
 def member_json(m: Member) -> dict[str, Any]:
-    return {"addr": m.addr.hex(), "name": m.name, "physical": [f"{h}:{p}" for h, p in m.physical]}
+    return {"addr": format_addr(m.addr), "name": m.name, "physical": _physical(m)}
 
 
 def _label(addr: bytes, names: dict[bytes, str]) -> str:
     name = names.get(addr)
-    return f"{name} ({addr.hex()})" if name else addr.hex()
+    return f"{name} ({format_addr(addr)})" if name else format_addr(addr)
 
 
 def _text(payload: bytes) -> str | None:
@@ -141,20 +130,31 @@ def _run(fn: Callable[..., Awaitable[R]], *args: Any) -> R:
             if isinstance(e, click.ClickException):
                 raise e from None
             if isinstance(e, NotConnectedError):
-                raise ToolError(str(e)) from None
+                raise CommandError(str(e)) from None
             if isinstance(e, RouterError):
-                raise ToolError(f"the router refused: {e}") from None
+                raise CommandError(f"the router refused: {e}") from None
             if isinstance(e, StubError):
-                raise ToolError(str(e)) from None
+                raise CommandError(str(e)) from None
             if isinstance(e, KeyboardInterrupt):
                 sys.exit(130)
         raise
 
 
-def _stub(routers: list[RouterAddress], timeout: float) -> RouterStub:
-    return RouterStub(routers, connect_timeout=timeout, request_timeout=timeout,
-                      send_timeout=timeout, reconnect_initial=0.5, reconnect_max=5.0,
-                      heartbeat_interval=5.0, heartbeat_timeout=15.0)
+@asynccontextmanager
+async def _session(routers: list[RouterAddress], timeout: float) -> AsyncIterator[RouterStub]:
+    """A RouterStub that leaves cleanly however the command ends."""
+    async with RouterStub(routers, connect_timeout=timeout, request_timeout=timeout,
+                          send_timeout=timeout, reconnect_initial=0.5, reconnect_max=5.0,
+                          heartbeat_interval=5.0, heartbeat_timeout=15.0) as stub:
+        try:
+            yield stub
+        finally:
+            # The stub sends DISCONNECT only when its block ends without an exception;
+            # a command that fails (say send --to an unknown member) or is interrupted
+            # would otherwise just close the connection, and the router would tell the
+            # group "suspect". Shielded so that Ctrl-C cannot skip it; aclose is bounded.
+            with trio.CancelScope(shield=True):
+                await stub.aclose()
 
 
 _ROUTER = click.argument("router", metavar="HOST:PORT")
@@ -189,7 +189,7 @@ def members_command(router: str, group: str, as_json: bool, timeout: float) -> N
     check_group(group)
 
     async def run() -> list[Member]:
-        async with _stub(routers, timeout) as stub:
+        async with _session(routers, timeout) as stub:
             await stub.wait_connected(timeout, fail_fast=True, all_routers=True)
             return await stub.members(group)
 
@@ -200,10 +200,10 @@ def members_command(router: str, group: str, as_json: bool, timeout: float) -> N
     if not members:
         click.echo(f"no members in {group!r}", err=True)
         return
-    width = max(len(m.addr.hex()) for m in members)
+    width = max(len(format_addr(m.addr)) for m in members)
     for m in members:
-        phys = ", ".join(f"{h}:{p}" for h, p in m.physical) or "-"
-        click.echo(f"{m.addr.hex():<{width}}  {m.name or '-'}  {phys}")
+        phys = ", ".join(_physical(m)) or "-"
+        click.echo(f"{format_addr(m.addr):<{width}}  {m.name or '-'}  {phys}")
 
 
 # --------------------------------------------------------------------------- send
@@ -237,7 +237,7 @@ def send_command(router: str, group: str, text: str, to: str | None, sender: str
     payload = text.encode()
 
     async def run() -> None:
-        async with _stub(routers, timeout) as stub:
+        async with _session(routers, timeout) as stub:
             await stub.wait_connected(timeout, fail_fast=True)
             ch = await stub.connect(group, addr, name=name)
             await ch.send(payload, dest)
@@ -246,16 +246,17 @@ def send_command(router: str, group: str, text: str, to: str | None, sender: str
                 # ERROR unknown_destination for the unicast would have arrived before it.
                 await stub.members(group)
                 if stub.stats.async_errors.get("unknown_destination"):
-                    raise ToolError(f"no member {dest.hex()} in {group!r}: message dropped")
-            await ch.disconnect()
+                    raise CommandError(f"no member {format_addr(dest)} in {group!r}: "
+                                    "message dropped")
 
     _run(run)
+    shown_dest = None if dest is None else format_addr(dest)
     if as_json:
-        _emit({"group": group, "sender": addr.hex(), "dest": None if dest is None else dest.hex(),
+        _emit({"group": group, "sender": format_addr(addr), "dest": shown_dest,
                "bytes": len(payload)})
     else:
-        target = f"member {dest.hex()} of {group!r}" if dest is not None else f"group {group!r}"
-        click.echo(f"sent {len(payload)} bytes to {target} as {addr.hex()}")
+        target = f"member {shown_dest} of {group!r}" if dest is not None else f"group {group!r}"
+        click.echo(f"sent {len(payload)} bytes to {target} as {format_addr(addr)}")
 
 
 # --------------------------------------------------------------------------- listen
@@ -296,8 +297,8 @@ def listen_command(router: str, group: str, watch_only: bool, addr_text: str | N
     def show_message(m: Message) -> None:
         text = _text(m.payload)
         if as_json:
-            _emit({"type": "message", "group": m.group, "sender": m.sender.hex(),
-                   "dest": None if m.dest is None else m.dest.hex(), "text": text,
+            _emit({"type": "message", "group": m.group, "sender": format_addr(m.sender),
+                   "dest": None if m.dest is None else format_addr(m.dest), "text": text,
                    "payload_hex": m.payload.hex()})
             return
         to = "group" if m.dest is None else "me"
@@ -310,17 +311,17 @@ def listen_command(router: str, group: str, watch_only: bool, addr_text: str | N
             names[m.addr] = m.name
         if as_json:
             obj = {"type": "event", "kind": e.kind, "group": e.group, **member_json(m),
-                   "router": f"{e.router[0]}:{e.router[1]}"}
+                   "router": format_hostport(*e.router)}
             if e.error is not None:
                 obj["error"] = str(e.error)
             _emit(obj)
             return
-        phys = " ".join(f"{h}:{p}" for h, p in m.physical)
+        phys = " ".join(_physical(m))
         extra = f": {e.error}" if e.error is not None else ""
         click.echo(f"{_now()} {e.kind:<7} {_label(m.addr, names)} {phys}".rstrip() + extra)
 
     def show_state(ev: StubEvent) -> None:
-        where = f"{ev.router[0]}:{ev.router[1]}"
+        where = format_hostport(*ev.router)
         if ev.state is ConnectionState.CONNECTING:
             return
         if as_json:
@@ -334,7 +335,7 @@ def listen_command(router: str, group: str, watch_only: bool, addr_text: str | N
 
     async def run() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async with _stub(routers, timeout) as stub:
+            async with _session(routers, timeout) as stub:
                 await stub.wait_connected(timeout, fail_fast=True, all_routers=True)
                 states = stub.state_changes()
                 watch = await stub.watch(group)
@@ -344,7 +345,7 @@ def listen_command(router: str, group: str, watch_only: bool, addr_text: str | N
                         chan = await stub.connect(group, addr, name=name)
                     except RouterError as e:
                         hint = " (use --watch-only)" if e.code == "forbidden" else ""
-                        raise ToolError(f"cannot join {group!r}: {e}{hint}") from None
+                        raise CommandError(f"cannot join {group!r}: {e}{hint}") from None
                 members = await stub.members(group)
                 for m in members:
                     if m.name:
@@ -355,7 +356,7 @@ def listen_command(router: str, group: str, watch_only: bool, addr_text: str | N
                 else:
                     listed = ", ".join(_label(m.addr, names) for m in members) or "none"
                     click.echo(f"{_now()} members of {group!r}: {listed}")
-                who = "watching" if chan is None else f"listening as {addr.hex()}"
+                who = "watching" if chan is None else f"listening as {format_addr(addr)}"
                 click.echo(f"{who} in {group!r}; Ctrl-C to stop", err=True)
                 async with trio.open_nursery() as n:
 
@@ -384,6 +385,5 @@ def listen_command(router: str, group: str, watch_only: bool, addr_text: str | N
 
                     for task in (stop_on_signal, show_items, state_events):
                         n.start_soon(task)
-                # Leaving the RouterStub block disconnects cleanly: peers see "leave".
 
     _run(run)

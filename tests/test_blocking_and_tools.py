@@ -25,6 +25,7 @@ from gossiprouter import (
     Message,
     RouterStub,
 )
+from gossiprouter.addresses import parse_addr
 from gossiprouter.routing import Kind
 from gossiprouter.server import Server
 from tests.test_stub import FAST, drain, eventually, free_port
@@ -151,19 +152,27 @@ async def test_members_and_send_commands(router: Server) -> None:
 
         r = await cli("members", hp, "demo", "--json")
         assert r.returncode == 0, r.stderr
+        # Addresses are shown as they are typed: text, or hex: when not plain text.
         assert json.loads(r.stdout) == [
-            {"addr": "41", "name": "A", "physical": ["10.0.0.5:7800"]},
-            {"addr": "0102ff", "name": "B", "physical": []},
+            {"addr": "A", "name": "A", "physical": ["10.0.0.5:7800"]},
+            {"addr": "hex:0102ff", "name": "B", "physical": []},
         ]
         r = await cli("members", hp, "demo")
         assert r.returncode == 0
-        assert r.stdout.decode().splitlines() == ["41      A  10.0.0.5:7800", "0102ff  B  -"]
+        lines = r.stdout.decode().splitlines()
+        assert lines == ["A           A  10.0.0.5:7800", "hex:0102ff  B  -"]
+
+        # What members prints pastes straight into send --to.
+        r = await cli("send", hp, "demo", "--to", lines[1].split()[0], "pasted")
+        assert r.returncode == 0, r.stderr
+        with trio.fail_after(3):
+            assert (await b.receive()).payload == b"pasted"
 
         r = await cli("send", hp, "demo", "hello all")  # joins, multicasts, leaves
         assert r.returncode == 0, r.stderr
         out = r.stdout.decode().strip()
-        assert out.startswith("sent 9 bytes to group 'demo' as ")
-        sender = bytes.fromhex(out.rsplit(" ", 1)[1])
+        assert out.startswith("sent 9 bytes to group 'demo' as hex:")
+        sender = parse_addr(out.rsplit(" ", 1)[1])
         for ch in (a, b):
             with trio.fail_after(3):
                 assert await ch.receive() == Message("demo", sender, None, b"hello all")
@@ -171,10 +180,11 @@ async def test_members_and_send_commands(router: Server) -> None:
         r = await cli("send", hp, "demo", "--to", "hex:0102ff", "just B", "--json")
         assert r.returncode == 0, r.stderr
         sent = json.loads(r.stdout)
-        assert sent["dest"] == "0102ff" and sent["bytes"] == 6
+        assert sent["dest"] == "hex:0102ff" and sent["bytes"] == 6
         with trio.fail_after(3):
             m = await b.receive()
-        assert (m.payload, m.dest, m.sender.hex()) == (b"just B", b"\x01\x02\xff", sent["sender"])
+        assert (m.payload, m.dest, m.sender) == (b"just B", b"\x01\x02\xff",
+                                                 parse_addr(sent["sender"]))
 
         r = await cli("send", hp, "demo", "--to", "A", "text address")
         assert r.returncode == 0, r.stderr
@@ -183,7 +193,8 @@ async def test_members_and_send_commands(router: Server) -> None:
 
         r = await cli("send", hp, "demo", "--to", "hex:ee", "nobody")
         assert r.returncode == 1
-        assert r.stderr.decode() == "gossiprouter: error: no member ee in 'demo': message dropped\n"
+        assert r.stderr.decode() == (
+            "gossiprouter: error: no member hex:ee in 'demo': message dropped\n")
 
         assert await drain(a, 0.1) == [] and await drain(b, 0) == []
         assert {e.addr for e in router.hub.table.members("demo")} == {b"A", b"\x01\x02\xff"}
@@ -205,28 +216,29 @@ async def test_listen_command_prints_messages_and_events(router: Server) -> None
             watch = await stub.watch("demo")
             witness = await stub.connect("demo", b"W")  # a member: would get any "suspect"
             join_w = await listener.next()
-            assert (join_w["kind"], join_w["addr"]) == ("join", "57")
+            assert (join_w["kind"], join_w["addr"]) == ("join", "W")
             a = await stub.connect("demo", b"A", name="A", physical=[("10.0.0.5", 7800)])
             assert await listener.next() == {
-                "type": "event", "kind": "join", "group": "demo", "addr": "41", "name": "A",
+                "type": "event", "kind": "join", "group": "demo", "addr": "A", "name": "A",
                 "physical": ["10.0.0.5:7800"], "router": hp}
             await a.send(b"hello")
-            await a.send(b"\xff\x00", dest=bytes.fromhex(me["addr"]))
+            assert me["addr"].startswith("hex:")  # a random 16-byte address
+            await a.send(b"\xff\x00", dest=parse_addr(me["addr"]))
             assert await listener.next() == {
-                "type": "message", "group": "demo", "sender": "41", "dest": None,
+                "type": "message", "group": "demo", "sender": "A", "dest": None,
                 "text": "hello", "payload_hex": "68656c6c6f"}
             assert await listener.next() == {
-                "type": "message", "group": "demo", "sender": "41", "dest": me["addr"],
+                "type": "message", "group": "demo", "sender": "A", "dest": me["addr"],
                 "text": None, "payload_hex": "ff00"}
             await a.disconnect()
             leave = await listener.next()
-            assert (leave["kind"], leave["addr"]) == ("leave", "41")
+            assert (leave["kind"], leave["addr"]) == ("leave", "A")
 
             assert await listener.interrupt() == 0  # Ctrl-C: a clean exit ...
             with trio.fail_after(3):
                 seen = [(e.kind, e.member.addr) for e in [await watch.receive() for _ in "1234"]]
             # ... that leaves the group with DISCONNECT: "leave", and no "suspect" for it
-            me_addr = bytes.fromhex(me["addr"])
+            me_addr = parse_addr(me["addr"])
             assert seen == [("join", b"W"), ("join", b"A"), ("leave", b"A"), ("leave", me_addr)]
             events = await drain(witness.events(), 0.1)
             assert [e.kind for e in events if e.member.addr == me_addr] == ["leave"]
@@ -253,16 +265,16 @@ async def test_jgroups_namespace_members_and_listen_watch_only(router: Server) -
                                       kind=Kind.IN_PROCESS)
         router.hub.deliver(notices)
         join = await listener.next()
-        assert (join["kind"], join["addr"], join["name"]) == ("join", "4a31", "jnode")
+        assert (join["kind"], join["addr"], join["name"]) == ("join", "J1", "jnode")
 
         r = await cli("members", hp, group, "--json")
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout) == [
-            {"addr": "4a31", "name": "jnode", "physical": ["10.0.0.9:7800"]}]
+            {"addr": "J1", "name": "jnode", "physical": ["10.0.0.9:7800"]}]
 
         router.hub.deliver(table.remove(group, b"J1"))
         leave = await listener.next()
-        assert (leave["kind"], leave["addr"]) == ("leave", "4a31")
+        assert (leave["kind"], leave["addr"]) == ("leave", "J1")
         assert await listener.interrupt() == 0
     finally:
         listener.kill()

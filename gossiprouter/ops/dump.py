@@ -15,13 +15,10 @@ from urllib.parse import quote
 
 import click
 
+from gossiprouter.addresses import format_hostport
+from gossiprouter.cli_errors import CommandError as _Fail
 from gossiprouter.config import ConfigError, parse_listen
 from gossiprouter.ops.auth import load_secret
-
-
-class _Fail(click.ClickException):
-    def show(self, file: Any = None) -> None:
-        click.echo(f"gossiprouter: error: {self.message}", err=True)
 
 
 def fetch(admin: str, group: str | None = None, timeout: float = 5.0,
@@ -48,10 +45,8 @@ def _get(admin: str, group: str | None, timeout: float, token: str,
         host, port = parse_listen(admin)
     except ValueError as e:
         raise _Fail(f"{admin!r}: {e}") from None
-    if ":" in host:
-        host = f"[{host}]"
     path = "/groups" if group is None else "/groups/" + quote(group, safe="")
-    url = f"http://{host}:{port}{path}{query}"
+    url = f"http://{format_hostport(host, port)}{path}{query}"
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"}
                                  if token else {})
     try:

@@ -1,0 +1,309 @@
+"""Every command and snippet in README.md and docs/*.md runs as written.
+
+The fenced blocks are extracted and, by their info string:
+
+* ``python``: run in a subprocess (this interpreter), from a scratch copy of the
+  repository, against a router this module starts;
+* ``sh``: each command run with bash from that scratch copy, against the same router.
+  ``gossiprouter serve`` is started on a free port of its own, waited for, and stopped with
+  Ctrl-C (SIGINT), which must exit 0; so is ``gossiprouter listen`` once it is listening.
+  Every other command must exit 0. ``.``/``source``/``export`` lines carry over to the
+  later blocks of the same file, as in one terminal session. README.md runs with nothing
+  of the project on PATH (its blocks activate ``.venv`` themselves); docs/ assume an
+  installed ``gossiprouter``;
+* ``toml``: parsed, and loaded as what it is (router config file, tokens file, load-test
+  scenario); ``json``: parsed;
+* ``text`` (output, layouts, synopses), ``xml`` (JGroups stacks), ``ini`` (systemd): not run.
+
+A load-test command that an earlier block ran as written, but for the name of its run
+directory, is not run a second time (they take minutes on a busy machine).
+
+The only changes made to what is written: port 12001 becomes a free port, and 0.0.0.0
+becomes 127.0.0.1 (tests stay on loopback). The group ``demo`` has a member ``hex:0a0b``
+(named B), as the README's unicast example expects.
+
+A ``python`` or ``sh`` block that cannot run in a test (it needs a Spark cluster, root and
+/etc, or minutes) is marked on the line before it with ``<!-- not run: REASON -->``; there
+are few, and the test keeps them few.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.procs import RouterProcess, free_port, wait_listening
+
+ROOT = Path(__file__).resolve().parent.parent
+FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.M | re.S)
+NOT_RUN = re.compile(r"^<!-- not run: (\S.*?) -->$")
+RUN = {"python", "sh"}
+CHECKED = {"toml", "json"}
+NOT_CODE = {"text", "xml", "ini"}
+MAX_NOT_RUN = 10
+VENV_BIN = str(Path(sys.executable).parent)
+PRELUDE = re.compile(r"^(\.|source|export)\s")
+
+
+@dataclass(frozen=True)
+class Block:
+    file: Path
+    line: int
+    lang: str
+    body: str
+    not_run: str | None
+    prelude: tuple[str, ...]  # environment lines from the file's earlier sh blocks
+
+    @property
+    def id(self) -> str:
+        return f"{self.file.relative_to(ROOT)}:{self.line}"
+
+
+def commands(body: str) -> Iterator[str]:
+    """The shell commands of a block: continuation lines joined, comment lines dropped."""
+    pending = ""
+    for raw in body.splitlines():
+        line = pending + raw
+        if line.rstrip().endswith("\\"):
+            pending = line.rstrip()[:-1] + " "
+            continue
+        pending = ""
+        if line.strip() and not line.lstrip().startswith("#"):
+            yield line.strip()
+
+
+def extract() -> list[Block]:
+    out = []
+    for f in FILES:
+        text = f.read_text(encoding="utf-8")
+        prelude: list[str] = []
+        for m in FENCE.finditer(text):
+            before = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1]
+            marker = NOT_RUN.match(before)
+            lang = m.group(1).strip()
+            out.append(Block(f, text.count("\n", 0, m.start()) + 1, lang, m.group(2),
+                             marker.group(1) if marker else None, tuple(prelude)))
+            if lang == "sh" and not marker:
+                prelude += [c for c in commands(m.group(2)) if PRELUDE.match(c)]
+    return out
+
+
+BLOCKS = extract()
+
+
+def _params(langs: set[str]) -> list[object]:
+    params: list[object] = []
+    for b in BLOCKS:
+        if b.lang not in langs or b.not_run:
+            continue
+        slow = re.search(r"gossiprouter (analyze|loadtest)\b", b.body)
+        marks = [pytest.mark.slow, pytest.mark.spark] if slow else []
+        params.append(pytest.param(b, id=b.id, marks=marks))
+    return params
+
+
+def test_every_block_says_what_it_is() -> None:
+    """A block without a known info string would escape this test, so there are none."""
+    assert len(BLOCKS) > 30
+    unknown = [(b.id, b.lang) for b in BLOCKS if b.lang not in RUN | CHECKED | NOT_CODE]
+    assert not unknown, f"fenced blocks need one of {sorted(RUN | CHECKED | NOT_CODE)}"
+    marked = [b for b in BLOCKS if b.not_run]
+    assert all(b.lang in RUN for b in marked), [b.id for b in marked if b.lang not in RUN]
+    assert 0 < len(marked) <= MAX_NOT_RUN, [b.id for b in marked]
+    # A text block is not a disguised command block: no shell prompt lines.
+    prompts = [b.id for b in BLOCKS if b.lang == "text" and re.search(r"^\$ ", b.body, re.M)]
+    assert not prompts
+
+
+def test_extraction_sees_markers_continuations_and_preludes() -> None:
+    readme = [b for b in BLOCKS if b.file.name == "README.md"]
+    assert readme[0].not_run and "scripts/test" in readme[0].body
+    serve = next(b for b in readme if "gossiprouter serve --help" in b.body)
+    assert serve.prelude == ()
+    tools = next(b for b in readme if "gossiprouter members" in b.body)
+    assert [p.split("#")[0].strip() for p in tools.prelude] == [". .venv/bin/activate"]
+    assert list(commands("a \\\n  b  # x\n# only a comment\n\nc\n")) == ["a    b  # x", "c"]
+
+
+# --------------------------------------------------------------------------- the world
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, int]]:
+    """A router with a member hex:0a0b in "demo", and a scratch copy of the repository
+    (symlinks, so that what the commands write, such as runs/, lands in a fresh place)."""
+    scratch = tmp_path_factory.mktemp("docs-scratch")
+    for entry in ROOT.iterdir():
+        if entry.name not in ("runs", ".git"):
+            (scratch / entry.name).symlink_to(entry)
+    with RouterProcess() as router:
+        member = subprocess.Popen(
+            [sys.executable, "-c", _MEMBER, str(router.port)], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, cwd=ROOT)
+        try:
+            assert member.stdout is not None
+            assert member.stdout.readline() == b"ready\n", member.stderr
+            yield scratch, router.port
+        finally:
+            member.terminate()
+            member.wait(10)
+
+
+_MEMBER = """
+import sys, time
+from gossiprouter import BlockingRouterStub
+with BlockingRouterStub([("127.0.0.1", int(sys.argv[1]))]) as stub:
+    stub.connect("demo", bytes.fromhex("0a0b"), name="B")
+    print("ready", flush=True)
+    time.sleep(600)
+"""
+
+
+def _env(block: Block) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    path = [p for p in env.get("PATH", "").split(os.pathsep)
+            if p and Path(p).resolve() != Path(VENV_BIN).resolve()]
+    if block.file.name != "README.md":  # docs/ assume an installed gossiprouter
+        path.insert(0, VENV_BIN)
+    env["PATH"] = os.pathsep.join(path)
+    return env
+
+
+def _substitute(text: str, port: int) -> str:
+    return text.replace("12001", str(port)).replace("0.0.0.0", "127.0.0.1")
+
+
+# --------------------------------------------------------------------------- python, toml, json
+
+
+@pytest.mark.parametrize("block", _params({"python"}))
+def test_python_block_runs(block: Block, world: tuple[Path, int]) -> None:
+    scratch, port = world
+    r = subprocess.run([sys.executable, "-c", _substitute(block.body, port)], cwd=scratch,
+                       env=_env(block) | {"PATH": VENV_BIN + os.pathsep + _env(block)["PATH"]},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"{block.id} failed:\n{r.stderr[-3000:]}"
+
+
+@pytest.mark.parametrize("block", _params(CHECKED))
+def test_toml_and_json_blocks_load(block: Block, tmp_path: Path) -> None:
+    if block.lang == "json":
+        json.loads(block.body)
+        return
+    tomllib.loads(block.body)
+    path = tmp_path / "snippet.toml"
+    path.write_text(block.body, encoding="utf-8")
+    if block.file.name == "loadtest.md":
+        from gossiprouter.loadtest.scenario import load_scenario
+
+        load_scenario(path)
+    elif "[[token]]" in block.body:
+        from gossiprouter.ops.auth import load_tokens
+
+        load_tokens(path)
+    else:
+        from gossiprouter.config import load_file
+
+        load_file(path)  # a router config file: every key known, every value valid
+
+
+# --------------------------------------------------------------------------- sh
+
+
+def _start(script: str, block: Block, scratch: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(["bash", "-c", script], cwd=scratch, env=_env(block),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _interrupt(proc: subprocess.Popen[str], what: str) -> None:
+    """Ctrl-C: the command must stop by itself with status 0."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"{what}: still running 30 s after Ctrl-C") from None
+    assert proc.returncode == 0, f"{what}: exit status {proc.returncode} after Ctrl-C\n{err}"
+
+
+def _run_server(cmd: str, script: str, block: Block, scratch: Path) -> None:
+    port = int(re.search(r"--port[ =](\d+)", cmd).group(1))  # type: ignore[union-attr]
+    proc = _start(script, block, scratch)
+    try:
+        wait_listening(port, proc, timeout=60)  # type: ignore[arg-type]
+    except (RuntimeError, TimeoutError) as e:
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(f"{block.id}: {cmd!r}: {e}\n{err}") from None
+    _interrupt(proc, f"{block.id}: {cmd!r}")
+
+
+def _run_listen(cmd: str, script: str, block: Block, scratch: Path) -> None:
+    proc = _start(script, block, scratch)
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 30
+    seen = ""
+    while "Ctrl-C to stop" not in seen:
+        line = proc.stderr.readline()  # the command writes this line, or exits
+        if not line or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"{block.id}: {cmd!r} did not start listening:\n{seen}")
+        seen += line
+    _interrupt(proc, f"{block.id}: {cmd!r}")
+
+
+# The load-test commands take minutes on a busy machine; one that another block already
+# ran as written (but for the name of its run directory) is not run again.
+_ALREADY_RAN: set[str] = set()
+
+
+def _same_as(cmd: str) -> str:
+    return re.sub(r"runs/[\w.-]+", "runs/RUN", re.sub(r"\s+#.*$", "", cmd))
+
+
+@pytest.mark.parametrize("block", _params({"sh"}))
+def test_sh_block_runs(block: Block, world: tuple[Path, int]) -> None:
+    scratch, router_port = world
+    ran = 0
+    prelude = list(block.prelude)
+    for written in commands(block.body):
+        if PRELUDE.match(written):
+            prelude.append(written)
+            continue
+        if _same_as(written) in _ALREADY_RAN:
+            ran += 1
+            continue
+        if re.match(r"(gossiprouter serve|scripts/run)\b", written) and "--help" not in written:
+            # A router of its own: never on the port of the one the other commands use.
+            own = free_port()
+            cmd = _substitute(written, own)
+            if "--port" not in cmd:
+                cmd = re.sub(r"^(gossiprouter serve|scripts/run)", rf"\1 --port {own}", cmd)
+            _run_server(cmd, "\n".join([*prelude, "exec " + cmd]), block, scratch)
+        elif written.startswith("gossiprouter listen"):
+            cmd = _substitute(written, router_port)
+            _run_listen(cmd, "\n".join([*prelude, "exec " + cmd]), block, scratch)
+        else:
+            cmd = _substitute(written, router_port)
+            r = subprocess.run(["bash", "-c", "\n".join([*prelude, cmd])], cwd=scratch,
+                               env=_env(block), capture_output=True, text=True, timeout=600)
+            assert r.returncode == 0, (
+                f"{block.id}: {written!r} exited {r.returncode}\n{r.stdout[-2000:]}\n"
+                f"{r.stderr[-2000:]}")
+            if re.match(r"gossiprouter (loadtest|analyze)\b", written):
+                _ALREADY_RAN.add(_same_as(written))
+        ran += 1
+    assert ran, f"{block.id}: no command in an sh block"
