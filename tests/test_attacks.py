@@ -159,3 +159,31 @@ async def test_hostile_scenario_loses_nothing_among_honest_members(tmp_path: Pat
     assert result.sent > 500 and expected > 1000
     assert lost == 0, f"{lost} of {expected} honest deliveries lost"
     assert senders <= {m.name for m in scenario.members}  # attackers are not in the records
+
+
+def test_attack_process_writes_its_counters_when_stopped_by_sigterm(tmp_path: Path) -> None:
+    """When a run fails the driver stops the attack process with SIGTERM; the counters of
+    what it did until then still reach attacks.json."""
+    import signal
+    import subprocess
+    import sys
+
+    with RouterProcess(None, "--log-level", "warning") as router:
+        out = tmp_path / "attacks.json"
+        config = tmp_path / "config.json"
+        config.write_text(json.dumps({
+            "router": f"127.0.0.1:{router.port}", "metrics": None, "out": str(out),
+            "t0_ns": time.monotonic_ns(), "end_ns": time.monotonic_ns() + 60_000_000_000,
+            "attacks": [{"kind": "ping-flood", "bytes_per_s": 100_000, "burst": 7000}]}))
+        proc = subprocess.Popen([sys.executable, "-m", "gossiprouter.loadtest.attacks",
+                                 str(config)], cwd=REPO)
+        try:
+            time.sleep(2.0)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(15) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    counters = json.loads(out.read_text())["attacks"][0]["counters"]
+    assert counters["opened"] == 1 and counters["bytes_out"] >= 7000

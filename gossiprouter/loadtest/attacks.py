@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import signal
 import socket
 import struct
 import subprocess
@@ -520,18 +521,32 @@ _CLASSES: Final[dict[str, type[Attack]]] = {
 }
 
 
-async def run_attacks(config: dict[str, Any]) -> list[dict[str, Any]]:
-    """Run every attack of ``config`` from t0_ns to end_ns (time.monotonic_ns clock)."""
+async def run_attacks(config: dict[str, Any], stop_on_sigterm: bool = False
+                      ) -> list[dict[str, Any]]:
+    """Run every attack of ``config`` from t0_ns to end_ns (time.monotonic_ns clock), or
+    until SIGTERM with ``stop_on_sigterm``."""
     from gossiprouter.loadtest.peer import trio_time_at
     host, _, port = str(config["router"]).rpartition(":")
     specs = parse_attacks(config["attacks"], "<driver config>")
     attacks = [_CLASSES[s.kind](s, host, int(port), config.get("metrics")) for s in specs]
-    await trio.sleep_until(trio_time_at(int(config["t0_ns"])))
-    with trio.move_on_at(trio_time_at(int(config["end_ns"]))):
+    with trio.move_on_at(trio_time_at(int(config["end_ns"]))) as scope:
         async with trio.open_nursery() as n:
+            if stop_on_sigterm:
+                n.start_soon(_stop_on_sigterm, scope)
+            await trio.sleep_until(trio_time_at(int(config["t0_ns"])))
             for a in attacks:
                 n.start_soon(a.run)
     return [{**a.spec.to_dict(), "counters": a.c.__dict__} for a in attacks]
+
+
+async def _stop_on_sigterm(scope: trio.CancelScope) -> None:
+    """The driver stops the attack process with SIGTERM when a run fails (the router died,
+    say): stop attacking, but still write the counters."""
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async for _ in signals:
+            log.warning("SIGTERM: stopping the attacks")
+            scope.cancel()
+            return
 
 
 def main() -> None:
@@ -539,7 +554,7 @@ def main() -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = json.loads(Path(sys.argv[1]).read_text())
     t = time.monotonic()
-    results = trio.run(run_attacks, config)
+    results = trio.run(run_attacks, config, True)
     Path(config["out"]).write_text(json.dumps({"attacks": results}, indent=2) + "\n")
     for r in results:
         log.info("%s", _describe(r))
