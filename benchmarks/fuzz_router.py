@@ -18,7 +18,7 @@ failures by re-running inputs, which a stateful router behind a socket does not 
 
 At the end it prints inputs tried, crashes (the router exited, or wrote a traceback to its
 log), router RSS before / peak / after, and honest messages lost; it exits 1 if the router
-crashed or an honest message was lost.
+crashed, an honest message was lost or an honest member lost its connection.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class _Member:
         else:
             self.addr = JAddress.from_uuid(0x4F4E455354000000 + ident, 0x484F4E4553540000 + ident,
                                            version=V2 if proto == "jgroups2" else V5)
-        self.buf = bytearray()
+        self._frames: list[object] = []  # what the router sent besides messages
 
     # -- join -------------------------------------------------------------------------------
 
@@ -116,24 +116,18 @@ class _Member:
             self.dec_n = wire.Decoder(max_frame=64 << 20)
             self.sock.sendall(wire.PREAMBLE + wire.encode(wire.Hello((1,), "honest", self.token)))
             self.sock.sendall(wire.encode(wire.Connect(1, self.group, self.addr, self.name, ())))
-            oks: list[wire.Frame] = []
-            self._frames = oks
-            self._read_until(lambda: any(isinstance(f, wire.Ok) for f in oks))
+            self._read_until(lambda: any(isinstance(f, wire.Ok) for f in self._frames))
         elif self.proto == "jgroups2":
             self.dec_2 = j2.ClientDecoder(max_frame=64 << 20)
             self.dec_2.expect_connect_reply()
             self.sock.sendall(j2.connect(self.group, self.addr, self.name, []))
-            evs: list[object] = []
-            self._frames = evs  # type: ignore[assignment]
-            self._read_until(lambda: any(isinstance(e, j2.ConnectReply) for e in evs))
+            self._read_until(lambda: any(isinstance(e, j2.ConnectReply) for e in self._frames))
         else:
             self.dec_5 = j5.Decoder(max_frame=64 << 20)
             self.sock.sendall(j5.register(self.group, self.addr, self.name, None))
             self.sock.sendall(j5.heartbeat())
-            evs5: list[object] = []
-            self._frames = evs5  # type: ignore[assignment]
-            self._read_until(lambda: any(isinstance(e, j5.Heartbeat) for e in evs5))
-        self._frames = []
+            self._read_until(lambda: any(isinstance(e, j5.Heartbeat) for e in self._frames))
+        self._frames.clear()
 
     # -- receive ----------------------------------------------------------------------------
 
@@ -151,14 +145,14 @@ class _Member:
                 if isinstance(e, j2.Message):
                     self._got(e.payload)
                 else:
-                    self._frames.append(e)  # type: ignore[arg-type]
+                    self._frames.append(e)
         else:
             self.dec_5.feed(data)
             while (e5 := self.dec_5.next_event()) is not None:
                 if isinstance(e5, j5.Message):
                     self._got(e5.payload)
                 else:
-                    self._frames.append(e5)  # type: ignore[arg-type]
+                    self._frames.append(e5)
 
     def _got(self, payload: bytes) -> None:
         try:
@@ -702,7 +696,9 @@ class Outcome:
         return 1 if self.router_exit is not None else self.tracebacks
 
     def ok(self) -> bool:
-        return self.crashes == 0 and self.lost == 0 and self.honest is not None
+        """No crash, and every honest member kept its connection and got every message."""
+        return (self.crashes == 0 and self.honest is not None and self.lost == 0
+                and not self.honest.errors)
 
 
 def _log_tracebacks(log: Path) -> tuple[int, str]:

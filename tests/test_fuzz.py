@@ -102,6 +102,9 @@ def test_loss_and_crash_accounting(tmp_path: Path) -> None:
     assert out.lost == 1 and not out.ok()
     h.received["native-0>native-1"].add(3)
     assert out.lost == 0 and out.ok()
+    h.errors.append("native-0: the router closed the connection")
+    assert not out.ok()  # an honest member cut off is a failure even without a loss
+    h.errors.clear()
     out.tracebacks = 1
     assert out.crashes == 1 and not out.ok()
     out.tracebacks, out.router_exit = 0, 1
@@ -136,5 +139,5 @@ def test_short_fuzz_run_no_crash_no_honest_loss(tmp_path: Path, auth: bool) -> N
     assert out.honest is not None, report
     assert len(out.honest.sent) == 6 and all(n > 50 for n in out.honest.sent.values()), report
     assert out.crashes == 0, report
-    assert out.lost == 0, report
+    assert out.lost == 0 and not out.honest.errors, report
     assert out.rss_before > 0 and out.rss_peak >= out.rss_before, report
