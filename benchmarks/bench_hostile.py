@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import queue
 import socket
 import statistics
 import struct
@@ -129,7 +130,8 @@ class Pinger:
         self.sock.close()
 
     def rtts(self, t0: float, t1: float) -> list[float]:
-        return [r for t, r in self.samples if t0 <= t < t1]
+        """Round trips that overlap [t0, t1): one stalled across the whole window counts."""
+        return [r for t, r in self.samples if t < t1 and t + r > t0]
 
 
 def pct(values: list[float], q: float) -> float:
@@ -224,7 +226,10 @@ def case_floods(args: argparse.Namespace, report: Report) -> None:
                 time.sleep(args.rtt_seconds)
                 t1 = time.perf_counter()
                 p.join(args.rtt_seconds + 30)
-                sent, got, took = out.get(timeout=30) if not out.empty() else (0, 0, 1.0)
+                try:
+                    sent, got, took = out.get(timeout=10)
+                except queue.Empty:  # the flood process died: its figures are unknown
+                    sent, got, took = 0, 0, 1.0
                 check_alive(router)
                 how = (f"{rate / MiB:g} MiB/s in {args.flood_burst // 1024} KiB writes" if rate
                        else "unpaced")
@@ -310,7 +315,8 @@ def case_partial(args: argparse.Namespace, report: Report) -> None:
 # --------------------------------------------------------------------------- (c) admin stall
 
 
-def _make_groups(port: int, first: int, count: int, errors: list[str]) -> None:
+def _make_groups(port: int, first: int, count: int, errors: list[str],
+                 keep: list[socket.socket]) -> None:
     """One connection CONNECTing ``count`` groups ``g{first}..``, in pipelined batches."""
     try:
         s = native_client(port, timeout=120)
@@ -333,13 +339,9 @@ def _make_groups(port: int, first: int, count: int, errors: list[str]) -> None:
                 if isinstance(f, wire.Error):
                     raise RuntimeError(f"CONNECT refused: {f.code}: {f.message}")
                 want -= 1
-        # Keep it open: the groups live as long as the connection.
-        _keep.append(s)
+        keep.append(s)  # the groups live as long as the connection
     except (OSError, EOFError, RuntimeError) as e:
         errors.append(f"{type(e).__name__}: {e}")
-
-
-_keep: list[socket.socket] = []
 
 
 def case_admin(args: argparse.Namespace, report: Report) -> None:
@@ -351,15 +353,19 @@ def case_admin(args: argparse.Namespace, report: Report) -> None:
         conns = args.group_conns
         per = args.groups // conns
         errors: list[str] = []
+        keep: list[socket.socket] = []
         t = time.monotonic()
-        threads = [threading.Thread(target=_make_groups, args=(router.port, i * per, per, errors),
-                                    daemon=True) for i in range(conns)]
+        threads = [threading.Thread(target=_make_groups,
+                                    args=(router.port, i * per, per, errors, keep), daemon=True)
+                   for i in range(conns)]
         for th in threads:
             th.start()
         for th in threads:
             th.join(600)
         if errors:
             report.add("(c) creating groups failed", errors[0])
+            for s in keep:
+                s.close()
             return
         report.add("(c) groups created", f"{per * conns:,} in {time.monotonic() - t:.1f} s",
                    f"router RSS {rss_mib(router):.0f} MiB")
@@ -392,18 +398,15 @@ def case_admin(args: argparse.Namespace, report: Report) -> None:
         base = pinger.rtts(base0, base1)
         report.add("(c) PING RTT before the fetch", rtt_summary(base))
         for path, (f0, f1, n, status) in results:
-            # A round trip that started before the fetch ended overlaps it (and one that
-            # started just before the fetch may span the whole stall).
-            during = pinger.rtts(f0 - 0.05, f1)
+            during = pinger.rtts(f0, f1)
             stall = max(during) if during else float("nan")
             report.add(f"(c) stall during GET {path}", ms(stall),
                        f"fetch took {ms(f1 - f0)}, {n / MiB:.1f} MiB, status {status}; "
                        f"{len(during)} round trips overlapped")
         if pinger.error:
             report.add("(c) pinger error", pinger.error)
-        for s in _keep:
+        for s in keep:
             s.close()
-        _keep.clear()
 
 
 # --------------------------------------------------------------------------- main
