@@ -119,7 +119,7 @@ BAD: list[tuple[str, str]] = [
      "t.toml: duration: expected a number > 0 and <= 86400, got -1"),
     (MINIMAL.replace("duration = 5", "duraton = 5"),
      "t.toml: unknown key 'duraton' (expected one of: name, description, duration, drain, "
-     "seed, peers, send, stub, router, groups, events)"),
+     "seed, peers, send, stub, router, groups, events, attacks)"),
     (MINIMAL + "[send]\nrate = -5\n",
      't.toml: send.rate: expected a number > 0 and <= 1e+06 (messages per second per member) '
      'or "max", got -5'),

@@ -55,6 +55,7 @@ from rich.table import Table
 from rich.text import Text
 
 import gossiprouter
+from gossiprouter.loadtest.attacks import AttackRunner
 from gossiprouter.loadtest.peer import trio_time_at
 from gossiprouter.loadtest.records import (
     MANIFEST_FILE,
@@ -565,8 +566,10 @@ class _Run:
         self.port = free_port() if router is None else router[1]
         self.router_addr = f"{HOST}:{self.port}"
         self.router: SpawnedRouter | None = None
+        self.attacks = AttackRunner(scenario.attacks, run_dir, router_args=scenario.router_args,
+                                    spawned=self.spawn)
         if self.spawn:
-            self.router = SpawnedRouter(self.port, scenario.router_args,
+            self.router = SpawnedRouter(self.port, scenario.router_args + self.attacks.router_args,
                                         run_dir / LOGS_DIR / "router.log")
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         self.run_id = f"{scenario.name}-{stamp}-{secrets.token_hex(2)}"
@@ -578,7 +581,7 @@ class _Run:
         self.phase = "starting"
         self.pending_events = list(scenario.events)
         self.killed: list[int] = []
-        self.warnings: list[str] = []
+        self.warnings: list[str] = list(self.attacks.warnings)
         self.started_at = datetime.datetime.now(datetime.UTC)
         self.manifest: dict[str, Any] = {
             "format": "gossiprouter-loadtest-run/1",
@@ -710,6 +713,9 @@ class _Run:
             p.state = "running"
         self.progress.set_t0(self.t0_ns)
         self.phase = "sending"
+        if self.attacks.active:
+            nursery.start_soon(self.attacks.run, self.router_addr, self.t0_ns,
+                               self.t0_ns + round(s.duration * 1e9), say)
 
         while self.pending_events:
             ev = self.pending_events[0]

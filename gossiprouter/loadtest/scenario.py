@@ -26,7 +26,10 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+if TYPE_CHECKING:
+    from gossiprouter.loadtest.attacks import AttackSpec
 
 __all__ = [
     "ACTIONS",
@@ -182,6 +185,8 @@ class Scenario:
     stub: StubOptions = StubOptions()
     router_args: tuple[str, ...] = ()
     events: tuple[Event, ...] = ()
+    # Hostile clients run beside the members (gossiprouter.loadtest.attacks); not members.
+    attacks: tuple[AttackSpec, ...] = ()
     source: str = "<scenario>"
     members: tuple[MemberSpec, ...] = field(default=(), compare=False)
 
@@ -222,6 +227,7 @@ class Scenario:
             "groups": [{"name": g.name, "members": g.members, **g.send.to_dict()}
                        for g in self.groups],
             "events": [e.to_dict() for e in self.events],
+            "attacks": [a.to_dict() for a in self.attacks],
         }
 
 
@@ -335,7 +341,8 @@ class _Parser:
         if not isinstance(data, Mapping):
             raise ScenarioError(f"{self.source}: expected a TOML table at the top level")
         self.check_keys(data, "", ("name", "description", "duration", "drain", "seed",
-                                   "peers", "send", "stub", "router", "groups", "events"))
+                                   "peers", "send", "stub", "router", "groups", "events",
+                                   "attacks"))
         name = data.get("name", default_name)
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
             raise self.error("name", "1 to 64 letters, digits, '_', '.' or '-'", name)
@@ -395,6 +402,8 @@ class _Parser:
                              "members: a process without members has nothing to do)",
                              processes)
         events = self.events(data, duration, processes, members)
+        from gossiprouter.loadtest.attacks import parse_attacks  # it imports this module
+        attacks = parse_attacks(data.get("attacks", []), self.source)
         first: dict[str, str] = {}
         for e in events:
             if e.member is not None:
@@ -407,7 +416,7 @@ class _Parser:
             name=name, description=description, duration=duration, drain=drain, seed=seed,
             processes=processes, stubs=stubs,  # type: ignore[arg-type]
             receive_only=frozenset(receive_only), stub=stub, router_args=tuple(router_args),
-            groups=tuple(groups), events=tuple(events), source=self.source,
+            groups=tuple(groups), events=tuple(events), attacks=attacks, source=self.source,
             members=tuple(members),
         )
 

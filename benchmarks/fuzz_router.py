@@ -1,0 +1,844 @@
+"""Mutation fuzzer for the router (``scripts/fuzz``): hostile inputs on all three protocols
+while honest members exchange sequenced messages.
+
+A real router subprocess is started on 127.0.0.1 (default settings, or with a tokens file with
+``--auth``). A second process runs honest members, two per protocol (native, JGroups 2.12,
+JGroups 5.x), each pair exchanging sequenced unicasts and multicasts, the native and 5.x ones
+also asking for their group's members now and then, as real members do. Meanwhile this
+process builds *valid* frames with the project's codecs (``gossiprouter.protocol``), with
+hostile values (huge, NUL-heavy, non-BMP, control-character names; raw NUL bytes that
+re-encode longer; group names at the writeUTF limit) and then mutates them: bit flips,
+byte insertions and deletions, truncation, length prefixes that lie, pipelined floods of one
+frame, partial frames left open, segment-by-segment writes. Each input goes to a fresh or a
+reused connection, and what the router answers is read and discarded.
+
+Inputs come from ``random.Random(seed)``: the same ``--seed`` replays the same inputs, and a
+crash report names the input's number. Hypothesis is not used here: its engine shrinks
+failures by re-running inputs, which a stateful router behind a socket does not allow.
+
+At the end it prints inputs tried, crashes (the router exited, or wrote a traceback to its
+log), router RSS before / peak / after, and honest messages lost; it exits 1 if the router
+crashed, an honest message was lost or an honest member lost its connection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import random
+import re
+import select
+import socket
+import struct
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from gossiprouter.protocol import jgroups2 as j2  # noqa: E402
+from gossiprouter.protocol import jgroups5 as j5  # noqa: E402
+from gossiprouter.protocol import native as wire  # noqa: E402
+from gossiprouter.protocol.jgroups_common import V2, V5, JAddress  # noqa: E402
+from tests.procs import RouterProcess  # noqa: E402
+
+TOKEN = "fuzz-token-0123456789abcdef"
+HONEST_RATE = 100.0  # messages per second per honest member
+HONEST_DRAIN = 10.0  # seconds the honest receivers get to see the last messages
+MAX_OPEN = 24  # connections the fuzzer keeps open at once (partial frames, reuse)
+_RAW_NUL = "\x1a"  # placeholder for a raw NUL byte, replaced after encoding
+_I32 = struct.Struct(">i")
+_U32 = struct.Struct(">I")
+_HDR = struct.Struct(">cBq")  # honest payload: b"H", member id, seq
+
+PROTOCOLS = ("native", "jgroups2", "jgroups5")
+
+
+# --------------------------------------------------------------------------- honest members
+
+
+@dataclass
+class HonestResult:
+    sent: dict[str, int] = field(default_factory=dict)
+    received: dict[str, set[int]] = field(default_factory=dict)  # "sender>receiver" -> seqs
+    errors: list[str] = field(default_factory=list)
+
+    def lost(self) -> dict[str, int]:
+        """Per (sender>receiver): messages sent by the sender the receiver never got."""
+        out: dict[str, int] = {}
+        for key, seqs in self.received.items():
+            sender = key.split(">")[0]
+            missing = self.sent.get(sender, 0) - len(seqs)
+            if missing:
+                out[key] = missing
+        return out
+
+
+class _Member:
+    """One honest member: a blocking socket, a sender loop and a receiver thread."""
+
+    def __init__(self, proto: str, ident: int, port: int, group: str, token: str | None,
+                 result: HonestResult, lock: threading.Lock) -> None:
+        self.proto, self.ident, self.port, self.group = proto, ident, port, group
+        self.token = token
+        self.result, self.lock = result, lock
+        self.name = f"{proto}-{ident}"
+        self.peer: _Member | None = None
+        self.seq = 0
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # Honest addresses come from their own space: the fuzzer's addresses never collide.
+        if proto == "native":
+            self.addr: Any = b"honest-%d" % ident
+        else:
+            self.addr = JAddress.from_uuid(0x4F4E455354000000 + ident, 0x484F4E4553540000 + ident,
+                                           version=V2 if proto == "jgroups2" else V5)
+        self._frames: list[object] = []  # what the router sent besides messages
+
+    # -- join -------------------------------------------------------------------------------
+
+    def _read_until(self, done: Callable[[], bool]) -> None:
+        while not done():
+            data = self.sock.recv(65536)
+            if not data:
+                raise EOFError(f"{self.name}: router closed the connection while joining")
+            self._feed(data)
+
+    def join(self) -> None:
+        if self.proto == "native":
+            self.dec_n = wire.Decoder(max_frame=64 << 20)
+            self.sock.sendall(wire.PREAMBLE + wire.encode(wire.Hello((1,), "honest", self.token)))
+            self.sock.sendall(wire.encode(wire.Connect(1, self.group, self.addr, self.name, ())))
+            self._read_until(lambda: any(isinstance(f, wire.Ok) for f in self._frames))
+        elif self.proto == "jgroups2":
+            self.dec_2 = j2.ClientDecoder(max_frame=64 << 20)
+            self.dec_2.expect_connect_reply()
+            self.sock.sendall(j2.connect(self.group, self.addr, self.name, []))
+            self._read_until(lambda: any(isinstance(e, j2.ConnectReply) for e in self._frames))
+        else:
+            self.dec_5 = j5.Decoder(max_frame=64 << 20)
+            self.sock.sendall(j5.register(self.group, self.addr, self.name, None))
+            self.sock.sendall(j5.heartbeat())
+            self._read_until(lambda: any(isinstance(e, j5.Heartbeat) for e in self._frames))
+        self._frames.clear()
+
+    # -- receive ----------------------------------------------------------------------------
+
+    def _feed(self, data: bytes) -> None:
+        if self.proto == "native":
+            self.dec_n.feed(data)
+            while (f := self.dec_n.next_frame()) is not None:
+                if isinstance(f, wire.Route):
+                    self._got(f.payload)
+                else:
+                    self._frames.append(f)
+        elif self.proto == "jgroups2":
+            self.dec_2.feed(data)
+            while (e := self.dec_2.next_event()) is not None:
+                if isinstance(e, j2.Message):
+                    self._got(e.payload)
+                else:
+                    self._frames.append(e)
+        else:
+            self.dec_5.feed(data)
+            while (e5 := self.dec_5.next_event()) is not None:
+                if isinstance(e5, j5.Message):
+                    self._got(e5.payload)
+                else:
+                    self._frames.append(e5)
+
+    def _got(self, payload: bytes) -> None:
+        try:
+            tag, sender, seq = _HDR.unpack_from(payload)
+        except struct.error:
+            return
+        if tag != b"H" or sender == self.ident:
+            return  # not an honest message, or our own multicast echoed
+        with self.lock:
+            self.result.received.setdefault(
+                f"{self.proto}-{sender}>{self.name}", set()).add(seq)
+
+    def receive_loop(self, stop_at: list[float]) -> None:
+        self.sock.settimeout(0.5)
+        while time.monotonic() < stop_at[0]:
+            try:
+                data = self.sock.recv(1 << 20)
+            except TimeoutError:
+                continue
+            except OSError as e:
+                self._error(f"receive: {type(e).__name__}: {e}")
+                return
+            if not data:
+                self._error("the router closed the connection")
+                return
+            try:
+                self._feed(data)
+            except Exception as e:  # a reply the honest client cannot read is a finding
+                self._error(f"undecodable data from the router: {type(e).__name__}: {e}")
+                return
+            self._frames.clear()
+
+    def _error(self, what: str) -> None:
+        with self.lock:
+            self.result.errors.append(f"{self.name}: {what}")
+
+    # -- send -------------------------------------------------------------------------------
+
+    def send_one(self) -> None:
+        assert self.peer is not None
+        payload = _HDR.pack(b"H", self.ident, self.seq) + bytes(48)
+        multicast = self.seq % 2 == 1
+        if self.proto == "native":
+            dest = None if multicast else self.peer.addr
+            frame = wire.encode_route(self.group, dest, self.addr, payload)
+        elif self.proto == "jgroups2":
+            frame = j2.message(self.group, None if multicast else self.peer.addr, payload)
+        else:
+            frame = j5.message(self.group, None if multicast else self.peer.addr, self.addr,
+                               payload)
+        if self.seq % 50 == 49:
+            # A routine member query, as a real member makes now and then (GET_MBRS for 5.x,
+            # GET_MEMBERS for native; a 2.12 member asks on a separate connection).
+            if self.proto == "native":
+                frame += wire.encode(wire.GetMembers(10 + self.seq, self.group))
+            elif self.proto == "jgroups5":
+                frame += j5.get_members(self.group)
+        self.sock.sendall(frame)
+        self.seq += 1
+        with self.lock:
+            self.result.sent[self.name] = self.seq
+
+
+def _honest(port: int, token: str | None, seconds: float, ready: Any, stop: Any,
+            out: Any) -> None:
+    """The honest process: six members, sending until ``seconds`` have passed or ``stop``
+    is set (the router died: there is no point in going on)."""
+    result = HonestResult()
+    lock = threading.Lock()
+    members: list[_Member] = []
+    try:
+        for i, proto in enumerate(PROTOCOLS):
+            group = f"honest-{proto}"
+            a = _Member(proto, 2 * i, port, group, token if proto == "native" else None,
+                        result, lock)
+            b = _Member(proto, 2 * i + 1, port, group, token if proto == "native" else None,
+                        result, lock)
+            a.peer, b.peer = b, a
+            a.join()
+            b.join()
+            members += [a, b]
+    except (OSError, EOFError) as e:
+        result.errors.append(f"joining: {type(e).__name__}: {e}")
+        ready.set()
+        out.put(result)
+        return
+    ready.set()
+    end = time.monotonic() + seconds
+    stop_at = [end + HONEST_DRAIN]
+    threads = [threading.Thread(target=m.receive_loop, args=(stop_at,), daemon=True)
+               for m in members]
+    for t in threads:
+        t.start()
+    interval = 1.0 / HONEST_RATE
+    nxt = time.monotonic()
+    broken: set[str] = set()
+    while (now := time.monotonic()) < end and not stop.is_set():
+        if nxt > now:
+            time.sleep(nxt - now)
+        nxt += interval
+        for m in members:
+            if m.name in broken:
+                continue
+            try:
+                m.send_one()
+            except OSError as e:
+                broken.add(m.name)
+                result.errors.append(f"{m.name}: send: {type(e).__name__}: {e}")
+    # Wait for the last messages: until every receiver has everything, or the drain ends.
+    while (time.monotonic() < stop_at[0] and result.lost()
+           and any(t.is_alive() for t in threads)):
+        time.sleep(0.1)
+    stop_at[0] = 0.0
+    for t in threads:
+        t.join(2)
+    for m in members:
+        m.sock.close()
+    # Every pair that never received anything at all still counts: make its key exist.
+    for m in members:
+        assert m.peer is not None
+        result.received.setdefault(f"{m.peer.name}>{m.name}", set())
+    out.put(result)
+
+
+# --------------------------------------------------------------------------- hostile inputs
+
+
+# The hostile name classes of issue 12, each with the sizes tried (largest last).
+_CLASSES: dict[int, tuple[str, tuple[int, ...]]] = {
+    1: ("", (0,)),  # empty
+    2: (_RAW_NUL, (1, 100, 40_000, 65_535)),  # raw NUL: 1 byte in, 2 (C0 80) written back
+    3: ("\x00", (1, 32_767, 32_768)),  # NUL characters (C0 80 on the wire)
+    4: ("g", (65_000, 65_530, 65_535, 65_536)),  # at the writeUTF limit, + a prefix = over
+    5: ("\U0001f600", (1, 10_922, 16_384)),  # non-BMP: 4 bytes of UTF-8, 6 modified
+    6: ("N", (1 << 16, 1 << 20, 3 << 20)),  # huge: only native can carry it
+    7: ("evil\nINFO forged line\r\x1b[31mred\x1b[0m\x07", (1, 100)),  # log injection
+    8: ("\ud800x\udfff", (1, 1000)),  # lone surrogates
+}
+HOSTILE_NAME_CLASSES = tuple(_CLASSES)
+
+
+def hostile_name(k: int, size: int) -> str:
+    unit, _ = _CLASSES[k]
+    return unit * size
+
+
+def _names(rng: random.Random, *, group: bool = False) -> str | None:
+    """A hostile (or harmless) name: the classes above, random text, and plain names."""
+    k = rng.randrange(14)
+    if k in _CLASSES:
+        return hostile_name(k, rng.choice(_CLASSES[k][1]))
+    if k == 0:
+        return None
+    if k == 9:
+        return "".join(chr(rng.randrange(0x110000)) for _ in range(rng.randrange(1, 40))
+                       ).encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    base = f"fz-{rng.randrange(8)}" if group else f"m-{rng.randrange(1000)}"
+    if group and rng.random() < 0.3:
+        base = f"honest-{rng.choice(PROTOCOLS)}"  # the honest members' groups
+    return base
+
+
+def _fuzz_addr(rng: random.Random, version: int) -> JAddress | None:
+    if rng.random() < 0.1:
+        return None
+    if rng.random() < 0.2:
+        return JAddress.from_ip("127.0.0.1", rng.randrange(65536), version=version)
+    # Never the honest members' address space (see _Member).
+    return JAddress.from_uuid(rng.randrange(1 << 62), rng.randrange(1 << 62), version=version)
+
+
+def _raw_nul(b: bytes) -> bytes:
+    """Turn the placeholder into raw NUL bytes (valid for the decoder, longer when re-encoded)."""
+    return b.replace(_RAW_NUL.encode(), b"\x00")
+
+
+def _safe(build: Callable[..., bytes], *args: Any) -> bytes | None:
+    """``build(*args)``: a frame the codec can encode, or None (a name too long for writeUTF,
+    a lone surrogate for msgpack, ...)."""
+    try:
+        return _raw_nul(build(*args))
+    except (ValueError, OverflowError, struct.error):
+        return None
+    except Exception as e:
+        if type(e).__name__ == "ProtocolError":
+            return None
+        raise
+
+
+def native_frames(rng: random.Random, token: str | None) -> tuple[bytes, list[bytes]]:
+    """(handshake, frames): a valid native session with hostile values."""
+    tok = token if token is None or rng.random() < 0.9 else "wrong-" + token
+    client = _names(rng) or "fz"
+    hello = wire.PREAMBLE + (_safe(wire.encode, wire.Hello((1,), client, tok))
+                             or wire.encode(wire.Hello((1,), "fz", tok)))
+    frames: list[bytes] = []
+    for _ in range(rng.randrange(1, 6)):
+        g = _names(rng, group=True) or "fz"
+        addr = rng.randbytes(rng.choice([1, 8, 16, 255, 256]))
+        k = rng.randrange(8)
+        req = rng.randrange(1, 1 << 20)
+        if k <= 2:
+            phys = tuple((_names(rng) or "h", rng.randrange(65536))
+                         for _ in range(rng.choice([0, 1, 3])))
+            f = _safe(wire.encode, wire.Connect(req, g, addr, _names(rng), phys))
+        elif k == 3:
+            f = _safe(wire.encode, wire.GetMembers(req, g))
+        elif k == 4:
+            f = _safe(wire.encode, wire.Watch(req, g))
+        elif k == 5:
+            f = _safe(wire.encode_route, g, None if rng.random() < 0.5 else addr, addr,
+                      rng.randbytes(rng.randrange(64)))
+        elif k == 6:
+            f = wire.encode(wire.Ping(rng.randrange(1 << 31)))
+        else:
+            f = _safe(wire.encode, wire.Disconnect(req, g, addr))
+        if f is not None:
+            frames.append(f)
+    # After registering, ask for the members: the reply writes the names back.
+    g = _names(rng, group=True) or "fz"
+    q = _safe(wire.encode, wire.GetMembers(1, g))
+    if q is not None:
+        frames.append(q)
+    return hello, frames
+
+
+def jgroups2_frames(rng: random.Random) -> tuple[bytes, list[bytes]]:
+    frames: list[bytes] = []
+    group = _names(rng, group=True)
+    for _ in range(rng.randrange(1, 5)):
+        k = rng.randrange(6)
+        addr = _fuzz_addr(rng, V2)
+        if k <= 1:
+            phys = [JAddress.from_ip("127.0.0.1", rng.randrange(65536), version=V2)
+                    for _ in range(rng.choice([0, 1, 2]))]
+            f = _safe(j2.connect, group, addr, _names(rng), phys)
+        elif k == 2:
+            f = _safe(j2.message, group, addr if rng.random() < 0.5 else None,
+                      rng.randbytes(rng.randrange(64)))
+        elif k == 3:
+            f = j2.ping()
+        elif k == 4:
+            f = _safe(j2.disconnect, group, addr)
+        else:
+            f = _safe(j2.gossip_get, group)
+        if f is not None:
+            frames.append(f)
+    q = _safe(j2.gossip_get, group if rng.random() < 0.8 else None)
+    if q is not None:
+        frames.append(q)
+    return b"", frames
+
+
+def jgroups5_frames(rng: random.Random) -> tuple[bytes, list[bytes]]:
+    frames: list[bytes] = []
+    group = _names(rng, group=True)
+    for _ in range(rng.randrange(1, 5)):
+        k = rng.randrange(6)
+        addr = _fuzz_addr(rng, V5)
+        if k <= 1:
+            f = _safe(j5.register, group, addr, _names(rng), _fuzz_addr(rng, V5))
+        elif k == 2:
+            f = _safe(j5.message, group, addr if rng.random() < 0.5 else None,
+                      _fuzz_addr(rng, V5), rng.randbytes(rng.randrange(64)))
+        elif k == 3:
+            f = j5.heartbeat()
+        elif k == 4:
+            f = _safe(j5.unregister, group, addr)
+        else:
+            f = _safe(j5.get_members, group)
+        if f is not None:
+            frames.append(f)
+    # A member query afterwards: per group, or all groups (the reply prefixes each group).
+    q = _safe(j5.get_members, group if rng.random() < 0.6 else None)
+    if q is not None:
+        frames.append(q)
+    return b"", frames
+
+
+@dataclass
+class Input:
+    proto: str
+    mutation: str
+    chunks: list[bytes]  # written one after the other
+    keep_open: bool = False  # leave the connection open (partial frames)
+    pause: float = 0.0  # between chunks
+
+    def describe(self) -> str:
+        data = b"".join(self.chunks)
+        return (f"{self.proto} {self.mutation}, {len(data):,} bytes in {len(self.chunks)} "
+                f"writes, starts {data[:48].hex()}")
+
+
+def _lie_length(rng: random.Random, data: bytearray, offsets: list[int]) -> None:
+    """Overwrite one length field with a lie (small, huge, negative)."""
+    if not offsets:
+        return
+    at = rng.choice(offsets)
+    lie = rng.choice([0, 1, 5, 0x7FFF_FFFF, 0xFFFF_FFFF, 0x8000_0000, 0xFFFF_FFFB,
+                      8 << 20, (8 << 20) + 1, 64 << 10, rng.randrange(1 << 32)])
+    data[at:at + 4] = _U32.pack(lie)
+
+
+def mutate(rng: random.Random, proto: str, head: bytes, frames: list[bytes]) -> Input:
+    """Apply one mutation to a valid session (``head`` = the native preamble + HELLO)."""
+    body = b"".join(frames)
+    # Offsets of 4-byte length prefixes (native and 5.x frames start with one).
+    offsets: list[int] = []
+    if proto != "jgroups2":
+        pos = len(head)
+        if proto == "native" and head:
+            offsets.append(len(wire.PREAMBLE))
+        for f in frames:
+            offsets.append(pos)
+            pos += len(f)
+    data = bytearray(head + body)
+    m = rng.randrange(12)
+    if m == 0:
+        return Input(proto, "valid", [bytes(data)])
+    if m == 1:
+        for _ in range(rng.randrange(1, 9)):
+            if data:
+                i = rng.randrange(len(head) if head and rng.random() < 0.2 else len(data))
+                data[i] ^= 1 << rng.randrange(8)
+        return Input(proto, "bit flips", [bytes(data)])
+    if m == 2:
+        cut = rng.randrange(len(data) + 1)
+        return Input(proto, "truncated", [bytes(data[:cut])], keep_open=rng.random() < 0.5)
+    if m == 3:
+        _lie_length(rng, data, offsets)
+        return Input(proto, "length lie", [bytes(data)], keep_open=rng.random() < 0.5)
+    if m == 4:
+        for _ in range(rng.randrange(1, 5)):
+            i = rng.randrange(len(data) + 1)
+            if rng.random() < 0.5:
+                data[i:i] = rng.randbytes(rng.randrange(1, 9))
+            else:
+                del data[i:i + rng.randrange(1, 9)]
+        return Input(proto, "insert/delete", [bytes(data)])
+    if m == 5:
+        # A pipelined flood of one cheap request (PING / HEARTBEAT / GET_MEMBERS ...).
+        one = rng.choice(frames) if frames else b""
+        if len(one) > 4096:
+            one = j2.ping() if proto == "jgroups2" else (
+                j5.heartbeat() if proto == "jgroups5" else wire.encode(wire.Ping(1)))
+        n = min(rng.choice([100, 1000, 20_000]), (2 << 20) // max(1, len(one)))
+        return Input(proto, f"pipelined flood x{n}", [head + one * n])
+    if m == 6:
+        # Partial frame: a prefix that promises a lot more, left open.
+        extra = b""
+        if proto == "jgroups2":
+            extra = bytes([j2.CONNECT]) + b"\x01" + b"\xff\xff" + b"x" * rng.randrange(60_000)
+        else:
+            n = rng.choice([64 << 10, 1 << 20, 8 << 20])
+            extra = _U32.pack(n) + rng.randbytes(min(n - 1, rng.choice([10, 60_000, 1 << 20])))
+        return Input(proto, "partial frame left open", [bytes(head) + extra], keep_open=True)
+    if m == 7:
+        # One byte per write: the decoders must resume anywhere.
+        small = bytes(data[:2048])
+        return Input(proto, "byte by byte", [small[i:i + 1] for i in range(len(small))])
+    if m == 8:
+        cuts = sorted(rng.randrange(len(data) + 1) for _ in range(rng.randrange(1, 6)))
+        pieces = [bytes(data[a:b]) for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+        return Input(proto, "split writes", [p for p in pieces if p], pause=0.002)
+    if m == 9:
+        # Frames of another protocol after this one's start.
+        other = rng.choice([p for p in PROTOCOLS if p != proto])
+        h2, f2 = (native_frames(rng, None) if other == "native" else
+                  jgroups2_frames(rng) if other == "jgroups2" else jgroups5_frames(rng))
+        return Input(proto, f"then {other} bytes", [bytes(data), h2 + b"".join(f2)])
+    if m == 10:
+        return Input(proto, "random bytes", [head + rng.randbytes(rng.randrange(1, 4096))])
+    # Valid frames, but the connection is dropped without reading (RST).
+    return Input(proto, "valid then reset", [bytes(data)])
+
+
+def _corpus_frames(proto: str, k: int, group: str, name: str | None,
+                   token: str | None) -> list[bytes] | None:
+    """A registration of ``name`` in ``group`` and member queries, or None if the protocol
+    cannot carry the value at all."""
+    if proto == "native":
+        hello = wire.PREAMBLE + wire.encode(wire.Hello((1,), "fz", token))
+        reg = _safe(wire.encode, wire.Connect(1, group, b"c%d" % k, name, ()))
+        query = [_safe(wire.encode, wire.GetMembers(2, group))]
+    elif proto == "jgroups2":
+        hello = b""
+        addr = JAddress.from_uuid(0xC0 + k, 0xC0 + k, version=V2)
+        reg = _safe(j2.connect, group, addr, name, [])
+        query = [_safe(j2.gossip_get, group)]
+    else:
+        hello = b""
+        addr = JAddress.from_uuid(0xC0 + k, 0xC0 + k, version=V5)
+        reg = _safe(j5.register, group, addr, name, None)
+        query = [_safe(j5.get_members, group), _safe(j5.get_members, None)]
+    if reg is None:
+        return None
+    return [hello + reg, *(q for q in query if q is not None)]
+
+
+def corpus(token: str | None) -> list[Input]:
+    """The inputs every run starts with: each hostile name class, as a logical name and as a
+    group name, registered on each protocol and then queried (per group, and for 5.x for all
+    groups), unmutated, with the largest size the protocol can carry. So whatever the seed and
+    however short the run, the classes of issue 12 item 1 (names accepted at registration
+    that cannot be written back) are tried."""
+    out: list[Input] = []
+    for k, (_, sizes) in _CLASSES.items():
+        for as_group in (False, True):
+            for proto in PROTOCOLS:
+                for size in sorted(sizes, reverse=True):
+                    name = hostile_name(k, size)
+                    if as_group and not name:
+                        break  # an empty group name is plain invalid: the fuzzer has those
+                    group = name if as_group else f"fz-corpus-{k}"
+                    frames = _corpus_frames(proto, k, group, None if as_group else name,
+                                            token)
+                    if frames is not None:
+                        out.append(Input(proto, f"corpus: name class {k} x{size}"
+                                         + (" as group" if as_group else ""),
+                                         [b"".join(frames)]))
+                        break
+    return out
+
+
+def make_input(rng: random.Random, token: str | None) -> Input:
+    proto = rng.choice(PROTOCOLS)
+    if proto == "native":
+        head, frames = native_frames(rng, token)
+    elif proto == "jgroups2":
+        head, frames = jgroups2_frames(rng)
+    else:
+        head, frames = jgroups5_frames(rng)
+    return mutate(rng, proto, head, frames)
+
+
+# --------------------------------------------------------------------------- driving
+
+
+def _drain(s: socket.socket, wait: float, cap: int = 8 << 20) -> int:
+    """Read what the router answers until ``wait`` seconds of silence, EOF or ``cap`` bytes.
+
+    Waits with select, so that the socket's own timeout (for the writer) does not apply.
+    """
+    got = 0
+    try:
+        while got < cap:
+            readable, _, _ = select.select([s], [], [], wait)
+            if not readable:
+                break
+            data = s.recv(1 << 20)
+            if not data:
+                break
+            got += len(data)
+    except (OSError, ValueError):  # ValueError: closed by the writer meanwhile
+        pass
+    return got
+
+
+def send_input(port: int, inp: Input, open_conns: list[socket.socket]) -> None:
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    except OSError:
+        return
+    try:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # Read while writing, so that a big answer cannot block the router's writes to us
+        # and our writes to it at the same time.
+        reader = threading.Thread(target=_drain, args=(s, 0.01), daemon=True)
+        reader.start()
+        s.settimeout(5)
+        for i, chunk in enumerate(inp.chunks):
+            s.sendall(chunk)
+            if inp.pause and i + 1 < len(inp.chunks):
+                time.sleep(inp.pause)
+        reader.join(5)
+    except OSError:
+        pass
+    if inp.keep_open:
+        open_conns.append(s)
+        while len(open_conns) > MAX_OPEN:
+            open_conns.pop(0).close()
+    elif inp.mutation == "valid then reset":
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()
+    else:
+        s.close()
+
+
+class RssSampler:
+    def __init__(self, router: RouterProcess) -> None:
+        self.router = router
+        self.peak = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def read(self) -> int:
+        try:
+            v = self.router.rss_bytes()
+        except (OSError, RuntimeError):
+            return 0
+        self.peak = max(self.peak, v)
+        return v
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.05):
+            self.read()
+
+
+# A top-level traceback (plain or exception group); nested ones are prefixed with "|".
+_TRACEBACK = re.compile(r"^\s*(\+ )?(Exception Group )?Traceback \(most recent call last\):",
+                        re.M)
+_EXC_LINE = re.compile(r"^[\w.]+: .+")
+
+
+@dataclass
+class Outcome:
+    inputs: int = 0
+    bytes_sent: int = 0
+    by_proto: dict[str, int] = field(default_factory=dict)
+    router_exit: int | None = None
+    crash_input: str | None = None
+    first_input: str | None = None  # the inputs just before the first traceback
+    tracebacks: int = 0
+    first_traceback: str = ""
+    rss_before: int = 0
+    rss_peak: int = 0
+    rss_after: int = 0
+    honest: HonestResult | None = None
+
+    @property
+    def lost(self) -> int:
+        if self.honest is None:
+            return -1
+        return sum(self.honest.lost().values())
+
+    @property
+    def crashes(self) -> int:
+        """1 if the router exited, else the exceptions it logged with a traceback (each one
+        an input that the router did not handle as a protocol error)."""
+        return 1 if self.router_exit is not None else self.tracebacks
+
+    def ok(self) -> bool:
+        """No crash, and every honest member kept its connection and got every message."""
+        return (self.crashes == 0 and self.honest is not None and self.lost == 0
+                and not self.honest.errors)
+
+
+def _log_tracebacks(log: Path) -> tuple[int, str]:
+    """How many tracebacks the router's log holds, and the exception line of the first."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    found = list(_TRACEBACK.finditer(text))
+    if not found:
+        return 0, ""
+    end = found[1].start() if len(found) > 1 else len(text)
+    lines = [ln.strip().lstrip("|+ ").strip() for ln in text[found[0].start():end].splitlines()]
+    excs = [ln for ln in lines if _EXC_LINE.match(ln) and not ln.startswith("File ")]
+    return len(found), excs[-1] if excs else lines[-1]
+
+
+def run(seconds: float, seed: int, auth: bool, workdir: Path,
+        say: Callable[[str], None] = print) -> Outcome:
+    """Run the fuzzer for ``seconds`` against a fresh router; return what happened."""
+    out = Outcome()
+    log = workdir / "router.log"
+    args = ["--log-level", "info"]
+    token = None
+    if auth:
+        tokens = workdir / "tokens.toml"
+        tokens.write_text(f'[[token]]\nidentity = "fuzz"\ntoken = "{TOKEN}"\ngroups = ["*"]\n')
+        os.chmod(tokens, 0o600)
+        args += ["--tokens-file", str(tokens)]
+        token = TOKEN
+    ctx = mp.get_context("fork")
+    rng = random.Random(seed)
+    with RouterProcess(None, *args, log=log) as router:
+        sampler = RssSampler(router)
+        ready, stop = ctx.Event(), ctx.Event()
+        results: Any = ctx.Queue()
+        honest = ctx.Process(target=_honest,
+                             args=(router.port, token, seconds, ready, stop, results))
+        honest.start()
+        ready.wait(30)
+        time.sleep(0.3)
+        out.rss_before = sampler.read()
+        open_conns: list[socket.socket] = []
+        t_end = time.monotonic() + seconds
+        last_report = time.monotonic()
+        recent: list[str] = []
+        log_pos = log.stat().st_size
+        queue = corpus(token)
+        while time.monotonic() < t_end:
+            inp = queue.pop(0) if queue else make_input(rng, token)
+            recent = [*recent[-2:], f"#{out.inputs + 1} {inp.describe()}"]
+            out.inputs += 1
+            out.by_proto[inp.proto] = out.by_proto.get(inp.proto, 0) + 1
+            out.bytes_sent += sum(len(c) for c in inp.chunks)
+            send_input(router.port, inp, open_conns)
+            assert router.proc is not None
+            # The router may take a moment to exit after an exception: its log says at once.
+            with open(log, "rb") as f:
+                f.seek(log_pos)
+                fresh = f.read()
+            log_pos += len(fresh)
+            if out.first_input is None and _TRACEBACK.search(fresh.decode(errors="replace")):
+                out.first_input = f"seed {seed}, the last inputs: " + "; ".join(recent)
+                say(f"traceback in the router log after input #{out.inputs}")
+            if router.proc.poll() is not None:
+                out.router_exit = router.proc.returncode
+                # The input that killed it may be one of the last few (a registration, then a
+                # later member query that has to write the name back).
+                out.crash_input = f"seed {seed}, the last inputs: " + "; ".join(recent)
+                say(f"ROUTER EXITED with status {out.router_exit} after input #{out.inputs}")
+                break
+            if time.monotonic() - last_report > 5:
+                last_report = time.monotonic()
+                say(f"  {out.inputs:,} inputs, router RSS {sampler.read() / 2**20:.0f} MiB")
+        stop.set()
+        for s in open_conns:
+            s.close()
+        honest.join(seconds + HONEST_DRAIN + 60)
+        try:
+            out.honest = results.get(timeout=5)
+        except Exception:
+            out.honest = None
+        if honest.is_alive():
+            honest.kill()
+        time.sleep(1.0)
+        out.rss_after = sampler.read()
+        sampler.stop.set()
+        out.rss_peak = sampler.peak
+        assert router.proc is not None
+        if out.router_exit is None and router.proc.poll() is not None:
+            out.router_exit = router.proc.returncode
+        if out.router_exit is None and router.stop() != 0:
+            out.router_exit = router.proc.returncode
+    out.tracebacks, out.first_traceback = _log_tracebacks(log)
+    return out
+
+
+def report(out: Outcome, seconds: float, seed: int, auth: bool) -> str:
+    mib = 2**20
+    lines = [
+        f"fuzz: {seconds:g} s, seed {seed}, router {'with' if auth else 'without'} tokens file",
+        f"inputs tried: {out.inputs:,} ("
+        + ", ".join(f"{p} {n:,}" for p, n in sorted(out.by_proto.items()))
+        + f"), {out.bytes_sent / mib:.1f} MiB sent",
+        f"crashes: {out.crashes} (router exit: "
+        f"{'none' if out.router_exit is None else f'status {out.router_exit}'}; "
+        f"tracebacks in its log: {out.tracebacks})",
+        f"router RSS: before {out.rss_before / mib:.0f} MiB, peak {out.rss_peak / mib:.0f} MiB, "
+        f"after {out.rss_after / mib:.0f} MiB",
+    ]
+    if out.honest is None:
+        lines.append("honest messages lost: unknown (the honest members did not report)")
+    else:
+        sent = sum(out.honest.sent.values())
+        lines.append(f"honest messages lost: {out.lost:,} of {sent:,} sent"
+                     + (f" ({', '.join(f'{k} {v}' for k, v in sorted(out.honest.lost().items()))})"
+                        if out.lost else ""))
+        lines += [f"honest member error: {e}" for e in out.honest.errors[:6]]
+    if out.first_input:
+        lines.append(f"first traceback right after: {out.first_input}")
+    if out.crash_input and out.crash_input != out.first_input:
+        lines.append(f"router found dead after: {out.crash_input}")
+    if out.first_traceback:
+        lines.append(f"first exception in the router log: {out.first_traceback}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=30.0, help="fuzzing time (bounded)")
+    ap.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
+    ap.add_argument("--auth", action="store_true", help="start the router with a tokens file")
+    ap.add_argument("--keep", type=Path, help="keep the router log in this directory")
+    a = ap.parse_args(argv)
+    seed = a.seed if a.seed is not None else random.randrange(1 << 32)
+    print(f"fuzzing for {a.seconds:g} s with seed {seed} (replay: --seed {seed})", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = a.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        out = run(a.seconds, seed, a.auth, work, say=lambda s: print(s, flush=True))
+    print(report(out, a.seconds, seed, a.auth), flush=True)
+    return 0 if out.ok() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
