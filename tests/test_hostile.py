@@ -314,6 +314,29 @@ async def test_j5_group_too_long_for_the_all_groups_reply_is_refused(
     await still_serving(server)
 
 
+async def test_j5_query_for_a_group_that_cannot_be_written_back_is_skipped(
+        start_router: RouterFactory) -> None:
+    """Found by scripts/fuzz: a 5.x GET_MBRS naming a group of 40,000 raw NULs (80,000 bytes
+    when written back). The reply repeats the group name, so it cannot be encoded: the query
+    is skipped and counted (no such group can exist), the connection keeps working, and no
+    internal error is raised."""
+    server = await start_router(**_NO_BOUNDS)
+    async with honest_traffic(server):
+        c = await J5Client.open(*_addr(server))
+        await c.register("g", uuid(6, V5), "q", ip(7806, V5))
+        await c.sync()
+        query = j5.get_members("N" * 40_000)
+        await c.send_raw(query.replace(
+            write_string("N" * 40_000), b"\x01" + (40_000).to_bytes(2, "big") + b"\x00" * 40_000))
+        await c.sync()
+        [rep] = await c.get_members("g")
+        assert [m.name for m in rep.members] == ["q"]
+    counters = server.hub.counters
+    assert counters.drops["unanswerable_query"] == 1
+    assert counters.internal_errors == 0
+    await still_serving(server)
+
+
 async def test_native_member_that_does_not_fit_a_frame_is_refused(
         start_router: RouterFactory) -> None:
     """A native member whose entry alone would not fit in max_frame gets ERROR too_long."""
