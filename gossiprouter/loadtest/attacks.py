@@ -429,10 +429,17 @@ class HugeNames(Attack):
         from gossiprouter.protocol import jgroups2 as j2
         proto = self.spec["protocol"]
 
+        from gossiprouter.protocol import native as wire
+        dec = wire.Decoder(max_frame=64 * MiB)
+
         def count_refusals(data: bytes) -> None:
-            # 2.12 answers a refused CONNECT with the OP_FAIL status byte.
+            # 2.12 answers a refused CONNECT with the OP_FAIL status byte, native with ERROR
+            # (5.x has no answer to REGISTER).
             if proto == "jgroups2" and data[:1] == bytes([j2.OP_FAIL]):
                 self.c.refused += 1
+            elif proto == "native":
+                dec.feed(data)
+                self.c.refused += sum(isinstance(f, wire.Error) for f in dec.frames())
 
         async def member(i: int) -> None:
             reg, query = self.frames(i)
