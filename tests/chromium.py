@@ -15,6 +15,7 @@ Run as a script to screenshot pages (used for the images in docs/loadtest.md)::
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import select
@@ -73,6 +74,7 @@ class Browser:
         self._buf = b""
         self._id = 0
         self.events: list[dict[str, Any]] = []
+        self.session: str | None = None
         self.session = self._attach()
 
     def __enter__(self) -> Self:
@@ -83,20 +85,16 @@ class Browser:
         self.close()
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(CdpError, OSError):
             self.call("Browser.close", session=None)
-        except (CdpError, OSError):
-            pass
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=10)
         for fd in (self._to_child, self._from_child):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         self._profile.cleanup()
 
     # -- protocol ---------------------------------------------------------------------

@@ -68,6 +68,7 @@ __all__ = [
     "local_path",
     "loopback_master",
     "membership_intervals",
+    "session_settings",
     "spark_session",
 ]
 
@@ -325,29 +326,40 @@ def spark_session(
     cause on one line.
     """
     from pyspark import SparkConf, SparkContext
-    from pyspark.java_gateway import launch_gateway
     from pyspark.sql import SparkSession
 
     _quiet_python_warnings()
+    master = master or DEFAULT_MASTER
+    # Checked even when a context is running (and would be joined): asking for an
+    # unreachable master is a mistake worth hearing about, and it costs no JVM.
+    _check_masters_reachable(master)
     if SparkContext._active_spark_context is not None:
         return SparkSession.builder.getOrCreate()
 
-    master = master or DEFAULT_MASTER
-    _check_masters_reachable(master)
+    settings = session_settings(master, conf, log_to_file=log_path is not None)
+    if settings.get("spark.driver.bindAddress") == LOOPBACK:
+        # The environment variable covers the services that do not read
+        # spark.driver.bindAddress.
+        os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+    spark_conf = SparkConf().setMaster(master).setAll(list(settings.items()))
+    return SparkSession(_start_context(master, spark_conf, log_path))
+
+
+def session_settings(master: str, conf: Mapping[str, str] | None = None, *,
+                     log_to_file: bool = False) -> dict[str, str]:
+    """The Spark configuration :func:`spark_session` starts a context with."""
     settings: dict[str, str] = {
         "spark.app.name": APP_NAME,
         "spark.ui.enabled": "false",
         # The console progress bar would draw over the terminal (or fill the log file).
         "spark.ui.showConsoleProgress": "false",
-        "spark.log.level": "WARN" if log_path is not None else "ERROR",
+        "spark.log.level": "WARN" if log_to_file else "ERROR",
     }
-    cores = _local_cores(master)
     if loopback_master(master):
-        # Runs on loopback must not listen beyond it, nor make executors connect back to an
-        # external address; the environment variable covers the services that do not read
-        # spark.driver.bindAddress.
-        os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+        # A run on loopback must not listen beyond it, nor make the executors connect back
+        # to an external address (Spark's default is the first external interface).
         settings.update({"spark.driver.bindAddress": LOOPBACK, "spark.driver.host": LOOPBACK})
+    cores = _local_cores(master)
     if cores is not None:
         settings.update({
             # The default of 200 partitions is far too many for a handful of cores.
@@ -359,7 +371,14 @@ def spark_session(
             # tens of millions of records spill heavily.
             settings["spark.driver.memory"] = "3g"
     settings.update(conf or {})
-    spark_conf = SparkConf().setMaster(master).setAll(list(settings.items()))
+    return settings
+
+
+def _start_context(master: str, spark_conf: Any,
+                   log_path: str | os.PathLike[str] | None) -> Any:
+    from pyspark import SparkContext
+    from pyspark.java_gateway import launch_gateway
+
     if log_path is None or SparkContext._gateway is not None:
         # (A JVM left by an earlier, stopped context is reused; its output stays where it was.)
         sc = SparkContext(conf=spark_conf)
@@ -372,11 +391,11 @@ def spark_session(
     jsc: Any = sc._jsc
     if jsc.sc().isStopped():
         # Spark gives up registering with an unresponsive master by stopping the context;
-        # what comes next would fail with "Cannot call methods on a stopped SparkContext".
+        # what came next would fail with "Cannot call methods on a stopped SparkContext".
         cause = _log_cause(log_path) or "Spark stopped the context while starting"
         sc.stop()
         raise SparkStartError(f"Spark could not start on {master}: {cause}")
-    return SparkSession(sc)
+    return sc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1071,7 +1090,6 @@ class _Job:
         # Merge the (group, size, cast, q) histogram into the breakdowns. Sizes go into
         # power-of-two buckets: a run with sizes drawn from a range has hundreds of them.
         merged: dict[tuple[str, str], dict[int, _Bucket]] = {}
-        size_range: dict[int, tuple[int, int]] = {}
 
         def merge(key: tuple[str, str], b: _Bucket) -> None:
             into = merged.setdefault(key, {})
@@ -1081,10 +1099,7 @@ class _Job:
 
         for r in summary["latency"]:
             b = _Bucket(int(r["q"]), int(r["n"]), int(r["lo"]), int(r["hi"]), int(r["total"]))
-            size = int(r["size"])
-            lo, _ = size_bucket(size)
-            seen = size_range.get(lo, (size, size))
-            size_range[lo] = (min(seen[0], size), max(seen[1], size))
+            lo, _ = size_bucket(int(r["size"]))
             for key in (("all", ""), ("group", str(r["group"])), ("size", str(lo)),
                         ("cast", str(r["cast"]))):
                 merge(key, b)
@@ -1094,13 +1109,7 @@ class _Job:
                    for (k, key), bs in merged.items() if k == kind}
             return {k: v for k, v in out.items() if v is not None}
 
-        def size_label(lo: int) -> str:
-            # A bucket that holds one size only is named by it ("64"), else by its range.
-            smallest, largest = size_range[lo]
-            if smallest == largest:
-                return str(smallest)
-            return f"{lo}-{size_bucket(lo)[1]}"
-
+        size_label = size_labels(int(r["size"]) for r in summary["latency"])
         overall = list(merged.get(("all", ""), {}).values())
         latency = _latency_from_buckets(overall)
         if latency is not None and latency.min_ns <= 0:
@@ -1155,7 +1164,7 @@ class _Job:
             audit=audit,
             latency=latency,
             latency_by_group=dict(sorted(breakdown("group").items())),
-            latency_by_size={size_label(int(k)): v for k, v in
+            latency_by_size={size_label[int(k)]: v for k, v in
                              sorted(breakdown("size").items(), key=lambda kv: int(kv[0]))},
             latency_by_cast=dict(sorted(breakdown("cast").items())),
             latency_histogram=_histogram(overall),
@@ -1167,6 +1176,18 @@ class _Job:
             events=run_events(manifest, origin),
             allow_loss=self.allow_loss,
         )
+
+
+def size_labels(sizes: Iterable[int]) -> dict[int, str]:
+    """Labels of the power-of-two size buckets, by their lower bound: a bucket that holds
+    one size only is named by it ("64"), else by its range ("64-127")."""
+    ranges: dict[int, tuple[int, int]] = {}
+    for size in sizes:
+        lo, _ = size_bucket(size)
+        seen = ranges.get(lo, (size, size))
+        ranges[lo] = (min(seen[0], size), max(seen[1], size))
+    return {lo: str(a) if a == b else f"{lo}-{size_bucket(lo)[1]}"
+            for lo, (a, b) in ranges.items()}
 
 
 def _manifest_int(manifest: dict[str, Any] | None, key: str) -> int | None:
