@@ -9,7 +9,7 @@ protocol (Page, Runtime, Log, Emulation).
 
 Run as a script to screenshot pages (used for the images in docs/loadtest.md)::
 
-    python -m tests.chromium report.html out.png [WIDTH [HEIGHT]]
+    python -m tests.chromium report.html out.png [WIDTH [HEIGHT | CSS-SELECTOR]]
 """
 
 from __future__ import annotations
@@ -207,11 +207,22 @@ def _main(argv: list[str]) -> int:
         return 2
     page, out = Path(argv[0]).resolve(), Path(argv[1])
     width = int(argv[2]) if len(argv) > 2 else 1280
-    height = int(argv[3]) if len(argv) > 3 else None
+    until = argv[3] if len(argv) > 3 else None
     with Browser() as b:
         b.open(page.as_uri(), width=width)
+        height: int | None = None
+        if until is not None:
+            # A height in pixels, or a CSS selector: down to the bottom of that element.
+            height = int(until) if until.isdigit() else int(b.evaluate(
+                f"Math.ceil(document.querySelector({json.dumps(until)})"
+                ".getBoundingClientRect().bottom + window.scrollY + 16)"))
         b.screenshot(out, height)
         errors = b.console_errors()
+    # For the docs: a 256-colour palette makes the PNG several times smaller, and the
+    # report's flat colours survive it. (Pillow comes with matplotlib.)
+    from PIL import Image
+
+    Image.open(out).convert("RGB").quantize(256).save(out, optimize=True)
     if errors:
         print("console errors: " + "; ".join(errors), file=sys.stderr)
         return 1

@@ -12,7 +12,6 @@ import base64
 import json
 import re
 import shutil
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -504,12 +503,13 @@ def test_unreachable_master_fails_fast_with_the_cause(tmp_path: Path) -> None:
     port = free_port()  # nothing listens there
     run = tmp_path / "run"
     build_run(run)
-    started = time.monotonic()
     result = CliRunner().invoke(analyze_command, [str(run), "--master",
                                                   f"spark://127.0.0.1:{port}"])
     assert result.exit_code == EXIT_FAILED, result.output
-    # One line, naming the master and the cause, well before Spark's own ~60 s give-up.
-    assert time.monotonic() - started < 30
+    # One line, naming the master and the cause. It comes from the TCP check made before
+    # any Spark context (bounded by MASTER_CONNECT_TIMEOUT), not from Spark's own give-up
+    # after a minute of retries: the progress shows no driver was ever started.
+    assert "Spark driver at" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert re.fullmatch(rf"error: cannot reach the Spark master spark://127\.0\.0\.1:{port} "
                         rf"\(127\.0\.0\.1:{port}: Connection refused\) \(Spark log: .*\)", last)

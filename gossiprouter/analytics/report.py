@@ -530,13 +530,16 @@ def _mark_events(ax: Any, report: Report) -> None:
     if isinstance(config, dict) and isinstance(config.get("duration"), int | float):
         end = float(config["duration"]) + float(config.get("drain") or 0)
         ax.axvspan(float(config["duration"]), end, color="#eeeeee", zorder=0)
-    for ev in report.events:
+    for i, ev in enumerate(report.events):
         ax.axvline(ev.t_s, color="#555555", linestyle="--", linewidth=1, zorder=1)
         if ev.end_s is not None:
             ax.axvspan(ev.t_s, ev.end_s, color=_COLORS["reconnect"], alpha=0.15, zorder=0)
+        # Labels on three staggered rows, so that events close in time stay readable.
         ax.annotate(ev.what, xy=(ev.t_s, 1), xycoords=("data", "axes fraction"),
-                    xytext=(3, -3), textcoords="offset points", ha="left", va="top",
-                    fontsize=8, color="#333333")
+                    xytext=(3, -3 - 11 * (i % 3)), textcoords="offset points", ha="left",
+                    va="top", fontsize=8, color="#333333",
+                    bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none",
+                          "alpha": 0.8})
 
 
 def _figure(plt: Any, title: str, size: tuple[float, float] = _WIDE) -> tuple[Any, Any]:
