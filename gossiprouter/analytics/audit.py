@@ -34,12 +34,16 @@ from urllib.parse import urlparse
 
 from gossiprouter.analytics.report import (
     Audit,
+    Breakdown,
     Counts,
     Finding,
     Histogram,
+    LatencyPoint,
     LatencyStats,
     Report,
     ThroughputBucket,
+    run_events,
+    size_bucket,
     write_report,
 )
 from gossiprouter.loadtest.records import (
@@ -58,10 +62,13 @@ __all__ = [
     "DEFAULT_MASTER",
     "AuditInputError",
     "Interval",
+    "SparkStartError",
     "analyze",
     "check_run_dir",
     "local_path",
+    "loopback_master",
     "membership_intervals",
+    "session_settings",
     "spark_session",
 ]
 
@@ -77,6 +84,16 @@ _SPARK_TYPES: Final = {"string": "STRING", "int64": "BIGINT", "int32": "INT"}
 
 class AuditInputError(Exception):
     """The run directory is missing or does not hold what the analysis needs."""
+
+
+class SparkStartError(Exception):
+    """Spark could not start (the master is unreachable, say); the message is one line."""
+
+
+# How long to wait for a TCP connection to a standalone master before giving up: Spark's
+# own client would retry for about a minute and then report only a stopped SparkContext.
+MASTER_CONNECT_TIMEOUT: Final = 5.0
+LOOPBACK: Final = "127.0.0.1"
 
 
 def _ddl(schema: pa.Schema) -> str:
@@ -202,6 +219,84 @@ def _local_cores(master: str) -> int | None:
     return (os.cpu_count() or 1) if m.group(1) == "*" else int(m.group(1))
 
 
+def _master_hosts(master: str) -> list[tuple[str, int]] | None:
+    """(host, port) of each master of a ``spark://h1:p1,h2:p2`` URL; None for other URLs."""
+    if not master.startswith("spark://"):
+        return None
+    out: list[tuple[str, int]] = []
+    for part in master[len("spark://"):].split(","):
+        host, sep, port = part.strip().rpartition(":")
+        if not sep or not port.isdigit():
+            host, port = part.strip(), "7077"
+        out.append((host.strip("[]"), int(port)))
+    return out
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def loopback_master(master: str) -> bool:
+    """True for a local master, or a standalone master whose every host is on loopback:
+    then the driver must bind and advertise a loopback address too."""
+    if _local_cores(master) is not None:
+        return True
+    hosts = _master_hosts(master)
+    return bool(hosts) and all(_is_loopback(h) for h, _ in hosts or ())
+
+
+def _check_masters_reachable(master: str, timeout: float = MASTER_CONNECT_TIMEOUT) -> None:
+    """Raise :class:`SparkStartError` unless a master of a ``spark://`` URL accepts a TCP
+    connection within ``timeout`` seconds."""
+    import socket
+
+    hosts = _master_hosts(master)
+    if not hosts:
+        return
+    errors: list[str] = []
+    for host, port in hosts:
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                return
+        except TimeoutError:
+            errors.append(f"{host}:{port}: no answer within {timeout:g} s")
+        except OSError as e:
+            errors.append(f"{host}:{port}: {e.strerror or e}")
+    raise SparkStartError(f"cannot reach the Spark master {master} ({'; '.join(errors)})")
+
+
+def _log_cause(log_path: str | os.PathLike[str] | None) -> str | None:
+    """The most telling line of Spark's log: the last ERROR line (such as "All masters are
+    unresponsive! Giving up."), without its timestamp and logger prefix."""
+    if log_path is None:
+        return None
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 200_000))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        m = re.search(r"\bERROR\b\s*(?:[\w.$]+:\s*)?(.*)", line)
+        if m and m.group(1).strip():
+            return m.group(1).strip()
+    return None
+
+
+def driver_address(spark: SparkSession) -> str:
+    """host:port the driver advertises to the executors."""
+    conf: Any = spark.sparkContext.getConf()
+    return f"{conf.get('spark.driver.host', '?')}:{conf.get('spark.driver.port', '?')}"
+
+
 def _quiet_python_warnings() -> None:
     # PySpark warns about pandas versions it has not certified; this job never converts to
     # pandas, so the warning is noise in the terminal summary.
@@ -216,37 +311,57 @@ def spark_session(
 ) -> SparkSession:
     """Start (or join) the Spark session the analysis runs in.
 
-    ``master`` defaults to ``local[*]``. For local masters the driver binds to 127.0.0.1 only
-    (and ``SPARK_LOCAL_IP`` defaults to 127.0.0.1), the web UI is off and shuffles use 2
-    partitions per core. ``conf`` entries are applied last and win. With ``log_path`` the
-    JVM's stdout and stderr (Spark's own log lines at WARN and above) go to that file instead
-    of the terminal; without it only errors are logged. If a SparkContext is already running
-    in this process it is reused as it is.
+    ``master`` defaults to ``local[*]``. For local masters, and standalone masters on
+    loopback (``spark://127.0.0.1:7077``), the driver binds to and advertises 127.0.0.1 only
+    (and ``SPARK_LOCAL_IP`` defaults to 127.0.0.1), so nothing leaves loopback; on a real
+    cluster Spark picks the address, and ``spark.driver.host`` in ``conf`` sets it. The web
+    UI is off and local shuffles use 2 partitions per core. ``conf`` entries are applied
+    last and win. With ``log_path`` the JVM's stdout and stderr (Spark's own log lines at
+    WARN and above) go to that file instead of the terminal; without it only errors are
+    logged. If a SparkContext is already running in this process it is reused as it is.
+
+    A ``spark://`` master that accepts no TCP connection within
+    :data:`MASTER_CONNECT_TIMEOUT` seconds, or a context that Spark stopped while starting
+    (it gave up registering with the master), raises :class:`SparkStartError` with the
+    cause on one line.
     """
     from pyspark import SparkConf, SparkContext
-    from pyspark.java_gateway import launch_gateway
     from pyspark.sql import SparkSession
 
     _quiet_python_warnings()
+    master = master or DEFAULT_MASTER
+    # Checked even when a context is running (and would be joined): asking for an
+    # unreachable master is a mistake worth hearing about, and it costs no JVM.
+    _check_masters_reachable(master)
     if SparkContext._active_spark_context is not None:
         return SparkSession.builder.getOrCreate()
 
-    master = master or DEFAULT_MASTER
+    settings = session_settings(master, conf, log_to_file=log_path is not None)
+    if settings.get("spark.driver.bindAddress") == LOOPBACK:
+        # The environment variable covers the services that do not read
+        # spark.driver.bindAddress.
+        os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+    spark_conf = SparkConf().setMaster(master).setAll(list(settings.items()))
+    return SparkSession(_start_context(master, spark_conf, log_path))
+
+
+def session_settings(master: str, conf: Mapping[str, str] | None = None, *,
+                     log_to_file: bool = False) -> dict[str, str]:
+    """The Spark configuration :func:`spark_session` starts a context with."""
     settings: dict[str, str] = {
         "spark.app.name": APP_NAME,
         "spark.ui.enabled": "false",
         # The console progress bar would draw over the terminal (or fill the log file).
         "spark.ui.showConsoleProgress": "false",
-        "spark.log.level": "WARN" if log_path is not None else "ERROR",
+        "spark.log.level": "WARN" if log_to_file else "ERROR",
     }
+    if loopback_master(master):
+        # A run on loopback must not listen beyond it, nor make the executors connect back
+        # to an external address (Spark's default is the first external interface).
+        settings.update({"spark.driver.bindAddress": LOOPBACK, "spark.driver.host": LOOPBACK})
     cores = _local_cores(master)
     if cores is not None:
-        # Local runs must not listen beyond loopback; the environment variable covers the
-        # services that do not read spark.driver.bindAddress.
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         settings.update({
-            "spark.driver.bindAddress": "127.0.0.1",
-            "spark.driver.host": "127.0.0.1",
             # The default of 200 partitions is far too many for a handful of cores.
             "spark.sql.shuffle.partitions": str(2 * cores),
             "spark.default.parallelism": str(2 * cores),
@@ -256,7 +371,14 @@ def spark_session(
             # tens of millions of records spill heavily.
             settings["spark.driver.memory"] = "3g"
     settings.update(conf or {})
-    spark_conf = SparkConf().setMaster(master).setAll(list(settings.items()))
+    return settings
+
+
+def _start_context(master: str, spark_conf: Any,
+                   log_path: str | os.PathLike[str] | None) -> Any:
+    from pyspark import SparkContext
+    from pyspark.java_gateway import launch_gateway
+
     if log_path is None or SparkContext._gateway is not None:
         # (A JVM left by an earlier, stopped context is reused; its output stays where it was.)
         sc = SparkContext(conf=spark_conf)
@@ -266,7 +388,14 @@ def spark_session(
             launch: Any = launch_gateway  # untyped in PySpark
             gateway = launch(spark_conf, popen_kwargs={"stdout": log, "stderr": log})
         sc = SparkContext(conf=spark_conf, gateway=gateway)
-    return SparkSession(sc)
+    jsc: Any = sc._jsc
+    if jsc.sc().isStopped():
+        # Spark gives up registering with an unresponsive master by stopping the context;
+        # what came next would fail with "Cannot call methods on a stopped SparkContext".
+        cause = _log_cause(log_path) or "Spark stopped the context while starting"
+        sc.stop()
+        raise SparkStartError(f"Spark could not start on {master}: {cause}")
+    return sc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -413,11 +542,16 @@ def _rows(df: DataFrame) -> list[dict[str, Any]]:
 _SEND, _RECV, _BAD = 0, 1, 2  # record kinds, as codes
 _STATUS_CODE: Final = {"stayed": 0, "left": 1, "killed": 2}
 
+# Times in the samples are turned into seconds since the start of the run (t_send_s ...)
+# by _Job._report.
+_LOST_FIELDS: Final = ("msg_id", "group", "sender", "seq", "receiver", "cast", "t_send_ns",
+                       "receiver_status")
 _SAMPLE_FIELDS: Final[dict[str, tuple[str, ...]]] = {
-    "lost": ("msg_id", "group", "sender", "seq", "receiver", "cast", "t_send_ns",
-             "receiver_status"),
-    "lost_stayed": ("msg_id", "group", "sender", "seq", "receiver", "cast", "t_send_ns",
-                    "receiver_status"),
+    "lost": _LOST_FIELDS,
+    "lost_registered": _LOST_FIELDS,
+    "lost_reconnect": _LOST_FIELDS,
+    "undetermined": ("msg_id", "group", "sender", "seq", "receiver", "cast", "t_send_ns",
+                     "t_recv_ns", "receiver_status"),
     "unexpected": ("msg_id", "group", "sender", "seq", "receiver", "cast", "dest",
                    "t_recv_ns"),
     "duplicated": ("msg_id", "group", "sender", "seq", "receiver", "copies"),
@@ -437,6 +571,7 @@ def analyze(
     conf: Mapping[str, str] | None = None,
     spark_log: str | os.PathLike[str] | None = None,
     progress: Callable[[str], None] | None = None,
+    allow_loss: bool = False,
 ) -> Report:
     """Audit the run in ``run_dir``, write report.json and report.html to ``out_dir``.
 
@@ -444,13 +579,15 @@ def analyze(
     session to use instead (it is left running; a session started here is stopped at the
     end). ``settle_s`` is the settle window, ``sample`` the number of examples kept per kind
     of anomaly. ``conf`` and ``spark_log`` go to :func:`spark_session`. ``progress`` is
-    called with a short line at each stage. Raises :class:`AuditInputError` for a run
-    directory that is missing or holds no records.
+    called with a short line at each phase, prefixed with the time since the start, and
+    once at the end with each phase's duration. ``allow_loss`` goes into the report's
+    verdict. Raises :class:`AuditInputError` for a run directory that is missing or holds
+    no records, :class:`SparkStartError` when Spark cannot start.
     """
     if settle_s < 0:
         raise ValueError("settle_s must not be negative")
-    say = progress or (lambda _line: None)
-    started = time.monotonic()
+    phases = _Phases(progress or (lambda _line: None))
+    started = phases.started
     # Fail before paying for a JVM when the input is plainly not there.
     check_run_dir(run_dir)
     from pyspark import SparkContext
@@ -459,13 +596,54 @@ def analyze(
     # (spark_session joins it), belongs to the caller.
     own = spark is None and SparkContext._active_spark_context is None
     if spark is None:
-        say(f"starting Spark ({master or DEFAULT_MASTER})…")
+        phases.start("Spark start", f"starting Spark ({master or DEFAULT_MASTER})…")
         spark = spark_session(master, conf=conf, log_path=spark_log)
+    chosen = spark.sparkContext.getConf().get("spark.driver.host", "")
+    how = ("loopback master: driver kept on loopback" if chosen == LOOPBACK
+           else "set --conf spark.driver.host=ADDRESS if the executors cannot reach it")
+    phases.note(f"Spark driver at {driver_address(spark)} ({how})")
     try:
-        return _Job(spark, run_dir, out_dir, settle_s, sample, say, started).run()
+        report = _Job(spark, run_dir, out_dir, settle_s, sample, phases, started,
+                      allow_loss).run()
     finally:
         if own:
             spark.stop()
+    phases.finish()
+    return report
+
+
+class _Phases:
+    """Progress lines with timings: each phase's start, with the time since the beginning,
+    then one line with the duration of every phase."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+        self.started = time.monotonic()
+        self.done: list[tuple[str, float]] = []
+        self._current: tuple[str, float] | None = None
+
+    def _stamp(self) -> str:
+        return f"[{time.monotonic() - self.started:6.1f} s]"
+
+    def _close(self) -> None:
+        if self._current is not None:
+            name, t = self._current
+            self.done.append((name, time.monotonic() - t))
+            self._current = None
+
+    def start(self, name: str, line: str) -> None:
+        self._close()
+        self._current = (name, time.monotonic())
+        self.say(f"{self._stamp()} {line}")
+
+    def note(self, line: str) -> None:
+        self.say(f"{self._stamp()} {line}")
+
+    def finish(self) -> None:
+        self._close()
+        total = time.monotonic() - self.started
+        self.say(f"{self._stamp()} done: " + ", ".join(
+            f"{name} {d:.1f} s" for name, d in self.done) + f"; total {total:.1f} s")
 
 
 class _Job:
@@ -485,8 +663,9 @@ class _Job:
         out_dir: str,
         settle_s: float,
         sample: int,
-        say: Callable[[str], None],
+        phases: _Phases,
         started: float,
+        allow_loss: bool = False,
     ) -> None:
         self.spark = spark
         self.run_dir = run_dir
@@ -495,8 +674,9 @@ class _Job:
         self.settle_ns = round(settle_s * NS_PER_S)
         self.settle_s = settle_s
         self.sample = max(0, sample)
-        self.say = say
+        self.phases = phases
         self.started = started
+        self.allow_loss = allow_loss
         self.warnings: list[str] = []
         self._fs: _HadoopFs | None = None
         self._cached: list[DataFrame] = []
@@ -560,7 +740,7 @@ class _Job:
             _check_remote_inputs(self.fs, self.run_uri)
         manifest = self._manifest()
 
-        self.say("reading records…")
+        self.phases.start("reading", "reading records…")
         timeline = self.spark.read.schema(MEMBERSHIP_DDL).parquet(
             _join(self.run_uri, MEMBERSHIP_FILE))
         events = [(int(r["t_ns"]), str(r["group"]), str(r["member"]), str(r["event"]))
@@ -576,26 +756,61 @@ class _Job:
         parts = max(-(-n_records // RECORDS_PER_PARTITION),
                     min(2 * self.spark.sparkContext.defaultParallelism,
                         -(-n_records // 10_000)))
+        origin = _manifest_int(manifest, "t0_ns")
+        outages = self._outages(manifest)
         try:
-            recs, msgs, pairs = self._tables(records, intervals, parts)
-            self.say("auditing…")
+            recs, msgs, pairs = self._tables(records, intervals, parts, outages)
+            self.phases.start("audit", "auditing…")
             pairs.count()  # materialises the cached tables
             recs.unpersist()  # pairs and msgs hold all that is needed from here on
-            summary = self._summarise(msgs, pairs)
+            if origin is None:
+                # No manifest t0: the run starts with its first send.
+                origin = int(msgs.agg({"t_send_ns": "min"}).collect()[0][0] or 0)
+            summary = self._summarise(msgs, pairs, origin)
             anomalies = self._anomalies(pairs, parts)
         finally:
             for df in self._cached:
                 df.unpersist()
 
-        self.say("summarising latency and throughput…")
-        report = self._report(manifest, n_records, summary, anomalies)
-        self.say("writing report…")
+        self.phases.start("summary", "summarising latency and throughput…")
+        report = self._report(manifest, n_records, summary, anomalies, origin)
+        self.phases.start("report", "writing report…")
         report.analysis_s = round(time.monotonic() - self.started, 3)
         write_report(report, self.out_dir, self._write)
         return report
 
+    def _outages(self, manifest: dict[str, Any] | None) -> list[tuple[int, int]]:
+        """The router outages of the run, (down, every member registered again) in ns on the
+        run's clock, from the events the driver recorded in the manifest."""
+        played = (manifest or {}).get("events")
+        config = (manifest or {}).get("scenario_config")
+        scheduled = config.get("events") if isinstance(config, dict) else None
+        restarts = [e for e in played if isinstance(e, dict)
+                    and e.get("action") == "restart-router"] if isinstance(played, list) else []
+        if not isinstance(played, list) and isinstance(scheduled, list) and any(
+                isinstance(e, dict) and e.get("action") == "restart-router" for e in scheduled):
+            self.warnings.append("the scenario restarts the router but the manifest does not "
+                                 "say when: losses across those restarts cannot be told apart "
+                                 "from other losses")
+        out: list[tuple[int, int]] = []
+        for e in restarts:
+            down = e.get("t_ns")
+            if not isinstance(down, int):
+                continue
+            end = e.get("registered_ns")
+            if not isinstance(end, int):
+                # Not observed (the watch timed out): the outage lasts until the end of the
+                # run, as far as the audit can tell.
+                end = 2**62
+                self.warnings.append(f"the router restart at {e.get('at')} s: the members "
+                                     "were not seen registered again; every later loss is "
+                                     "counted as across a reconnect")
+            out.append((down, end))
+        return out
+
     def _tables(
         self, records: DataFrame, intervals: list[Interval], parts: int,
+        outages: list[tuple[int, int]],
     ) -> tuple[DataFrame, DataFrame, DataFrame]:
         """The cached tables the analysis works from.
 
@@ -668,6 +883,11 @@ class _Job:
             F.max("status").alias("status"),
         )
         copies, expected, status = col("copies"), col("expected"), col("status")
+        # A loss whose window [t_send, t_send + settle] overlaps a router outage (down until
+        # every member was registered again) happened across a reconnect.
+        across = F.lit(False)
+        for start, end in outages:
+            across = across | ((t_send <= F.lit(end)) & (window_end >= F.lit(start)))
         pairs = self._cache(per_pair.join(
             # Both sides are already partitioned by msg_id: a per-partition hash join avoids
             # sorting them.
@@ -680,6 +900,7 @@ class _Job:
             .alias("receiver_status"),
             F.when(expected.isNull(), "unexpected")
             .when(expected & (copies > 0), "delivered")
+            .when(expected & across, "lost_reconnect")
             .when(expected, "lost")
             .when(copies > 0, "undetermined_delivered")
             .otherwise("undetermined_missing")
@@ -693,22 +914,33 @@ class _Job:
         self._cached.append(df)
         return df.persist(StorageLevel.MEMORY_AND_DISK)
 
-    def _summarise(self, msgs: DataFrame, pairs: DataFrame) -> dict[str, list[dict[str, Any]]]:
-        """Small aggregations of the cached tables, as lists of rows by name."""
+    def _summarise(
+        self, msgs: DataFrame, pairs: DataFrame, origin_ns: int,
+    ) -> dict[str, list[dict[str, Any]]]:
+        """Small aggregations of the cached tables, as lists of rows by name. Seconds are
+        counted from ``origin_ns`` (the start of the run)."""
         from pyspark.sql import functions as F
 
         col, one = F.col, F.lit(1)
         delivered = col("copies") > 0
         lat = col("t_recv_ns") - col("t_send_ns")
+        q = F.round(F.log(F.greatest(lat, one)) / F.lit(_LOG_STEP)).cast("int").alias("q")
+
+        def second(c: str) -> Any:
+            return F.floor((col(c) - F.lit(origin_ns)) / NS_PER_S)
+
         return {
+            "ends": _rows(pairs.agg(F.max("t_recv_ns").alias("recv"),
+                                    F.max("t_send_ns").alias("send"))),
             "senders": _rows(msgs.groupBy("run", "group", "sender").agg(
                 F.count(one).alias("messages"),
                 F.count_if(col("n_send") == 0).alias("no_send"),
                 F.sum("n_send").alias("send_records"),
             )),
-            "sends": _rows(msgs.groupBy(F.floor(col("t_send_ns") / NS_PER_S).alias("t"))
+            "sends": _rows(msgs.groupBy(second("t_send_ns").alias("t"))
                            .agg(F.count(one).alias("n"))),
-            "categories": _rows(pairs.groupBy("category", "receiver_status", "receiver").agg(
+            "categories": _rows(pairs.groupBy("category", "receiver_status", "receiver",
+                                              "group").agg(
                 F.count(one).alias("pairs"),
                 F.sum("copies").alias("recv_records"),
                 F.count_if(col("copies") > 1).alias("duplicated"),
@@ -718,15 +950,19 @@ class _Job:
             # overall figures are merged from it in Python.
             "latency": _rows(
                 pairs.filter(delivered)
-                .groupBy("group", "size", "cast",
-                         F.round(F.log(F.greatest(lat, one)) / F.lit(_LOG_STEP))
-                         .cast("int").alias("q"))
+                .groupBy("group", "size", "cast", q)
+                .agg(F.count(one).alias("n"), F.min(lat).alias("lo"), F.max(lat).alias("hi"),
+                     F.sum(lat).alias("total"))),
+            # The same histogram per send second, for the percentiles over time.
+            "latency_s": _rows(
+                pairs.filter(delivered)
+                .groupBy(second("t_send_ns").alias("t"), q)
                 .agg(F.count(one).alias("n"), F.min(lat).alias("lo"), F.max(lat).alias("hi"),
                      F.sum(lat).alias("total"))),
             # A pair is never both delivered and lost, so one grouping gives both series.
             "seconds": _rows(pairs.groupBy(
-                F.when(delivered, F.floor(col("t_recv_ns") / NS_PER_S)).alias("recv_s"),
-                F.when(col("category") == "lost", F.floor(col("t_send_ns") / NS_PER_S))
+                F.when(delivered, second("t_recv_ns")).alias("recv_s"),
+                F.when(col("category").isin("lost", "lost_reconnect"), second("t_send_ns"))
                 .alias("lost_s"),
             ).agg(F.count(one).alias("n"))),
         }
@@ -741,10 +977,15 @@ class _Job:
         col, cat = F.col, F.col("category")
         common = ["msg_id", "group", "sender", "seq", "receiver", "cast", "dest", "t_send_ns",
                   "t_recv_ns", "receiver_status", "copies"]
-        flagged = pairs.filter(cat.isin("lost", "unexpected") | (col("copies") > 1)).select(
+        flagged = pairs.filter(
+            cat.isin("lost", "lost_reconnect", "unexpected", "undetermined_delivered",
+                     "undetermined_missing") | (col("copies") > 1)
+        ).select(
             F.explode(F.array_compact(F.array(
-                F.when(cat == "lost", "lost"),
-                F.when((cat == "lost") & (col("receiver_status") == "stayed"), "lost_stayed"),
+                F.when(cat.isin("lost", "lost_reconnect"), "lost"),
+                F.when(cat == "lost", "lost_registered"),
+                F.when(cat == "lost_reconnect", "lost_reconnect"),
+                F.when(cat.startswith("undetermined"), "undetermined"),
                 F.when(cat == "unexpected", "unexpected"),
                 F.when(col("copies") > 1, "duplicated"),
             ))).alias("kind"),
@@ -793,6 +1034,7 @@ class _Job:
         n_records: int,
         summary: Mapping[str, list[dict[str, Any]]],
         anomalies: Mapping[str, tuple[int, int, list[dict[str, Any]]]],
+        origin: int,
     ) -> Report:
         senders, cats = summary["senders"], summary["categories"]
 
@@ -812,59 +1054,91 @@ class _Job:
         if no_send:
             self.warnings.append(f"{no_send:,} messages have recv records but no send record "
                                  "(sender's buffer lost?)")
+        for w in (manifest or {}).get("warnings") or []:
+            self.warnings.append(f"load test: {w}")
+
+        def relative(sample: dict[str, Any]) -> dict[str, Any]:
+            # Monotonic nanoseconds mean nothing to a reader: seconds since the start.
+            return {(k[:-3] + "_s" if k in ("t_send_ns", "t_recv_ns") else k):
+                    (None if v is None else round((v - origin) / NS_PER_S, 6))
+                    if k in ("t_send_ns", "t_recv_ns") else v
+                    for k, v in sample.items()}
 
         def finding(kind: str, n: int | None = None) -> Finding:
             found, _, sample = anomalies[kind]
-            return Finding(found if n is None else n, sample)
+            return Finding(found if n is None else n, [relative(x) for x in sample])
 
+        lost_all = count("lost") + count("lost_reconnect")
+        undetermined = count("undetermined_delivered") + count("undetermined_missing")
         audit = Audit(
-            expected=count("delivered") + count("lost"),
+            expected=count("delivered") + lost_all,
             delivered=count("delivered"),
-            lost=finding("lost", count("lost")),
-            lost_stayed_connected=finding("lost_stayed", count("lost", "stayed")),
+            lost=finding("lost", lost_all),
+            lost_registered=finding("lost_registered", count("lost")),
+            lost_reconnect=finding("lost_reconnect", count("lost_reconnect")),
             lost_to_left=count("lost", "left"),
             lost_to_killed=count("lost", "killed"),
             duplicated=finding("duplicated", total(cats, "duplicated")),
             duplicate_copies=total(cats, "extra_copies"),
             out_of_order=finding("out_of_order"),
             out_of_order_pairs=anomalies["out_of_order"][1],
-            undetermined=count("undetermined_delivered") + count("undetermined_missing"),
+            undetermined=finding("undetermined", undetermined),
             undetermined_delivered=count("undetermined_delivered"),
             unexpected=finding("unexpected", count("unexpected")),
         )
 
-        # Merge the (group, size, cast, q) histogram into the breakdowns.
+        # Merge the (group, size, cast, q) histogram into the breakdowns. Sizes go into
+        # power-of-two buckets: a run with sizes drawn from a range has hundreds of them.
         merged: dict[tuple[str, str], dict[int, _Bucket]] = {}
+
+        def merge(key: tuple[str, str], b: _Bucket) -> None:
+            into = merged.setdefault(key, {})
+            old = into.get(b.q)
+            into[b.q] = b if old is None else _Bucket(
+                b.q, old.n + b.n, min(old.lo, b.lo), max(old.hi, b.hi), old.total + b.total)
+
         for r in summary["latency"]:
             b = _Bucket(int(r["q"]), int(r["n"]), int(r["lo"]), int(r["hi"]), int(r["total"]))
-            for key in (("all", ""), ("group", str(r["group"])), ("size", str(r["size"])),
+            lo, _ = size_bucket(int(r["size"]))
+            for key in (("all", ""), ("group", str(r["group"])), ("size", str(lo)),
                         ("cast", str(r["cast"]))):
-                into = merged.setdefault(key, {})
-                old = into.get(b.q)
-                into[b.q] = b if old is None else _Bucket(
-                    b.q, old.n + b.n, min(old.lo, b.lo), max(old.hi, b.hi), old.total + b.total)
+                merge(key, b)
 
         def breakdown(kind: str) -> dict[str, LatencyStats]:
             out = {key: _latency_from_buckets(bs.values())
                    for (k, key), bs in merged.items() if k == kind}
             return {k: v for k, v in out.items() if v is not None}
 
+        size_label = size_labels(int(r["size"]) for r in summary["latency"])
         overall = list(merged.get(("all", ""), {}).values())
         latency = _latency_from_buckets(overall)
         if latency is not None and latency.min_ns <= 0:
             self.warnings.append("some receive times precede their send time: the peers do "
                                  "not share one monotonic clock?")
 
+        per_second: dict[int, list[_Bucket]] = {}
+        for r in summary["latency_s"]:
+            per_second.setdefault(int(r["t"]), []).append(
+                _Bucket(int(r["q"]), int(r["n"]), int(r["lo"]), int(r["hi"]), int(r["total"])))
+        over_time = []
+        for t, bs in sorted(per_second.items()):
+            st = _latency_from_buckets(bs)
+            if st is not None:
+                over_time.append(LatencyPoint(t, st.count, st.p50_ns, st.p99_ns, st.max_ns))
+
         sends = {int(r["t"]): int(r["n"]) for r in summary["sends"] if r["t"] is not None}
         recvs = {int(r["recv_s"]): int(r["n"]) for r in summary["seconds"]
                  if r["recv_s"] is not None}
         lost = {int(r["lost_s"]): int(r["n"]) for r in summary["seconds"]
                 if r["lost_s"] is not None}
-        first = min(sends, default=0)
-        last = max([*sends, *recvs, *lost], default=first - 1)
-        throughput = [ThroughputBucket(s - first, sends.get(s, 0), recvs.get(s, 0),
-                                       lost.get(s, 0))
-                      for s in range(first, last + 1)]
+        first = min([0, *sends])
+        end_ns = _run_end(manifest, origin, summary["ends"])
+        last = max([*sends, *recvs, *lost, (end_ns - origin - 1) // NS_PER_S], default=0)
+        throughput = [ThroughputBucket(
+            s, sends.get(s, 0), recvs.get(s, 0), lost.get(s, 0),
+            round(max(0.0, min(1.0, (end_ns - origin - s * NS_PER_S) / NS_PER_S)), 6))
+            for s in range(first, last + 1)]
+
         received = {"delivered", "unexpected", "undetermined_delivered"}
         return Report(
             run_dir=self.run_dir,
@@ -890,9 +1164,99 @@ class _Job:
             audit=audit,
             latency=latency,
             latency_by_group=dict(sorted(breakdown("group").items())),
-            latency_by_size=dict(sorted(breakdown("size").items(), key=lambda kv: int(kv[0]))),
+            latency_by_size={size_label[int(k)]: v for k, v in
+                             sorted(breakdown("size").items(), key=lambda kv: int(kv[0]))},
             latency_by_cast=dict(sorted(breakdown("cast").items())),
             latency_histogram=_histogram(overall),
             throughput=throughput,
             warnings=self.warnings,
+            latency_over_time=over_time,
+            by_group=_breakdowns(senders, cats, lambda name: name),
+            by_process=_by_process(manifest, senders, cats),
+            events=run_events(manifest, origin),
+            allow_loss=self.allow_loss,
         )
+
+
+def size_labels(sizes: Iterable[int]) -> dict[int, str]:
+    """Labels of the power-of-two size buckets, by their lower bound: a bucket that holds
+    one size only is named by it ("64"), else by its range ("64-127")."""
+    ranges: dict[int, tuple[int, int]] = {}
+    for size in sizes:
+        lo, _ = size_bucket(size)
+        seen = ranges.get(lo, (size, size))
+        ranges[lo] = (min(seen[0], size), max(seen[1], size))
+    return {lo: str(a) if a == b else f"{lo}-{size_bucket(lo)[1]}"
+            for lo, (a, b) in ranges.items()}
+
+
+def _manifest_int(manifest: dict[str, Any] | None, key: str) -> int | None:
+    value = (manifest or {}).get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _run_end(manifest: dict[str, Any] | None, origin: int,
+             ends: list[dict[str, Any]]) -> int:
+    """When the run ended, on its clock: t0 + duration + drain from the manifest, else the
+    last send or receive time."""
+    config = (manifest or {}).get("scenario_config")
+    if _manifest_int(manifest, "t0_ns") == origin and isinstance(config, dict) and isinstance(
+            config.get("duration"), int | float):
+        return origin + round((float(config["duration"]) + float(config.get("drain") or 0))
+                              * NS_PER_S)
+    last = [int(v) for r in ends for v in (r["recv"], r["send"]) if v is not None]
+    return max(last, default=origin) + 1
+
+
+_CATEGORY_FIELD: Final = {"delivered": "delivered", "lost": "lost_registered",
+                          "lost_reconnect": "lost_reconnect",
+                          "undetermined_delivered": "undetermined",
+                          "undetermined_missing": "undetermined"}
+
+
+def _breakdowns(
+    senders: list[dict[str, Any]],
+    cats: list[dict[str, Any]],
+    key: Callable[[str], str | None],
+    by: str = "group",
+) -> dict[str, Breakdown]:
+    """Breakdowns keyed by ``key(row[by])`` (rows whose key is None are left out): sends
+    by sender (or group), the rest by receiver (or group)."""
+    out: dict[str, Breakdown] = {}
+    for r in senders:
+        k = key(str(r["group" if by == "group" else "sender"]))
+        if k is not None:
+            out.setdefault(k, Breakdown()).sent += int(r["messages"] or 0)
+    for r in cats:
+        k = key(str(r["group" if by == "group" else "receiver"]))
+        if k is None:
+            continue
+        b = out.setdefault(k, Breakdown())
+        field = _CATEGORY_FIELD.get(str(r["category"]))
+        n = int(r["pairs"] or 0)
+        if field is not None:
+            setattr(b, field, getattr(b, field) + n)
+        if r["category"] in ("delivered", "lost", "lost_reconnect"):
+            b.expected += n
+        b.duplicated += int(r["duplicated"] or 0)
+    return dict(sorted(out.items()))
+
+
+def _by_process(
+    manifest: dict[str, Any] | None,
+    senders: list[dict[str, Any]],
+    cats: list[dict[str, Any]],
+) -> dict[str, Breakdown]:
+    """Breakdowns by peer process ("p0", ...), from the manifest's list of processes."""
+    procs = (manifest or {}).get("processes")
+    if not isinstance(procs, list):
+        return {}
+    of: dict[str, str] = {}
+    for p in procs:
+        if isinstance(p, dict) and isinstance(p.get("members"), list):
+            for m in p["members"]:
+                of[str(m)] = f"p{p.get('proc')}"
+    if not of:
+        return {}
+    found = _breakdowns(senders, cats, of.get, by="member")
+    return dict(sorted(found.items(), key=lambda kv: (len(kv[0]), kv[0])))

@@ -4,24 +4,31 @@ Exports :func:`analyze_command`, a click command that the main ``gossiprouter`` 
 registers. PySpark is imported only when the command runs, so the rest of the CLI starts
 fast and works without it.
 
-Exit codes: 0 fine; 1 the analysis failed (Spark error, PySpark or Java missing); 2 bad
-input (no such run directory, no records); 3 deliveries were lost among members that stayed
-connected (unless ``--allow-loss``).
+Exit codes (the verdict decides 0, 3 and 4; see docs/loadtest.md): 0 OK, or LOSS ACCEPTED
+with ``--allow-loss``; 1 the analysis failed (Spark error, PySpark or Java missing, master
+unreachable); 2 bad input (no such run directory, no records); 3 LOSS: deliveries lost while
+the sender and the receiver were both registered; 4 INCOMPLETE: the load test itself was
+interrupted or failed, so its figures cover a partial run.
 """
 
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Final
 
 import click
 
-__all__ = ["EXIT_FAILED", "EXIT_INPUT", "EXIT_LOSS", "analyze_command"]
+from gossiprouter.analytics.report import (
+    EXIT_FAILED,
+    EXIT_INCOMPLETE,
+    EXIT_INPUT,
+    EXIT_LOSS,
+    EXIT_OK,
+)
+from gossiprouter.cli_errors import PREFIX, needs_extra
 
-EXIT_FAILED: Final = 1
-EXIT_INPUT: Final = 2
-EXIT_LOSS: Final = 3
+__all__ = ["EXIT_FAILED", "EXIT_INCOMPLETE", "EXIT_INPUT", "EXIT_LOSS", "EXIT_OK",
+           "analyze_command"]
 
 
 def _progress(line: str) -> None:
@@ -30,7 +37,7 @@ def _progress(line: str) -> None:
 
 
 def _fail(message: str, code: int) -> SystemExit:
-    click.echo(f"error: {message}", err=True)
+    click.echo(PREFIX + message, err=True)  # the one error format (gossiprouter.cli_errors)
     return SystemExit(code)
 
 
@@ -55,9 +62,11 @@ def _one_line(exc: BaseException) -> str:
 @click.option("--sample", type=click.IntRange(min=0), default=20, show_default=True,
               help="Examples kept per kind of anomaly.")
 @click.option("--conf", "conf", multiple=True, metavar="KEY=VALUE",
-              help="Extra Spark configuration, repeatable (e.g. spark.executor.memory=4g).")
+              help="Extra Spark configuration, repeatable (e.g. spark.executor.memory=4g; "
+                   "on a real cluster spark.driver.host=ADDRESS the executors can reach).")
 @click.option("--allow-loss", is_flag=True,
-              help="Exit 0 even if members that stayed connected lost messages.")
+              help="Exit 0 (verdict LOSS ACCEPTED) even if deliveries were lost while the "
+                   "sender and the receiver were both registered.")
 def analyze_command(
     run_dir: str,
     master: str | None,
@@ -87,14 +96,14 @@ def analyze_command(
 
         from gossiprouter.analytics.audit import (
             AuditInputError,
+            SparkStartError,
             analyze,
             check_run_dir,
             local_path,
         )
         from gossiprouter.analytics.report import format_summary
-    except ImportError as e:
-        raise _fail(f"the analysis needs PySpark ({e}); install gossiprouter[loadtest]",
-                    EXIT_FAILED) from None
+    except ImportError:
+        raise _fail(needs_extra("the analysis", "PySpark", "loadtest"), EXIT_FAILED) from None
 
     try:
         check_run_dir(run_dir)
@@ -114,16 +123,21 @@ def analyze_command(
 
     try:
         report = analyze(run_dir, out, master=master, settle_s=settle, sample=sample,
-                         conf=settings, spark_log=log_path, progress=_progress)
+                         conf=settings, spark_log=log_path, progress=_progress,
+                         allow_loss=allow_loss)
     except AuditInputError as e:
         raise _fail(str(e), EXIT_INPUT) from None
+    except SparkStartError as e:
+        raise _fail(f"{e} (Spark log: {log_path})", EXIT_FAILED) from None
     except (PySparkException, Py4JError, OSError) as e:
         raise _fail(f"analysis failed: {_one_line(e)} (Spark log: {log_path})",
                     EXIT_FAILED) from None
 
     click.echo(format_summary(report))
     click.echo(f"report: {out.rstrip('/')}/report.html")
-    lost = report.audit.lost_stayed_connected.count
-    if lost and not allow_loss:
-        raise _fail(f"{lost:,} deliveries lost among members that stayed connected "
-                    "(see the report; --allow-loss to accept)", EXIT_LOSS)
+    verdict = report.verdict
+    if verdict.exit_code == EXIT_LOSS:
+        raise _fail(f"{verdict.text} (see the report; --allow-loss to accept)", EXIT_LOSS)
+    if verdict.exit_code == EXIT_INCOMPLETE:
+        raise _fail(verdict.text, EXIT_INCOMPLETE)
+    assert verdict.exit_code == EXIT_OK

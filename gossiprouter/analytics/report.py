@@ -20,19 +20,43 @@ from pathlib import Path
 from typing import Any, Final
 
 __all__ = [
+    "EXIT_FAILED",
+    "EXIT_INCOMPLETE",
+    "EXIT_INPUT",
+    "EXIT_LOSS",
+    "EXIT_OK",
     "Audit",
+    "Breakdown",
     "Counts",
     "Finding",
     "Histogram",
+    "LatencyPoint",
     "LatencyStats",
+    "LoadError",
     "Report",
+    "RunEvent",
     "ThroughputBucket",
+    "Verdict",
     "format_summary",
+    "load_errors",
     "render_html",
+    "run_events",
+    "size_bucket",
     "write_report",
 ]
 
-REPORT_FORMAT: Final = "gossiprouter-loadtest-report/1"
+REPORT_FORMAT: Final = "gossiprouter-loadtest-report/2"
+
+# Exit codes of ``gossiprouter analyze`` (the verdict decides 0, 3 and 4).
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+"""The analysis itself failed (Spark error, PySpark or Java missing, master unreachable)."""
+EXIT_INPUT: Final = 2
+"""Bad input: no such run directory, no records, a bad option."""
+EXIT_LOSS: Final = 3
+"""Deliveries were lost while the sender and the receiver were both registered."""
+EXIT_INCOMPLETE: Final = 4
+"""The run did not complete (interrupted or failed): its figures are partial."""
 
 
 @dataclass
@@ -58,6 +82,17 @@ class LatencyStats:
 
 
 @dataclass
+class LatencyPoint:
+    """Latency of the deliveries of the messages sent in one second of the run."""
+
+    t_s: int
+    count: int
+    p50_ns: int
+    p99_ns: int
+    max_ns: int
+
+
+@dataclass
 class Histogram:
     """Latency histogram over log-spaced bins: ``counts[i]`` in ``[edges_ns[i], edges_ns[i+1])``."""
 
@@ -67,13 +102,52 @@ class Histogram:
 
 @dataclass
 class ThroughputBucket:
-    """One second of the run, counted from the first send: messages sent, deliveries made
-    (first copies, by receive time) and deliveries lost (by send time)."""
+    """One second of the run, counted from its start (``t_s`` seconds after it): messages
+    sent, deliveries made (first copies, by receive time) and deliveries lost (by send
+    time). ``covered_s`` is the part of the second inside the run (below 1 for a last,
+    partial second): rates are counts divided by it."""
 
     t_s: int
     sends: int
     deliveries: int
     lost: int
+    covered_s: float = 1.0
+
+
+@dataclass
+class Breakdown:
+    """Counts for one group, or one peer process (as sender for ``sent``, as receiver for
+    the rest)."""
+
+    sent: int = 0
+    expected: int = 0
+    delivered: int = 0
+    lost_registered: int = 0
+    lost_reconnect: int = 0
+    undetermined: int = 0
+    duplicated: int = 0
+
+
+@dataclass
+class RunEvent:
+    """A scenario event as played, in seconds since the start of the run. For a router
+    restart ``end_s`` is when every member was registered again (None if that was not
+    observed) and ``up_s`` when the router listened again."""
+
+    t_s: float
+    action: str
+    what: str
+    up_s: float | None = None
+    end_s: float | None = None
+
+
+@dataclass
+class LoadError:
+    """An error the load-test peers counted (from the manifest's counters)."""
+
+    kind: str
+    count: int
+    by_process: dict[str, int]
 
 
 @dataclass
@@ -98,18 +172,24 @@ class Audit:
 
     A (message, receiver) pair is *expected* when the receiver was a member of the group for
     the whole window [t_send, t_send + settle], *undetermined* when it was a member for part
-    of that window only. Lost = expected and never received.
+    of that window only. Lost = expected and never received; a loss is *across a reconnect*
+    when the window overlaps a router restart (from the router going down until every member
+    was registered again), else it was lost *while the sender and the receiver were both
+    registered*: the unexplained kind, which fails the verdict.
     """
 
     expected: int
     delivered: int
     lost: Finding
-    lost_stayed_connected: Finding
-    """Lost to receivers with no leave/killed event in that group in the whole run."""
+    """Every loss, of both kinds."""
+    lost_registered: Finding
+    """Lost while the sender and the receiver were both registered."""
+    lost_reconnect: Finding
+    """Lost across a reconnect: the window overlaps a router restart."""
     lost_to_left: int
-    """Lost (before they left) to receivers that left the group at some point."""
+    """Of ``lost_registered``: to receivers that left the group later in the run."""
     lost_to_killed: int
-    """Lost (before they were killed) to receivers killed at some point."""
+    """Of ``lost_registered``: to receivers whose process was killed later in the run."""
     duplicated: Finding
     """(message, receiver) pairs received more than once."""
     duplicate_copies: int
@@ -117,11 +197,25 @@ class Audit:
     out_of_order: Finding
     """First copies that arrived after a higher seq of the same (group, sender, receiver)."""
     out_of_order_pairs: int
-    undetermined: int
+    undetermined: Finding
+    """Pairs whose receiver joined or left within the window: not checked."""
     undetermined_delivered: int
     unexpected: Finding
     """Deliveries to a receiver that was neither expected nor undetermined (e.g. to the
     sender itself, to a non-member, or a unicast to someone other than its dest)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The one-word status, a sentence saying why, and the exit code of ``analyze``."""
+
+    status: str
+    text: str
+    exit_code: int
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == EXIT_OK
 
 
 @dataclass
@@ -142,21 +236,139 @@ class Report:
     latency: LatencyStats | None
     latency_by_group: dict[str, LatencyStats]
     latency_by_size: dict[str, LatencyStats]
+    """By payload size, bucketed by powers of two (see :func:`size_bucket`)."""
     latency_by_cast: dict[str, LatencyStats]
     latency_histogram: Histogram
     throughput: list[ThroughputBucket]
     warnings: list[str] = field(default_factory=list)
+    latency_over_time: list[LatencyPoint] = field(default_factory=list)
+    by_group: dict[str, Breakdown] = field(default_factory=dict)
+    by_process: dict[str, Breakdown] = field(default_factory=dict)
+    events: list[RunEvent] = field(default_factory=list)
+    allow_loss: bool = False
+    """``--allow-loss``: a loss while registered is accepted (verdict LOSS ACCEPTED, exit 0)."""
+
+    @property
+    def run_status(self) -> str | None:
+        """The load test's own outcome from the manifest: "ok", "interrupted", "failed",
+        "running" (the driver never finished it) or None (no manifest)."""
+        status = (self.manifest or {}).get("status")
+        return str(status) if status is not None else None
+
+    @property
+    def load_errors(self) -> list[LoadError]:
+        return load_errors(self.manifest)
+
+    @property
+    def verdict(self) -> Verdict:
+        return _verdict(self)
 
     @property
     def ok(self) -> bool:
-        """True when nothing was lost among members that stayed connected."""
-        return self.audit.lost_stayed_connected.count == 0
+        """True when the verdict lets ``analyze`` exit 0."""
+        return self.verdict.ok
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready form written to report.json."""
-        data: dict[str, Any] = {"format": REPORT_FORMAT, "ok": self.ok}
+        v = self.verdict
+        data: dict[str, Any] = {
+            "format": REPORT_FORMAT, "ok": v.ok,
+            "verdict": {"status": v.status, "text": v.text, "exit_code": v.exit_code},
+            "run_status": self.run_status,
+            "load_errors": [dataclasses.asdict(e) for e in self.load_errors],
+        }
         data.update(dataclasses.asdict(self))
         return data
+
+
+def _n(count: int, noun: str, plural: str | None = None) -> str:
+    return f"{count:,} {noun if count == 1 else plural or noun + 's'}"
+
+
+def _verdict(report: Report) -> Verdict:
+    # Precedence: an incomplete run first (its losses may be the interruption's doing, so
+    # they prove nothing either way), then an unexplained loss, then OK.
+    a = report.audit
+    lost, across = a.lost_registered.count, a.lost_reconnect.count
+    status = report.run_status
+    if status is not None and status != "ok":
+        how = {"interrupted": "was interrupted", "failed": "failed",
+               "running": "never finished (the load test was stopped abruptly)"}.get(
+                   status, f"ended with status {status!r}")
+        text = f"the load test {how}: the figures cover a partial run"
+        if lost:
+            text += f" ({_n(lost, 'delivery', 'deliveries')} lost while registered)"
+        return Verdict("INCOMPLETE", text, EXIT_INCOMPLETE)
+    reconnect = (f"; {_n(across, 'delivery', 'deliveries')} lost across a reconnect "
+                 "(router restart), as expected") if across else ""
+    if lost:
+        text = (f"{_n(lost, 'delivery', 'deliveries')} lost while the sender and the receiver "
+                f"were both registered{reconnect}")
+        if report.allow_loss:
+            return Verdict("LOSS ACCEPTED", text + " (accepted with --allow-loss)", EXIT_OK)
+        return Verdict("LOSS", text, EXIT_LOSS)
+    return Verdict("OK", "no delivery lost while the sender and the receiver were both "
+                         f"registered{reconnect}", EXIT_OK)
+
+
+def size_bucket(size: int) -> tuple[int, int]:
+    """The power-of-two bucket [lo, hi] holding a payload ``size`` in bytes."""
+    if size <= 0:
+        return 0, 0
+    lo = 1 << (size.bit_length() - 1)
+    return lo, 2 * lo - 1
+
+
+def run_events(manifest: dict[str, Any] | None, origin_ns: int | None) -> list[RunEvent]:
+    """The scenario's events in seconds since ``origin_ns``: as played (the manifest's
+    ``events``), else as scheduled (its ``scenario_config``)."""
+    if not manifest:
+        return []
+    played = manifest.get("events")
+    out: list[RunEvent] = []
+    if isinstance(played, list) and origin_ns is not None:
+        def rel(v: Any) -> float | None:
+            return (v - origin_ns) / 1e9 if isinstance(v, int) else None
+
+        for e in played:
+            if isinstance(e, dict) and isinstance(e.get("t_ns"), int):
+                out.append(RunEvent(rel(e["t_ns"]) or 0.0, str(e.get("action", "")),
+                                    str(e.get("what") or e.get("action", "")),
+                                    rel(e.get("up_ns")), rel(e.get("registered_ns"))))
+        return out
+    config = manifest.get("scenario_config")
+    scheduled = config.get("events") if isinstance(config, dict) else None
+    for e in scheduled if isinstance(scheduled, list) else []:
+        if isinstance(e, dict) and isinstance(e.get("at"), int | float):
+            action = str(e.get("action", ""))
+            out.append(RunEvent(float(e["at"]), action,
+                                " ".join(str(e[k]) for k in ("action", "member", "process")
+                                         if e.get(k) is not None)))
+    return out
+
+
+def load_errors(manifest: dict[str, Any] | None) -> list[LoadError]:
+    """The errors the peers counted, from the manifest's per-process counters."""
+    counters = (manifest or {}).get("counters")
+    if not isinstance(counters, dict):
+        return []
+    found: dict[str, dict[str, int]] = {}
+
+    def add(kind: str, proc: str, n: Any) -> None:
+        if isinstance(n, int) and n > 0:
+            found.setdefault(kind, {})[proc] = found.get(kind, {}).get(proc, 0) + n
+
+    for proc, c in sorted(counters.items()):
+        if not isinstance(c, dict):
+            continue
+        codes = c.get("router_errors_by_code")
+        for code, n in (codes.items() if isinstance(codes, dict) else ()):
+            add(f"router error: {code}", proc, n)
+        add("send failed", proc, c.get("send_errors"))
+        add("undecodable payload received", proc, c.get("bad_payloads"))
+        add("dropped (receive buffer full)", proc, c.get("dropped"))
+    return sorted((LoadError(k, sum(v.values()), v) for k, v in found.items()),
+                  key=lambda e: (-e.count, e.kind))
 
 
 def _fmt_int(n: int) -> str:
@@ -195,27 +407,54 @@ def _latency_rows(report: Report) -> list[list[str]]:
         add(f"cast {key}", s)
     for key, s in report.latency_by_group.items():
         add(f"group {key}", s)
-    for key, s in sorted(report.latency_by_size.items(), key=lambda kv: int(kv[0])):
+    for key, s in report.latency_by_size.items():
         add(f"size {key} B", s)
     return rows
 
 
-def _throughput_summary(report: Report) -> tuple[float, int, int]:
-    """(mean deliveries/s over the seconds with traffic, peak deliveries/s, seconds)."""
-    series = report.throughput
+def _throughput_summary(report: Report) -> tuple[float, float, int]:
+    """(mean deliveries/s over the run's seconds, peak deliveries/s, seconds)."""
+    series = [b for b in report.throughput if b.covered_s > 0]
     if not series:
-        return 0.0, 0, 0
+        return 0.0, 0.0, 0
     total = sum(b.deliveries for b in series)
-    return total / len(series), max(b.deliveries for b in series), len(series)
+    span = sum(b.covered_s for b in series)
+    peak = max(b.deliveries / b.covered_s for b in series if b.covered_s >= 0.5) \
+        if any(b.covered_s >= 0.5 for b in series) else 0.0
+    return total / span, peak, len(series)
+
+
+def _scenario_name(report: Report) -> str:
+    name = (report.manifest or {}).get("scenario")
+    return str(name) if isinstance(name, str | int | float) else ""
+
+
+def _checks(report: Report) -> list[tuple[str, str, str, str]]:
+    """(check, threshold, observed, result) rows; result is pass, FAIL, accepted or info."""
+    a = report.audit
+    status = report.run_status
+    rows = [("the load test completed", "status ok", status or "unknown (no manifest)",
+             "info" if status is None else "pass" if status == "ok" else "FAIL")]
+    lost = a.lost_registered.count
+    rows.append(("lost while sender and receiver were both registered", "0", _fmt_int(lost),
+                 "pass" if lost == 0 else "accepted" if report.allow_loss else "FAIL"))
+    rows.append(("lost across a reconnect (router restart)", "expected, not checked",
+                 _fmt_int(a.lost_reconnect.count), "info"))
+    for name, n in (("duplicated", a.duplicated.count), ("out of order", a.out_of_order.count),
+                    ("unexpected deliveries", a.unexpected.count)):
+        rows.append((name, "not checked", _fmt_int(n), "info"))
+    rows.append((f"undetermined (membership changed within the {report.settle_s:g} s window)",
+                 "not checked", _fmt_int(a.undetermined.count), "info"))
+    return rows
 
 
 def format_summary(report: Report) -> str:
     """The plain-text summary table printed by ``gossiprouter analyze``."""
     c, a = report.counts, report.audit
     mean_tp, peak_tp, seconds = _throughput_summary(report)
-    scenario = ""
-    if report.manifest and isinstance(report.manifest.get("scenario"), str | int | float):
-        scenario = f"  (scenario {report.manifest['scenario']})"
+    name = _scenario_name(report)
+    scenario = f"  (scenario {name})" if name else ""
+    v = report.verdict
     rows = [
         ["run", ", ".join(report.runs) + scenario],
         ["records", f"{_fmt_int(c.records)}  (send {_fmt_int(c.send_records)}, "
@@ -223,24 +462,34 @@ def format_summary(report: Report) -> str:
         ["messages", f"{_fmt_int(c.messages)}  (without send record "
                      f"{_fmt_int(c.messages_without_send_record)})"],
         ["expected deliveries", f"{_fmt_int(a.expected)}  (delivered {_fmt_int(a.delivered)})"],
-        ["lost", f"{_fmt_int(a.lost.count)}  (stayed connected "
-                 f"{_fmt_int(a.lost_stayed_connected.count)}, left {_fmt_int(a.lost_to_left)}, "
-                 f"killed {_fmt_int(a.lost_to_killed)})"],
+        ["lost while registered", f"{_fmt_int(a.lost_registered.count)}  (sender and receiver "
+                                  "both registered; of which to receivers that later left "
+                                  f"{_fmt_int(a.lost_to_left)}, later killed "
+                                  f"{_fmt_int(a.lost_to_killed)})"],
+        ["lost across reconnect", f"{_fmt_int(a.lost_reconnect.count)}  (sent while a router "
+                                  "restart was under way)"],
         ["duplicated", f"{_fmt_int(a.duplicated.count)}  (extra copies "
                        f"{_fmt_int(a.duplicate_copies)})"],
         ["out of order", f"{_fmt_int(a.out_of_order.count)}  (in "
                          f"{_fmt_int(a.out_of_order_pairs)} sender->receiver pairs)"],
-        ["undetermined", f"{_fmt_int(a.undetermined)}  (delivered "
+        ["undetermined", f"{_fmt_int(a.undetermined.count)}  (delivered "
                          f"{_fmt_int(a.undetermined_delivered)}, settle {report.settle_s:g} s)"],
         ["unexpected", _fmt_int(a.unexpected.count)],
-        ["throughput", f"{mean_tp:,.0f} deliveries/s mean, {_fmt_int(peak_tp)}/s peak, "
+        ["throughput", f"{mean_tp:,.0f} deliveries/s mean, {peak_tp:,.0f}/s peak, "
                        f"over {seconds} s"],
         ["analysis", f"{report.analysis_s:.1f} s on {report.spark_master} "
                      f"(Spark {report.spark_version})"],
-        ["verdict", "OK" if report.ok else "LOSS among members that stayed connected"],
+        ["verdict", f"{v.status}: {v.text}"],
     ]
     width = max(len(r[0]) for r in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    errors = report.load_errors
+    if errors:
+        lines.append("")
+        lines += _table(["load-test errors", "count", "by process"],
+                        [[e.kind, _fmt_int(e.count),
+                          ", ".join(f"{p} {n:,}" for p, n in e.by_process.items())]
+                         for e in errors])
     lat = _latency_rows(report)
     if lat:
         lines.append("")
@@ -252,25 +501,70 @@ def format_summary(report: Report) -> str:
 
 def _png(fig: Any) -> str:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=100)
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _plots(report: Report) -> tuple[str, str]:
-    """Base64 PNGs: the latency histogram with its CDF, and throughput over time."""
+# Wide figures (1200 px at dpi 100) drawn at the page's width, so they stay sharp on a
+# large screen and shrink with a small one. Legends go above the axes, never over the data.
+_WIDE: Final = (12.0, 3.6)
+_COLORS: Final = {"delivered": "#4c72b0", "sent": "#55a868", "lost": "#c44e52",
+                  "reconnect": "#dd8452", "undetermined": "#8c8c8c", "p50": "#4c72b0",
+                  "p99": "#dd8452", "max": "#c44e52"}
+
+
+def _pyplot() -> Any:
     # Agg is chosen explicitly so rendering works with no display and ignores MPLBACKEND.
     import matplotlib
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _mark_events(ax: Any, report: Report) -> None:
+    """Dashed lines for the scenario's events, a shaded span for each router outage (from
+    going down until every member was registered again), and the drain period greyed."""
+    config = (report.manifest or {}).get("scenario_config")
+    if isinstance(config, dict) and isinstance(config.get("duration"), int | float):
+        end = float(config["duration"]) + float(config.get("drain") or 0)
+        ax.axvspan(float(config["duration"]), end, color="#eeeeee", zorder=0)
+    for i, ev in enumerate(report.events):
+        ax.axvline(ev.t_s, color="#555555", linestyle="--", linewidth=1, zorder=1)
+        if ev.end_s is not None:
+            ax.axvspan(ev.t_s, ev.end_s, color=_COLORS["reconnect"], alpha=0.15, zorder=0)
+        # Labels on three staggered rows, so that events close in time stay readable.
+        ax.annotate(ev.what, xy=(ev.t_s, 1), xycoords=("data", "axes fraction"),
+                    xytext=(3, -3 - 11 * (i % 3)), textcoords="offset points", ha="left",
+                    va="top", fontsize=8, color="#333333",
+                    bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none",
+                          "alpha": 0.8})
+
+
+def _figure(plt: Any, title: str, size: tuple[float, float] = _WIDE) -> tuple[Any, Any]:
+    fig, ax = plt.subplots(figsize=size, layout="constrained")
+    ax.set_title(title, loc="left", fontsize=11)
+    ax.grid(True, axis="y", color="#e5e5e5")
+    return fig, ax
+
+
+def _legend(fig: Any, ax: Any) -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside upper right", ncols=len(handles),
+                   frameon=False, fontsize=9)
+
+
+def _latency_histogram_png(plt: Any, report: Report) -> str:
     hist = report.latency_histogram
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = _figure(plt, "Latency distribution")
     try:
         if hist.counts and sum(hist.counts) > 0:
             edges_us = [e / 1000 for e in hist.edges_ns]
             widths = [b - a for a, b in itertools.pairwise(edges_us)]
-            ax.bar(edges_us[:-1], hist.counts, width=widths, align="edge", color="#4c72b0")
+            ax.bar(edges_us[:-1], hist.counts, width=widths, align="edge",
+                   color=_COLORS["delivered"], label="deliveries")
             ax.set_xscale("log")
             total = sum(hist.counts)
             cdf: list[float] = []
@@ -279,94 +573,309 @@ def _plots(report: Report) -> tuple[str, str]:
                 acc += n
                 cdf.append(acc / total)
             ax2 = ax.twinx()
-            ax2.plot(edges_us[1:], cdf, color="#dd8452")
+            ax2.plot(edges_us[1:], cdf, color=_COLORS["p99"], label="cumulative share")
             ax2.set_ylim(0, 1.01)
             ax2.set_ylabel("CDF")
+            h1, l1 = ax.get_legend_handles_labels()
+            h2, l2 = ax2.get_legend_handles_labels()
+            fig.legend(h1 + h2, l1 + l2, loc="outside upper right", ncols=2, frameon=False,
+                       fontsize=9)
         else:
             ax.text(0.5, 0.5, "no deliveries", ha="center", va="center", transform=ax.transAxes)
         ax.set_xlabel("latency (µs, log scale)")
         ax.set_ylabel("deliveries")
-        ax.set_title("Latency distribution")
-        latency_png = _png(fig)
+        return _png(fig)
     finally:
         plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(8, 4))
+
+def _latency_over_time_png(plt: Any, report: Report) -> str:
+    fig, ax = _figure(plt, "Latency over time (by send second)")
     try:
-        ts = [b.t_s for b in report.throughput]
-        ax.plot(ts, [b.deliveries for b in report.throughput], label="deliveries/s")
-        ax.plot(ts, [b.sends for b in report.throughput], label="sends/s")
-        lost = [(b.t_s, b.lost) for b in report.throughput if b.lost]
-        if lost:
-            ax.scatter([t for t, _ in lost], [n for _, n in lost], color="red", marker="x",
-                       label="lost (by send second)", zorder=3)
-        ax.set_xlabel("seconds since first send")
-        ax.set_ylabel("per second")
-        ax.set_title("Throughput")
-        ax.legend(loc="best")
-        throughput_png = _png(fig)
+        pts = report.latency_over_time
+        if pts:
+            ts = [p.t_s + 0.5 for p in pts]  # drawn at the middle of its second
+            for key, label in (("max_ns", "max"), ("p99_ns", "p99"), ("p50_ns", "p50")):
+                ax.plot(ts, [getattr(p, key) / 1000 for p in pts], marker=".",
+                        color=_COLORS[label], label=label)
+            ax.set_yscale("log")
+        else:
+            ax.text(0.5, 0.5, "no deliveries", ha="center", va="center", transform=ax.transAxes)
+        _mark_events(ax, report)
+        ax.set_xlim(left=0)
+        ax.set_xlabel("seconds since the start of the run")
+        ax.set_ylabel("latency (µs, log scale)")
+        _legend(fig, ax)
+        return _png(fig)
     finally:
         plt.close(fig)
-    return latency_png, throughput_png
 
 
-def _html_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+def _throughput_png(plt: Any, report: Report) -> str:
+    fig, ax = _figure(plt, "Throughput")
+    try:
+        # A second the run covers only partly is drawn as a rate over the part it covers
+        # (not as a dip); one covered less than half is left out (a rate over a sliver is
+        # noise).
+        full = [b for b in report.throughput if b.covered_s >= 0.5]
+        ts = [b.t_s + 0.5 for b in full]
+        ax.plot(ts, [b.deliveries / b.covered_s for b in full], marker=".",
+                color=_COLORS["delivered"], label="deliveries/s")
+        ax.plot(ts, [b.sends / b.covered_s for b in full], marker=".",
+                color=_COLORS["sent"], label="sends/s")
+        lost = [(b.t_s + 0.5, b.lost / b.covered_s) for b in full if b.lost]
+        if lost:
+            ax.scatter([t for t, _ in lost], [n for _, n in lost], color=_COLORS["lost"],
+                       marker="x", label="lost/s (by send second)", zorder=3)
+        _mark_events(ax, report)
+        ax.set_ylim(bottom=0)
+        ax.set_xlim(left=0)
+        ax.set_xlabel("seconds since the start of the run")
+        ax.set_ylabel("per second")
+        _legend(fig, ax)
+        return _png(fig)
+    finally:
+        plt.close(fig)
+
+
+def _breakdown_png(plt: Any, title: str, parts: dict[str, Breakdown]) -> str:
+    height = max(2.2, 0.9 + 0.45 * len(parts))
+    fig, ax = _figure(plt, title, (12.0, height))
+    try:
+        names = list(parts)[::-1]  # first at the top
+        ys = range(len(names))
+        left = [0.0] * len(names)
+        for key, label, color in (("delivered", "delivered", _COLORS["delivered"]),
+                                  ("lost_registered", "lost while registered",
+                                   _COLORS["lost"]),
+                                  ("lost_reconnect", "lost across a reconnect",
+                                   _COLORS["reconnect"]),
+                                  ("undetermined", "undetermined", _COLORS["undetermined"])):
+            vals = [float(getattr(parts[n], key)) for n in names]
+            if any(vals):
+                ax.barh(ys, vals, left=left, color=color, label=label, height=0.6)
+                left = [a + b for a, b in zip(left, vals, strict=True)]
+        ax.set_yticks(list(ys), names)
+        ax.set_xlim(left=0)
+        ax.set_xlabel("(message, receiver) pairs")
+        ax.grid(True, axis="x", color="#e5e5e5")
+        _legend(fig, ax)
+        return _png(fig)
+    finally:
+        plt.close(fig)
+
+
+def _plots(report: Report) -> dict[str, str]:
+    """Base64 PNGs by section: latency histogram, latency over time, throughput and the
+    breakdowns (when there is something to break down)."""
+    plt = _pyplot()
+    plots = {
+        "latency-histogram": _latency_histogram_png(plt, report),
+        "latency-over-time": _latency_over_time_png(plt, report),
+        "throughput": _throughput_png(plt, report),
+    }
+    if report.by_group:
+        plots["by-group"] = _breakdown_png(plt, "By group (receivers)", report.by_group)
+    if report.by_process:
+        plots["by-process"] = _breakdown_png(plt, "By peer process (receivers)",
+                                             report.by_process)
+    return plots
+
+
+def _html_table(headers: Sequence[str], rows: Iterable[Sequence[object]],
+                cls: str = "") -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    attr = f' class="{cls}"' if cls else ""
+    return f"<table{attr}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _sample_html(title: str, finding: Finding) -> str:
+def _sample_html(title: str, finding: Finding, note: str = "") -> str:
     if not finding.sample:
         return ""
     headers = list(finding.sample[0].keys())
-    rows = [[s.get(h, "") for h in headers] for s in finding.sample]
+    rows = [["" if s.get(h) is None else s.get(h) for h in headers] for s in finding.sample]
     return (f"<h3>{html.escape(title)}: {finding.count:,} (showing {len(rows)})</h3>"
+            + (f"<p>{html.escape(note)}</p>" if note else "")
             + _html_table(headers, rows))
+
+
+def _img(plots: dict[str, str], key: str, alt: str) -> str:
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{plots[key]}">'
+
+
+def _scenario_rows(report: Report) -> list[tuple[str, str]]:
+    m = report.manifest or {}
+    config = m.get("scenario_config") if isinstance(m.get("scenario_config"), dict) else {}
+    assert isinstance(config, dict)
+    rows: list[tuple[str, str]] = []
+
+    def add(key: str, value: Any) -> None:
+        if value not in (None, "", [], {}):
+            rows.append((key, str(value)))
+
+    add("scenario", m.get("scenario"))
+    add("description", config.get("description"))
+    add("scenario file", m.get("scenario_file"))
+    if isinstance(config.get("duration"), int | float):
+        add("duration", f"{config['duration']:g} s sending + {config.get('drain', 0):g} s drain")
+    groups = config.get("groups")
+    if isinstance(groups, list):
+        add("groups", ", ".join(f"{g.get('name')} ({g.get('members')} members)"
+                                for g in groups if isinstance(g, dict)))
+    processes = m.get("processes")
+    if isinstance(processes, list):
+        add("peer processes", len(processes))
+    send = config.get("send")
+    if isinstance(send, dict):
+        add("send", ", ".join(f"{k} {v}" for k, v in send.items()))
+    router = m.get("router")
+    if isinstance(router, dict):
+        how = "spawned" if router.get("spawned") else "external"
+        add("router", f"{router.get('address')} ({how})")
+    add("events", "; ".join(f"{e.t_s:.1f} s {e.what}" for e in report.events))
+    add("run", ", ".join(report.runs))
+    add("started", m.get("started_at"))
+    add("finished", m.get("finished_at"))
+    add("load-test status", report.run_status)
+    add("settle window", f"{report.settle_s:g} s")
+    return rows
 
 
 def render_html(report: Report) -> str:
     """The self-contained report.html."""
-    latency_png, throughput_png = _plots(report)
-    a = report.audit
+    plots = _plots(report)
+    a, c = report.audit, report.counts
     esc = html.escape
-    summary = esc(format_summary(report))
+    v = report.verdict
+    verdict_cls = "ok" if v.status == "OK" else "warn" if v.ok else "bad"
+    name = _scenario_name(report)
+    warnings = "".join(f"<li>{esc(w)}</li>" for w in report.warnings)
+    if report.run_status not in (None, "ok"):
+        warnings = (f"<li><strong>The load test did not complete (status "
+                    f"{esc(str(report.run_status))}): every figure below covers a partial "
+                    "run.</strong></li>") + warnings
+    warn_html = f'<ul class="warnings">{warnings}</ul>' if warnings else ""
+    checks = "".join(
+        f"<tr><td>{esc(check)}</td><td>{esc(th)}</td><td>{esc(obs)}</td>"
+        f'<td class="r-{esc(res.lower())}">{esc(res)}</td></tr>'
+        for check, th, obs, res in _checks(report))
+    mean_tp, peak_tp, seconds = _throughput_summary(report)
+    lat = report.latency
+    figures = [
+        ("messages sent", _fmt_int(c.messages)),
+        ("deliveries expected / made", f"{_fmt_int(a.expected)} / {_fmt_int(a.delivered)}"),
+        ("latency p50 / p99 / max",
+         f"{_fmt_us(lat.p50_ns)} / {_fmt_us(lat.p99_ns)} / {_fmt_us(lat.max_ns)} µs"
+         if lat else "no deliveries"),
+        ("throughput", f"{mean_tp:,.0f} deliveries/s mean, {peak_tp:,.0f}/s peak, "
+                       f"{seconds} s"),
+        ("records", f"{_fmt_int(c.records)} (send {_fmt_int(c.send_records)}, "
+                    f"recv {_fmt_int(c.recv_records)})"),
+        ("senders / receivers / groups", f"{c.senders} / {c.receivers} / {c.groups}"),
+    ]
+    figures_html = "".join(f"<div class=fig><div class=k>{esc(k)}</div>"
+                           f"<div class=v>{esc(val)}</div></div>" for k, val in figures)
+    latency_rows = _latency_rows(report)
+    latency_table = _html_table(["latency (µs)", "count", "p50", "p90", "p99", "p99.9", "max"],
+                                latency_rows, "num") if latency_rows else ""
+
+    def breakdown_table(title: str, parts: dict[str, Breakdown]) -> str:
+        return _html_table(
+            [title, "sent", "expected", "delivered", "lost while registered",
+             "lost across reconnect", "undetermined", "duplicated"],
+            [[k, _fmt_int(b.sent), _fmt_int(b.expected), _fmt_int(b.delivered),
+              _fmt_int(b.lost_registered), _fmt_int(b.lost_reconnect),
+              _fmt_int(b.undetermined), _fmt_int(b.duplicated)] for k, b in parts.items()],
+            "num")
+
+    breakdown = ""
+    if report.by_group:
+        breakdown += _img(plots, "by-group", "breakdown by group") + breakdown_table(
+            "group", report.by_group)
+    if report.by_process:
+        breakdown += _img(plots, "by-process", "breakdown by peer process") + \
+            breakdown_table("process", report.by_process)
+    errors = report.load_errors
+    errors_html = _html_table(
+        ["error", "count", "by process"],
+        [[e.kind, _fmt_int(e.count), ", ".join(f"{p} {n:,}" for p, n in e.by_process.items())]
+         for e in errors], "num") if errors else "<p>The peers counted no errors.</p>"
     samples = "".join([
-        _sample_html("Lost among members that stayed connected", a.lost_stayed_connected),
-        _sample_html("Lost (all)", a.lost),
+        _sample_html("Lost while sender and receiver were both registered", a.lost_registered),
+        _sample_html("Lost across a reconnect", a.lost_reconnect),
         _sample_html("Duplicated", a.duplicated),
         _sample_html("Out of order", a.out_of_order),
         _sample_html("Unexpected", a.unexpected),
+        _sample_html("Undetermined", a.undetermined,
+                     "The receiver joined or left within the settle window: these are "
+                     "counted, not checked."),
     ]) or "<p>No anomalies.</p>"
     manifest = esc(json.dumps(report.manifest, indent=2, sort_keys=True))
-    verdict = "OK" if report.ok else "LOSS among members that stayed connected"
+    scenario_rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(val)}</td></tr>"
+                            for k, val in _scenario_rows(report))
     css = (
-        "body{font-family:sans-serif;margin:2em;max-width:70em}"
+        "body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1280px;"
+        "padding:0 1em;color:#222}"
+        "h1{margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;"
+        "margin-top:1.6em}"
         "table{border-collapse:collapse;margin:.5em 0}"
-        "td,th{border:1px solid #ccc;padding:.2em .5em;font-size:90%}"
-        "pre{background:#f6f6f6;padding:1em;overflow-x:auto}"
-        ".ok{color:#2a7}.bad{color:#c22}"
+        "td,th{border:1px solid #ccc;padding:.25em .6em;font-size:90%;text-align:left}"
+        "table.num td+td{text-align:right;font-variant-numeric:tabular-nums}"
+        "table.kv th{background:#f6f6f6;font-weight:600;white-space:nowrap}"
+        "img{display:block;width:100%;height:auto;margin:.8em 0}"
+        "pre{background:#f6f6f6;padding:1em;overflow-x:auto;font-size:85%}"
+        ".verdict{padding:.8em 1em;border-radius:6px;font-size:110%;margin:.8em 0}"
+        ".verdict.ok{background:#e6f4ea;border:1px solid #2a7}"
+        ".verdict.warn{background:#fff4e0;border:1px solid #d80}"
+        ".verdict.bad{background:#fdecea;border:1px solid #c22}"
+        ".warnings{background:#fff4e0;border:1px solid #d80;padding:.6em 2em}"
+        ".r-pass{color:#2a7;font-weight:600}.r-fail{color:#c22;font-weight:600}"
+        ".r-accepted{color:#d80;font-weight:600}.r-info{color:#666}"
+        ".figs{display:flex;flex-wrap:wrap;gap:.8em}"
+        ".fig{border:1px solid #ddd;border-radius:6px;padding:.5em .9em;min-width:13em}"
+        ".fig .k{color:#666;font-size:85%}.fig .v{font-size:115%;font-weight:600}"
+        "details summary{cursor:pointer;color:#246}"
+        "footer{color:#777;font-size:85%;margin-top:2em}"
     )
+    title = f"Load-test report{': ' + name if name else ''}"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
-<title>Load-test report {esc(", ".join(report.runs))}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{esc(title)} ({esc(", ".join(report.runs))})</title>
 <style>{css}</style></head>
 <body>
-<h1>Load-test report</h1>
-<p>Run directory <code>{esc(report.run_dir)}</code>, generated {esc(report.generated_at)}.
-Verdict: <strong class="{"ok" if report.ok else "bad"}">{esc(verdict)}</strong></p>
-<h2>Summary</h2>
-<pre>{summary}</pre>
-<h2>Latency</h2>
-<img alt="latency distribution" src="data:image/png;base64,{latency_png}">
-<h2>Throughput</h2>
-<img alt="throughput over time" src="data:image/png;base64,{throughput_png}">
-<h2>Anomalies</h2>
-{samples}
-<h2>Manifest</h2>
-<pre>{manifest}</pre>
+<h1>{esc(title)}</h1>
+<div id="verdict" class="verdict {verdict_cls}"><strong>{esc(v.status)}</strong>:
+{esc(v.text)} <small>(exit code {v.exit_code})</small></div>
+{warn_html}
+<section id="scenario"><h2>Scenario</h2>
+<table class="kv">{scenario_rows}</table></section>
+<section id="checks"><h2>Checks</h2>
+<table><thead><tr><th>check</th><th>threshold</th><th>observed</th><th>result</th></tr>
+</thead><tbody>{checks}</tbody></table></section>
+<section id="summary"><h2>Summary</h2><div class="figs">{figures_html}</div></section>
+<section id="latency"><h2>Latency</h2>
+{_img(plots, "latency-over-time", "latency percentiles over time")}
+{_img(plots, "latency-histogram", "latency distribution")}
+{latency_table}</section>
+<section id="throughput"><h2>Throughput</h2>
+{_img(plots, "throughput", "throughput over time")}
+<p>Dashed lines mark the scenario's events; a shaded span runs from a router going down
+until every member was registered again; the grey span is the drain.</p></section>
+<section id="breakdown"><h2>Breakdown</h2>
+{breakdown or "<p>Nothing to break down.</p>"}</section>
+<section id="errors"><h2>Load-test errors</h2>
+{errors_html}</section>
+<section id="anomalies"><h2>Anomalies</h2>
+{samples}</section>
+<section id="manifest"><h2>Manifest</h2>
+<details><summary>raw manifest.json</summary><pre>{manifest}</pre></details></section>
+<footer>Run directory <code>{esc(report.run_dir)}</code>; analysed in
+{report.analysis_s:.1f} s on {esc(report.spark_master)} (Spark {esc(report.spark_version)}),
+generated {esc(report.generated_at)}.</footer>
 </body></html>
 """
 

@@ -10,13 +10,13 @@ stopped in every case.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, NoReturn
 
 import click
 import trio
 
+from gossiprouter.cli_errors import fail, needs_extra
 from gossiprouter.loadtest.scenario import Scenario, ScenarioError, load_scenario
 
 if TYPE_CHECKING:
@@ -30,8 +30,7 @@ EXIT_INTERRUPTED: Final = 130
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"gossiprouter: error: {message}", err=True)
-    sys.exit(code)
+    fail(message, code)  # the one error format (gossiprouter.cli_errors)
 
 
 @click.command("loadtest")
@@ -76,9 +75,8 @@ def loadtest_command(scenario_file: Path, router: str | None, spawn_router: bool
         from rich.console import Console
 
         from gossiprouter.loadtest.driver import Progress, RunInputError, first_error
-    except ImportError as e:
-        _fail(f"the load test needs pyarrow and rich ({e}); install gossiprouter[loadtest]",
-              EXIT_FAILED)
+    except ImportError:
+        _fail(needs_extra("the load test", "pyarrow and rich", "loadtest"), EXIT_FAILED)
     progress = Progress(Console(stderr=True), live=live)
     try:
         result = trio.run(_run, scenario, run_dir, router, spawn_router, progress,

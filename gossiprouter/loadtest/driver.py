@@ -19,7 +19,9 @@
    freezes the peer (it stops recording, stops sending and flushes its records), records
    ``killed`` for each of its joined members, then sends SIGKILL; ``restart-router`` stops
    the spawned router (SIGTERM or SIGKILL), waits ``down`` seconds and starts it again on the
-   same port;
+   same port, then watches (``GET_MBRS``) until every member is registered again. Each
+   event played goes to the manifest's ``events`` list with its times, so the analysis can
+   mark them on its plots and tell a loss across a reconnect from an unexplained one;
 5. waits for every live peer to finish (they stop sending at ``t0 + duration``, keep
    receiving for ``drain`` seconds, flush, report their counters and leave), stops the
    router and completes the manifest with the outcome.
@@ -64,6 +66,7 @@ from gossiprouter.loadtest.records import (
     MembershipWriter,
 )
 from gossiprouter.loadtest.scenario import Event, MemberSpec, Scenario
+from gossiprouter.stub import RouterStub, StubError
 
 __all__ = [
     "LoadTestError",
@@ -85,6 +88,10 @@ CLEANUP_WAIT: Final = 5.0
 STATS_INTERVAL: Final = 0.5
 CONTROL_WRITE_TIMEOUT: Final = 10.0
 LOGS_DIR: Final = "logs"
+# After a router restart: how long to watch for every member to be registered again, and
+# how often to ask. Bounded so that a stub that never comes back cannot stall the run.
+REREGISTER_TIMEOUT: Final = 30.0
+REREGISTER_POLL: Final = 0.05
 
 
 class LoadTestError(Exception):
@@ -595,6 +602,9 @@ class _Run:
             **host_facts(),
             "started_at": self.started_at.isoformat(timespec="seconds"),
             "status": "running",
+            # The events as played, with times on the run's monotonic clock (t_ns); see
+            # _play. Written with the rest of the manifest when the run ends.
+            "events": [],
         }
 
     # -- bookkeeping ---------------------------------------------------------------------
@@ -744,6 +754,9 @@ class _Run:
 
     async def _play(self, nursery: trio.Nursery, ev: Event) -> None:
         say = self.progress.log
+        played: dict[str, Any] = {"at": ev.at, "action": ev.action, "what": ev.describe(),
+                                  "t_ns": time.monotonic_ns()}
+        self.manifest["events"].append(played)
         if ev.action in ("leave", "join"):
             assert ev.member is not None
             member = self.s.member(ev.member)
@@ -764,7 +777,48 @@ class _Run:
             sig = signal.SIGKILL if ev.signal == "KILL" else signal.SIGTERM
             say(f"{ev.describe()}: stopping")
             await self.router.restart(nursery, sig, ev.down)
+            played["up_ns"] = time.monotonic_ns()
             say("router restarted")
+            # Watched in the background: the next event must not wait for the stubs.
+            played["registered_ns"] = None
+            nursery.start_soon(self._watch_reregistration, played)
+
+    def _registered_now(self) -> dict[str, int]:
+        """Members per group that should be registered now (joined, in a live process)."""
+        counts: dict[str, int] = {}
+        for p in self.peers:
+            if p.proc_no not in self.killed:
+                for group in p.joined.values():
+                    counts[group] = counts.get(group, 0) + 1
+        return counts
+
+    async def _watch_reregistration(self, played: dict[str, Any]) -> None:
+        """Record in ``played`` when every member is registered with the router again.
+
+        The audit counts a delivery lost between the router going down and this moment as
+        lost across a reconnect; without it, it could only guess how long the stubs took.
+        """
+        deadline = trio.current_time() + REREGISTER_TIMEOUT
+        with trio.move_on_at(deadline):
+            async with RouterStub([self.router_addr], connect_timeout=1.0, request_timeout=1.0,
+                                  send_timeout=1.0, reconnect_initial=REREGISTER_POLL,
+                                  reconnect_max=0.5) as stub:
+                while True:
+                    want = self._registered_now()
+                    try:
+                        have = {g: len(await stub.members(g)) for g in want}
+                    except StubError:
+                        have = {}
+                    if all(have.get(g, 0) >= n for g, n in want.items()):
+                        played["registered_ns"] = time.monotonic_ns()
+                        self.progress.log(
+                            "every member registered again "
+                            f"{(played['registered_ns'] - played['up_ns']) / 1e9:.2f} s after "
+                            "the restart")
+                        return
+                    await trio.sleep(REREGISTER_POLL)
+        self.warnings.append(f"after the router restart at {played['at']:g} s not every member "
+                             f"was registered again within {REREGISTER_TIMEOUT:g} s")
 
     async def _kill(self, peer: PeerProcess) -> None:
         say = self.progress.log
