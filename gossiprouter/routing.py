@@ -21,9 +21,12 @@ The rules, each with its reason and its test, are in ``docs/routing.md``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
+
+from gossiprouter.topics import TopicId, TopicIndex
 
 Physical = tuple[tuple[str, int], ...]
 
@@ -110,6 +113,8 @@ class Group:
     # carrier -> how many entries of this group it currently carries
     load: dict[object, int] = field(default_factory=dict)
     graced: list[Entry] = field(default_factory=list)
+    # Topic subscriptions of this group's entries (None until the first SUBSCRIBE).
+    topics: TopicIndex[Entry] | None = None
     _targets: tuple[object, ...] | None = None
     _targets_without: dict[object, tuple[object, ...]] = field(default_factory=dict)
 
@@ -147,6 +152,7 @@ class Limits:
 
     addresses_per_connection: int = 0
     groups_per_connection: int = 0
+    subscriptions_per_member: int = 0
 
 
 @dataclass
@@ -186,6 +192,9 @@ class RoutingTable:
         self._regs: dict[object, dict[tuple[str, bytes], Entry]] = {}
         self._watching: dict[object, set[str]] = {}
         self.stats = Stats()
+        # Told (group, patterns, added) when patterns appear in a group or the last member
+        # holding them goes: the federation bridge subscribes upstream to the union.
+        self.on_patterns: Callable[[str, list[TopicId], bool], None] | None = None
 
     # ----------------------------------------------------------------- queries
 
@@ -296,6 +305,7 @@ class RoutingTable:
                 for c in list(e.carriers):
                     self._unlink(g, e, c)
                 g.entries.pop(addr)
+                self._drop_topics(g, e)
             first = e is None
             e = Entry(
                 group, addr, name, physical, kind, sticky=sticky, expires_at=expires_at,
@@ -422,6 +432,69 @@ class RoutingTable:
             self._watching[carrier].discard(group)
             self._gc(g)
 
+    # ----------------------------------------------------------------- topics
+
+    def subscribe(self, carrier: object, group: str, addr: bytes, pat: TopicId) -> bool:
+        """Subscribe the entry ``addr`` (registered by ``carrier``) to ``pat``.
+
+        The subscription belongs to the entry: it survives a reconnect within
+        the grace, and goes when the entry is removed (leave, expiry, end of
+        grace). False if the entry held the pattern already. Raises
+        ``not_member`` or ``limit``.
+        """
+        e = self._own(carrier, group, addr)
+        g = self.groups[group]
+        idx = g.topics
+        if idx is None:
+            idx = g.topics = TopicIndex()
+        lim = self.limits.subscriptions_per_member
+        if lim and pat not in idx.patterns_of(e) and len(idx.patterns_of(e)) >= lim:
+            raise RoutingError("limit", f"at most {lim} subscriptions per member")
+        if not idx.subscribe(e, pat):
+            return False
+        if idx.counts[pat] == 1 and self.on_patterns is not None:
+            self.on_patterns(group, [pat], True)
+        return True
+
+    def unsubscribe(self, carrier: object, group: str, addr: bytes, pat: TopicId) -> bool:
+        """Remove ``pat`` from the entry's subscriptions; False if it did not hold it."""
+        e = self._own(carrier, group, addr)
+        idx = self.groups[group].topics
+        if idx is None or not idx.unsubscribe(e, pat):
+            return False
+        if pat not in idx.counts and self.on_patterns is not None:
+            self.on_patterns(group, [pat], False)
+        return True
+
+    def topic_targets(self, group: str, tid: TopicId) -> set[Entry]:
+        """The entries of ``group`` with a pattern matching ``tid``, once each."""
+        g = self.groups.get(group)
+        if g is None or g.topics is None:
+            return set()
+        return g.topics.match(tid)
+
+    def patterns(self) -> dict[str, list[TopicId]]:
+        """group -> every pattern some entry holds (the union the bridge subscribes to)."""
+        return {name: list(g.topics.counts) for name, g in self.groups.items()
+                if g.topics is not None and g.topics.counts}
+
+    def _own(self, carrier: object, group: str, addr: bytes) -> Entry:
+        regs = self._regs.get(carrier)
+        e = None if regs is None else regs.get((group, addr))
+        if e is None:
+            raise RoutingError("not_member", f"this connection did not register it in {group!r}")
+        return e
+
+    def _drop_topics(self, g: Group, e: Entry) -> None:
+        idx = g.topics
+        if idx is None:
+            return
+        gone = idx.remove_member(e)
+        if not idx:
+            g.topics = None
+        if gone and self.on_patterns is not None:
+            self.on_patterns(g.name, gone, False)
+
     # ----------------------------------------------------------------- internals
 
     def _check_limits(self, carrier: object, group: str) -> None:
@@ -484,6 +557,7 @@ class RoutingTable:
             g.graced.remove(e)
             e.held, e.held_bytes = [], 0
         del g.entries[e.addr]
+        self._drop_topics(g, e)
         notices: list[Notice] = []
         if suspect and self.suspect_events and g.load:
             notices.append(Notice("suspect", e, g))
