@@ -162,6 +162,12 @@ class Stats:
     grace_delivered: int = 0
     grace_dropped: int = 0
     expired: int = 0
+    # Topic multicast: publications received from clients (by scope) and from the
+    # federation, and the copies queued for subscribers' connections.
+    published_local: int = 0
+    published_global: int = 0
+    federated_in: int = 0
+    topic_deliveries: int = 0
 
 
 class RoutingTable:
@@ -195,6 +201,9 @@ class RoutingTable:
         # Told (group, patterns, added) when patterns appear in a group or the last member
         # holding them goes: the federation bridge subscribes upstream to the union.
         self.on_patterns: Callable[[str, list[TopicId], bool], None] | None = None
+        # Given (group, sender, id, payload) for every global publication of a local
+        # client, after local delivery: the bridge forwards it to the federation.
+        self.on_global: Callable[[str, bytes, TopicId, bytes], None] | None = None
 
     # ----------------------------------------------------------------- queries
 

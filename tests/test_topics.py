@@ -6,6 +6,8 @@ import random
 
 import pytest
 
+from gossiprouter.protocol import native as wire
+from gossiprouter.protocol.errors import ProtocolError
 from gossiprouter.routing import Kind, RoutingError, RoutingTable
 from gossiprouter.topics import (
     MAX_DEPTH,
@@ -272,3 +274,34 @@ def test_subscription_limit_per_member() -> None:
     with pytest.raises(RoutingError) as ei:
         t.subscribe(c, "g", b"A", pattern(P, B, ("c",)))
     assert ei.value.code == "limit"
+
+
+# --------------------------------------------------------------------------- wire frames
+
+@pytest.mark.parametrize("frame", [
+    wire.Subscribe(1, "g", b"A", "p", "b", ("eu", "+", "*")),
+    wire.Unsubscribe(2, "g", b"A", "p", "b", ()),
+    wire.Publish("g", b"A", "p", "b", ("münchen",), wire.PUB_GLOBAL | wire.PUB_ECHO, b"x"),
+])
+def test_topic_frames_round_trip(frame: wire.Frame) -> None:
+    d = wire.Decoder()
+    d.feed(wire.encode(frame))
+    assert d.frames() == [frame]
+
+
+def test_encode_publish_is_the_publish_frame() -> None:
+    f = wire.Publish("g", b"A", "p", "b", ("eu",), 1, b"x")
+    assert wire.encode_publish("g", b"A", "p", "b", ("eu",), 1, b"x") == wire.encode(f)
+    assert f.scope == "global"
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ([wire.T.PUBLISH, "g", b"A", "p", "b", ["eu"], 0, "text"], "payload must be binary"),
+    ([wire.T.PUBLISH, "g", b"A", "p", "b", ["eu"], 256, b""], "flags out of range"),
+    ([wire.T.PUBLISH, "g", b"A", "p", "b", [1], 0, b""], "partition elements"),
+    ([wire.T.SUBSCRIBE, 1, "g", b"A", "p", "b"], "takes 6 fields"),
+    ([wire.T.SUBSCRIBE, 1, "g", b"A", "p", 7, []], "broadcast must be a string"),
+])
+def test_malformed_topic_frames(fields: list[object], message: str) -> None:
+    with pytest.raises(ProtocolError, match=message):
+        wire.frame_from_body(wire._packb(fields))

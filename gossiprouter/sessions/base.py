@@ -335,6 +335,7 @@ class Hub:
         )
         self.table.limits.addresses_per_connection = config.addresses_per_connection
         self.table.limits.groups_per_connection = config.groups_per_connection
+        self.table.limits.subscriptions_per_member = config.subscriptions_per_member
         self.counters = Counters()
         self.congestion = Congestion()
         # Set by the server to defer notice delivery (see deliver()).

@@ -15,8 +15,9 @@ from typing import cast
 
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.routing import Entry, RoutingError, is_reserved
+from gossiprouter.routing import Entry, RoutingError, RoutingTable, is_reserved
 from gossiprouter.sessions.base import Hub, Session, same_frames
+from gossiprouter.topics import TopicError, TopicId, pattern, topic_id
 
 log = logging.getLogger("gossiprouter")
 
@@ -25,7 +26,33 @@ _ROUTE0, _ROUTE1 = 0x95, int(wire.T.ROUTE)
 _EVENT_KINDS = frozenset(wire.EVENT_KINDS)
 _Route = tuple[str, bytes | None, bytes]  # group, dest, sender
 # Requests naming a group that authentication (tokens' group patterns) may forbid.
-_GROUP_REQUESTS = (wire.Connect, wire.GetMembers, wire.Watch)
+_GROUP_REQUESTS = (wire.Connect, wire.GetMembers, wire.Watch, wire.Subscribe, wire.Unsubscribe)
+
+
+def deliver_publication(table: RoutingTable, group: str, sender: bytes, tid: TopicId,
+                        frame: bytes, echo: bool) -> int:
+    """Queue the PUBLISH ``frame`` (encoded once, the same bytes for every receiver) on
+    each connection carrying at least one member of ``group`` whose pattern matches
+    ``tid``; returns the number of copies.
+
+    A member matching through several patterns is one target; several such members on
+    one connection (shared transport) get one copy, which the client hands to each of
+    its matching channels. The publisher's own member (``sender``) is left out unless
+    ``echo``. A member in reconnect grace has the frame held for it.
+    """
+    carriers: dict[object, None] = {}
+    for e in table.topic_targets(group, tid):
+        if e.addr == sender and not echo:
+            continue
+        c = e.carrier
+        if c is None:
+            table.hold(e, frame)
+        else:
+            carriers[c] = None
+    for c in carriers:
+        cast(Session, c).push(frame)
+    table.stats.topic_deliveries += len(carriers)
+    return len(carriers)
 
 
 class NativeSession(Session):
@@ -240,6 +267,10 @@ class NativeSession(Session):
             case wire.Unwatch(req, group):
                 self.hub.table.unwatch(self, group)
                 self.outbox.push(wire.encode(wire.Ok(req)))
+            case wire.Subscribe() | wire.Unsubscribe():
+                self._subscription(f)
+            case wire.Publish():
+                self._publish(f)
             case wire.Route():
                 # Only reached when the fast path did not recognise the encoding
                 # (e.g. a non-minimal msgpack array header); route it the same way.
@@ -297,6 +328,48 @@ class NativeSession(Session):
         if known is None:
             self.hub.log_membership("joined", entry, self)
         self.hub.deliver(notices)
+
+    # ------------------------------------------------------------------ topics
+
+    def _subscription(self, f: wire.Subscribe | wire.Unsubscribe) -> None:
+        try:
+            pat = pattern(f.provider, f.broadcast, f.partition)
+        except TopicError as e:
+            self._error(f.req, "bad_topic", str(e))
+            return
+        table = self.hub.table
+        try:
+            if isinstance(f, wire.Subscribe):
+                table.subscribe(self, f.group, f.addr, pat)
+            else:
+                table.unsubscribe(self, f.group, f.addr, pat)
+        except RoutingError as e:
+            self._error(f.req, e.code, e.message)
+            return
+        self.outbox.push(wire.encode(wire.Ok(f.req)))
+
+    def _publish(self, f: wire.Publish) -> None:
+        table = self.hub.table
+        if not table.holds(self, f.group, f.sender):
+            self._error(None, "not_member",
+                        f"sender is not registered in {f.group!r} on this connection")
+            return
+        try:
+            tid = topic_id(f.provider, f.broadcast, f.partition)
+        except TopicError as e:
+            self._error(None, "bad_topic", str(e))
+            return
+        glob = bool(f.flags & wire.PUB_GLOBAL)
+        if glob:
+            table.stats.published_global += 1
+        else:
+            table.stats.published_local += 1
+        # Encoded once here, whatever the number of receivers: every one shares the bytes.
+        frame = wire.encode(f)
+        self.hub.counters.delivered += deliver_publication(
+            table, f.group, f.sender, tid, frame, bool(f.flags & wire.PUB_ECHO))
+        if glob and table.on_global is not None:
+            table.on_global(f.group, f.sender, tid, f.payload)
 
     # ------------------------------------------------------------------ carrier interface
 
