@@ -23,7 +23,7 @@ from gossiprouter.ops.dump import dump
 from gossiprouter.ops.logs import use_format as use_log_format
 from gossiprouter.ops.runtime import check_startup, reload_on_sighup
 from gossiprouter.server import ListenError, Server
-from gossiprouter.tools import listen_command, members_command, send_command
+from gossiprouter.tools import listen_command, members_command, publish_command, send_command
 
 log = logging.getLogger("gossiprouter")
 
@@ -170,6 +170,7 @@ def run() -> None:  # pragma: no cover - console-script shim
 main.add_command(members_command)
 main.add_command(send_command)
 main.add_command(listen_command)
+main.add_command(publish_command)
 main.add_command(dump)
 main.add_command(loadtest_command)
 main.add_command(analyze_command)
