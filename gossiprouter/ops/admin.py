@@ -53,6 +53,12 @@ def groups_view(table: RoutingTable) -> dict[str, Any]:
     ]}
 
 
+def bridge_view(server: Server) -> dict[str, Any]:
+    """The federation bridge's state in ``/groups`` (no key without a bridge)."""
+    bridge = server.bridge
+    return {} if bridge is None else {"bridge": bridge.view()}
+
+
 def group_view(table: RoutingTable, name: str, now: float) -> dict[str, Any] | None:
     """``/groups/NAME``: every member in registration order, or None for an unknown group."""
     g = table.group(name)
@@ -188,7 +194,7 @@ class AdminServer:
 
             return 200, CONTENT_TYPE, self.render_metrics()
         if path in ("/groups", "/groups/"):
-            return _json(200, groups_view(table))
+            return _json(200, groups_view(table) | bridge_view(self.server))
         if path.startswith("/groups/"):
             try:
                 name = unquote(path[len("/groups/"):], errors="strict")

@@ -1,0 +1,266 @@
+"""Federation through a real MQTT broker: two in-process routers and Debian's mosquitto.
+
+The broker is started on 127.0.0.1 on a free port with a generated config; the
+routers bridge to it with ``bridge = mqtt://127.0.0.1:PORT``. Every "nothing
+else arrived" check is backed by the routers' and the bridges' counters.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from gossiprouter.bridge import (
+    Bridge,
+    escape_level,
+    mqtt_filter,
+    mqtt_topic,
+    parse_mqtt_topic,
+    unescape_level,
+)
+from gossiprouter.config import Config, ConfigError
+from gossiprouter.sessions.base import Hub
+from gossiprouter.stub import Channel, Publication, RouterStub
+from gossiprouter.topics import pattern, topic_id
+from tests.procs import free_port, wait_listening
+from tests.test_stub import FAST, Router, connected, drain, eventually
+
+MOSQUITTO = "/usr/sbin/mosquitto"
+G = "fleet"
+TOPIC = ("vehicle-17", "position", ["eu", "de", "munich"])
+
+
+# --------------------------------------------------------------------------- mapping (pure)
+
+
+@pytest.mark.parametrize(("level", "encoded"), [
+    ("eu", "eu"), ("a/b", "a%2Fb"), ("+", "%2B"), ("#", "%23"), ("", "%"), ("50%", "50%25"),
+    ("a\0b", "a%00b"), ("münchen", "münchen"), ("x+y#z", "x%2By%23z"),
+])
+def test_levels_are_escaped_into_one_mqtt_level(level: str, encoded: str) -> None:
+    assert escape_level(level) == encoded
+    assert unescape_level(encoded) == level
+
+
+def test_topic_and_filter_mapping() -> None:
+    tid = topic_id("vehicle-17", "position", ["eu", "de/at", "+x"])
+    assert mqtt_topic("gr", "my/group", tid) == "gr/my%2Fgroup/vehicle-17/position/eu/de%2Fat/%2Bx"
+    assert parse_mqtt_topic("gr", mqtt_topic("gr", "my/group", tid)) == ("my/group", tid)
+    assert mqtt_filter("gr", "g", pattern("+", "position", ["eu", "+", "*"])) == \
+        "gr/g/+/position/eu/+/#"
+    assert mqtt_filter("gr", "g", pattern("p", "b", ["*"])) == "gr/g/p/b/#"
+    assert mqtt_filter("gr", "g", pattern("p", "b", [])) == "gr/g/p/b"
+    for bad in ("other/g/p/b", "gr/g/p", "gr/g/p/b/%zz", "gr/g/p/b/%2B"):
+        with pytest.raises(ValueError):
+            parse_mqtt_topic("gr", bad)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"bridge": "http://x:1"}, "mqtt://HOST:PORT"),
+    ({"bridge": "mqtt://u:p@x:1"}, "bridge_username"),
+    ({"bridge": "mqtt://x:1", "bridge_qos": 2}, "expected 0 or 1"),
+    ({"bridge": "mqtt://x:1", "bridge_username": "u",
+      "bridge_password_file": "/nonexistent/pw"}, "cannot read a password"),
+    ({"bridge": "mqtt://x:1", "bridge_prefix": "a/b"}, "one MQTT topic level"),
+])
+def test_bad_bridge_options_fail_at_start(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        cfg = Config(**options)
+        Bridge(Hub(cfg), cfg)
+
+
+# --------------------------------------------------------------------------- with mosquitto
+
+
+class Mosquitto:
+    def __init__(self, tmp: Path) -> None:
+        self.port = free_port()
+        self.conf = tmp / "mosquitto.conf"
+        self.conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
+                             "persistence false\n")
+        self.log = tmp / "mosquitto.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.conf)], stdout=out,
+                                         stderr=out)
+        wait_listening(self.port, self.proc)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.proc = None
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Any:
+    if not shutil.which(MOSQUITTO):
+        pytest.skip("mosquitto is not installed (scripts/setup installs it)")
+    b = Mosquitto(tmp_path)
+    b.start()
+    yield b
+    b.stop()
+
+
+def bridge_of(r: Router) -> Bridge:
+    assert r.server is not None and r.server.bridge is not None
+    return r.server.bridge
+
+
+async def federation(nursery: trio.Nursery, broker: Mosquitto) -> tuple[Router, Router]:
+    a = await Router(nursery, bridge=broker.url, bridge_reconnect_max=0.3).start()
+    b = await Router(nursery, bridge=broker.url, bridge_reconnect_max=0.3).start()
+    await eventually(lambda: bridge_of(a).state == bridge_of(b).state == "connected",
+                     what="bridges connected")
+    return a, b
+
+
+async def subscribed(r: Router, before: int = 0) -> None:
+    """Wait until the broker acknowledged a SUBSCRIBE of ``r``'s bridge (after ``before``)."""
+    await eventually(lambda: bridge_of(r).stats.subacks > before, what="SUBACK")
+
+
+async def test_global_reaches_the_other_router_once_and_local_never(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    ra, rb = await federation(nursery, broker)
+    async with RouterStub([ra.address], **FAST) as sa, RouterStub([rb.address], **FAST) as sb:
+        pub = await sa.connect(G, b"P")
+        near = await sa.connect(G, b"N")
+        far = await sb.connect(G, b"F")
+        await near.subscribe("vehicle-17", "position", ["eu", "*"])
+        await pub.subscribe("vehicle-17", "position", ["*"])
+        await far.subscribe("vehicle-17", "position", ["eu", "+", "*"])
+        await subscribed(rb)
+        await subscribed(ra)
+
+        await pub.publish(TOPIC, b"g1", scope="global", echo=True)
+        await pub.publish(TOPIC, b"l1", scope="local", echo=True)
+        await pub.publish(TOPIC, b"g2", scope="global")
+
+        with trio.fail_after(5):
+            m = await far.receive()
+        assert isinstance(m, Publication)
+        assert (m.payload, m.scope, m.sender, m.topic) == (
+            b"g1", "global", b"P", ("vehicle-17", "position", ("eu", "de", "munich")))
+        with trio.fail_after(5):
+            assert (await far.receive()).payload == b"g2"
+        # Router A: the local subscriber got each once; the publisher (echo) its own once.
+        assert [x.payload for x in await drain(near, 0.3)] == [b"g1", b"l1", b"g2"]
+        assert [x.payload for x in await drain(pub, 0)] == [b"g1", b"l1"]
+        assert await drain(far, 0) == []
+        a, b = bridge_of(ra), bridge_of(rb)
+        assert (a.stats.forwarded, a.stats.not_forwarded) == (2, 0)
+        # B got exactly the two global ones; A got nothing back (No Local), nothing looped.
+        assert (b.stats.received, b.stats.forwarded) == (2, 0)
+        assert (a.stats.received, a.stats.echo_dropped) == (0, 0)
+        assert rb.server is not None and rb.server.hub.table.stats.federated_in == 2
+
+
+async def test_a_publication_from_the_federation_is_never_sent_out_again(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    """Three routers, all subscribed: one global publication is received once by each other
+    router and forwarded by none of them (no loop, whatever the topology)."""
+    ra, rb = await federation(nursery, broker)
+    rc = await Router(nursery, bridge=broker.url).start()
+    await eventually(lambda: bridge_of(rc).state == "connected")
+    routers = (ra, rb, rc)
+    async with RouterStub([r.address for r in routers], **FAST) as s:
+        # One stub on all three routers: it is subscribed on each.
+        ch = await s.connect(G, b"S")
+        await ch.subscribe("p", "b", ["*"])
+        for r in routers:
+            await subscribed(r)
+        async with RouterStub([ra.address], **FAST) as sa:
+            pub = await sa.connect(G, b"P")
+            await pub.publish(("p", "b", ["x"]), b"once", scope="global")
+            await eventually(lambda: bridge_of(rb).stats.received
+                             == bridge_of(rc).stats.received == 1)
+            await trio.sleep(0.3)
+            assert [bridge_of(r).stats.forwarded for r in routers] == [1, 0, 0]
+            assert [bridge_of(r).stats.received for r in routers] == [0, 1, 1]
+            assert [bridge_of(r).stats.echo_dropped for r in routers] == [0, 0, 0]
+
+
+async def test_broker_restart(nursery: trio.Nursery, broker: Mosquitto) -> None:
+    ra, rb = await federation(nursery, broker)
+    async with RouterStub([ra.address], **FAST) as sa, RouterStub([rb.address], **FAST) as sb:
+        pub = await sa.connect(G, b"P")
+        near = await sa.connect(G, b"N")
+        far = await sb.connect(G, b"F")
+        await near.subscribe("p", "b", ["*"])
+        await far.subscribe("p", "b", ["*"])
+        await subscribed(rb)
+        a, b = bridge_of(ra), bridge_of(rb)
+
+        broker.stop()
+        await eventually(lambda: a.state != "connected" and b.state != "connected",
+                         what="bridges noticed the broker is gone")
+        for i in range(5):
+            await pub.publish(("p", "b", ["x"]), b"lost %d" % i, scope="global")
+        # Local delivery goes on meanwhile; what could not be forwarded is counted.
+        assert [x.payload for x in await drain(near, 0.3)] == [b"lost %d" % i for i in range(5)]
+        assert a.stats.not_forwarded == 5 and a.stats.forwarded == 0
+        subacks_before = b.stats.subacks
+
+        broker.start()
+        await eventually(lambda: a.state == b.state == "connected", timeout=10,
+                         what="bridges reconnected")
+        await subscribed(rb, subacks_before)  # B re-subscribed on its new connection
+        await pub.publish(("p", "b", ["x"]), b"after", scope="global")
+        with trio.fail_after(5):
+            m = await far.receive()
+        # The five lost ones are exactly the five counted; nothing else arrived at B.
+        assert m.payload == b"after"
+        assert await drain(far, 0.2) == []
+        assert b.stats.received == 1 and a.stats.forwarded == 1
+        assert a.stats.connects == 2 and b.stats.connects == 2
+
+
+async def test_router_restart_stubs_resubscribe(nursery: trio.Nursery,
+                                                broker: Mosquitto) -> None:
+    ra, rb = await federation(nursery, broker)
+    async with RouterStub([ra.address], **FAST) as sa, RouterStub([rb.address], **FAST) as sb:
+        pub = await sa.connect(G, b"P")
+        far: Channel = await sb.connect(G, b"F")
+        await far.subscribe("p", "b", ["+"])
+        await subscribed(rb)
+        await rb.stop()
+        await eventually(lambda: not connected(sb))
+        await rb.start()
+        await eventually(lambda: connected(sb))
+        # The stub re-subscribed, so the new router's bridge subscribed the broker again.
+        await eventually(lambda: bridge_of(rb).state == "connected")
+        await subscribed(rb)
+        await pub.publish(("p", "b", ["x"]), b"after router restart", scope="global")
+        with trio.fail_after(5):
+            m = await far.receive()
+        assert m.payload == b"after router restart"
+
+
+async def test_bridge_state_in_groups_view_and_metrics(nursery: trio.Nursery,
+                                                       broker: Mosquitto) -> None:
+    from gossiprouter.ops.admin import bridge_view
+    from gossiprouter.ops.metrics import topic_metrics
+
+    ra, _ = await federation(nursery, broker)
+    assert ra.server is not None
+    view = bridge_view(ra.server)["bridge"]
+    assert view["state"] == "connected" and view["broker"] == broker.url
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for m in topic_metrics(ra.server) for s in m.samples}
+    assert samples[("gossiprouter_bridge_state", (("kind", "connected"),))] == 1
+    assert samples[("gossiprouter_bridge_not_forwarded_total", ())] == 0
+    broker.stop()
+    await eventually(lambda: bridge_of(ra).state != "connected")
+    assert bridge_view(ra.server)["bridge"]["state"] in ("disconnected", "connecting")
