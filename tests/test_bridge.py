@@ -264,3 +264,26 @@ async def test_bridge_state_in_groups_view_and_metrics(nursery: trio.Nursery,
     broker.stop()
     await eventually(lambda: bridge_of(ra).state != "connected")
     assert bridge_view(ra.server)["bridge"]["state"] in ("disconnected", "connecting")
+
+
+async def test_a_run_of_global_publications_is_forwarded_one_by_one(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    from gossiprouter.protocol import native as wire
+    from tests.nclient import NativeClient
+
+    ra, rb = await federation(nursery, broker)
+    async with RouterStub([rb.address], **FAST) as sb:
+        far = await sb.connect(G, b"F")
+        await far.subscribe("p", "b", ["*"])
+        await subscribed(rb)
+        c = await NativeClient.open(*ra.address)
+        await c.send(wire.Connect(1, G, b"P"))
+        assert isinstance(await c.recv(), wire.Ok)
+        frames = [wire.Publish(G, b"P", "p", "b", ("x",), wire.PUB_GLOBAL, b"m%02d" % i)
+                  for i in range(20)]
+        await c.send_raw(b"".join(wire.encode(f) for f in frames))
+        with trio.fail_after(5):
+            got = [(await far.receive()).payload for _ in frames]
+        assert got == [f.payload for f in frames]
+        assert bridge_of(ra).stats.forwarded == 20
+        await c.aclose()

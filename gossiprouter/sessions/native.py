@@ -23,6 +23,7 @@ log = logging.getLogger("gossiprouter")
 
 _LEN = struct.Struct(">I")
 _ROUTE0, _ROUTE1 = 0x95, int(wire.T.ROUTE)
+_PUB0, _PUB1 = 0x98, int(wire.T.PUBLISH)  # fixarray of 8, PUBLISH
 _EVENT_KINDS = frozenset(wire.EVENT_KINDS)
 _Route = tuple[str, bytes | None, bytes]  # group, dest, sender
 # Requests naming a group that authentication (tokens' group patterns) may forbid.
@@ -30,7 +31,7 @@ _GROUP_REQUESTS = (wire.Connect, wire.GetMembers, wire.Watch, wire.Subscribe, wi
 
 
 def deliver_publication(table: RoutingTable, group: str, sender: bytes, tid: TopicId,
-                        frame: bytes, echo: bool) -> int:
+                        frame: bytes, echo: bool, count: int = 1) -> int:
     """Queue the PUBLISH ``frame`` (encoded once, the same bytes for every receiver) on
     each connection carrying at least one member of ``group`` whose pattern matches
     ``tid``; returns the number of copies.
@@ -38,7 +39,8 @@ def deliver_publication(table: RoutingTable, group: str, sender: bytes, tid: Top
     A member matching through several patterns is one target; several such members on
     one connection (shared transport) get one copy, which the client hands to each of
     its matching channels. The publisher's own member (``sender``) is left out unless
-    ``echo``. A member in reconnect grace has the frame held for it.
+    ``echo``. A member in reconnect grace has the frame held for it. ``frame`` may be
+    ``count`` whole PUBLISH frames to the same id (a run), delivered as one chunk.
     """
     carriers: dict[object, None] = {}
     for e in table.topic_targets(group, tid):
@@ -50,9 +52,9 @@ def deliver_publication(table: RoutingTable, group: str, sender: bytes, tid: Top
         else:
             carriers[c] = None
     for c in carriers:
-        cast(Session, c).push(frame)
-    table.stats.topic_deliveries += len(carriers)
-    return len(carriers)
+        cast(Session, c).push(frame, count)
+    table.stats.topic_deliveries += len(carriers) * count
+    return len(carriers) * count
 
 
 class NativeSession(Session):
@@ -143,6 +145,8 @@ class NativeSession(Session):
                 if found is not None:
                     run_hdr, run_route = found
                     run_start, run_n = pos, 1
+            elif data[body] == _PUB0 and data[body + 1] == _PUB1 and self.ready:
+                end = self._publish_run(data, pos, end, size)
             else:
                 try:
                     frame = wire.frame_from_body(data[body:end])
@@ -348,7 +352,36 @@ class NativeSession(Session):
             return
         self.outbox.push(wire.encode(wire.Ok(f.req)))
 
-    def _publish(self, f: wire.Publish) -> None:
+    def _publish_run(self, data: bytes, pos: int, end: int, size: int) -> int:
+        """Handle the PUBLISH frame at ``data[pos:end]`` and every following frame of the
+        same size and header (group, sender, id, flags, payload length): one validation,
+        one match and one push per receiving connection for the whole run, as for ROUTE.
+        Returns where the run ends."""
+        try:
+            f = wire.frame_from_body(data[pos + 4 : end])
+        except ProtocolError as e:
+            self._fail(e)
+            return end
+        assert isinstance(f, wire.Publish)
+        plen = len(f.payload)
+        bin_hdr, marker = (2, 0xC4) if plen < 0x100 else (3, 0xC5) if plen < 0x10000 else (5, 0xC6)
+        step = end - pos
+        prefix = step - plen  # length prefix, header and the payload's bin header
+        k = 1
+        # Only a minimally encoded payload length makes the prefix a fixed-size header.
+        if end + step <= size and data[pos + prefix - bin_hdr] == marker:
+            k = same_frames(data, pos, step, prefix, size)
+        if k == 1:
+            self._publish(f, data[pos:end])
+            return end
+        run_end = pos + k * step
+        self._publish(f, data[pos:run_end], k, step)
+        return run_end
+
+    def _publish(self, f: wire.Publish, frames: bytes | None = None, count: int = 1,
+                 step: int = 0) -> None:
+        """Deliver ``count`` publications: ``f`` and, for a run, the ``count`` frames of
+        ``step`` bytes in ``frames`` that share its header (their payloads differ)."""
         table = self.hub.table
         if not table.holds(self, f.group, f.sender):
             self._error(None, "not_member",
@@ -361,15 +394,21 @@ class NativeSession(Session):
             return
         glob = bool(f.flags & wire.PUB_GLOBAL)
         if glob:
-            table.stats.published_global += 1
+            table.stats.published_global += count
         else:
-            table.stats.published_local += 1
-        # Encoded once here, whatever the number of receivers: every one shares the bytes.
-        frame = wire.encode(f)
+            table.stats.published_local += count
+        # The received bytes (or, off the fast path, one encoding) shared by every receiver.
+        if frames is None:
+            frames = wire.encode(f)
         self.hub.counters.delivered += deliver_publication(
-            table, f.group, f.sender, tid, frame, bool(f.flags & wire.PUB_ECHO))
-        if glob and table.on_global is not None:
-            table.on_global(f.group, f.sender, tid, f.payload)
+            table, f.group, f.sender, tid, frames, bool(f.flags & wire.PUB_ECHO), count)
+        on_global = table.on_global
+        if glob and on_global is not None:
+            on_global(f.group, f.sender, tid, f.payload)
+            plen = len(f.payload)
+            for i in range(1, count):
+                stop = (i + 1) * step
+                on_global(f.group, f.sender, tid, frames[stop - plen : stop])
 
     # ------------------------------------------------------------------ carrier interface
 
