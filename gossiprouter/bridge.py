@@ -286,8 +286,9 @@ class Bridge:
                        reason: ReasonCode, properties: Properties | None) -> None:
         if self.state == "connected":
             log.warning("bridge lost the broker: %s", reason)
+            self.last_error = f"disconnected: {reason}"
+        # (Otherwise the CONNACK refusal, already in last_error, says more.)
         self.state = "disconnected"
-        self.last_error = f"disconnected: {reason}"
         if self._session_scope is not None:
             self._session_scope.cancel()
 

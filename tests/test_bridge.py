@@ -7,6 +7,7 @@ else arrived" check is backed by the routers' and the bridges' counters.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -78,11 +79,10 @@ def test_bad_bridge_options_fail_at_start(options: dict[str, Any], message: str)
 
 
 class Mosquitto:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, extra: str = "allow_anonymous true\n") -> None:
         self.port = free_port()
         self.conf = tmp / "mosquitto.conf"
-        self.conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
-                             "persistence false\n")
+        self.conf.write_text(f"listener {self.port} 127.0.0.1\n{extra}persistence false\n")
         self.log = tmp / "mosquitto.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -287,3 +287,69 @@ async def test_a_run_of_global_publications_is_forwarded_one_by_one(
         assert got == [f.payload for f in frames]
         assert bridge_of(ra).stats.forwarded == 20
         await c.aclose()
+
+
+async def test_serve_bridge_from_the_command_line_and_the_config_file(
+        broker: Mosquitto, tmp_path: Path) -> None:
+    """``serve --bridge URL`` and the config-file keys (with a user name and password file,
+    which mosquitto with allow_anonymous ignores) start a connected bridge; /groups shows it."""
+    import json
+
+    from tests.ops_client import http_get
+    from tests.procs import RouterProcess
+
+    (tmp_path / "pw").write_text("secret\n")
+    conf = tmp_path / "router.toml"
+    conf.write_text(f'bridge = "{broker.url}"\nbridge_username = "router"\n'
+                    f'bridge_password_file = "{tmp_path / "pw"}"\nbridge_prefix = "fed"\n')
+    for args in (("--bridge", broker.url), ("--config", str(conf))):
+        mport = free_port()
+        with RouterProcess(None, *args, "--metrics", f"127.0.0.1:{mport}"):
+            with trio.fail_after(10):
+                while True:
+                    status, _, body = await http_get(("127.0.0.1", mport), "/groups")
+                    view = json.loads(body)["bridge"] if status == 200 else {}
+                    if view.get("state") == "connected":
+                        break
+                    await trio.sleep(0.05)
+            assert view["broker"] == broker.url
+            _, _, metrics = await http_get(("127.0.0.1", mport), "/metrics")
+            assert b'gossiprouter_bridge_state{kind="connected"} 1.0' in metrics
+
+
+async def test_serve_refuses_a_bad_bridge_url_with_one_line() -> None:
+    import sys
+
+    r = await trio.run_process([sys.executable, "-m", "gossiprouter", "serve", "--port", "0",
+                                "--bridge", "http://127.0.0.1:1"], capture_stdout=True,
+                               capture_stderr=True, check=False)
+    assert r.returncode != 0
+    assert b"mqtt://HOST:PORT" in r.stderr and b"Traceback" not in r.stderr
+
+
+async def test_bridge_credentials_reach_the_broker(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """A broker that wants a password: the right one from bridge_password_file connects,
+    a wrong one is refused and reported in the bridge state (and retried, not fatal)."""
+    if not shutil.which("mosquitto_passwd"):
+        pytest.skip("mosquitto_passwd is not installed")
+    pwfile = tmp_path / "mosquitto.passwd"
+    subprocess.run(["mosquitto_passwd", "-b", "-c", str(pwfile), "router", "s3cret"],
+                   check=True, capture_output=True)
+    # As root, mosquitto would switch to its own user, who cannot read pytest's tmp dir.
+    stay = "user root\n" if os.geteuid() == 0 else ""
+    b = Mosquitto(tmp_path, f"{stay}allow_anonymous false\npassword_file {pwfile}\n")
+    b.start()
+    try:
+        good, bad = tmp_path / "good", tmp_path / "bad"
+        good.write_text("s3cret\n")
+        bad.write_text("wrong\n")
+        ok = await Router(nursery, bridge=b.url, bridge_username="router",
+                          bridge_password_file=str(good)).start()
+        refused = await Router(nursery, bridge=b.url, bridge_username="router",
+                               bridge_password_file=str(bad),
+                               bridge_reconnect_max=0.2).start()
+        await eventually(lambda: bridge_of(ok).state == "connected")
+        await eventually(lambda: "refused" in (bridge_of(refused).last_error or ""))
+        assert bridge_of(refused).stats.connects == 0
+    finally:
+        b.stop()
