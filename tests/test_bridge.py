@@ -253,14 +253,35 @@ async def test_bridge_state_in_groups_view_and_metrics(nursery: trio.Nursery,
     from gossiprouter.ops.admin import bridge_view
     from gossiprouter.ops.metrics import topic_metrics
 
-    ra, _ = await federation(nursery, broker)
-    assert ra.server is not None
+    ra, rb = await federation(nursery, broker)
+    assert ra.server is not None and rb.server is not None
     view = bridge_view(ra.server)["bridge"]
     assert view["state"] == "connected" and view["broker"] == broker.url
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for m in topic_metrics(ra.server) for s in m.samples}
-    assert samples[("gossiprouter_bridge_state", (("kind", "connected"),))] == 1
-    assert samples[("gossiprouter_bridge_not_forwarded_total", ())] == 0
+    async with RouterStub([ra.address], **FAST) as sa, RouterStub([rb.address], **FAST) as sb:
+        far = await sb.connect(G, b"F")
+        await far.subscribe("p", "b", ["*"])
+        await subscribed(rb)
+        pub = await sa.connect(G, b"P")
+        await pub.publish(("p", "b", []), b"m", scope="global")
+        await pub.publish(("p", "b", []), b"m")
+        with trio.fail_after(5):
+            await far.receive()
+
+        def samples(r: Router) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+            assert r.server is not None
+            return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                    for m in topic_metrics(r.server) for s in m.samples}
+
+        a, b = samples(ra), samples(rb)
+    assert a[("gossiprouter_bridge_state", (("kind", "connected"),))] == 1
+    assert a[("gossiprouter_bridge_not_forwarded_total", ())] == 0
+    assert a[("gossiprouter_bridge_forwarded_total", ())] == 1
+    assert a[("gossiprouter_topic_publications_total", (("kind", "global"),))] == 1
+    assert a[("gossiprouter_topic_publications_total", (("kind", "local"),))] == 1
+    assert b[("gossiprouter_topic_publications_total", (("kind", "federation"),))] == 1
+    assert b[("gossiprouter_topic_deliveries_total", ())] == 1
+    assert b[("gossiprouter_topic_subscriptions", ())] == 1
+    assert b[("gossiprouter_bridge_subscriptions", ())] == 1
     broker.stop()
     await eventually(lambda: bridge_of(ra).state != "connected")
     assert bridge_view(ra.server)["bridge"]["state"] in ("disconnected", "connecting")

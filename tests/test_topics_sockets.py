@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import trio
 
 from gossiprouter.protocol import native as wire
 from gossiprouter.server import Server
 from gossiprouter.stub import Publication, RouterError, RouterStub
+from tests.conftest import RouterFactory
 from tests.nclient import NativeClient
 from tests.test_stub import FAST, Router, connected, drain, eventually
 
@@ -150,11 +153,8 @@ async def test_stub_subscribe_publish_and_iterator(router: Server) -> None:
             raise AssertionError("a too deep pattern was accepted")
 
 
-async def test_stub_subscription_refused_by_the_router(start_router: object) -> None:
-    from tests.conftest import RouterFactory
-    assert callable(start_router)
-    factory: RouterFactory = start_router
-    router = await factory(subscriptions_per_member=1)
+async def test_stub_subscription_refused_by_the_router(start_router: RouterFactory) -> None:
+    router = await start_router(subscriptions_per_member=1)
     assert router.address is not None
     async with RouterStub([router.address], **FAST) as s:
         ch = await s.connect(G, b"A")
@@ -209,3 +209,41 @@ async def test_a_run_of_publications_is_delivered_whole_and_in_order(router: Ser
     assert isinstance(e, wire.Error) and e.code == "bad_topic"
     await a.aclose()
     await b.aclose()
+
+
+async def test_topics_follow_the_groups_auth(start_router: RouterFactory,
+                                             tmp_path: Path) -> None:
+    from tests.test_ops_auth import BILLING, _tokens
+
+    router = await start_router(tokens_file=str(_tokens(tmp_path)))
+    assert router.address is not None
+    c = await NativeClient.open(*router.address, token=BILLING)
+    assert isinstance(await c.request(wire.Connect(c.req(), "billing", b"B")), wire.Ok)
+    assert isinstance(await _ask(c, wire.Subscribe(c.req(), "billing", b"B", "p", "b", ())),
+                      wire.Ok)
+    # Another group's topics: refused by the auth check, before membership is looked at.
+    for frame in (wire.Subscribe(c.req(), "reports", b"B", "p", "b", ()),
+                  wire.Unsubscribe(c.req(), "reports", b"B", "p", "b", ())):
+        e = await _ask(c, frame)
+        assert isinstance(e, wire.Error) and e.code == "forbidden", e
+    await c.aclose()
+
+
+async def test_publications_are_held_for_a_subscriber_in_reconnect_grace(
+        start_router: RouterFactory) -> None:
+    router = await start_router(grace=10.0)
+    a, b = await _member(router, b"A"), await _member(router, b"B")
+    assert isinstance(await _ask(b, _sub(b, b"B", "*")), wire.Ok)
+    await b.aclose()  # gone without DISCONNECT: in grace, subscriptions kept
+    await eventually(lambda: bool(router.hub.table.groups[G].graced))
+    held = wire.Publish(G, b"A", "v17", "pos", ("x",), 0, b"held")
+    await a.send(held)
+    await a.send(wire.Ping(1))
+    assert await a.recv() == wire.Pong(1)
+    b2 = await _member(router, b"B")  # back in time: the held publication comes first
+    assert await b2.recv() == held
+    # and the subscription is still there, without SUBSCRIBE again
+    await a.send(held)
+    assert await b2.recv() == held
+    await a.aclose()
+    await b2.aclose()
