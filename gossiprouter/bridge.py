@@ -73,6 +73,10 @@ _ESCAPE = {"%": "%25", "/": "%2F", "+": "%2B", "#": "%23", "\0": "%00"}
 _UNESCAPE = {v: k for k, v in _ESCAPE.items()}
 KEEPALIVE = 30
 CONNECT_TIMEOUT = 5.0
+# Publications queued in paho but not yet written while the broker reads slowly. paho bounds
+# only QoS>0 messages; beyond this the bridge counts QoS 0 ones as not forwarded instead of
+# letting memory grow without bound.
+MAX_UNWRITTEN = 10_000
 
 
 # --------------------------------------------------------------------------- mapping
@@ -149,7 +153,7 @@ class BridgeStats:
     """What the bridge counts (exported as metrics and in /groups)."""
 
     forwarded: int = 0  # global publications handed to the broker connection
-    not_forwarded: int = 0  # global publications lost because the broker was not connected
+    not_forwarded: int = 0  # global publications lost: broker not connected, or too slow
     received: int = 0  # publications from the broker delivered locally
     echo_dropped: int = 0  # own publications the broker sent back anyway (No Local ignored)
     malformed: int = 0  # broker messages under the prefix that are not valid publications
@@ -232,7 +236,7 @@ class Bridge:
 
     def forward(self, group: str, sender: bytes, tid: TopicId, payload: bytes) -> None:
         """Publish one global publication of a local client (already delivered locally)."""
-        if self.state != "connected":
+        if self.state != "connected" or self._unwritten() > MAX_UNWRITTEN:
             self.stats.not_forwarded += 1
             return
         from paho.mqtt.packettypes import PacketTypes
@@ -247,6 +251,11 @@ class Bridge:
             return
         self.stats.forwarded += 1
         self._kick_writer()
+
+    def _unwritten(self) -> int:
+        # paho keeps unwritten packets in _out_packet and offers no public count of them.
+        q = getattr(self._client, "_out_packet", ())
+        return len(q)
 
     def _on_patterns(self, group: str, pats: list[TopicId], added: bool) -> None:
         from paho.mqtt.subscribeoptions import SubscribeOptions
@@ -344,7 +353,10 @@ class Bridge:
                 try:
                     # Blocking TCP connect + TLS handshake + CONNECT: in a worker thread;
                     # nothing else touches the client meanwhile (state is not connected).
-                    await trio.to_thread.run_sync(self._connect_blocking)
+                    # Abandoned on cancellation, so a blackholed broker cannot hold up
+                    # the router's shutdown; the socket is closed in the finally below.
+                    await trio.to_thread.run_sync(self._connect_blocking,
+                                                  abandon_on_cancel=True)
                 except (OSError, ssl.SSLError, ValueError) as e:
                     self.last_error = f"cannot connect: {e.strerror or e}" if isinstance(
                         e, OSError) else f"cannot connect: {e}"

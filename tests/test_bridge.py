@@ -374,3 +374,22 @@ async def test_bridge_credentials_reach_the_broker(nursery: trio.Nursery, tmp_pa
         assert bridge_of(refused).stats.connects == 0
     finally:
         b.stop()
+
+
+async def test_publications_beyond_the_unwritten_bound_are_counted_not_queued(
+        nursery: trio.Nursery, broker: Mosquitto, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker that reads too slowly must not grow the router's memory: past MAX_UNWRITTEN
+    packets waiting in paho, global publications are counted as not forwarded."""
+    import gossiprouter.bridge as bridge_mod
+
+    ra, _ = await federation(nursery, broker)
+    a = bridge_of(ra)
+    monkeypatch.setattr(bridge_mod, "MAX_UNWRITTEN", 0)
+    monkeypatch.setattr(a, "_unwritten", lambda: 1)  # as if one packet were still queued
+    tid = topic_id("p", "b", [])
+    a.forward(G, b"P", tid, b"x")
+    a.forward(G, b"P", tid, b"y")
+    assert (a.stats.forwarded, a.stats.not_forwarded) == (0, 2)
+    monkeypatch.setattr(a, "_unwritten", lambda: 0)
+    a.forward(G, b"P", tid, b"z")
+    assert (a.stats.forwarded, a.stats.not_forwarded) == (1, 2)
