@@ -48,6 +48,7 @@ import logging
 import random
 import ssl
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,6 +70,10 @@ log = logging.getLogger("gossiprouter.bridge")
 
 ORIGIN_PROPERTY = "gossiprouter-origin"
 SENDER_PROPERTY = "gossiprouter-sender"
+SEQ_PROPERTY = "gossiprouter-seq"
+# Publications remembered per origin to drop the broker's extra copies (see _Dedup).
+DEDUP_WINDOW = 4096
+MAX_ORIGINS = 1024
 _ESCAPE = {"%": "%25", "/": "%2F", "+": "%2B", "#": "%23", "\0": "%00"}
 _UNESCAPE = {v: k for k, v in _ESCAPE.items()}
 KEEPALIVE = 30
@@ -148,6 +153,38 @@ def parse_mqtt_topic(prefix: str, topic: str) -> tuple[str, TopicId]:
 # --------------------------------------------------------------------------- the bridge
 
 
+class _Dedup:
+    """Drops the copies of one publication that a broker sends for overlapping filters.
+
+    MQTT lets a broker deliver one copy per matching subscription (mosquitto does), and
+    the union of local patterns overlaps as soon as two members use ``+`` and ``*``. Every
+    bridged publication carries its origin's sequence number; per origin the last
+    ``DEDUP_WINDOW`` numbers are remembered (copies arrive back to back, and one origin's
+    publications in order), and anything older than the window counts as seen.
+    """
+
+    def __init__(self) -> None:
+        self._origins: dict[str, tuple[set[int], deque[int], list[int]]] = {}
+
+    def first(self, origin: str, seq: int) -> bool:
+        st = self._origins.get(origin)
+        if st is None:
+            if len(self._origins) >= MAX_ORIGINS:
+                # Forget the oldest origin (a router restarted long ago gets a new id).
+                del self._origins[next(iter(self._origins))]
+            st = self._origins[origin] = (set(), deque(), [seq - 1])
+        seen, order, top = st
+        if seq in seen or seq <= top[0] - DEDUP_WINDOW:
+            return False
+        seen.add(seq)
+        order.append(seq)
+        if len(order) > DEDUP_WINDOW:
+            seen.discard(order.popleft())
+        if seq > top[0]:
+            top[0] = seq
+        return True
+
+
 @dataclass
 class BridgeStats:
     """What the bridge counts (exported as metrics and in /groups)."""
@@ -157,6 +194,7 @@ class BridgeStats:
     received: int = 0  # publications from the broker delivered locally
     echo_dropped: int = 0  # own publications the broker sent back anyway (No Local ignored)
     malformed: int = 0  # broker messages under the prefix that are not valid publications
+    duplicates_dropped: int = 0  # extra copies for overlapping subscriptions (MQTT allows them)
     connects: int = 0  # successful broker connections (CONNACK success)
     subacks: int = 0  # SUBSCRIBE requests the broker acknowledged
     refused_filters: int = 0  # filters the broker refused in a SUBACK
@@ -217,6 +255,8 @@ class Bridge:
         c.on_message = self._on_message
         c.on_subscribe = self._on_subscribe
         self._session_scope: trio.CancelScope | None = None
+        self._seq = 0
+        self._dedup = _Dedup()
         self._wake_writer = trio.Event()
         self.table.on_patterns = self._on_patterns
         self.table.on_global = self.forward
@@ -229,6 +269,7 @@ class Bridge:
                 "subscriptions": len(self.filters), "forwarded": s.forwarded,
                 "not_forwarded": s.not_forwarded, "received": s.received,
                 "echo_dropped": s.echo_dropped, "malformed": s.malformed,
+                "duplicates_dropped": s.duplicates_dropped,
                 "connects": s.connects, "failures": s.failures, "subacks": s.subacks,
                 "refused_filters": s.refused_filters}
 
@@ -243,7 +284,9 @@ class Bridge:
         from paho.mqtt.properties import Properties
 
         props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-        props.UserProperty = [(ORIGIN_PROPERTY, self.origin), (SENDER_PROPERTY, sender.hex())]
+        self._seq += 1
+        props.UserProperty = [(ORIGIN_PROPERTY, self.origin), (SENDER_PROPERTY, sender.hex()),
+                              (SEQ_PROPERTY, str(self._seq))]
         info = self._client.publish(mqtt_topic(self.prefix, group, tid), payload, self.qos,
                                     properties=props)
         if info.rc:
@@ -311,15 +354,21 @@ class Bridge:
                         refused[0])
 
     def _on_message(self, client: Client, userdata: Any, msg: MQTTMessage) -> None:
-        origin = sender = None
+        origin = sender = seq = None
         props = getattr(msg, "properties", None)
         for k, v in getattr(props, "UserProperty", None) or ():
             if k == ORIGIN_PROPERTY:
                 origin = v
             elif k == SENDER_PROPERTY:
                 sender = v
+            elif k == SEQ_PROPERTY:
+                seq = v
         if origin == self.origin:
             self.stats.echo_dropped += 1
+            return
+        if origin is not None and seq is not None and seq.isdigit() \
+                and not self._dedup.first(origin, int(seq)):
+            self.stats.duplicates_dropped += 1
             return
         try:
             group, tid = parse_mqtt_topic(self.prefix, msg.topic)

@@ -393,3 +393,34 @@ async def test_publications_beyond_the_unwritten_bound_are_counted_not_queued(
     monkeypatch.setattr(a, "_unwritten", lambda: 0)
     a.forward(G, b"P", tid, b"z")
     assert (a.stats.forwarded, a.stats.not_forwarded) == (1, 2)
+
+
+def test_dedup_remembers_a_window_per_origin() -> None:
+    from gossiprouter.bridge import DEDUP_WINDOW, _Dedup
+
+    d = _Dedup()
+    assert d.first("a", 1) and not d.first("a", 1)
+    assert d.first("b", 1)  # another origin, its own numbers
+    assert d.first("a", 3) and d.first("a", 2)  # a late one inside the window still counts
+    assert not d.first("a", 2)
+    assert d.first("a", 3 + DEDUP_WINDOW + 5)
+    assert not d.first("a", 4)  # fell out of the window: treated as seen
+
+
+async def test_overlapping_filters_deliver_once(nursery: trio.Nursery,
+                                                broker: Mosquitto) -> None:
+    """Two members of router B with overlapping patterns: the broker sends B two copies,
+    B delivers one to each member and drops the extra copy."""
+    ra, rb = await federation(nursery, broker)
+    async with RouterStub([ra.address], **FAST) as sa, RouterStub([rb.address], **FAST) as sb:
+        x = await sb.connect(G, b"X")
+        y = await sb.connect(G, b"Y")
+        await x.subscribe("p", "b", ["*"])
+        await y.subscribe("p", "+", ["eu"])
+        await eventually(lambda: bridge_of(rb).stats.subacks >= 2)
+        pub = await sa.connect(G, b"P")
+        await pub.publish(("p", "b", ["eu"]), b"once", scope="global")
+        await eventually(lambda: bridge_of(rb).stats.received == 1)
+        await eventually(lambda: bridge_of(rb).stats.duplicates_dropped == 1)
+        assert [m.payload for m in await drain(x, 0.2)] == [b"once"]
+        assert [m.payload for m in await drain(y, 0)] == [b"once"]

@@ -225,6 +225,9 @@ def topic_metrics(server: Server) -> Iterator[Metric]:
     yield _counter("gossiprouter_bridge_echo_dropped",
                    "Own publications the broker returned despite No Local (dropped).",
                    b.echo_dropped)
+    yield _counter("gossiprouter_bridge_duplicates_dropped",
+                   "Extra copies the broker sent for overlapping subscriptions (dropped).",
+                   b.duplicates_dropped)
     yield _counter("gossiprouter_bridge_malformed",
                    "Broker messages under the prefix that were not publications.", b.malformed)
     yield _counter("gossiprouter_bridge_connects", "Successful broker connections.", b.connects)
