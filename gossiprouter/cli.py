@@ -19,6 +19,7 @@ from gossiprouter import __version__
 from gossiprouter.analytics.cli import analyze_command
 from gossiprouter.config import OPTIONS, Config, ConfigError, Option, build
 from gossiprouter.loadtest.cli import loadtest_command
+from gossiprouter.loadtest.topics import loadtest_topics_command
 from gossiprouter.ops.dump import dump
 from gossiprouter.ops.logs import use_format as use_log_format
 from gossiprouter.ops.runtime import check_startup, reload_on_sighup
@@ -173,4 +174,5 @@ main.add_command(listen_command)
 main.add_command(publish_command)
 main.add_command(dump)
 main.add_command(loadtest_command)
+main.add_command(loadtest_topics_command)
 main.add_command(analyze_command)
