@@ -247,3 +247,18 @@ async def test_publications_are_held_for_a_subscriber_in_reconnect_grace(
     assert await b2.recv() == held
     await a.aclose()
     await b2.aclose()
+
+
+async def test_short_bodies_near_the_publish_fast_path_are_protocol_errors(
+        router: Server) -> None:
+    """Bodies of 0, 1 and 2 bytes (the last two the start of a PUBLISH) at the end of a chunk:
+    ERROR protocol and close, never an exception in the router's loop."""
+    assert router.address is not None
+    for body in (b"", b"\x98", b"\x98\x16"):
+        c = await NativeClient.open(*router.address)
+        await c.send_raw(len(body).to_bytes(4, "big") + body)
+        frames = await c.recv_until_closed()
+        assert isinstance(frames[-1], wire.Error) and frames[-1].code == "protocol", body
+    # the router still serves
+    ok = await _member(router, b"A")
+    await ok.aclose()

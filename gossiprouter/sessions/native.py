@@ -145,7 +145,7 @@ class NativeSession(Session):
                 if found is not None:
                     run_hdr, run_route = found
                     run_start, run_n = pos, 1
-            elif data[body] == _PUB0 and data[body + 1] == _PUB1 and self.ready:
+            elif n > 2 and data[body] == _PUB0 and data[body + 1] == _PUB1 and self.ready:
                 end = self._publish_run(data, pos, end, size)
             else:
                 try:
