@@ -13,6 +13,7 @@ from gossiprouter.loadtest.topics import (
     Subscriber,
     TopicsScenarioError,
     audit,
+    is_topics_scenario,
     load_topics_scenario,
     run_topics,
 )
@@ -53,20 +54,26 @@ def test_the_shipped_scenario_loads_and_bad_ones_say_why(tmp_path: Path) -> None
     sc = load_topics_scenario(REPO / "scripts" / "scenarios" / "topics.toml")
     assert sc.routers == 2 and sc.patterns
     bad = tmp_path / "bad.toml"
-    bad.write_text('[topics]\npatterns = ["v{p}/pos/*/eu"]\n')
+    bad.write_text('kind = "topics"\n[topics]\npatterns = ["v{p}/pos/*/eu"]\n')
     with pytest.raises(TopicsScenarioError, match="last partition element"):
         load_topics_scenario(bad)
-    bad.write_text("routers = 0\n")
+    bad.write_text('kind = "topics"\nrouters = 0\n')
     with pytest.raises(TopicsScenarioError, match="routers"):
         load_topics_scenario(bad)
+    small = REPO / "scripts" / "scenarios" / "small.toml"
+    with pytest.raises(TopicsScenarioError, match="kind"):
+        load_topics_scenario(small)
+    assert is_topics_scenario(REPO / "scripts" / "scenarios" / "topics.toml")
+    assert not is_topics_scenario(small)
 
 
 async def test_a_short_federated_run_loses_nothing(tmp_path: Path) -> None:
     if not shutil.which(MOSQUITTO):
         pytest.skip("mosquitto is not installed")
     f = tmp_path / "t.toml"
-    f.write_text('duration = 1.5\ndrain = 1.0\nrouters = 2\n[topics]\npublishers = 1\n'
-                 'subscribers = 3\nrate = 10\nchurn_interval = 0.5\nsettle = 1.0\n'
+    f.write_text('kind = "topics"\nduration = 1.5\ndrain = 1.0\nrouters = 2\n'
+                 '[topics]\npublishers = 1\nsubscribers = 3\nrate = 10\n'
+                 'churn_interval = 0.5\nsettle = 1.0\n'
                  'patterns = ["+/pos/*", "v{p}/pos/eu/+"]\n')
     rep = await run_topics(load_topics_scenario(f), echo=lambda *a: None)
     assert rep.rows["global"]["expected"] > 0 and rep.rows["local"]["expected"] > 0

@@ -73,11 +73,23 @@ class TopicsScenario:
     patterns: tuple[str, ...]  # with {p}: a publisher index
 
 
+def is_topics_scenario(path: Path) -> bool:
+    """True for a readable TOML file with ``kind = "topics"`` (the other load test's
+    scenarios have no ``kind``)."""
+    try:
+        return tomllib.loads(path.read_text()).get("kind") == "topics"
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+
+
 def load_topics_scenario(path: Path) -> TopicsScenario:
     try:
         raw = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise TopicsScenarioError(f"{path}: {e}") from None
+    if raw.get("kind") != "topics":
+        raise TopicsScenarioError(f"{path.name}: kind: expected \"topics\", got "
+                                  f"{raw.get('kind')!r}")
     t = raw.get("topics", {})
 
     def num(where: dict[str, Any], key: str, default: float, lo: float, hi: float) -> float:
