@@ -9,10 +9,11 @@ delivers it to its own subscribers. What the bridge does, in order:
 * **Mapping** (:func:`mqtt_topic`, :func:`mqtt_filter`): the multicast id
   ``(provider, broadcast, partition)`` of group ``group`` is the MQTT topic
   ``{prefix}/{group}/{provider}/{broadcast}/{partition...}``; a pattern maps
-  level for level, ``+`` to ``+`` and a trailing ``*`` to ``#``. A level
-  containing ``/``, ``+``, ``#``, NUL or ``%`` is percent-encoded (``%2F``,
-  ``%2B``, ``%23``, ``%00``, ``%25``) and an empty level is ``%``, so every
-  level is one MQTT level and never a wildcard.
+  level for level, ``+`` to ``+`` and a trailing ``*`` to ``#``. In a level
+  ``/``, ``+``, ``#``, ``%``, control characters and Unicode noncharacters are
+  percent-encoded (their UTF-8 bytes: ``%2F``, ``%2B``, ...) and an empty
+  level is ``%``, so every level is one MQTT level, never a wildcard, and never
+  refused by a broker.
 * **Subscriptions**: the broker is subscribed to the union of the local
   patterns, reference-counted by the routing table (``on_patterns``): a filter
   is subscribed when the first local member takes the pattern and
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import ssl
 import uuid
 from collections import deque
@@ -74,8 +76,6 @@ SEQ_PROPERTY = "gossiprouter-seq"
 # Publications remembered per origin to drop the broker's extra copies (see _Dedup).
 DEDUP_WINDOW = 4096
 MAX_ORIGINS = 1024
-_ESCAPE = {"%": "%25", "/": "%2F", "+": "%2B", "#": "%23", "\0": "%00"}
-_UNESCAPE = {v: k for k, v in _ESCAPE.items()}
 KEEPALIVE = 30
 CONNECT_TIMEOUT = 5.0
 # Publications queued in paho but not yet written while the broker reads slowly. paho bounds
@@ -87,13 +87,27 @@ MAX_UNWRITTEN = 10_000
 # --------------------------------------------------------------------------- mapping
 
 
+def _escaped(c: str) -> bool:
+    """Characters that cannot stand in an MQTT level as they are: the separator and the
+    wildcards, the escape character, and what MQTT brokers refuse in topic names (control
+    characters, which mosquitto answers by disconnecting, and Unicode noncharacters)."""
+    o = ord(c)
+    return (c in "%/+#" or o < 0x20 or 0x7F <= o <= 0x9F or 0xFDD0 <= o <= 0xFDEF
+            or (o & 0xFFFE) == 0xFFFE)
+
+
 def escape_level(level: str) -> str:
-    """One MQTT topic level for one string: never a wildcard, never splitting."""
+    """One MQTT topic level for one string: never a wildcard, never splitting, never refused.
+    Escaped characters are written as their UTF-8 bytes, ``%XX`` each (upper-case hex)."""
     if not level:
         return "%"
-    if not any(c in level for c in _ESCAPE):
+    if level.isascii() and level.isprintable() and not any(c in level for c in "%/+#"):
         return level
-    return "".join(_ESCAPE.get(c, c) for c in level)
+    return "".join("".join(f"%{b:02X}" for b in c.encode()) if _escaped(c) else c
+                   for c in level)
+
+
+_PCT = re.compile(r"(?:%[0-9A-F]{2})+")
 
 
 def unescape_level(level: str) -> str:
@@ -101,21 +115,16 @@ def unescape_level(level: str) -> str:
     if level == "%":
         return ""
     if "%" not in level:
-        return level
-    out: list[str] = []
-    i = 0
-    while i < len(level):
-        c = level[i]
-        if c == "%":
-            code = _UNESCAPE.get(level[i:i + 3].upper())
-            if code is None:
-                raise ValueError(f"bad escape in MQTT level {level!r}")
-            out.append(code)
-            i += 3
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
+        out = level
+    else:
+        try:
+            out = _PCT.sub(lambda m: bytes.fromhex(m.group().replace("%", "")).decode(), level)
+        except UnicodeDecodeError:
+            raise ValueError(f"bad escape in MQTT level {level!r}") from None
+    # Only the canonical spelling is accepted, so one id has exactly one topic.
+    if escape_level(out) != level:
+        raise ValueError(f"not a canonically escaped MQTT level: {level!r}")
+    return out
 
 
 def mqtt_topic(prefix: str, group: str, tid: TopicId) -> str:

@@ -41,7 +41,8 @@ TOPIC = ("vehicle-17", "position", ["eu", "de", "munich"])
 
 @pytest.mark.parametrize(("level", "encoded"), [
     ("eu", "eu"), ("a/b", "a%2Fb"), ("+", "%2B"), ("#", "%23"), ("", "%"), ("50%", "50%25"),
-    ("a\0b", "a%00b"), ("münchen", "münchen"), ("x+y#z", "x%2By%23z"),
+    ("a\0b", "a%00b"), ("münchen", "münchen"), ("x+y#z", "x%2By%23z"), ("a\nb", "a%0Ab"),
+    ("c1\x85", "c1%C2%85"), ("\ufffe", "%EF%BF%BE"), ("東京", "東京"), ("%", "%25"),
 ])
 def test_levels_are_escaped_into_one_mqtt_level(level: str, encoded: str) -> None:
     assert escape_level(level) == encoded
@@ -56,7 +57,8 @@ def test_topic_and_filter_mapping() -> None:
         "gr/g/+/position/eu/+/#"
     assert mqtt_filter("gr", "g", pattern("p", "b", ["*"])) == "gr/g/p/b/#"
     assert mqtt_filter("gr", "g", pattern("p", "b", [])) == "gr/g/p/b"
-    for bad in ("other/g/p/b", "gr/g/p", "gr/g/p/b/%zz", "gr/g/p/b/%2B"):
+    for bad in ("other/g/p/b", "gr/g/p", "gr/g/p/b/%zz", "gr/g/p/b/%2B", "gr/g/p/b/%2f",
+                "gr/g/p/b/%41", "gr/g/p/b/%FF", "gr/g/p/b/a%"):
         with pytest.raises(ValueError):
             parse_mqtt_topic("gr", bad)
 
@@ -424,3 +426,23 @@ async def test_overlapping_filters_deliver_once(nursery: trio.Nursery,
         await eventually(lambda: bridge_of(rb).stats.duplicates_dropped == 1)
         assert [m.payload for m in await drain(x, 0.2)] == [b"once"]
         assert [m.payload for m in await drain(y, 0)] == [b"once"]
+
+
+async def test_control_characters_in_ids_do_not_break_the_bridge(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    """MQTT brokers refuse topics with control characters (mosquitto disconnects the client):
+    such levels are escaped, so the publication crosses and the bridge stays connected."""
+    ra, rb = await federation(nursery, broker)
+    async with RouterStub([ra.address], **FAST) as sa, RouterStub([rb.address], **FAST) as sb:
+        far = await sb.connect(G, b"F")
+        await far.subscribe("p", "b", ["*"])
+        await subscribed(rb)
+        pub = await sa.connect(G, b"P")
+        odd = ["line\nbreak", "tab\there", "c1\x85", "del\x7f", "nonchar\ufffe"]
+        await pub.publish(("p", "b", odd), b"odd", scope="global")
+        await pub.publish(("p", "b", ["plain"]), b"after", scope="global")
+        with trio.fail_after(5):
+            got = [await far.receive(), await far.receive()]
+        assert isinstance(got[0], Publication) and got[0].topic == ("p", "b", tuple(odd))
+        assert got[1].payload == b"after"
+        assert bridge_of(ra).stats.connects == 1
