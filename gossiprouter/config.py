@@ -184,8 +184,10 @@ def parse_bridge_url(value: str) -> tuple[str, str, int]:
 
 
 def _check_prefix(value: str) -> str:
-    if not value or any(c in value for c in "/+#\0") or value.startswith("$"):
-        raise ValueError("one MQTT topic level without '/', '+', '#', NUL, not starting with '$'")
+    if not value or any(c in value for c in "/+#%") or value.startswith("$") \
+            or not value.isprintable():
+        raise ValueError("one MQTT topic level of printable characters without '/', '+', "
+                         "'#', '%', not starting with '$'")
     return value
 
 
