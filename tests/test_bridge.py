@@ -330,7 +330,10 @@ async def test_serve_bridge_from_the_command_line_and_the_config_file(
         with RouterProcess(None, *args, "--metrics", f"127.0.0.1:{mport}"):
             with trio.fail_after(10):
                 while True:
-                    status, _, body = await http_get(("127.0.0.1", mport), "/groups")
+                    try:  # the metrics port opens a moment after the router port
+                        status, _, body = await http_get(("127.0.0.1", mport), "/groups")
+                    except OSError:
+                        status, body = 0, b""
                     view = json.loads(body)["bridge"] if status == 200 else {}
                     if view.get("state") == "connected":
                         break
