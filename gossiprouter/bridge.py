@@ -78,6 +78,7 @@ DEDUP_WINDOW = 4096
 MAX_ORIGINS = 1024
 KEEPALIVE = 30
 CONNECT_TIMEOUT = 5.0
+CONNACK_TIMEOUT = 10.0
 # Publications queued in paho but not yet written while the broker reads slowly. paho bounds
 # only QoS>0 messages; beyond this the bridge counts QoS 0 ones as not forwarded instead of
 # letting memory grow without bound.
@@ -481,8 +482,16 @@ class Bridge:
 
     async def _misc(self) -> None:
         c = self._client
+        # A broker that accepts TCP but never answers CONNECT: paho's keepalive does not
+        # cover the handshake, so the session gives up itself and the backoff takes over.
+        connack_by = trio.current_time() + CONNACK_TIMEOUT
         while True:
-            await trio.sleep(1.0)
+            await trio.sleep(min(1.0, CONNACK_TIMEOUT))
+            if self.state != "connected" and trio.current_time() >= connack_by:
+                self.last_error = f"no CONNACK within {CONNACK_TIMEOUT:g}s"
+                log.warning("bridge: %s", self.last_error)
+                self._end(self.last_error)
+                return
             if c.loop_misc():
                 self._end("keepalive timeout")
                 return

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -449,3 +450,24 @@ async def test_control_characters_in_ids_do_not_break_the_bridge(
         assert isinstance(got[0], Publication) and got[0].topic == ("p", "b", tuple(odd))
         assert got[1].payload == b"after"
         assert bridge_of(ra).stats.connects == 1
+
+
+async def test_a_broker_that_never_answers_connect_is_given_up_and_retried(
+        nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gossiprouter.bridge as bridge_mod
+
+    monkeypatch.setattr(bridge_mod, "CONNACK_TIMEOUT", 0.3)
+    accepted: list[trio.SocketStream] = []
+
+    async def mute(stream: trio.SocketStream) -> None:
+        accepted.append(stream)  # accept, read nothing, answer nothing
+        await trio.sleep_forever()
+
+    listeners = await nursery.start(partial(trio.serve_tcp, mute, 0, host="127.0.0.1"))
+    port = listeners[0].socket.getsockname()[1]
+    r = await Router(nursery, bridge=f"mqtt://127.0.0.1:{port}",
+                     bridge_reconnect_max=0.2).start()
+    b = bridge_of(r)
+    await eventually(lambda: len(accepted) >= 2, what="a second attempt")
+    assert "no CONNACK" in (b.last_error or "")
+    assert b.stats.failures >= 1 and b.stats.connects == 0 and b.state != "connected"
