@@ -32,7 +32,7 @@ _GROUP_REQUESTS = (wire.Connect, wire.GetMembers, wire.Watch, wire.Subscribe, wi
 
 def deliver_publication(table: RoutingTable, group: str, sender: bytes, tid: TopicId,
                         frame: bytes, echo: bool, count: int = 1) -> int:
-    """Queue the PUBLISH ``frame`` (encoded once, the same bytes for every receiver) on
+    """Queue the PUBLISH ``frame`` (the same bytes for every receiver) on
     each connection carrying at least one member of ``group`` whose pattern matches
     ``tid``; returns the number of copies.
 
