@@ -270,6 +270,7 @@ class Bridge:
         self._wake_writer = trio.Event()
         self.table.on_patterns = self._on_patterns
         self.table.on_global = self.forward
+        self.table.federation = f"{self.scheme}://{self.host}:{self.port}/{self.prefix}"
 
     def view(self) -> dict[str, Any]:
         """The bridge state for /groups and logs."""

@@ -204,6 +204,9 @@ class RoutingTable:
         # Given (group, sender, id, payload) for every global publication of a local
         # client, after local delivery: the bridge forwards it to the federation.
         self.on_global: Callable[[str, bytes, TopicId, bytes], None] | None = None
+        # Names the federation (broker and prefix) when bridged; announced in WELCOME so a
+        # client on several routers of one federation takes global publications from one.
+        self.federation: str | None = None
 
     # ----------------------------------------------------------------- queries
 

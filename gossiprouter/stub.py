@@ -286,6 +286,8 @@ class StubStats:
     bad_frames: int = 0  # undecodable frames from a router, dropped (JGRP-2721)
     events_merged: int = 0  # duplicate join/leave/suspect from several routers
     async_errors: dict[str, int] = field(default_factory=dict)  # ERROR without req, by code
+    # Global publications dropped because another router of the same federation delivers them.
+    federated_duplicates: int = 0
 
 
 # --------------------------------------------------------------------------- bounded stream
@@ -1657,6 +1659,9 @@ class RouterStub:
                     else:
                         target._put_message(msg)
             case wire.Publish(group, sender, provider, broadcast, partition, flags, payload):
+                if flags & wire.PUB_GLOBAL and not self._global_source(link):
+                    self.stats.federated_duplicates += 1
+                    return
                 tid = (provider, broadcast, partition)
                 echo = bool(flags & wire.PUB_ECHO)
                 pub = Publication(group, sender, None, payload, next(self._seq), tid,
@@ -1695,6 +1700,24 @@ class RouterStub:
             case _:
                 self.stats.bad_frames += 1
                 log.warning("unexpected %s from %s", type(f).__name__, _fmt(link.router))
+
+    def _global_source(self, link: _Link) -> bool:
+        """Whether global publications are taken from ``link``.
+
+        Routers of one federation (same ``federation`` in WELCOME) each deliver every
+        global publication, so a stub on several of them takes those from one only: the
+        first connected one in the order the routers were given. Local publications, and
+        routers outside any federation, are always taken.
+        """
+        fed = link.welcome.settings.get("federation")
+        if not fed:
+            return True
+        for t in self._transports:
+            lk = t.link
+            if lk is not None and lk.ready and not lk.dead \
+                    and lk.welcome.settings.get("federation") == fed:
+                return lk is link
+        return True
 
     def _on_event(self, link: _Link, f: wire.Event) -> None:
         member = Member(f.addr, f.name, f.physical)

@@ -471,3 +471,22 @@ async def test_a_broker_that_never_answers_connect_is_given_up_and_retried(
     await eventually(lambda: len(accepted) >= 2, what="a second attempt")
     assert "no CONNACK" in (b.last_error or "")
     assert b.stats.failures >= 1 and b.stats.connects == 0 and b.state != "connected"
+
+
+async def test_a_stub_on_several_routers_of_one_federation_gets_global_once(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    ra, rb = await federation(nursery, broker)
+    async with RouterStub([ra.address, rb.address], **FAST) as s, \
+            RouterStub([ra.address], **FAST) as sa, RouterStub([rb.address], **FAST) as sb:
+        await s.wait_connected(all_routers=True)
+        ch = await s.connect(G, b"S")
+        await ch.subscribe("p", "b", ["*"])
+        await subscribed(ra)
+        await subscribed(rb)
+        pa, pb = await sa.connect(G, b"PA"), await sb.connect(G, b"PB")
+        await pa.publish(("p", "b", []), b"global via A", scope="global")
+        await pb.publish(("p", "b", []), b"global via B", scope="global")
+        await pb.publish(("p", "b", []), b"local via B")
+        await eventually(lambda: s.stats.federated_duplicates == 2)
+        got = sorted(m.payload for m in await drain(ch, 0.3))
+        assert got == [b"global via A", b"global via B", b"local via B"]

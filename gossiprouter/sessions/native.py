@@ -30,6 +30,11 @@ _Route = tuple[str, bytes | None, bytes]  # group, dest, sender
 _GROUP_REQUESTS = (wire.Connect, wire.GetMembers, wire.Watch, wire.Subscribe, wire.Unsubscribe)
 
 
+def _federation(table: RoutingTable) -> dict[str, str]:
+    """WELCOME's ``federation`` setting: present only on a bridged router."""
+    return {} if table.federation is None else {"federation": table.federation}
+
+
 def deliver_publication(table: RoutingTable, group: str, sender: bytes, tid: TopicId,
                         frame: bytes, echo: bool, count: int = 1) -> int:
     """Queue the PUBLISH ``frame`` (the same bytes for every receiver) on
@@ -309,6 +314,7 @@ class NativeSession(Session):
             "heartbeat_ms": int(cfg.heartbeat_interval * 1000),
             "idle_timeout_ms": int(cfg.idle_timeout * 1000),
             "outbound_queue_bytes": cfg.outbound_queue_bytes,
+            **_federation(self.hub.table),
         })))
 
     def _connect(self, f: wire.Connect) -> None:
