@@ -22,8 +22,9 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from functools import partial
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import trio
 
@@ -154,6 +155,19 @@ class BlockingChannel:
     def send(self, payload: bytes, dest: bytes | None = None) -> None:
         """See :meth:`Channel.send`: to the group, or to ``dest``."""
         self._portal.run(self.channel.send, payload, dest)
+
+    def subscribe(self, provider: str, broadcast: str, partition: Sequence[str] = ()) -> None:
+        """See :meth:`Channel.subscribe`; publications then arrive through :meth:`receive`
+        as :class:`~gossiprouter.stub.Publication`."""
+        self._portal.run(self.channel.subscribe, provider, broadcast, partition)
+
+    def unsubscribe(self, provider: str, broadcast: str, partition: Sequence[str] = ()) -> None:
+        self._portal.run(self.channel.unsubscribe, provider, broadcast, partition)
+
+    def publish(self, topic: tuple[str, str, Sequence[str]] | tuple[str, str], payload: bytes,
+                *, scope: Literal["local", "global"] = "local", echo: bool = False) -> None:
+        """See :meth:`Channel.publish`."""
+        self._portal.run(partial(self.channel.publish, topic, payload, scope=scope, echo=echo))
 
     def receive(self, timeout: float | None = None) -> Message:
         """The next message; TimeoutError after ``timeout`` seconds (None: wait forever),

@@ -23,11 +23,12 @@ from gossiprouter.analytics.cli import analyze_command
 from gossiprouter.cli_errors import PREFIX, CommandError, needs_extra
 from gossiprouter.config import OPTIONS, Config, ConfigError, Option, build, check
 from gossiprouter.loadtest.cli import loadtest_command
+from gossiprouter.loadtest.topics import loadtest_topics_command
 from gossiprouter.ops.dump import dump
 from gossiprouter.ops.logs import use_format as use_log_format
 from gossiprouter.ops.runtime import check_startup, reload_on_sighup
 from gossiprouter.server import ListenError, Server
-from gossiprouter.tools import listen_command, members_command, send_command
+from gossiprouter.tools import listen_command, members_command, publish_command, send_command
 
 log = logging.getLogger("gossiprouter")
 
@@ -246,8 +247,10 @@ def _needs(cmd: click.Command, modules: tuple[str, ...], what: str, needs: str,
 main.add_command(members_command)
 main.add_command(send_command)
 main.add_command(listen_command)
+main.add_command(publish_command)
 main.add_command(dump)
 main.add_command(_needs(loadtest_command, ("pyarrow", "rich"), "the load test",
                         "pyarrow and rich", "loadtest"))
 main.add_command(_needs(analyze_command, ("pyspark", "py4j"), "the analysis", "PySpark",
                         "loadtest"))
+main.add_command(loadtest_topics_command)

@@ -207,7 +207,62 @@ OPTIONS: tuple[Option, ...] = (
            "Bearer token required by the metrics/admin endpoint: 'file:PATH' (first line of "
            "the file, re-read on SIGHUP) or 'env:NAME' (an environment variable); empty: "
            "no token.", parse=lambda v: parse_secret_ref(v), metavar="SOURCE"),
+    # --- topic multicast and the MQTT federation bridge (docs/topics.md)
+    Option("subscriptions_per_member", int, 1024,
+           "Most topic patterns one member may hold at once (ERROR limit beyond); 0 = no bound.",
+           minimum=0),
+    Option("bridge", str, "",
+           "Federate through an MQTT 5 broker: mqtt://HOST:PORT or mqtts://HOST:PORT (TLS). "
+           "Global topic publications go through it; empty disables.",
+           parse=lambda v: parse_bridge_url(v), metavar="URL"),
+    Option("bridge_prefix", str, "gossiprouter",
+           "First level of every MQTT topic the bridge uses (one federation per prefix).",
+           parse=lambda v: _check_prefix(v)),
+    Option("bridge_username", str, "", "MQTT user name (empty: none)."),
+    Option("bridge_password_file", str, "",
+           "File holding the MQTT password (first line), so it is not on the command line.",
+           metavar="FILE"),
+    Option("bridge_tls_ca", str, "",
+           "PEM CA bundle the broker's certificate is verified against (mqtts://; default: the "
+           "system store).", metavar="FILE"),
+    Option("bridge_tls_cert", str, "", "PEM client certificate for the broker (mutual TLS).",
+           metavar="FILE"),
+    Option("bridge_tls_key", str, "", "PEM key of bridge_tls_cert (default: in that file).",
+           metavar="FILE"),
+    Option("bridge_qos", int, 0,
+           "MQTT QoS of bridged publications and subscriptions: 0 (at most once, like the "
+           "router itself) or 1 (at least once while connected; duplicates possible).",
+           minimum=0),
+    Option("bridge_reconnect_max", float, 30.0,
+           "Upper bound of the bridge's reconnect backoff (full jitter, from 0.5 s doubling).",
+           minimum=0.1, unit="seconds"),
 )
+
+
+def parse_bridge_url(value: str) -> tuple[str, str, int]:
+    """``mqtt://HOST:PORT`` / ``mqtts://HOST:PORT`` -> (scheme, host, port); port defaults
+    to 1883 / 8883."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(value)
+    if u.scheme not in ("mqtt", "mqtts") or not u.hostname or u.path not in ("", "/") \
+            or u.query or u.username:
+        raise ValueError("expected mqtt://HOST:PORT or mqtts://HOST:PORT (credentials go in "
+                         "bridge_username / bridge_password_file)")
+    try:
+        port = u.port
+    except ValueError:
+        raise ValueError("port must be 1..65535") from None
+    return u.scheme, u.hostname, port or (8883 if u.scheme == "mqtts" else 1883)
+
+
+def _check_prefix(value: str) -> str:
+    if not value or any(c in value for c in "/+#%") or value.startswith("$") \
+            or not value.isprintable():
+        raise ValueError("one MQTT topic level of printable characters without '/', '+', "
+                         "'#', '%', not starting with '$'")
+    return value
+
 
 _BY_NAME = {o.name: o for o in OPTIONS}
 
@@ -273,6 +328,16 @@ class Config:
     max_connections_per_ip: int = 0
     auth_backoff: float = 5.0
     admin_token: str = ""
+    subscriptions_per_member: int = 1024
+    bridge: str = ""
+    bridge_prefix: str = "gossiprouter"
+    bridge_username: str = ""
+    bridge_password_file: str = ""
+    bridge_tls_ca: str = ""
+    bridge_tls_cert: str = ""
+    bridge_tls_key: str = ""
+    bridge_qos: int = 0
+    bridge_reconnect_max: float = 30.0
     provisioned: tuple[Provisioned, ...] = field(default=())
 
     def __post_init__(self) -> None:

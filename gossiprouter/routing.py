@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
+from gossiprouter.topics import TopicId, TopicIndex
+
 Physical = tuple[tuple[str, int], ...]
 
 # Group-name prefixes of the JGroups protocol families. Their payloads are
@@ -111,6 +113,8 @@ class Group:
     # carrier -> how many entries of this group it currently carries
     load: dict[object, int] = field(default_factory=dict)
     graced: list[Entry] = field(default_factory=list)
+    # Topic subscriptions of this group's entries (None until the first SUBSCRIBE).
+    topics: TopicIndex[Entry] | None = None
     _targets: tuple[object, ...] | None = None
     _targets_without: dict[object, tuple[object, ...]] = field(default_factory=dict)
 
@@ -152,6 +156,7 @@ class Limits:
     # Groups in the table (with a member or a watcher); entries of other kinds than
     # CONNECTION (provisioned, in-process) are not refused.
     max_groups: int = 0
+    subscriptions_per_member: int = 0
 
 
 @dataclass
@@ -161,6 +166,12 @@ class Stats:
     grace_delivered: int = 0
     grace_dropped: int = 0
     expired: int = 0
+    # Topic multicast: publications received from clients (by scope) and from the
+    # federation, and the copies queued for subscribers' connections.
+    published_local: int = 0
+    published_global: int = 0
+    federated_in: int = 0
+    topic_deliveries: int = 0
 
 
 class RoutingTable:
@@ -198,6 +209,15 @@ class RoutingTable:
         # a non-provisioned registration changes anything; raises RoutingError to refuse a
         # value that is too long or that some protocol could not write back.
         self.check: Callable[[str, bytes, str | None, Physical, Any], None] | None = None
+        # Told (group, patterns, added) when patterns appear in a group or the last member
+        # holding them goes: the federation bridge subscribes upstream to the union.
+        self.on_patterns: Callable[[str, list[TopicId], bool], None] | None = None
+        # Given (group, sender, id, payload) for every global publication of a local
+        # client, after local delivery: the bridge forwards it to the federation.
+        self.on_global: Callable[[str, bytes, TopicId, bytes], None] | None = None
+        # Names the federation (broker and prefix) when bridged; announced in WELCOME so a
+        # client on several routers of one federation takes global publications from one.
+        self.federation: str | None = None
 
     # ----------------------------------------------------------------- queries
 
@@ -312,6 +332,7 @@ class RoutingTable:
                 for c in list(e.carriers):
                     self._unlink(g, e, c)
                 g.entries.pop(addr)
+                self._drop_topics(g, e)
             first = e is None
             e = Entry(
                 group, addr, name, physical, kind, sticky=sticky, expires_at=expires_at,
@@ -461,6 +482,69 @@ class RoutingTable:
             self._watching[carrier].discard(group)
             self._gc(g)
 
+    # ----------------------------------------------------------------- topics
+
+    def subscribe(self, carrier: object, group: str, addr: bytes, pat: TopicId) -> bool:
+        """Subscribe the entry ``addr`` (registered by ``carrier``) to ``pat``.
+
+        The subscription belongs to the entry: it survives a reconnect within
+        the grace, and goes when the entry is removed (leave, expiry, end of
+        grace). False if the entry held the pattern already. Raises
+        ``not_member`` or ``limit``.
+        """
+        e = self._own(carrier, group, addr)
+        g = self.groups[group]
+        idx = g.topics
+        if idx is None:
+            idx = g.topics = TopicIndex()
+        lim = self.limits.subscriptions_per_member
+        if lim and pat not in idx.patterns_of(e) and len(idx.patterns_of(e)) >= lim:
+            raise RoutingError("limit", f"at most {lim} subscriptions per member")
+        if not idx.subscribe(e, pat):
+            return False
+        if idx.counts[pat] == 1 and self.on_patterns is not None:
+            self.on_patterns(group, [pat], True)
+        return True
+
+    def unsubscribe(self, carrier: object, group: str, addr: bytes, pat: TopicId) -> bool:
+        """Remove ``pat`` from the entry's subscriptions; False if it did not hold it."""
+        e = self._own(carrier, group, addr)
+        idx = self.groups[group].topics
+        if idx is None or not idx.unsubscribe(e, pat):
+            return False
+        if pat not in idx.counts and self.on_patterns is not None:
+            self.on_patterns(group, [pat], False)
+        return True
+
+    def topic_targets(self, group: str, tid: TopicId) -> set[Entry]:
+        """The entries of ``group`` with a pattern matching ``tid``, once each."""
+        g = self.groups.get(group)
+        if g is None or g.topics is None:
+            return set()
+        return g.topics.match(tid)
+
+    def patterns(self) -> dict[str, list[TopicId]]:
+        """group -> every pattern some entry holds (the union the bridge subscribes to)."""
+        return {name: list(g.topics.counts) for name, g in self.groups.items()
+                if g.topics is not None and g.topics.counts}
+
+    def _own(self, carrier: object, group: str, addr: bytes) -> Entry:
+        regs = self._regs.get(carrier)
+        e = None if regs is None else regs.get((group, addr))
+        if e is None:
+            raise RoutingError("not_member", f"this connection did not register it in {group!r}")
+        return e
+
+    def _drop_topics(self, g: Group, e: Entry) -> None:
+        idx = g.topics
+        if idx is None:
+            return
+        gone = idx.remove_member(e)
+        if not idx:
+            g.topics = None
+        if gone and self.on_patterns is not None:
+            self.on_patterns(g.name, gone, False)
+
     # ----------------------------------------------------------------- internals
 
     def _check_limits(self, carrier: object, group: str) -> None:
@@ -528,6 +612,7 @@ class RoutingTable:
             g.graced.remove(e)
             e.held, e.held_bytes = [], 0
         del g.entries[e.addr]
+        self._drop_topics(g, e)
         notices: list[Notice] = []
         if suspect and self.suspect_events and g.load:
             notices.append(Notice("suspect", e, g))

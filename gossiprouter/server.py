@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import trio
 
+from gossiprouter.bridge import Bridge
 from gossiprouter.config import Config
 from gossiprouter.ops.access import RateLimitedLog
 from gossiprouter.ops.runtime import Operations
@@ -195,6 +196,8 @@ class Server:
         self._refusals = RateLimitedLog(log, REFUSAL_LOG_INTERVAL)
         # TLS, allow-lists, tokens, metrics/admin port (raises ConfigError on bad files).
         self.ops = Operations(self)
+        # The MQTT federation bridge (docs/topics.md), checked here so a bad option fails start.
+        self.bridge = Bridge(self.hub, config) if config.bridge else None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -215,6 +218,8 @@ class Server:
                 nursery.start_soon(self._reaper)
                 nursery.start_soon(self._notifier)
                 await nursery.start(self.ops.serve)
+                if self.bridge is not None:
+                    nursery.start_soon(self.bridge.run)
                 task_status.started(self.address)
                 with self._accept_scope:
                     await self._accept_loop(listener, nursery)

@@ -46,6 +46,7 @@ from gossiprouter.addresses import format_hostport, parse_hostport
 from gossiprouter.ops.tls import wrap_client
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
+from gossiprouter.topics import TopicId, matches, pattern, topic_id
 
 log = logging.getLogger("gossiprouter.stub")
 
@@ -65,6 +66,7 @@ __all__ = [
     "ModeError",
     "NotConnectedError",
     "NotMemberError",
+    "Publication",
     "RequestTimeoutError",
     "RouterError",
     "RouterStatus",
@@ -209,6 +211,19 @@ class Message:
 
 
 @dataclass(frozen=True, slots=True)
+class Publication(Message):
+    """A topic publication received by a channel (one of its patterns matched ``topic``).
+
+    ``topic`` is the multicast id ``(provider, broadcast, partition)``; ``scope``
+    is ``"local"`` or ``"global"``; ``dest`` is always None. A Publication is a
+    Message, so it arrives in the channel's iterator in order with the rest.
+    """
+
+    topic: TopicId = ("", "", ())
+    scope: str = "local"
+
+
+@dataclass(frozen=True, slots=True)
 class GroupEvent:
     """A membership event of ``group``.
 
@@ -272,6 +287,8 @@ class StubStats:
     bad_frames: int = 0  # undecodable frames from a router, dropped (JGRP-2721)
     events_merged: int = 0  # duplicate join/leave/suspect from several routers
     async_errors: dict[str, int] = field(default_factory=dict)  # ERROR without req, by code
+    # Global publications dropped because another router of the same federation delivers them.
+    federated_duplicates: int = 0
 
 
 # --------------------------------------------------------------------------- bounded stream
@@ -436,6 +453,10 @@ class Channel:
         self._waiting = False  # connect() is waiting for the routers' answers
         # link -> None (accepted) or the router's refusal, for the connections it was sent on
         self._results: dict[_Link, RouterError | None] = {}
+        # Topic patterns this channel subscribes to (re-sent after every reconnect), and
+        # the refusals of pending subscribe() calls.
+        self._patterns: set[TopicId] = set()
+        self._sub_errors: dict[TopicId, RouterError] = {}
 
     def __repr__(self) -> str:
         return f"<Channel {self.group!r} {self.addr.hex()} {self.name or '-'}>"
@@ -472,6 +493,48 @@ class Channel:
                             "for registration and member lists only, not for sending")
         d = None if dest is None else _check_addr(dest, "dest")
         data = wire.encode_route(self.group, d, self.addr, bytes(payload))
+        await self._stub._send(self, data)
+
+    async def subscribe(self, provider: str, broadcast: str,
+                        partition: Sequence[str] = ()) -> None:
+        """Subscribe to topic publications matching the pattern (``+`` one level, ``*`` as
+        the last partition element any number of levels; see docs/topics.md).
+
+        Returns once every connected router accepted it; the pattern is re-subscribed
+        after every reconnect. A pattern breaking the rules raises
+        :class:`gossiprouter.topics.TopicError` (a ValueError) before anything is sent;
+        a refusal (``bad_topic``, ``limit``, ``forbidden``) raises the typed RouterError.
+        Subscribing twice to one pattern is harmless.
+        """
+        await self._stub._subscribe(self, pattern(provider, broadcast, tuple(partition)))
+
+    async def unsubscribe(self, provider: str, broadcast: str,
+                          partition: Sequence[str] = ()) -> None:
+        """Stop receiving publications through this pattern (other patterns still apply)."""
+        self._patterns.discard(pattern(provider, broadcast, tuple(partition)))
+        self._stub._kick()
+        await trio.lowlevel.checkpoint()
+
+    @property
+    def subscriptions(self) -> frozenset[TopicId]:
+        return frozenset(self._patterns)
+
+    async def publish(self, topic: tuple[str, str, Sequence[str]] | tuple[str, str],
+                      payload: bytes, *, scope: Literal["local", "global"] = "local",
+                      echo: bool = False) -> None:
+        """Publish ``payload`` to the multicast id ``topic`` = (provider, broadcast[,
+        partition]). ``scope="global"`` also reaches the subscribers of every router
+        federated with this one. The publishing channel gets its own publication only
+        with ``echo=True`` and a matching subscription. Same delivery promise as
+        :meth:`send`."""
+        if self._closed:
+            raise ChannelClosedError(f"{self!r} is closed")
+        if scope not in ("local", "global"):
+            raise ValueError(f"scope {scope!r}: expected 'local' or 'global'")
+        tid = topic_id(*topic)
+        flags = (wire.PUB_GLOBAL if scope == "global" else 0) | (wire.PUB_ECHO if echo else 0)
+        data = wire.encode_publish(self.group, self.addr, tid[0], tid[1], tid[2], flags,
+                                   bytes(payload))
         await self._stub._send(self, data)
 
     async def receive(self) -> Message:
@@ -609,7 +672,8 @@ class _Pending:
 class _Op:
     """One request the registrar sends to bring a connection in line with the stub."""
 
-    frame: wire.Connect | wire.Disconnect | wire.Watch | wire.Unwatch
+    frame: wire.Connect | wire.Disconnect | wire.Watch | wire.Unwatch | wire.Subscribe \
+        | wire.Unsubscribe
     on_written: Callable[[], None]
     on_result: Callable[[wire.Ok | StubError], None]
 
@@ -661,6 +725,9 @@ class _Link:
         self.leaving: set[Channel] = set()
         self.watching: set[str] = set()
         self.watch_acked: set[str] = set()
+        # Topic patterns sent (SUBSCRIBE written) and accepted, per channel.
+        self.subscribed: dict[Key, set[TopicId]] = {}
+        self.sub_acked: dict[Key, set[TopicId]] = {}
         self.kick = trio.Event()
         self.wake = trio.Event()
         self.pongs: list[int] = []
@@ -1495,7 +1562,72 @@ class RouterStub:
                 link.watching.add(g)
                 ops.append(_Op(wire.Watch(next(self._req), g), _nothing,
                                partial(self._watch_result, link, g)))
+        ops += self._plan_topics(link)
         return ops
+
+    def _plan_topics(self, link: _Link) -> list[_Op]:
+        """SUBSCRIBE / UNSUBSCRIBE so this connection holds each channel's patterns. After
+        the CONNECTs in the same batch, so a new connection re-subscribes every channel."""
+        ops: list[_Op] = []
+        for key in [k for k in link.subscribed if link.registered.get(k) is None]:
+            del link.subscribed[key]  # DISCONNECT (or refusal) dropped them on the router
+            link.sub_acked.pop(key, None)
+        for key, ch in link.registered.items():
+            sent = link.subscribed.setdefault(key, set())
+            for pat in sorted(sent - ch._patterns):
+                sent.discard(pat)
+                link.sub_acked.get(key, set()).discard(pat)
+                ops.append(_Op(wire.Unsubscribe(next(self._req), ch.group, ch.addr, *pat),
+                               _nothing, _ignore))
+            for pat in sorted(ch._patterns - sent):
+                sent.add(pat)
+                ops.append(_Op(wire.Subscribe(next(self._req), ch.group, ch.addr, *pat),
+                               _nothing, partial(self._subscribe_result, link, ch, pat)))
+        return ops
+
+    def _subscribe_result(self, link: _Link, ch: Channel, pat: TopicId,
+                          r: wire.Ok | StubError) -> None:
+        if isinstance(r, wire.Ok):
+            link.sub_acked.setdefault(ch.key, set()).add(pat)
+            return
+        if not isinstance(r, RouterError):
+            return  # lost connection or timeout: the next connection re-subscribes
+        link.subscribed.get(ch.key, set()).discard(pat)
+        ch._patterns.discard(pat)
+        ch._sub_errors[pat] = r
+        log.warning("%s refused a subscription of %r: %s", _fmt(link.router), ch, r)
+
+    async def _subscribe(self, ch: Channel, pat: TopicId) -> None:
+        if ch._closed:
+            raise ChannelClosedError(f"{ch!r} is closed")
+        if self.mode == "discovery":
+            raise ModeError("topics need a relay-mode stub")
+        ch._sub_errors.pop(pat, None)
+        ch._patterns.add(pat)
+        self._kick()
+        deadline = trio.current_time() + self.send_timeout
+        while True:
+            changed = self._changed
+            err = ch._sub_errors.pop(pat, None)
+            if err is not None:
+                # Withdrawn everywhere, like a refused CONNECT.
+                self._kick()
+                raise err
+            ready = [lk for lk in self._links() if lk.ready and ch.key in lk.registered]
+            acked = [lk for lk in ready if pat in lk.sub_acked.get(ch.key, ())]
+            if ready and len(acked) == len(ready):
+                return
+            if trio.current_time() >= deadline:
+                if acked:
+                    return
+                ch._patterns.discard(pat)
+                self._kick()
+                if ready:
+                    raise RequestTimeoutError(
+                        f"no answer to SUBSCRIBE within {self.send_timeout:g}s")
+                raise self._not_connected(self.send_timeout)
+            with trio.move_on_at(deadline):
+                await changed.wait()
 
     def _connect_result(self, link: _Link, key: Key, ch: Channel,
                         r: wire.Ok | StubError) -> None:
@@ -1580,6 +1712,23 @@ class RouterStub:
                         self.stats.undeliverable += 1
                     else:
                         target._put_message(msg)
+            case wire.Publish(group, sender, provider, broadcast, partition, flags, payload):
+                if flags & wire.PUB_GLOBAL and not self._global_source(link):
+                    self.stats.federated_duplicates += 1
+                    return
+                tid = (provider, broadcast, partition)
+                echo = bool(flags & wire.PUB_ECHO)
+                pub = Publication(group, sender, None, payload, next(self._seq), tid,
+                                  "global" if flags & wire.PUB_GLOBAL else "local")
+                # One copy per connection: every local channel whose patterns match.
+                got = False
+                for ch in self._by_group.get(group, ()):
+                    if (ch.addr != sender or echo) and any(matches(p, tid)
+                                                           for p in ch._patterns):
+                        ch._put_message(pub)
+                        got = True
+                if not got:
+                    self.stats.undeliverable += 1
             case wire.Ok(req):
                 p = link.pending.get(req)
                 if p is not None:
@@ -1605,6 +1754,24 @@ class RouterStub:
             case _:
                 self.stats.bad_frames += 1
                 log.warning("unexpected %s from %s", type(f).__name__, _fmt(link.router))
+
+    def _global_source(self, link: _Link) -> bool:
+        """Whether global publications are taken from ``link``.
+
+        Routers of one federation (same ``federation`` in WELCOME) each deliver every
+        global publication, so a stub on several of them takes those from one only: the
+        first connected one in the order the routers were given. Local publications, and
+        routers outside any federation, are always taken.
+        """
+        fed = link.welcome.settings.get("federation")
+        if not fed:
+            return True
+        for t in self._transports:
+            lk = t.link
+            if lk is not None and lk.ready and not lk.dead \
+                    and lk.welcome.settings.get("federation") == fed:
+                return lk is link
+        return True
 
     def _on_event(self, link: _Link, f: wire.Event) -> None:
         member = Member(f.addr, f.name, f.physical)

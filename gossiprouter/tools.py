@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import click
 import trio
@@ -41,14 +41,16 @@ from gossiprouter.stub import (
     Member,
     Message,
     NotConnectedError,
+    Publication,
     RouterAddress,
     RouterError,
     RouterStub,
     StubError,
     StubEvent,
 )
+from gossiprouter.topics import TopicError, TopicId, format_topic, parse_topic, pattern, topic_id
 
-__all__ = ["listen_command", "members_command", "send_command"]
+__all__ = ["listen_command", "members_command", "publish_command", "send_command"]
 
 R = TypeVar("R")
 
@@ -272,10 +274,14 @@ def send_command(router: str, group: str, text: str, to: str | None, sender: str
               help="The address to join with; default: a new random 16-byte address.")
 @click.option("--name", default="gossiprouter-listen", show_default=True,
               help="Logical name to join with.")
+@click.option("--subscribe", "patterns", metavar="PATTERN", multiple=True,
+              help="Also receive topic publications matching PROVIDER/BROADCAST[/PARTITION...] "
+                   "('+' one level, '*' last: any levels); repeatable.")
 @_JSON
 @_TIMEOUT
 def listen_command(router: str, group: str, watch_only: bool, addr_text: str | None,
-                   name: str, as_json: bool, timeout: float) -> None:
+                   name: str, as_json: bool, timeout: float,
+                   patterns: tuple[str, ...] = ()) -> None:
     """Print GROUP's messages and membership events until Ctrl-C.
 
     Watches the group (join / leave) and, unless --watch-only, joins it as a
@@ -293,9 +299,15 @@ def listen_command(router: str, group: str, watch_only: bool, addr_text: str | N
     check_group(group)
     addr = uuid.uuid4().bytes if addr_text is None else parse_addr(addr_text, "--addr ADDR")
     names: dict[bytes, str] = {}
+    subs = [_pattern_arg(p) for p in patterns]
+    if subs and watch_only:
+        raise BadInput("--subscribe needs a member: it cannot go with --watch-only")
 
     def show_message(m: Message) -> None:
         text = _text(m.payload)
+        if isinstance(m, Publication):
+            show_publication(m, text)
+            return
         if as_json:
             _emit({"type": "message", "group": m.group, "sender": format_addr(m.sender),
                    "dest": None if m.dest is None else format_addr(m.dest), "text": text,
@@ -304,6 +316,16 @@ def listen_command(router: str, group: str, watch_only: bool, addr_text: str | N
         to = "group" if m.dest is None else "me"
         body = text if text is not None else "hex:" + m.payload.hex()
         click.echo(f"{_now()} message from {_label(m.sender, names)} to {to}: {body}")
+
+    def show_publication(m: Publication, text: str | None) -> None:
+        if as_json:
+            _emit({"type": "publication", "group": m.group, "sender": format_addr(m.sender),
+                   "topic": [m.topic[0], m.topic[1], list(m.topic[2])], "scope": m.scope,
+                   "text": text, "payload_hex": m.payload.hex()})
+            return
+        body = text if text is not None else "hex:" + m.payload.hex()
+        click.echo(f"{_now()} {m.scope} publication {format_topic(m.topic)} from "
+                   f"{_label(m.sender, names)}: {body}")
 
     def show_event(e: GroupEvent) -> None:
         m = e.member
@@ -346,6 +368,8 @@ def listen_command(router: str, group: str, watch_only: bool, addr_text: str | N
                     except RouterError as e:
                         hint = " (use --watch-only)" if e.code == "forbidden" else ""
                         raise CommandError(f"cannot join {group!r}: {e}{hint}") from None
+                    for pat in subs:
+                        await chan.subscribe(*pat)
                 members = await stub.members(group)
                 for m in members:
                     if m.name:
@@ -387,3 +411,73 @@ def listen_command(router: str, group: str, watch_only: bool, addr_text: str | N
                         n.start_soon(task)
 
     _run(run)
+
+
+# --------------------------------------------------------------------------- publish
+
+
+def _topic_arg(value: str, what: str, concrete: bool) -> TopicId:
+    try:
+        p, b, part = parse_topic(value)
+        return topic_id(p, b, part) if concrete else pattern(p, b, part)
+    except TopicError as e:
+        raise BadInput(f"{what} {value!r}: {e}") from None
+
+
+def _pattern_arg(value: str) -> TopicId:
+    return _topic_arg(value, "--subscribe PATTERN", concrete=False)
+
+
+@click.command("publish")
+@_ROUTER
+@_GROUP
+@click.argument("topic", metavar="ID")
+@click.argument("text", metavar="PAYLOAD")
+@click.option("--global", "is_global", is_flag=True,
+              help="Scope global: also to the subscribers of every router federated with this "
+                   "one (see serve --bridge); default: this router's subscribers only.")
+@click.option("--from", "sender", metavar="ADDR",
+              help="The address to join with; default: a new random 16-byte address.")
+@click.option("--name", default="gossiprouter-publish", show_default=True,
+              help="Logical name to join with.")
+@_JSON
+@_TIMEOUT
+def publish_command(router: str, group: str, topic: str, text: str, is_global: bool,
+                    sender: str | None, name: str, as_json: bool, timeout: float) -> None:
+    """Join GROUP, publish PAYLOAD (UTF-8) to the multicast ID, and leave.
+
+    ID is PROVIDER/BROADCAST[/PARTITION...], e.g. vehicle-17/position/eu/de/munich
+    (a concrete id: no '+' or '*' levels).
+
+    \b
+    Examples:
+      gossiprouter publish 127.0.0.1:12001 demo vehicle-17/position/eu/de 48.1,11.6
+      gossiprouter publish 127.0.0.1:12001 demo vehicle-17/position/eu 48.1 --global
+    """
+    routers = parse_routers(router)
+    check_group(group)
+    tid = _topic_arg(topic, "ID", concrete=True)
+    addr = uuid.uuid4().bytes if sender is None else parse_addr(sender, "--from ADDR")
+    payload = text.encode()
+    scope: Literal["local", "global"] = "global" if is_global else "local"
+
+    async def run() -> None:
+        async with _session(routers, timeout) as stub:
+            await stub.wait_connected(timeout, fail_fast=True)
+            ch = await stub.connect(group, addr, name=name)
+            await ch.publish(tid, payload, scope=scope)
+            # Requests are answered in order: once GET_MEMBERS is answered, an ERROR
+            # for the publication (bad_topic, not_member) would have arrived before it.
+            await stub.members(group)
+            errors = {k: v for k, v in stub.stats.async_errors.items() if v}
+            if errors:
+                raise CommandError(f"the router refused the publication: {', '.join(errors)}")
+            await ch.disconnect()
+
+    _run(run)
+    if as_json:
+        _emit({"group": group, "sender": format_addr(addr), "topic": [tid[0], tid[1], list(tid[2])],
+               "scope": scope, "bytes": len(payload)})
+    else:
+        click.echo(f"published {len(payload)} bytes to {format_topic(tid)} ({scope}) in "
+                   f"{group!r} as {format_addr(addr)}")

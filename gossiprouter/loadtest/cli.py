@@ -65,6 +65,11 @@ def loadtest_command(scenario_file: Path, router: str | None, spawn_router: bool
     """
     if (router is None) == (not spawn_router):
         _fail("give either --router HOST:PORT or --spawn-router", EXIT_INPUT)
+    from gossiprouter.loadtest.topics import is_topics_scenario
+
+    if is_topics_scenario(scenario_file):
+        _fail(f"{scenario_file.name} is a topic-multicast scenario: run "
+              f"gossiprouter loadtest-topics {scenario_file}", EXIT_INPUT)
     try:
         scenario = load_scenario(scenario_file)
     except ScenarioError as e:

@@ -87,6 +87,12 @@ async def groups_view(table: RoutingTable, after: str = "",
             "next": best[-1] if beyond > limit and best else None}
 
 
+def bridge_view(server: Server) -> dict[str, Any]:
+    """The federation bridge's state in ``/groups`` (no key without a bridge)."""
+    bridge = server.bridge
+    return {} if bridge is None else {"bridge": bridge.view()}
+
+
 async def group_view(table: RoutingTable, name: str, now: float, offset: int = 0,
                      limit: int = DEFAULT_LIMIT) -> dict[str, Any] | None:
     """``/groups/NAME``: members ``offset`` to ``offset + limit`` in registration order, or
@@ -265,7 +271,8 @@ class AdminServer:
         if not 1 <= limit <= MAX_LIMIT or offset < 0:
             return _json(400, {"error": f"expected 1 <= limit <= {MAX_LIMIT} and offset >= 0"})
         if path in ("/groups", "/groups/"):
-            return _json(200, await groups_view(table, q.get("after", ""), limit))
+            return _json(200, await groups_view(table, q.get("after", ""), limit)
+                         | bridge_view(self.server))
         if path.startswith("/groups/"):
             try:
                 name = unquote(path[len("/groups/"):], errors="strict")

@@ -248,6 +248,58 @@ class RouterCollector(Collector):
                                 "Bytes reserved by incomplete frames, router-wide (bounded by "
                                 "partial_frames_budget beyond preauth_max_frame each).",
                                 value=c.partial_bytes)
+        yield from topic_metrics(server)
+
+
+BRIDGE_STATES = ("connected", "connecting", "disconnected", "stopped")
+
+
+def topic_metrics(server: Server) -> Iterator[Metric]:
+    """Topic multicast and federation bridge metrics (docs/topics.md)."""
+    st = server.hub.table.stats
+    pub = CounterMetricFamily("gossiprouter_topic_publications",
+                              "Topic publications received, by origin (client scope, or the "
+                              "federation).", labels=["kind"])
+    pub.add_metric(["local"], st.published_local)
+    pub.add_metric(["global"], st.published_global)
+    pub.add_metric(["federation"], st.federated_in)
+    yield pub
+    yield _counter("gossiprouter_topic_deliveries",
+                   "Topic publication copies queued for connections (one per connection).",
+                   st.topic_deliveries)
+    yield GaugeMetricFamily("gossiprouter_topic_subscriptions",
+                            "Topic subscriptions (member, pattern) held.",
+                            value=sum(len(g.topics) for g in server.hub.table.groups.values()
+                                      if g.topics is not None))
+    bridge = server.bridge
+    if bridge is None:
+        return
+    state = GaugeMetricFamily("gossiprouter_bridge_state",
+                              "1 for the bridge's current broker connection state.",
+                              labels=["kind"])
+    for name in BRIDGE_STATES:
+        state.add_metric([name], 1 if bridge.state == name else 0)
+    yield state
+    b = bridge.stats
+    yield _counter("gossiprouter_bridge_forwarded",
+                   "Global publications handed to the broker.", b.forwarded)
+    yield _counter("gossiprouter_bridge_not_forwarded",
+                   "Global publications not forwarded: the broker was not connected.",
+                   b.not_forwarded)
+    yield _counter("gossiprouter_bridge_received",
+                   "Publications from the broker delivered locally.", b.received)
+    yield _counter("gossiprouter_bridge_echo_dropped",
+                   "Own publications the broker returned despite No Local (dropped).",
+                   b.echo_dropped)
+    yield _counter("gossiprouter_bridge_duplicates_dropped",
+                   "Extra copies the broker sent for overlapping subscriptions (dropped).",
+                   b.duplicates_dropped)
+    yield _counter("gossiprouter_bridge_malformed",
+                   "Broker messages under the prefix that were not publications.", b.malformed)
+    yield _counter("gossiprouter_bridge_connects", "Successful broker connections.", b.connects)
+    yield GaugeMetricFamily("gossiprouter_bridge_subscriptions",
+                            "MQTT topic filters subscribed (the union of local patterns).",
+                            value=len(bridge.filters))
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:

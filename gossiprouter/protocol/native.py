@@ -56,6 +56,10 @@ class T(IntEnum):
     EVENT = 11
     WATCH = 12
     UNWATCH = 13
+    # Topic multicast (docs/protocol.md §11); numbered apart to leave room for other frames.
+    SUBSCRIBE = 20
+    UNSUBSCRIBE = 21
+    PUBLISH = 22
 
 
 Physical = tuple[tuple[str, int], ...]
@@ -163,16 +167,61 @@ class Unwatch:
     group: str
 
 
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    """Subscribe the member ``addr`` of ``group`` to a pattern (see gossiprouter.topics)."""
+
+    req: int
+    group: str
+    addr: bytes
+    provider: str
+    broadcast: str
+    partition: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribe:
+    req: int
+    group: str
+    addr: bytes
+    provider: str
+    broadcast: str
+    partition: tuple[str, ...]
+
+
+# PUBLISH flags
+PUB_GLOBAL = 0x01  # scope global: also to every other router of the federation
+PUB_ECHO = 0x02  # the publisher's own member gets it too if one of its patterns matches
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """A publication to a multicast id, from a client and (same form) to a subscriber."""
+
+    group: str
+    sender: bytes
+    provider: str
+    broadcast: str
+    partition: tuple[str, ...]
+    flags: int
+    payload: bytes
+
+    @property
+    def scope(self) -> str:
+        return "global" if self.flags & PUB_GLOBAL else "local"
+
+
 Frame = (
     Hello | Welcome | Connect | Disconnect | GetMembers | Route | Ok | Error | Ping | Pong | Event
-    | Watch | Unwatch
+    | Watch | Unwatch | Subscribe | Unsubscribe | Publish
 )
 
 EVENT_KINDS = ("join", "leave", "suspect")
 
 # Frame types a client may send; anything else from a client is a protocol error.
 CLIENT_TYPES = frozenset(
-    {T.HELLO, T.CONNECT, T.DISCONNECT, T.GET_MEMBERS, T.ROUTE, T.PING, T.PONG, T.WATCH, T.UNWATCH}
+    {T.HELLO, T.CONNECT, T.DISCONNECT, T.GET_MEMBERS, T.ROUTE, T.PING, T.PONG, T.WATCH, T.UNWATCH,
+     T.SUBSCRIBE, T.UNSUBSCRIBE, T.PUBLISH}
 )
 
 
@@ -232,7 +281,20 @@ def _fields(frame: Frame) -> list[Any]:
             return [T.WATCH, req, group]
         case Unwatch(req, group):
             return [T.UNWATCH, req, group]
+        case Subscribe(req, group, addr, provider, broadcast, partition):
+            return [T.SUBSCRIBE, req, group, addr, provider, broadcast, list(partition)]
+        case Unsubscribe(req, group, addr, provider, broadcast, partition):
+            return [T.UNSUBSCRIBE, req, group, addr, provider, broadcast, list(partition)]
+        case Publish(group, sender, provider, broadcast, partition, flags, payload):
+            return [T.PUBLISH, group, sender, provider, broadcast, list(partition), flags, payload]
     raise TypeError(f"not a frame: {frame!r}")  # pragma: no cover - exhaustive above
+
+
+def encode_publish(group: str, sender: bytes, provider: str, broadcast: str,
+                   partition: tuple[str, ...] | list[str], flags: int, payload: bytes) -> bytes:
+    """A PUBLISH frame without building a :class:`Publish` (client and bridge paths)."""
+    return _frame(_packb([T.PUBLISH, group, sender, provider, broadcast, list(partition), flags,
+                          payload]))
 
 
 def encode_error(req: int | None, code: str, message: str) -> bytes:
@@ -357,6 +419,23 @@ def _physical(v: Any) -> Physical:
     return tuple(out)
 
 
+def _partition(v: Any) -> tuple[str, ...]:
+    # Only the shape is checked here; the topic rules (wildcards, limits) are the
+    # router's to apply, with an ERROR that keeps the connection open.
+    if type(v) is not list:
+        raise _bad("partition must be a list of strings")
+    for x in v:
+        if type(x) is not str:
+            raise _bad("partition elements must be strings")
+    return tuple(v)
+
+
+def _topic_request(a: list[Any], name: str) -> tuple[int, str, bytes, str, str, tuple[str, ...]]:
+    _arity(a, 7, name)
+    return (_req(a[1]), _group(a[2]), _addr(a[3]), _str(a[4], "provider"),
+            _str(a[5], "broadcast"), _partition(a[6]))
+
+
 def _member(v: Any) -> MemberInfo:
     if type(v) is not list or len(v) != 3:
         raise _bad("member entries must be [addr, name, physical]")
@@ -446,6 +525,19 @@ def frame_from_body(body: bytes | memoryview) -> Frame:
         case T.UNWATCH:
             _arity(a, 3, "UNWATCH")
             return Unwatch(_req(a[1]), _group(a[2]))
+        case T.SUBSCRIBE:
+            return Subscribe(*_topic_request(a, "SUBSCRIBE"))
+        case T.UNSUBSCRIBE:
+            return Unsubscribe(*_topic_request(a, "UNSUBSCRIBE"))
+        case T.PUBLISH:
+            _arity(a, 8, "PUBLISH")
+            flags = _int(a[6], "flags")
+            if not 0 <= flags <= 255:
+                raise _bad("PUBLISH flags out of range")
+            if type(a[7]) is not bytes:
+                raise _bad("payload must be binary")
+            return Publish(_group(a[1]), _addr(a[2], "sender"), _str(a[3], "provider"),
+                           _str(a[4], "broadcast"), _partition(a[5]), flags, a[7])
     raise _bad(f"unknown frame type {t}")
 
 

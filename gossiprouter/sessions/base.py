@@ -477,6 +477,7 @@ class Hub:
         self.table.check = self.check_registration
         self.table.limits.watches_per_connection = config.watches_per_connection
         self.table.limits.max_groups = config.max_groups
+        self.table.limits.subscriptions_per_member = config.subscriptions_per_member
         self.counters = Counters()
         self.congestion = Congestion()
         # Set by the server to defer notice delivery (see deliver()).

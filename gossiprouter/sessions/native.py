@@ -15,17 +15,51 @@ from typing import cast
 
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.routing import Entry, RoutingError, is_reserved
+from gossiprouter.routing import Entry, RoutingError, RoutingTable, is_reserved
 from gossiprouter.sessions.base import Hub, Session, same_frames
+from gossiprouter.topics import TopicError, TopicId, pattern, topic_id
 
 log = logging.getLogger("gossiprouter")
 
 _LEN = struct.Struct(">I")
 _ROUTE0, _ROUTE1 = 0x95, int(wire.T.ROUTE)
+_PUB0, _PUB1 = 0x98, int(wire.T.PUBLISH)  # fixarray of 8, PUBLISH
 _EVENT_KINDS = frozenset(wire.EVENT_KINDS)
 _Route = tuple[str, bytes | None, bytes]  # group, dest, sender
 # Requests naming a group that authentication (tokens' group patterns) may forbid.
-_GROUP_REQUESTS = (wire.Connect, wire.GetMembers, wire.Watch)
+_GROUP_REQUESTS = (wire.Connect, wire.GetMembers, wire.Watch, wire.Subscribe, wire.Unsubscribe)
+
+
+def _federation(table: RoutingTable) -> dict[str, str]:
+    """WELCOME's ``federation`` setting: present only on a bridged router."""
+    return {} if table.federation is None else {"federation": table.federation}
+
+
+def deliver_publication(table: RoutingTable, group: str, sender: bytes, tid: TopicId,
+                        frame: bytes, echo: bool, count: int = 1) -> int:
+    """Queue the PUBLISH ``frame`` (the same bytes for every receiver) on
+    each connection carrying at least one member of ``group`` whose pattern matches
+    ``tid``; returns the number of copies.
+
+    A member matching through several patterns is one target; several such members on
+    one connection (shared transport) get one copy, which the client hands to each of
+    its matching channels. The publisher's own member (``sender``) is left out unless
+    ``echo``. A member in reconnect grace has the frame held for it. ``frame`` may be
+    ``count`` whole PUBLISH frames to the same id (a run), delivered as one chunk.
+    """
+    carriers: dict[object, None] = {}
+    for e in table.topic_targets(group, tid):
+        if e.addr == sender and not echo:
+            continue
+        c = e.carrier
+        if c is None:
+            table.hold(e, frame)
+        else:
+            carriers[c] = None
+    for c in carriers:
+        cast(Session, c).push(frame, count)
+    table.stats.topic_deliveries += len(carriers) * count
+    return len(carriers) * count
 
 
 class NativeSession(Session):
@@ -121,6 +155,8 @@ class NativeSession(Session):
                 if found is not None:
                     run_hdr, run_route = found
                     run_start, run_n = pos, 1
+            elif n > 2 and data[body] == _PUB0 and data[body + 1] == _PUB1 and self.ready:
+                end = self._publish_run(data, pos, end, size)
             else:
                 try:
                     frame = wire.frame_from_body(data[body:end])
@@ -260,6 +296,10 @@ class NativeSession(Session):
             case wire.Unwatch(req, group):
                 self.hub.table.unwatch(self, group)
                 self.outbox.push(wire.encode(wire.Ok(req)))
+            case wire.Subscribe() | wire.Unsubscribe():
+                self._subscription(f)
+            case wire.Publish():
+                self._publish(f)
             case wire.Route():
                 # Only reached when the fast path did not recognise the encoding
                 # (e.g. a non-minimal msgpack array header); route it the same way.
@@ -295,6 +335,7 @@ class NativeSession(Session):
             "heartbeat_ms": int(cfg.heartbeat_interval * 1000),
             "idle_timeout_ms": int(cfg.idle_timeout * 1000),
             "outbound_queue_bytes": cfg.outbound_queue_bytes,
+            **_federation(self.hub.table),
         })))
 
     def _connect(self, f: wire.Connect) -> None:
@@ -318,6 +359,83 @@ class NativeSession(Session):
         if known is None:
             self.hub.log_membership("joined", entry, self)
         self.hub.deliver(notices)
+
+    # ------------------------------------------------------------------ topics
+
+    def _subscription(self, f: wire.Subscribe | wire.Unsubscribe) -> None:
+        try:
+            pat = pattern(f.provider, f.broadcast, f.partition)
+        except TopicError as e:
+            self._error(f.req, "bad_topic", str(e))
+            return
+        table = self.hub.table
+        try:
+            if isinstance(f, wire.Subscribe):
+                table.subscribe(self, f.group, f.addr, pat)
+            else:
+                table.unsubscribe(self, f.group, f.addr, pat)
+        except RoutingError as e:
+            self._error(f.req, e.code, e.message)
+            return
+        self.outbox.push(wire.encode(wire.Ok(f.req)))
+
+    def _publish_run(self, data: bytes, pos: int, end: int, size: int) -> int:
+        """Handle the PUBLISH frame at ``data[pos:end]`` and every following frame of the
+        same size and header (group, sender, id, flags, payload length): one validation,
+        one match and one push per receiving connection for the whole run, as for ROUTE.
+        Returns where the run ends."""
+        try:
+            f = wire.frame_from_body(data[pos + 4 : end])
+        except ProtocolError as e:
+            self._fail(e)
+            return end
+        assert isinstance(f, wire.Publish)
+        plen = len(f.payload)
+        bin_hdr, marker = (2, 0xC4) if plen < 0x100 else (3, 0xC5) if plen < 0x10000 else (5, 0xC6)
+        step = end - pos
+        prefix = step - plen  # length prefix, header and the payload's bin header
+        k = 1
+        # Only a minimally encoded payload length makes the prefix a fixed-size header.
+        if end + step <= size and data[pos + prefix - bin_hdr] == marker:
+            k = same_frames(data, pos, step, prefix, size)
+        if k == 1:
+            self._publish(f, data[pos:end])
+            return end
+        run_end = pos + k * step
+        self._publish(f, data[pos:run_end], k, step)
+        return run_end
+
+    def _publish(self, f: wire.Publish, frames: bytes | None = None, count: int = 1,
+                 step: int = 0) -> None:
+        """Deliver ``count`` publications: ``f`` and, for a run, the ``count`` frames of
+        ``step`` bytes in ``frames`` that share its header (their payloads differ)."""
+        table = self.hub.table
+        if not table.holds(self, f.group, f.sender):
+            self._error(None, "not_member",
+                        f"sender is not registered in {f.group!r} on this connection")
+            return
+        try:
+            tid = topic_id(f.provider, f.broadcast, f.partition)
+        except TopicError as e:
+            self._error(None, "bad_topic", str(e))
+            return
+        glob = bool(f.flags & wire.PUB_GLOBAL)
+        if glob:
+            table.stats.published_global += count
+        else:
+            table.stats.published_local += count
+        # The received bytes (or, off the fast path, one encoding) shared by every receiver.
+        if frames is None:
+            frames = wire.encode(f)
+        self.hub.counters.delivered += deliver_publication(
+            table, f.group, f.sender, tid, frames, bool(f.flags & wire.PUB_ECHO), count)
+        on_global = table.on_global
+        if glob and on_global is not None:
+            on_global(f.group, f.sender, tid, f.payload)
+            plen = len(f.payload)
+            for i in range(1, count):
+                stop = (i + 1) * step
+                on_global(f.group, f.sender, tid, frames[stop - plen : stop])
 
     # ------------------------------------------------------------------ carrier interface
 

@@ -1,0 +1,404 @@
+"""``gossiprouter loadtest-topics``: a load test of topic multicast across a federation.
+
+A scenario (``scripts/scenarios/topics.toml``) starts ``routers`` routers on free ports of
+127.0.0.1, federated through a mosquitto it also starts; ``publishers`` and
+``subscribers`` members per router (one RouterStub each) publish and subscribe with
+wildcard patterns, and the subscribers churn (change a pattern) while the load runs.
+Everything runs in this one process, so send and receive times share one clock.
+
+**The audit knows the expected receivers.** At every send the runner records which
+subscribers' patterns matched at that moment (from its own subscription state, the same
+rule as the router's, :func:`gossiprouter.topics.matches`): a local publication is expected
+at the subscribers of the publisher's router, a global one at the subscribers of every
+router. A subscriber whose subscriptions are changing (from the request until ``settle``
+seconds after the router accepted it, time for a remote bridge to subscribe the broker) is
+*in flux* and is neither expected nor counted as unexpected for that send. The audit then
+reports, per scope, the expected deliveries, those **lost** (expected, never received),
+**duplicated** (received more than once) and **unexpected** (received by a settled
+subscriber whose patterns did not match, or outside the scope), and the latency
+percentiles. Healthy members lose nothing while the broker is up: the command exits 1 if
+anything was lost, duplicated or unexpected.
+
+This audit is plain Python over in-memory records (the Spark audit of ``gossiprouter
+analyze`` covers ROUTE traffic only).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import trio
+
+from gossiprouter.stub import Channel, Publication, RouterStub
+from gossiprouter.topics import TopicError, TopicId, matches, parse_topic, pattern, topic_id
+
+MOSQUITTO = "/usr/sbin/mosquitto"
+GROUP = "topics-load"
+_STAMP = struct.Struct(">IId")  # publisher index, sequence, send time (trio clock)
+_STUB = {"reconnect_initial": 0.05, "reconnect_max": 0.5, "heartbeat_interval": 1.0,
+         "heartbeat_timeout": 5.0, "send_timeout": 5.0, "request_timeout": 5.0,
+         "receive_buffer": 100_000}
+
+
+class TopicsScenarioError(ValueError):
+    """A bad scenario: one line naming the key and what was expected."""
+
+
+@dataclass(frozen=True)
+class TopicsScenario:
+    name: str
+    duration: float
+    drain: float
+    seed: int
+    routers: int
+    publishers: int  # per router
+    subscribers: int  # per router
+    rate: float  # publications per second per publisher
+    global_share: float
+    size: int
+    churn_interval: float  # mean seconds between pattern changes of one subscriber
+    settle: float
+    patterns: tuple[str, ...]  # with {p}: a publisher index
+
+
+def is_topics_scenario(path: Path) -> bool:
+    """True for a readable TOML file with ``kind = "topics"`` (the other load test's
+    scenarios have no ``kind``)."""
+    try:
+        return tomllib.loads(path.read_text()).get("kind") == "topics"
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+
+
+def load_topics_scenario(path: Path) -> TopicsScenario:
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise TopicsScenarioError(f"{path}: {e}") from None
+    if raw.get("kind") != "topics":
+        raise TopicsScenarioError(f"{path.name}: kind: expected \"topics\", got "
+                                  f"{raw.get('kind')!r}")
+    t = raw.get("topics", {})
+
+    def num(where: dict[str, Any], key: str, default: float, lo: float, hi: float) -> float:
+        v = where.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
+            raise TopicsScenarioError(f"{path.name}: {key}: expected a number in "
+                                      f"[{lo:g}, {hi:g}], got {v!r}")
+        return float(v)
+
+    pats = t.get("patterns", ["v{p}/pos/*"])
+    if not isinstance(pats, list) or not pats or not all(isinstance(p, str) for p in pats):
+        raise TopicsScenarioError(f"{path.name}: topics.patterns: expected a list of strings")
+    for p in pats:
+        try:
+            pattern(*parse_topic(p.replace("{p}", "0")))
+        except TopicError as e:
+            raise TopicsScenarioError(f"{path.name}: topics.patterns: {p!r}: {e}") from None
+    return TopicsScenario(
+        name=str(raw.get("name", path.stem)),
+        duration=num(raw, "duration", 10, 0.5, 3600), drain=num(raw, "drain", 2, 0, 60),
+        seed=int(num(raw, "seed", 1, 0, 2**31)), routers=int(num(raw, "routers", 2, 1, 8)),
+        publishers=int(num(t, "publishers", 2, 1, 100)),
+        subscribers=int(num(t, "subscribers", 10, 1, 1000)),
+        rate=num(t, "rate", 20, 0.1, 10_000), global_share=num(t, "global", 0.5, 0, 1),
+        size=int(num(t, "size", 100, _STAMP.size, 1 << 16)),
+        churn_interval=num(t, "churn_interval", 1.0, 0.05, 3600),
+        settle=num(t, "settle", 0.5, 0, 60), patterns=tuple(pats))
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass
+class Sent:
+    pub: int
+    seq: int
+    scope: str
+    at: float
+    expected: frozenset[int]
+    flux: frozenset[int]
+
+
+@dataclass
+class Subscriber:
+    index: int
+    router: int
+    channel: Channel
+    patterns: set[TopicId] = field(default_factory=set)
+    flux_until: float = 0.0  # in flux until then (inf while a change is under way)
+    received: dict[tuple[int, int], list[float]] = field(default_factory=dict)
+    # Pattern changes as [start - settle, end + settle]: a publication sent just before a
+    # change may reach the router after it, so those sends are in flux too.
+    changes: list[list[float]] = field(default_factory=list)
+
+    def in_flux(self, t: float) -> bool:
+        return any(a <= t <= b for a, b in self.changes)
+
+
+@dataclass
+class Report:
+    rows: dict[str, dict[str, float]]
+    total_lost: int
+    total_duplicated: int
+    total_unexpected: int
+
+
+def audit(sent: Sequence[Sent], subs: Sequence[Subscriber]) -> Report:
+    """Lost, duplicated and unexpected deliveries, and latency by scope."""
+    rows: dict[str, dict[str, float]] = {}
+    lat: dict[str, list[float]] = {"local": [], "global": []}
+    counts = {s: {"sent": 0, "expected": 0, "delivered": 0, "lost": 0, "duplicated": 0,
+                  "unexpected": 0} for s in ("local", "global")}
+    for m in sent:
+        c = counts[m.scope]
+        c["sent"] += 1
+        key = (m.pub, m.seq)
+        for sub in subs:
+            got = sub.received.get(key, [])
+            if sub.index in m.flux or sub.in_flux(m.at):
+                continue
+            if sub.index in m.expected:
+                c["expected"] += 1
+                if not got:
+                    c["lost"] += 1
+                else:
+                    c["delivered"] += 1
+                    c["duplicated"] += len(got) - 1
+                    lat[m.scope].append(got[0] - m.at)
+            elif got:
+                c["unexpected"] += len(got)
+    for scope, c in counts.items():
+        ls = sorted(lat[scope])
+
+        def pct(q: float, ls: list[float] = ls) -> float:
+            return ls[min(len(ls) - 1, int(q * len(ls)))] * 1000 if ls else float("nan")
+
+        rows[scope] = {**c, "p50_ms": pct(0.5), "p99_ms": pct(0.99), "max_ms": pct(1.0)}
+    return Report(rows, sum(c["lost"] for c in counts.values()),
+                  sum(c["duplicated"] for c in counts.values()),
+                  sum(c["unexpected"] for c in counts.values()))
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+async def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
+    with trio.fail_after(20):
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{what} exited with status {proc.returncode}")
+            try:
+                s = await trio.open_tcp_stream("127.0.0.1", port)
+                await s.aclose()
+                return
+            except OSError:
+                await trio.sleep(0.05)
+
+
+async def run_topics(sc: TopicsScenario, echo: Any = print) -> Report:
+    if not shutil.which(MOSQUITTO):
+        raise RuntimeError("mosquitto is not installed (scripts/setup installs it)")
+    rnd = random.Random(sc.seed)
+    tmp = Path(tempfile.mkdtemp(prefix="gossiprouter-topics-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        bport = _free_port()
+        (tmp / "mosquitto.conf").write_text(
+            f"listener {bport} 127.0.0.1\nallow_anonymous true\npersistence false\n")
+        broker = subprocess.Popen([MOSQUITTO, "-c", str(tmp / "mosquitto.conf")],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(broker)
+        await _wait_port(bport, broker, "mosquitto")
+        ports = []
+        for i in range(sc.routers):
+            port = _free_port()
+            log = open(tmp / f"router-{i}.log", "ab")  # noqa: SIM115 - closed with the process
+            p = subprocess.Popen(
+                [sys.executable, "-m", "gossiprouter", "serve", "--host", "127.0.0.1",
+                 "--port", str(port), "--bridge", f"mqtt://127.0.0.1:{bport}",
+                 "--bridge-reconnect-max", "0.5", "--router-id", f"r{i}"],
+                stdout=log, stderr=log)
+            procs.append(p)
+            await _wait_port(port, p, f"router {i}")
+            ports.append(port)
+        echo(f"{sc.name}: {sc.routers} routers, mosquitto on {bport}, "
+             f"{sc.publishers}x{sc.routers} publishers, {sc.subscribers}x{sc.routers} "
+             f"subscribers, {sc.duration:g} s")
+        return await _load(sc, rnd, ports)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _choose(sc: TopicsScenario, rnd: random.Random) -> TopicId:
+    p = rnd.choice(sc.patterns).replace("{p}", str(rnd.randrange(sc.publishers * sc.routers)))
+    return pattern(*parse_topic(p))
+
+
+def _publication_id(pub: int, rnd: random.Random) -> TopicId:
+    return topic_id(f"v{pub}", "pos", [rnd.choice(["eu", "us"]), rnd.choice(["de", "fr"])])
+
+
+async def _load(sc: TopicsScenario, rnd: random.Random, ports: list[int]) -> Report:
+    subs: list[Subscriber] = []
+    sent: list[Sent] = []
+    async with trio.open_nursery() as n:
+        stubs: list[RouterStub] = []
+
+        async def stub_for(port: int) -> RouterStub:
+            s = RouterStub([("127.0.0.1", port)], **_STUB)  # type: ignore[arg-type]
+            await n.start(_hold, s)
+            stubs.append(s)
+            return s
+
+        for r, port in enumerate(ports):
+            for i in range(sc.subscribers):
+                ch = await (await stub_for(port)).connect(GROUP, b"s%d-%d" % (r, i))
+                sub = Subscriber(len(subs), r, ch)
+                for _ in range(2):
+                    pat = _choose(sc, rnd)
+                    await ch.subscribe(*pat)
+                    sub.patterns.add(pat)
+                subs.append(sub)
+        pubs: list[tuple[int, Channel]] = []
+        for r, port in enumerate(ports):
+            for i in range(sc.publishers):
+                ch = await (await stub_for(port)).connect(GROUP, b"p%d-%d" % (r, i))
+                pubs.append((r, ch))
+        await trio.sleep(sc.settle + 0.5)  # every bridge has subscribed the broker
+        t_end = trio.current_time() + sc.duration
+
+        async def receive(sub: Subscriber) -> None:
+            async for m in sub.channel:
+                if isinstance(m, Publication):
+                    pub, seq, _ = _STAMP.unpack_from(m.payload)
+                    sub.received.setdefault((pub, seq), []).append(trio.current_time())
+
+        async def publish(index: int, router: int, ch: Channel) -> None:
+            prng = random.Random(sc.seed * 1000 + index)
+            seq = 0
+            interval = 1.0 / sc.rate
+            nxt = trio.current_time()
+            while nxt < t_end:
+                await trio.sleep_until(nxt)
+                nxt += interval
+                tid = _publication_id(index, prng)
+                scope = "global" if prng.random() < sc.global_share else "local"
+                now = trio.current_time()
+                expected, flux = set(), set()
+                for s in subs:
+                    if scope == "local" and s.router != router:
+                        continue
+                    if s.flux_until > now:
+                        flux.add(s.index)
+                    elif any(matches(p, tid) for p in s.patterns):
+                        expected.add(s.index)
+                payload = _STAMP.pack(index, seq, now).ljust(sc.size, b".")
+                sent.append(Sent(index, seq, scope, now, frozenset(expected), frozenset(flux)))
+                await ch.publish(tid, payload, scope=scope)  # type: ignore[arg-type]
+                seq += 1
+
+        async def churn(sub: Subscriber) -> None:
+            prng = random.Random(sc.seed * 7919 + sub.index)
+            while True:
+                await trio.sleep(prng.expovariate(1.0 / sc.churn_interval))
+                if trio.current_time() >= t_end:
+                    return
+                old = prng.choice(sorted(sub.patterns))
+                new = _choose(sc, prng)
+                sub.flux_until = float("inf")
+                change = [trio.current_time() - sc.settle, float("inf")]
+                sub.changes.append(change)
+                sub.patterns.discard(old)
+                await sub.channel.unsubscribe(*old)
+                await sub.channel.subscribe(*new)
+                sub.patterns.add(new)
+                sub.flux_until = change[1] = trio.current_time() + sc.settle
+
+        async with trio.open_nursery() as load:
+            for sub in subs:
+                load.start_soon(receive, sub)
+                load.start_soon(churn, sub)
+            async with trio.open_nursery() as senders:
+                for index, (router, ch) in enumerate(pubs):
+                    senders.start_soon(publish, index, router, ch)
+            await trio.sleep(sc.drain)
+            load.cancel_scope.cancel()
+        n.cancel_scope.cancel()
+    return audit(sent, subs)
+
+
+async def _hold(stub: RouterStub, *, task_status: trio.TaskStatus[None]) -> None:
+    async with stub:
+        await stub.wait_connected()
+        task_status.started()
+        await trio.sleep_forever()
+
+
+def print_report(rep: Report, echo: Any = print) -> None:
+    echo(f"{'scope':<7} {'sent':>7} {'expected':>9} {'delivered':>10} {'lost':>6} "
+         f"{'dup':>5} {'unexp':>6} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    for scope, r in rep.rows.items():
+        echo(f"{scope:<7} {r['sent']:>7.0f} {r['expected']:>9.0f} {r['delivered']:>10.0f} "
+             f"{r['lost']:>6.0f} {r['duplicated']:>5.0f} {r['unexpected']:>6.0f} "
+             f"{r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['max_ms']:>8.2f}")
+
+
+@click.command("loadtest-topics")
+@click.argument("scenario_file", metavar="SCENARIO",
+                type=click.Path(dir_okay=False, path_type=Path))
+def loadtest_topics_command(scenario_file: Path) -> None:
+    """Run the topic-multicast load test SCENARIO (e.g. scripts/scenarios/topics.toml).
+
+    Starts the routers (federated through a mosquitto it starts) on free ports of
+    127.0.0.1, publishes and subscribes with churn, and audits every publication
+    against the subscribers whose patterns matched at send time: lost, duplicated and
+    unexpected deliveries and latency by scope. Exit status 1 if anything was lost,
+    duplicated or unexpected, 2 for a bad scenario.
+    """
+    try:
+        sc = load_topics_scenario(scenario_file)
+    except TopicsScenarioError as e:
+        click.echo(f"gossiprouter: error: {e}", err=True)
+        sys.exit(2)
+    started = time.monotonic()
+    try:
+        rep = trio.run(run_topics, sc, click.echo)
+    except RuntimeError as e:
+        click.echo(f"gossiprouter: error: {e}", err=True)
+        sys.exit(1)
+    print_report(rep, click.echo)
+    click.echo(f"{time.monotonic() - started:.1f} s")
+    if rep.total_lost or rep.total_duplicated or rep.total_unexpected:
+        click.echo(f"gossiprouter: error: {rep.total_lost} lost, {rep.total_duplicated} "
+                   f"duplicated, {rep.total_unexpected} unexpected deliveries", err=True)
+        sys.exit(1)
