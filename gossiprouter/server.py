@@ -301,6 +301,9 @@ class Server:
             self.connections.add(conn)
             self._per_ip[ip] = self._per_ip.get(ip, 0) + 1
             nursery.start_soon(self._handle, conn, ip)
+            # The task owns them now: a local kept until the next accept would keep the last
+            # connection (session, buffers) alive after it closed.
+            del conn, stream
 
     def _over_limit(self, ip: str) -> str:
         """Why a just-accepted connection must be closed at once ("" if it may stay)."""

@@ -292,17 +292,15 @@ class JGroups5Session(JGroupsSession):
         if group is not None:
             # Type 3 (GET_MBRS_RSP), also for an unknown group (empty list): every 3.6.5+
             # client accepts it, while 5.0-5.4.3 clients fail on type 7.
-            try:
-                reply = j5.get_members_reply(group, self._member_list(self.members(group)),
-                                             False)
-            except ProtocolError as e:
+            why = j5.writable(group, None)
+            if why is not None:
                 # The reply repeats the queried group name. One that cannot be written back
                 # names no group that could exist (registration refuses it): skipped, as 5.x
                 # does with frames it cannot answer; logged and counted.
                 self.hub.counters.drop("unanswerable_query")
-                self.warn_limited("get_mbrs", "GET_MBRS for %r not answered: %s", group, e)
+                self.warn_limited("get_mbrs", "GET_MBRS for %r not answered: %s", group, why)
                 return
-            self.push(reply)
+            self.push(j5.get_members_reply(group, self._member_list(self.members(group)), False))
             return
         # Every group (5.4.4+): one frame per group, the last one GET_MBRS_RSP_LAST.
         table = self.hub.table
