@@ -13,6 +13,7 @@ interrupted or failed, so its figures cover a partial run.
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from pathlib import Path
 
@@ -149,8 +150,10 @@ def analyze_command(
     click.echo(f"report: {out.rstrip('/')}/report.html")
     verdict = report.verdict
     if verdict.exit_code == EXIT_LOSS:
-        # --allow-loss accepts losses only, not a topics run's wrong deliveries.
-        hint = "; --allow-loss to accept" if verdict.status == "LOSS" else ""
+        # Offer --allow-loss only when it would accept the run (it accepts losses, not a
+        # topics run's duplicated or unexpected deliveries).
+        hint = ("; --allow-loss to accept"
+                if dataclasses.replace(report, allow_loss=True).verdict.ok else "")
         raise _fail(f"{verdict.text} (see the report{hint})", EXIT_LOSS)
     if verdict.exit_code == EXIT_INCOMPLETE:
         raise _fail(verdict.text, EXIT_INCOMPLETE)
