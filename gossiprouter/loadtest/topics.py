@@ -48,14 +48,6 @@ from typing import Any
 import click
 import trio
 
-from gossiprouter.loadtest.records import MANIFEST_FILE
-from gossiprouter.loadtest.topic_records import (
-    DELIVERIES_FILE,
-    KIND,
-    PUBLICATIONS_FILE,
-    SUBSCRIPTIONS_FILE,
-    write_topic_table,
-)
 from gossiprouter.stub import Channel, Publication, RouterStub
 from gossiprouter.topics import (
     TopicError,
@@ -279,6 +271,8 @@ def publisher_name(sc: TopicsScenario, index: int) -> str:
 
 def _manifest(sc: TopicsScenario, source: Path | None, run: str, status: str,
               **extra: Any) -> dict[str, Any]:
+    from gossiprouter.loadtest.topic_records import KIND
+
     return {"kind": KIND, "run": run, "scenario": sc.name,
             "scenario_file": str(source) if source else None,
             "scenario_config": dataclasses.asdict(sc), "settle_s": sc.settle,
@@ -294,6 +288,14 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 def write_run(out: Path, sc: TopicsScenario, rec: Recorded, run: str) -> None:
     """The run's records as Parquet under ``out`` (layout in
     :mod:`gossiprouter.loadtest.topic_records`)."""
+    # Imported here: pyarrow is the loadtest extra's, and the main CLI imports this module.
+    from gossiprouter.loadtest.topic_records import (
+        DELIVERIES_FILE,
+        PUBLICATIONS_FILE,
+        SUBSCRIPTIONS_FILE,
+        write_topic_table,
+    )
+
     pubs: dict[str, list[object]] = {k: [] for k in (
         "run", "pub_id", "publisher", "router", "scope", "topic", "size", "t_send_ns")}
     for m in rec.sent:
@@ -340,6 +342,9 @@ async def run_topics(sc: TopicsScenario, echo: Any = print, out: Path | None = N
     (records and manifest) that ``gossiprouter analyze`` audits with Spark."""
     if out is None:
         return audit_recorded(await _run(sc, echo))
+    # Imported here: pyarrow is the loadtest extra's, and the main CLI imports this module.
+    from gossiprouter.loadtest.records import MANIFEST_FILE
+
     run = f"{sc.name}-{time.strftime('%Y%m%dT%H%M%S')}-{random.randrange(16**6):06x}"
     started = _now_iso()
     out.mkdir(parents=True, exist_ok=True)
