@@ -150,6 +150,9 @@ def test_hand_made_faults_are_found_exactly(unit_report: Report) -> None:
     assert loc.latency is not None and loc.latency.count == 2
     assert loc.latency.max_ns == 1 * MS  # first copies only: the duplicate came at 3 ms
     assert g.latency is not None and g.latency.max_ns == 5 * MS
+    # Latency over time, by send second since t0: p0-0/3 (sent at 7 s) took 5 ms.
+    over = {p.t_s: p for p in unit_report.latency_over_time}
+    assert sorted(over) == [1, 2, 5, 7, 8] and over[7].max_ns == 5 * MS
     assert unit_report.verdict.status == "LOSS"
     assert unit_report.verdict.exit_code == EXIT_LOSS
     assert "1 delivery lost" in unit_report.verdict.text

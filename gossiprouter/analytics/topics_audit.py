@@ -68,6 +68,7 @@ from gossiprouter.analytics.report import (
     Audit,
     Counts,
     Finding,
+    LatencyPoint,
     LatencyStats,
     Report,
     ScopeBreakdown,
@@ -345,6 +346,11 @@ class _TopicsJob:
             "latency": _rows(pairs.filter(delivered).groupBy("scope", q).agg(
                 F.count(one).alias("n"), F.min(lat).alias("lo"), F.max(lat).alias("hi"),
                 F.sum(lat).alias("total"))),
+            # The same histogram per send second, for the percentiles over time.
+            "latency_s": _rows(pairs.filter(delivered).groupBy(
+                second("t_send_ns").alias("t"), q).agg(
+                F.count(one).alias("n"), F.min(lat).alias("lo"), F.max(lat).alias("hi"),
+                F.sum(lat).alias("total"))),
             "sends": _rows(pubs.groupBy(second("t_send_ns").alias("t")).agg(
                 F.count(one).alias("n"))),
             "seconds": _rows(pairs.groupBy(
@@ -386,6 +392,15 @@ class _TopicsJob:
             by_scope[scope].latency = _latency_from_buckets(bs)
         every = [b for bs in hist.values() for b in bs]
         latency: LatencyStats | None = _latency_from_buckets(every)
+        per_second: dict[int, list[_Bucket]] = {}
+        for r in s["latency_s"]:
+            per_second.setdefault(int(r["t"]), []).append(_Bucket(
+                int(r["q"]), int(r["n"]), int(r["lo"]), int(r["hi"]), int(r["total"])))
+        over_time = []
+        for t, bs in sorted(per_second.items()):
+            st = _latency_from_buckets(bs)
+            if st is not None:
+                over_time.append(LatencyPoint(t, st.count, st.p50_ns, st.p99_ns, st.max_ns))
 
         if s["orphans"]:
             self.warnings.append(f"{s['orphans']:,} (publication, receiver) pairs received "
@@ -441,6 +456,7 @@ class _TopicsJob:
             audit=audit, latency=latency, latency_by_group={}, latency_by_size={},
             latency_by_cast={}, latency_histogram=_histogram(every), throughput=throughput,
             warnings=self.warnings, allow_loss=self.allow_loss, kind=KIND,
+            latency_over_time=over_time,
             by_scope={k: v for k, v in by_scope.items() if v.sent or v.expected
                       or v.unexpected or k in _SCOPES},
         )
