@@ -166,6 +166,10 @@ def test_the_report_files_have_the_by_scope_table(unit_report: Report, unit_run:
     assert data["by_scope"]["global"]["lost"] == 1
     page = (unit_run / "report" / "report.html").read_text()
     assert '<h3 id="by-scope">By scope</h3>' in page
+    assert "<h3>In flux: 1 (showing 1)</h3>" in page
+    # Throughput counts every first copy received: 8 pairs, unexpected and in flux included.
+    assert sum(b.deliveries for b in unit_report.throughput) == 8
+    assert sum(b.lost for b in unit_report.throughput) == 1
     assert "p0-0/0" in page  # the lost sample
 
 

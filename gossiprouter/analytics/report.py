@@ -912,6 +912,9 @@ def render_html(report: Report) -> str:
         _sample_html("Duplicated", a.duplicated),
         _sample_html("Out of order", a.out_of_order),
         _sample_html("Unexpected", a.unexpected),
+        _sample_html("In flux", a.undetermined,
+                     "The subscriber was changing its patterns around the send time: these "
+                     "are counted, not checked.") if report.kind == "topics" else
         _sample_html("Undetermined", a.undetermined,
                      "The receiver joined or left within the settle window: these are "
                      "counted, not checked."),

@@ -354,7 +354,8 @@ class _TopicsJob:
             "sends": _rows(pubs.groupBy(second("t_send_ns").alias("t")).agg(
                 F.count(one).alias("n"))),
             "seconds": _rows(pairs.groupBy(
-                F.when(delivered, second("t_recv_ns")).alias("recv_s"),
+                # Every first copy, audited or not (in flux): what the routers delivered.
+                F.when(col("copies") > 0, second("t_recv_ns")).alias("recv_s"),
                 F.when(col("category") == "lost", second("t_send_ns")).alias("lost_s"),
             ).agg(F.count(one).alias("n"))),
             "samples": samples,
