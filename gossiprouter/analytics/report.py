@@ -35,6 +35,7 @@ __all__ = [
     "LoadError",
     "Report",
     "RunEvent",
+    "ScopeBreakdown",
     "ThroughputBucket",
     "Verdict",
     "format_summary",
@@ -126,6 +127,25 @@ class Breakdown:
     lost_reconnect: int = 0
     undetermined: int = 0
     duplicated: int = 0
+
+
+@dataclass
+class ScopeBreakdown:
+    """A topics run's audit for one scope (``local`` or ``global``): publications sent,
+    (publication, subscriber) pairs expected, delivered and lost, pairs received more than
+    once and their extra copies, copies received by subscribers that were not expected
+    (``unexpected``), pairs left unaudited because the subscriber was changing its
+    patterns (``in_flux``), and the latency of the first copies."""
+
+    sent: int = 0
+    expected: int = 0
+    delivered: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    duplicate_copies: int = 0
+    unexpected: int = 0
+    in_flux: int = 0
+    latency: LatencyStats | None = None
 
 
 @dataclass
@@ -247,6 +267,10 @@ class Report:
     events: list[RunEvent] = field(default_factory=list)
     allow_loss: bool = False
     """``--allow-loss``: a loss while registered is accepted (verdict LOSS ACCEPTED, exit 0)."""
+    kind: str = "route"
+    """``"route"`` (the ROUTE load test) or ``"topics"`` (``loadtest-topics``)."""
+    by_scope: dict[str, ScopeBreakdown] = field(default_factory=dict)
+    """Topics runs: the audit by scope."""
 
     @property
     def run_status(self) -> str | None:
@@ -299,6 +323,8 @@ def _verdict(report: Report) -> Verdict:
         if lost:
             text += f" ({_n(lost, 'delivery', 'deliveries')} lost while registered)"
         return Verdict("INCOMPLETE", text, EXIT_INCOMPLETE)
+    if report.kind == "topics":
+        return _topics_verdict(report)
     reconnect = (f"; {_n(across, 'delivery', 'deliveries')} lost across a reconnect "
                  "(router restart), as expected") if across else ""
     if lost:
@@ -309,6 +335,32 @@ def _verdict(report: Report) -> Verdict:
         return Verdict("LOSS", text, EXIT_LOSS)
     return Verdict("OK", "no delivery lost while the sender and the receiver were both "
                          f"registered{reconnect}", EXIT_OK)
+
+
+def _topics_verdict(report: Report) -> Verdict:
+    # A topic publication reaches every subscriber whose pattern matched, once: a duplicate
+    # (an echo through the broker, say) or a delivery to a subscriber that did not match
+    # breaks that promise as surely as a loss, so both fail the verdict too.
+    a = report.audit
+    wrong = []
+    if a.duplicated.count:
+        wrong.append(f"{_n(a.duplicated.count, 'delivery', 'deliveries')} duplicated "
+                     f"({_n(a.duplicate_copies, 'extra copy', 'extra copies')})")
+    if a.unexpected.count:
+        wrong.append(f"{_n(a.unexpected.count, 'copy', 'copies')} delivered to subscribers "
+                     "whose patterns did not match or outside the scope")
+    lost = a.lost.count
+    if lost:
+        text = (f"{_n(lost, 'delivery', 'deliveries')} lost to subscribers whose patterns "
+                "matched at send time")
+        text += "".join(f"; {w}" for w in wrong)
+        if report.allow_loss and not wrong:
+            return Verdict("LOSS ACCEPTED", text + " (accepted with --allow-loss)", EXIT_OK)
+        return Verdict("LOSS", text, EXIT_LOSS)
+    if wrong:
+        return Verdict("WRONG DELIVERY", "; ".join(wrong), EXIT_LOSS)
+    return Verdict("OK", "every publication reached each subscriber whose patterns matched "
+                         "at send time, once, and no other", EXIT_OK)
 
 
 def size_bucket(size: int) -> tuple[int, int]:
@@ -405,11 +457,29 @@ def _latency_rows(report: Report) -> list[list[str]]:
         add("all", report.latency)
     for key, s in report.latency_by_cast.items():
         add(f"cast {key}", s)
+    for key, scope in report.by_scope.items():
+        if scope.latency is not None:
+            add(f"scope {key}", scope.latency)
     for key, s in report.latency_by_group.items():
         add(f"group {key}", s)
     for key, s in report.latency_by_size.items():
         add(f"size {key} B", s)
     return rows
+
+
+def _scope_table(report: Report) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows of the "by scope" table of a topics run."""
+    headers = ["scope", "sent", "expected", "delivered", "lost", "duplicated",
+               "extra copies", "unexpected", "in flux", "p50 µs", "p99 µs", "max µs"]
+    rows = []
+    for key, b in report.by_scope.items():
+        lat = b.latency
+        rows.append([key, *(_fmt_int(n) for n in (
+            b.sent, b.expected, b.delivered, b.lost, b.duplicated, b.duplicate_copies,
+            b.unexpected, b.in_flux)),
+            *((_fmt_us(lat.p50_ns), _fmt_us(lat.p99_ns), _fmt_us(lat.max_ns)) if lat
+              else ("-", "-", "-"))])
+    return headers, rows
 
 
 def _throughput_summary(report: Report) -> tuple[float, float, int]:
@@ -435,6 +505,19 @@ def _checks(report: Report) -> list[tuple[str, str, str, str]]:
     status = report.run_status
     rows = [("the load test completed", "status ok", status or "unknown (no manifest)",
              "info" if status is None else "pass" if status == "ok" else "FAIL")]
+    if report.kind == "topics":
+        lost = a.lost.count
+        rows += [
+            ("lost (expected subscriber never received it)", "0", _fmt_int(lost),
+             "pass" if lost == 0 else "accepted" if report.allow_loss else "FAIL"),
+            ("duplicated", "0", _fmt_int(a.duplicated.count),
+             "pass" if a.duplicated.count == 0 else "FAIL"),
+            ("unexpected deliveries", "0", _fmt_int(a.unexpected.count),
+             "pass" if a.unexpected.count == 0 else "FAIL"),
+            (f"in flux (patterns changing, settle {report.settle_s:g} s)", "not checked",
+             _fmt_int(a.undetermined.count), "info"),
+        ]
+        return rows
     lost = a.lost_registered.count
     rows.append(("lost while sender and receiver were both registered", "0", _fmt_int(lost),
                  "pass" if lost == 0 else "accepted" if report.allow_loss else "FAIL"))
@@ -481,6 +564,20 @@ def format_summary(report: Report) -> str:
                      f"(Spark {report.spark_version})"],
         ["verdict", f"{v.status}: {v.text}"],
     ]
+    if report.kind == "topics":
+        # Topics runs have no membership, reconnects or ordering audit: their own rows.
+        rows = [rows[0],
+                ["publications", f"{_fmt_int(c.messages)}  (deliveries recorded "
+                                 f"{_fmt_int(c.recv_records)})"],
+                ["expected deliveries", f"{_fmt_int(a.expected)}  (delivered "
+                                        f"{_fmt_int(a.delivered)})"],
+                ["lost", _fmt_int(a.lost.count)],
+                ["duplicated", f"{_fmt_int(a.duplicated.count)}  (extra copies "
+                               f"{_fmt_int(a.duplicate_copies)})"],
+                ["unexpected", f"{_fmt_int(a.unexpected.count)}  (copies)"],
+                ["in flux", f"{_fmt_int(a.undetermined.count)}  (subscriber changing "
+                            f"patterns, settle {report.settle_s:g} s; not audited)"],
+                *rows[-3:]]
     width = max(len(r[0]) for r in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
     errors = report.load_errors
@@ -490,6 +587,9 @@ def format_summary(report: Report) -> str:
                         [[e.kind, _fmt_int(e.count),
                           ", ".join(f"{p} {n:,}" for p, n in e.by_process.items())]
                          for e in errors])
+    if report.by_scope:
+        lines.append("")
+        lines += _table(*_scope_table(report))
     lat = _latency_rows(report)
     if lat:
         lines.append("")
@@ -792,6 +892,9 @@ def render_html(report: Report) -> str:
             "num")
 
     breakdown = ""
+    if report.by_scope:
+        breakdown += '<h3 id="by-scope">By scope</h3>' + _html_table(
+            *_scope_table(report), "num")
     if report.by_group:
         breakdown += _img(plots, "by-group", "breakdown by group") + breakdown_table(
             "group", report.by_group)
@@ -809,6 +912,9 @@ def render_html(report: Report) -> str:
         _sample_html("Duplicated", a.duplicated),
         _sample_html("Out of order", a.out_of_order),
         _sample_html("Unexpected", a.unexpected),
+        _sample_html("In flux", a.undetermined,
+                     "The subscriber was changing its patterns around the send time: these "
+                     "are counted, not checked.") if report.kind == "topics" else
         _sample_html("Undetermined", a.undetermined,
                      "The receiver joined or left within the settle window: these are "
                      "counted, not checked."),

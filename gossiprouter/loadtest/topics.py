@@ -19,12 +19,19 @@ subscriber whose patterns did not match, or outside the scope), and the latency
 percentiles. Healthy members lose nothing while the broker is up: the command exits 1 if
 anything was lost, duplicated or unexpected.
 
-This audit is plain Python over in-memory records (the Spark audit of ``gossiprouter
-analyze`` covers ROUTE traffic only).
+This audit is plain Python over in-memory records. With ``--out RUN_DIR`` the run also
+writes its records as Parquet (publications, subscription spans, deliveries; layout in
+:mod:`gossiprouter.loadtest.topic_records`) and a manifest, and ``gossiprouter analyze
+RUN_DIR`` audits them with Spark (:mod:`gossiprouter.analytics.topics_audit`), computing
+the expected receivers itself from the subscription spans: the two audits are independent
+and must agree.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import json
 import random
 import shutil
 import struct
@@ -42,7 +49,15 @@ import click
 import trio
 
 from gossiprouter.stub import Channel, Publication, RouterStub
-from gossiprouter.topics import TopicError, TopicId, matches, parse_topic, pattern, topic_id
+from gossiprouter.topics import (
+    TopicError,
+    TopicId,
+    format_topic,
+    matches,
+    parse_topic,
+    pattern,
+    topic_id,
+)
 
 MOSQUITTO = "/usr/sbin/mosquitto"
 GROUP = "topics-load"
@@ -122,6 +137,10 @@ def load_topics_scenario(path: Path) -> TopicsScenario:
 # --------------------------------------------------------------------------- records
 
 
+def _ns(t: float) -> int:
+    return round(t * 1e9)
+
+
 @dataclass
 class Sent:
     pub: int
@@ -130,6 +149,21 @@ class Sent:
     at: float
     expected: frozenset[int]
     flux: frozenset[int]
+    topic: str = ""
+    router: int = 0
+
+
+@dataclass
+class Span:
+    """A span during which a subscriber held a pattern (trio clock, seconds): requested at
+    ``start``, settled at ``settled`` (accepted + settle), unsubscribe requested at ``end``
+    and settled at ``end_settled``; None for what did not happen."""
+
+    pattern: str
+    start: float
+    settled: float | None = None
+    end: float | None = None
+    end_settled: float | None = None
 
 
 @dataclass
@@ -143,6 +177,10 @@ class Subscriber:
     # Pattern changes as [start - settle, end + settle]: a publication sent just before a
     # change may reach the router after it, so those sends are in flux too.
     changes: list[list[float]] = field(default_factory=list)
+    name: str = ""
+    spans: list[Span] = field(default_factory=list)
+    # (pub, seq, scope) of each copy, in arrival order, for the Parquet records.
+    arrivals: list[tuple[int, int, str, float]] = field(default_factory=list)
 
     def in_flux(self, t: float) -> bool:
         return any(a <= t <= b for a, b in self.changes)
@@ -217,7 +255,126 @@ async def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str) -> Non
                 await trio.sleep(0.05)
 
 
-async def run_topics(sc: TopicsScenario, echo: Any = print) -> Report:
+@dataclass
+class Recorded:
+    """What a run recorded: every publication, every subscriber (with its spans and
+    arrivals), and the start of the load on the trio clock."""
+
+    sent: list[Sent]
+    subs: list[Subscriber]
+    t0: float
+
+
+def publisher_name(sc: TopicsScenario, index: int) -> str:
+    return f"p{index // sc.publishers}-{index % sc.publishers}"
+
+
+def _manifest(sc: TopicsScenario, source: Path | None, run: str, status: str,
+              **extra: Any) -> dict[str, Any]:
+    from gossiprouter.loadtest.topic_records import KIND
+
+    return {"kind": KIND, "run": run, "scenario": sc.name,
+            "scenario_file": str(source) if source else None,
+            "scenario_config": dataclasses.asdict(sc), "settle_s": sc.settle,
+            "status": status, **extra}
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def write_run(out: Path, sc: TopicsScenario, rec: Recorded, run: str) -> None:
+    """The run's records as Parquet under ``out`` (layout in
+    :mod:`gossiprouter.loadtest.topic_records`)."""
+    # Imported here: pyarrow is the loadtest extra's, and the main CLI imports this module.
+    from gossiprouter.loadtest.topic_records import (
+        DELIVERIES_FILE,
+        PUBLICATIONS_FILE,
+        SUBSCRIPTIONS_FILE,
+        write_topic_table,
+    )
+
+    pubs: dict[str, list[object]] = {k: [] for k in (
+        "run", "pub_id", "publisher", "router", "scope", "topic", "size", "t_send_ns")}
+    for m in rec.sent:
+        name = publisher_name(sc, m.pub)
+        for k, v in (("run", run), ("pub_id", f"{name}/{m.seq}"), ("publisher", name),
+                     ("router", m.router), ("scope", m.scope), ("topic", m.topic),
+                     ("size", sc.size), ("t_send_ns", _ns(m.at))):
+            pubs[k].append(v)
+    spans: dict[str, list[object]] = {k: [] for k in (
+        "run", "subscriber", "router", "pattern", "from_ns", "settled_from_ns", "to_ns",
+        "settled_to_ns")}
+    recvs: dict[str, list[object]] = {k: [] for k in (
+        "run", "pub_id", "receiver", "router", "scope", "t_recv_ns")}
+
+    def opt(t: float | None) -> int | None:
+        return None if t is None else _ns(t)
+
+    for sub in rec.subs:
+        for sp in sub.spans:
+            row: tuple[tuple[str, object], ...] = (
+                ("run", run), ("subscriber", sub.name), ("router", sub.router),
+                ("pattern", sp.pattern), ("from_ns", _ns(sp.start)),
+                ("settled_from_ns", opt(sp.settled)), ("to_ns", opt(sp.end)),
+                ("settled_to_ns", opt(sp.end_settled)))
+            for key, val in row:
+                spans[key].append(val)
+        for pub, seq, scope, at in sub.arrivals:
+            for k, v in (("run", run), ("pub_id", f"{publisher_name(sc, pub)}/{seq}"),
+                         ("receiver", sub.name), ("router", sub.router), ("scope", scope),
+                         ("t_recv_ns", _ns(at))):
+                recvs[k].append(v)
+    write_topic_table(out, PUBLICATIONS_FILE, pubs)
+    write_topic_table(out, SUBSCRIPTIONS_FILE, spans)
+    write_topic_table(out, DELIVERIES_FILE, recvs)
+
+
+def _now_iso() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+async def run_topics(sc: TopicsScenario, echo: Any = print, out: Path | None = None,
+                     source: Path | None = None) -> Report:
+    """Run the scenario and audit it in-process; with ``out`` also write the run directory
+    (records and manifest) that ``gossiprouter analyze`` audits with Spark."""
+    if out is None:
+        return audit_recorded(await _run(sc, echo))
+    # Imported here: pyarrow is the loadtest extra's, and the main CLI imports this module.
+    from gossiprouter.loadtest.records import MANIFEST_FILE
+
+    run = f"{sc.name}-{time.strftime('%Y%m%dT%H%M%S')}-{random.randrange(16**6):06x}"
+    started = _now_iso()
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / MANIFEST_FILE, _manifest(sc, source, run, "running",
+                                               started_at=started))
+    status = "failed"
+    try:
+        rec = await _run(sc, echo)
+        status = "ok"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        if status != "ok":
+            _write_json(out / MANIFEST_FILE, _manifest(sc, source, run, status,
+                                                       started_at=started,
+                                                       finished_at=_now_iso()))
+    rep = audit_recorded(rec)
+    write_run(out, sc, rec, run)
+    _write_json(out / MANIFEST_FILE, _manifest(
+        sc, source, run, status, started_at=started, finished_at=_now_iso(),
+        t0_ns=_ns(rec.t0), in_process_audit=rep.rows))
+    return rep
+
+
+def audit_recorded(rec: Recorded) -> Report:
+    return audit(rec.sent, rec.subs)
+
+
+async def _run(sc: TopicsScenario, echo: Any) -> Recorded:
     if not shutil.which(MOSQUITTO):
         raise RuntimeError("mosquitto is not installed (scripts/setup installs it)")
     rnd = random.Random(sc.seed)
@@ -268,7 +425,7 @@ def _publication_id(pub: int, rnd: random.Random) -> TopicId:
     return topic_id(f"v{pub}", "pos", [rnd.choice(["eu", "us"]), rnd.choice(["de", "fr"])])
 
 
-async def _load(sc: TopicsScenario, rnd: random.Random, ports: list[int]) -> Report:
+async def _load(sc: TopicsScenario, rnd: random.Random, ports: list[int]) -> Recorded:
     subs: list[Subscriber] = []
     sent: list[Sent] = []
     async with trio.open_nursery() as n:
@@ -283,11 +440,14 @@ async def _load(sc: TopicsScenario, rnd: random.Random, ports: list[int]) -> Rep
         for r, port in enumerate(ports):
             for i in range(sc.subscribers):
                 ch = await (await stub_for(port)).connect(GROUP, b"s%d-%d" % (r, i))
-                sub = Subscriber(len(subs), r, ch)
+                sub = Subscriber(len(subs), r, ch, name=f"s{r}-{i}")
                 for _ in range(2):
                     pat = _choose(sc, rnd)
+                    span = Span(format_topic(pat), trio.current_time())
                     await ch.subscribe(*pat)
+                    span.settled = trio.current_time() + sc.settle
                     sub.patterns.add(pat)
+                    sub.spans.append(span)
                 subs.append(sub)
         pubs: list[tuple[int, Channel]] = []
         for r, port in enumerate(ports):
@@ -295,13 +455,16 @@ async def _load(sc: TopicsScenario, rnd: random.Random, ports: list[int]) -> Rep
                 ch = await (await stub_for(port)).connect(GROUP, b"p%d-%d" % (r, i))
                 pubs.append((r, ch))
         await trio.sleep(sc.settle + 0.5)  # every bridge has subscribed the broker
-        t_end = trio.current_time() + sc.duration
+        t0 = trio.current_time()
+        t_end = t0 + sc.duration
 
         async def receive(sub: Subscriber) -> None:
             async for m in sub.channel:
                 if isinstance(m, Publication):
                     pub, seq, _ = _STAMP.unpack_from(m.payload)
-                    sub.received.setdefault((pub, seq), []).append(trio.current_time())
+                    now = trio.current_time()
+                    sub.received.setdefault((pub, seq), []).append(now)
+                    sub.arrivals.append((pub, seq, m.scope, now))
 
         async def publish(index: int, router: int, ch: Channel) -> None:
             prng = random.Random(sc.seed * 1000 + index)
@@ -323,7 +486,8 @@ async def _load(sc: TopicsScenario, rnd: random.Random, ports: list[int]) -> Rep
                     elif any(matches(p, tid) for p in s.patterns):
                         expected.add(s.index)
                 payload = _STAMP.pack(index, seq, now).ljust(sc.size, b".")
-                sent.append(Sent(index, seq, scope, now, frozenset(expected), frozenset(flux)))
+                sent.append(Sent(index, seq, scope, now, frozenset(expected), frozenset(flux),
+                                 format_topic(tid), router))
                 await ch.publish(tid, payload, scope=scope)  # type: ignore[arg-type]
                 seq += 1
 
@@ -336,13 +500,25 @@ async def _load(sc: TopicsScenario, rnd: random.Random, ports: list[int]) -> Rep
                 old = prng.choice(sorted(sub.patterns))
                 new = _choose(sc, prng)
                 sub.flux_until = float("inf")
-                change = [trio.current_time() - sc.settle, float("inf")]
+                start = trio.current_time()
+                change = [start - sc.settle, float("inf")]
                 sub.changes.append(change)
                 sub.patterns.discard(old)
+                # The router holds a pattern once: the unsubscribe ends every span of it.
+                ending = [sp for sp in sub.spans
+                          if sp.pattern == format_topic(old) and sp.end is None]
+                for sp in ending:
+                    sp.end = start
                 await sub.channel.unsubscribe(*old)
+                unsubscribed = trio.current_time()
+                for sp in ending:
+                    sp.end_settled = unsubscribed + sc.settle
+                span = Span(format_topic(new), unsubscribed)
+                sub.spans.append(span)
                 await sub.channel.subscribe(*new)
                 sub.patterns.add(new)
                 sub.flux_until = change[1] = trio.current_time() + sc.settle
+                span.settled = change[1]
 
         async with trio.open_nursery() as load:
             for sub in subs:
@@ -354,7 +530,7 @@ async def _load(sc: TopicsScenario, rnd: random.Random, ports: list[int]) -> Rep
             await trio.sleep(sc.drain)
             load.cancel_scope.cancel()
         n.cancel_scope.cancel()
-    return audit(sent, subs)
+    return Recorded(sent, subs, t0)
 
 
 async def _hold(stub: RouterStub, *, task_status: trio.TaskStatus[None]) -> None:
@@ -376,28 +552,40 @@ def print_report(rep: Report, echo: Any = print) -> None:
 @click.command("loadtest-topics")
 @click.argument("scenario_file", metavar="SCENARIO",
                 type=click.Path(dir_okay=False, path_type=Path))
-def loadtest_topics_command(scenario_file: Path) -> None:
+@click.option("--out", "out_dir", metavar="RUN_DIR", default=None,
+              type=click.Path(file_okay=False, path_type=Path),
+              help="Also write the run's records (Parquet) and manifest there, for "
+                   "`gossiprouter analyze RUN_DIR`; it must be new or empty.")
+def loadtest_topics_command(scenario_file: Path, out_dir: Path | None) -> None:
     """Run the topic-multicast load test SCENARIO (e.g. scripts/scenarios/topics.toml).
 
     Starts the routers (federated through a mosquitto it starts) on free ports of
     127.0.0.1, publishes and subscribes with churn, and audits every publication
     against the subscribers whose patterns matched at send time: lost, duplicated and
-    unexpected deliveries and latency by scope. Exit status 1 if anything was lost,
-    duplicated or unexpected, 2 for a bad scenario.
+    unexpected deliveries and latency by scope. With --out RUN_DIR the records are
+    written too, and `gossiprouter analyze RUN_DIR` audits them with Spark. Exit status
+    1 if anything was lost, duplicated or unexpected, 2 for a bad scenario or RUN_DIR.
     """
     try:
         sc = load_topics_scenario(scenario_file)
     except TopicsScenarioError as e:
         click.echo(f"gossiprouter: error: {e}", err=True)
         sys.exit(2)
+    if out_dir is not None and (out_dir.exists() and any(out_dir.iterdir())):
+        # A second run's records beside a first one's would be audited as one run.
+        click.echo(f"gossiprouter: error: {out_dir} is not empty (the run directory must "
+                   "be new or empty)", err=True)
+        sys.exit(2)
     started = time.monotonic()
     try:
-        rep = trio.run(run_topics, sc, click.echo)
-    except RuntimeError as e:
+        rep = trio.run(run_topics, sc, click.echo, out_dir, scenario_file)
+    except (RuntimeError, OSError) as e:
         click.echo(f"gossiprouter: error: {e}", err=True)
         sys.exit(1)
     print_report(rep, click.echo)
     click.echo(f"{time.monotonic() - started:.1f} s")
+    if out_dir is not None:
+        click.echo(f"records in {out_dir}; audit them with: gossiprouter analyze {out_dir}")
     if rep.total_lost or rep.total_duplicated or rep.total_unexpected:
         click.echo(f"gossiprouter: error: {rep.total_lost} lost, {rep.total_duplicated} "
                    f"duplicated, {rep.total_unexpected} unexpected deliveries", err=True)
