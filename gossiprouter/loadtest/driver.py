@@ -57,6 +57,7 @@ from rich.table import Table
 from rich.text import Text
 
 import gossiprouter
+from gossiprouter.addresses import parse_hostport
 from gossiprouter.loadtest.attacks import AttackRunner
 from gossiprouter.loadtest.peer import trio_time_at
 from gossiprouter.loadtest.records import (
@@ -539,13 +540,14 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 def parse_router_option(value: str) -> tuple[str, int]:
     """``HOST:PORT`` of an existing router, which must be on 127.0.0.1 (one machine, one
     monotonic clock for every record)."""
-    host, sep, port_s = value.rpartition(":")
-    if not sep or not port_s.isdigit() or not 0 < int(port_s) <= 65535:
-        raise RunInputError(f"--router {value!r}: expected HOST:PORT with a port from 1 to 65535")
+    try:
+        host, port = parse_hostport(value)
+    except ValueError as e:
+        raise RunInputError(f"--router {value!r}: {e}") from None
     if host not in ("127.0.0.1", "localhost"):
         raise RunInputError(f"--router {value!r}: the load test runs on one machine, so the "
                             "router must be on 127.0.0.1")
-    return HOST, int(port_s)
+    return HOST, port
 
 
 def prepare_run_dir(run_dir: Path) -> None:
