@@ -222,10 +222,6 @@ def setup_logging(level: str, fmt: str = "text") -> None:
     use_log_format(fmt)
 
 
-def run() -> None:  # pragma: no cover - console-script shim
-    main()
-
-
 def _needs(cmd: click.Command, modules: tuple[str, ...], what: str, needs: str,
            extra: str) -> click.Command:
     """Check ``cmd``'s optional dependencies before it runs, and name what is missing the

@@ -87,20 +87,15 @@ class Entry:
 class Notice:
     """``entry`` joined / left / is suspected in ``group``.
 
-    Who must be told is read when the notice is delivered (:attr:`targets`),
-    not stored: a burst of removals would otherwise keep one tuple of every
-    member per removal, N² memory for N members dropping at once.
+    Who must be told (every connection carrying a member for a suspect, every
+    watcher for a join or leave) is read when the notice is delivered
+    (``Hub.flush_notices``), not stored: a burst of removals would otherwise keep
+    one tuple of every member per removal, N² memory for N members dropping at once.
     """
 
     kind: str
     entry: Entry
     group: Group
-
-    @property
-    def targets(self) -> tuple[object, ...]:
-        """Every connection carrying a member (suspect) or every watcher (join, leave)."""
-        g = self.group
-        return g.targets() if self.kind == "suspect" else tuple(g.watchers)
 
 
 @dataclass

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
 import trio
 
 from gossiprouter.config import Config
 from gossiprouter.server import Server
-from tests.nclient import NativeClient
 
 RouterFactory = Callable[..., Awaitable[Server]]
 
@@ -30,18 +29,3 @@ async def start_router(nursery: trio.Nursery) -> RouterFactory:
 @pytest.fixture
 async def router(start_router: RouterFactory) -> Server:
     return await start_router()
-
-
-@pytest.fixture
-async def client_factory(router: Server) -> AsyncIterator[Callable[[], Awaitable[NativeClient]]]:
-    made: list[NativeClient] = []
-
-    async def make() -> NativeClient:
-        assert router.address is not None
-        c = await NativeClient.open(*router.address)
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        await c.aclose()

@@ -67,6 +67,15 @@ class NativeClient:
                     raise EOFError("router closed the connection")
                 self.decoder.feed(data)
 
+    async def round_trip(self) -> list[wire.Frame]:
+        """A PING and its PONG; the frames that came before the PONG."""
+        nonce = self.req()
+        await self.send(wire.Ping(nonce))
+        before: list[wire.Frame] = []
+        while (f := await self.recv()) != wire.Pong(nonce):
+            before.append(f)
+        return before
+
     async def recv_until_closed(self, timeout: float = 5.0) -> list[wire.Frame]:
         """Every frame until the router closes the connection (a reset counts as closed)."""
         out: list[wire.Frame] = []

@@ -23,8 +23,6 @@ from click.testing import CliRunner
 
 from gossiprouter.analytics.audit import (
     AuditInputError,
-    _HadoopFs,
-    _log_cause,
     analyze,
     loopback_master,
     membership_intervals,
@@ -40,6 +38,7 @@ from gossiprouter.analytics.cli import (
     analyze_command,
 )
 from gossiprouter.analytics.report import Report
+from gossiprouter.analytics.spark_io import HadoopFs, _log_cause
 from gossiprouter.loadtest.records import (
     MEMBERSHIP_SCHEMA,
     RECORD_SCHEMA,
@@ -360,7 +359,7 @@ def test_cli_allow_loss_settle_and_sample(
 @pytest.mark.spark
 def test_hadoop_filesystem_io(spark: SparkSession, tmp_path: Path) -> None:
     # The code path used for non-local URIs (hdfs://, s3a://), exercised on file: URIs.
-    fs = _HadoopFs(spark)
+    fs = HadoopFs(spark)
     uri = f"file://{tmp_path}/sub/report.json"
     assert not fs.exists(uri)
     fs.write_bytes(uri, b'{"x": 1}')

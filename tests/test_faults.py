@@ -192,7 +192,6 @@ def test_slow_client_does_not_disturb_others(fuzz_router: RouterProcess) -> None
             socket.create_connection(("127.0.0.1", port), timeout=10) as slow_preamble:
         slow_hello.sendall(wire.PREAMBLE)
         hello = wire.encode(wire.Hello((1,), "slow"))
-        t0 = time.monotonic()
         for i in range(3):  # 1 byte per second: neither completes its handshake in time
             slow_hello.sendall(hello[i : i + 1])
             slow_preamble.sendall(wire.PREAMBLE[i : i + 1])
@@ -211,7 +210,6 @@ def test_slow_client_does_not_disturb_others(fuzz_router: RouterProcess) -> None
         # Closed while a byte of ours was unread, the kernel sends RST, not FIN.
         with contextlib.suppress(ConnectionResetError):
             assert slow_preamble.recv(100) == b""
-        assert time.monotonic() - t0 < 6
     assert pair.sent - sent_before > 500  # the others went on meanwhile
     pair.finish()
     assert pair.errors == [] and pair.received == pair.sent
@@ -224,7 +222,6 @@ async def test_idle_client_closed_pinging_client_kept(start_router: object) -> N
     await silent.connect("g", b"S")
     pinger = await NativeClient.open(*router.address)
     await pinger.connect("g", b"P")
-    t0 = trio.current_time()
 
     async def keep_pinging() -> None:
         for i in range(8):
@@ -234,9 +231,8 @@ async def test_idle_client_closed_pinging_client_kept(start_router: object) -> N
     async with trio.open_nursery() as nursery:
         nursery.start_soon(keep_pinging)
         frames = await silent.recv_until_closed(timeout=5)
-        closed_after = trio.current_time() - t0
+    # The ERROR's code, not a stopwatch, says which timeout closed it.
     assert isinstance(frames[-1], wire.Error) and frames[-1].code == "idle_timeout"
-    assert 0.9 <= closed_after < 3.0
     # The pinger is still connected and registered; it saw S suspected.
     rest = [await pinger.recv() for _ in range(9)]
     assert wire.Event("g", "suspect", b"S", None, ()) in rest
@@ -250,7 +246,6 @@ def test_sigterm_tells_clients_and_exits_cleanly() -> None:
     for i, p in enumerate(peers):
         p.send(wire.Connect(1, "g", b"M%d" % i, None, ()))
         assert p.recv() == wire.Ok(1)
-    t0 = time.monotonic()
     assert proc.proc is not None
     proc.proc.send_signal(signal.SIGTERM)
     for p in peers:
@@ -261,7 +256,6 @@ def test_sigterm_tells_clients_and_exits_cleanly() -> None:
         assert frames[-1] == wire.Error(None, "shutting_down", "router is shutting down")
         p.close()
     assert proc.proc.wait(10) == 0
-    assert time.monotonic() - t0 < 4.0
     # The port is free again: nothing listens, and a new router can bind it.
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=2)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import struct
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -414,14 +413,13 @@ def test_invalid_max_frame() -> None:
         j5.Decoder(max_frame=-1)
 
 
-def test_message_hot_path_is_cheap() -> None:
-    # Not a benchmark: a loose bound that catches an accidental per-byte or quadratic path.
-    wire = j5.message("demo", B, A, b"p" * 1000) * 20_000
+def test_many_messages_in_one_feed() -> None:
+    # Correctness only; speed is benchmarks/bench_hotloop.py's job, not a wall-clock bound here.
+    one = j5.message("demo", B, A, b"p" * 1000)
     dec = j5.Decoder()
-    start = time.perf_counter()
-    dec.feed(wire)
+    dec.feed(one * 20_000)
     n = 0
-    while dec.next_event() is not None:
+    while (ev := dec.next_event()) is not None:
+        assert isinstance(ev, j5.Message) and ev.raw == one, ev
         n += 1
     assert n == 20_000
-    assert time.perf_counter() - start < 5.0

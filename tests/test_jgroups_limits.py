@@ -18,7 +18,8 @@ from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol.jgroups_common import JAddress
 from gossiprouter.server import Server
 from tests.conftest import RouterFactory
-from tests.jgroups_clients import V5, J5Client, ip, nothing_more, uuid
+from tests.jgroups_clients import V5, J5Client, ip, uuid
+from tests.quiet import nothing_more
 
 A5, B5, C5 = uuid(1, V5), uuid(2, V5), uuid(3, V5)
 

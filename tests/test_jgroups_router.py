@@ -24,11 +24,11 @@ from tests.jgroups_clients import (
     capture_streams,
     ip,
     load_steps,
-    nothing_more,
     replay,
     uuid,
 )
 from tests.nclient import NativeClient
+from tests.quiet import nothing_more
 
 A2, B2, C2 = uuid(1, V2), uuid(2, V2), uuid(3, V2)
 A5, B5, C5 = uuid(1, V5), uuid(2, V5), uuid(3, V5)

@@ -13,17 +13,12 @@ from gossiprouter.protocol import native as wire
 from gossiprouter.router import MemberEvent, Message, Router
 from gossiprouter.server import Server
 from tests.nclient import NativeClient
+from tests.quiet import nothing_more
 
 
 async def _open(router: Server) -> NativeClient:
     assert router.address is not None
     return await NativeClient.open(*router.address)
-
-
-async def _quiet(c: NativeClient, wait: float = 0.3) -> None:
-    with trio.move_on_after(wait):
-        f = await c.recv(timeout=wait + 1)
-        raise AssertionError(f"unexpected frame {f!r}")
 
 
 async def _members(c: NativeClient, group: str) -> list[bytes]:
@@ -41,7 +36,7 @@ async def test_member_on_two_connections(router: Server) -> None:
     # Traffic goes to the newest connection.
     await b.send(wire.Route("g", b"A", b"B", b"one"))
     assert await a2.recv() == wire.Route("g", b"A", b"B", b"one")
-    await _quiet(a1, 0.1)
+    await nothing_more(a1, 0.1)
     await a2.aclose()
     await trio.sleep(0.1)
     assert await _members(b, "g") == [b"B", b"A"]
@@ -51,7 +46,7 @@ async def test_member_on_two_connections(router: Server) -> None:
     await a1.aclose()
     assert await b.recv() == wire.Event("g", "suspect", b"A", None, ())
     assert await _members(b, "g") == [b"B"]
-    await _quiet(b)
+    await nothing_more(b)
 
 
 async def test_older_connection_closing_first(router: Server) -> None:
@@ -61,7 +56,7 @@ async def test_older_connection_closing_first(router: Server) -> None:
     await old.connect("g", b"A")
     await new.connect("g", b"A")
     await old.aclose()
-    await _quiet(b, 0.3)  # no suspect: A is still reachable
+    await nothing_more(b, 0.3)  # no suspect: A is still reachable
     await b.send(wire.Route("g", b"A", b"B", b"hi"))
     assert await new.recv() == wire.Route("g", b"A", b"B", b"hi")
 
@@ -110,8 +105,8 @@ async def test_reconnect_grace(start_router: object) -> None:
     assert await a2.connect("g", b"A") == wire.Ok(1)
     got = [await a2.recv() for _ in sent]
     assert got == sent
-    await _quiet(b, 0.2)
-    await _quiet(w, 0.1)
+    await nothing_more(b, 0.2)
+    await nothing_more(w, 0.1)
     # Now away for 3 s: removed when the grace ends, and the events fire.
     await a2.aclose()
     with trio.fail_after(4):

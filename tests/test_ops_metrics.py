@@ -14,6 +14,7 @@ from pathlib import Path
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from gossiprouter.addresses import parse_addr
 from gossiprouter.ops.logs import JsonFormatter
 from gossiprouter.protocol import native as wire
 from gossiprouter.server import Server
@@ -176,6 +177,7 @@ def test_dump_end_to_end(tmp_path: Path) -> None:
         async def register_and_dump() -> None:
             c = await OpsClient.open("127.0.0.1", port)
             await c.connect("billing", b"\xab\xcd", "svc-1", (("10.1.2.3", 7800),))
+            await c.connect("billing", b"node-b", "svc-2", ())
 
             def dump(*args: str) -> subprocess.CompletedProcess[str]:
                 return subprocess.run([sys.executable, "-m", "gossiprouter", "dump", admin,
@@ -184,12 +186,17 @@ def test_dump_end_to_end(tmp_path: Path) -> None:
             r = await trio.to_thread.run_sync(dump)
             assert r.returncode == 0, r.stderr
             assert r.stdout.split("\n")[0].split() == ["GROUP", "MEMBERS", "WATCHERS"]
-            assert r.stdout.split("\n")[1].split() == ["billing", "1", "0"]
+            assert r.stdout.split("\n")[1].split() == ["billing", "2", "0"]
             r = await trio.to_thread.run_sync(dump, "billing")
             assert r.returncode == 0, r.stderr
-            assert "abcd" in r.stdout and "svc-1" in r.stdout and "10.1.2.3:7800" in r.stdout
+            assert "svc-1" in r.stdout and "10.1.2.3:7800" in r.stdout
+            # Addresses as `send --to` reads them back (parse_addr), not the view's bare hex.
+            rows = {line.split()[1]: line.split()[0] for line in r.stdout.splitlines()[2:]}
+            assert rows == {"svc-1": "hex:abcd", "svc-2": "node-b"}
             r = await trio.to_thread.run_sync(dump, "billing", "--json")
-            assert json.loads(r.stdout)["members"][0]["addr"] == "abcd"
+            got = [m["addr"] for m in json.loads(r.stdout)["members"]]
+            assert got == ["hex:abcd", "node-b"]
+            assert [parse_addr(a) for a in got] == [b"\xab\xcd", b"node-b"]
             r = await trio.to_thread.run_sync(dump, "nope")
             assert r.returncode == 1 and "no group 'nope'" in r.stderr
             await c.aclose()

@@ -12,12 +12,16 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 
+import pytest
 import trio
 
 from gossiprouter import RouterStub
 from gossiprouter.stub import ConnectionState, StubEvent
 from tests.nclient import NativeClient
 from tests.procs import RouterProcess
+
+# Several seconds and 500 sockets: left out of a quick `pytest -m "not slow"` run.
+pytestmark = pytest.mark.slow
 
 N = 500
 

@@ -10,18 +10,12 @@ import trio
 from gossiprouter.protocol import native as wire
 from gossiprouter.server import Server
 from tests.nclient import NativeClient
+from tests.quiet import nothing_more
 
 
 async def _open(router: Server) -> NativeClient:
     assert router.address is not None
     return await NativeClient.open(*router.address)
-
-
-async def _nothing_more(c: NativeClient, wait: float = 0.2) -> None:
-    """Assert that nothing arrives on ``c`` within ``wait`` seconds."""
-    with trio.move_on_after(wait):
-        f = await c.recv(timeout=wait + 1)
-        raise AssertionError(f"unexpected frame {f!r}")
 
 
 async def test_get_members_lists_names_and_physical(router: Server) -> None:
@@ -70,9 +64,9 @@ async def test_multicast_reaches_each_other_connection_once(router: Server) -> N
     assert await a.recv() == wire.Route("g", None, b"C1", b"from-c1")
     assert await b.recv() == wire.Route("g", None, b"C1", b"from-c1")
     assert await c.recv() == wire.Route("g", None, b"C1", b"from-c1")
-    await _nothing_more(a)
-    await _nothing_more(b)
-    await _nothing_more(c)
+    await nothing_more(a)
+    await nothing_more(b)
+    await nothing_more(c)
 
 
 async def test_disconnect_and_abrupt_close_remove_the_member(router: Server) -> None:
@@ -87,7 +81,7 @@ async def test_disconnect_and_abrupt_close_remove_the_member(router: Server) -> 
     reply = await a.request(wire.GetMembers(a.req(), "g"))
     assert isinstance(reply, wire.Ok) and reply.members is not None
     assert [m.addr for m in reply.members] == [b"A"]
-    await _nothing_more(a)
+    await nothing_more(a)
 
 
 async def test_disconnect_of_unregistered_address_is_not_member(router: Server) -> None:
@@ -103,7 +97,7 @@ async def test_route_from_unregistered_sender_is_not_member(router: Server) -> N
     await a.send(wire.Route("g", b"B", b"A", b"spoof"))
     f = await a.recv()
     assert isinstance(f, wire.Error) and f.code == "not_member" and f.req is None
-    await _nothing_more(b)
+    await nothing_more(b)
     # The connection stays usable.
     assert await a.connect("g", b"A") == wire.Ok(1)
 
@@ -183,7 +177,7 @@ async def test_unknown_destination_is_reported_and_rate_limited(router: Server) 
         await a.send(wire.Route("g", b"NOPE", b"A", b"x"))
     f = await a.recv()
     assert isinstance(f, wire.Error) and f.code == "unknown_destination"
-    await _nothing_more(a, 0.3)
+    await nothing_more(a, 0.3)
     assert router.hub.counters.drops["unknown_destination"] == 5
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gossiprouter.routing import Kind, Limits, RoutingError, RoutingTable
+from gossiprouter.routing import Kind, Limits, Notice, RoutingError, RoutingTable
 
 Op = tuple[Any, ...]
 
@@ -126,6 +126,12 @@ CASES = [
 ]
 
 
+def _audience(n: Notice) -> tuple[object, ...]:
+    """Who the hub tells of ``n`` (Hub.flush_notices): every connection carrying a member of
+    the group for a suspect, the group's watchers for a join or leave."""
+    return n.group.targets() if n.kind == "suspect" else tuple(n.group.watchers)
+
+
 def run_case(case: Case) -> tuple[RoutingTable, list[Any], list[str], list[bytes]]:
     t = RoutingTable(grace=case.grace, suspect_events=case.suspect_events)
     notices: list[Any] = []  # (kind, group, addr, targets at the time of the operation)
@@ -167,7 +173,7 @@ def run_case(case: Case) -> tuple[RoutingTable, list[Any], list[str], list[bytes
         except RoutingError as e:
             errors.append(e.code)
         notices = [n if isinstance(n, tuple) else
-                   (n.kind, n.entry.group, n.entry.addr, tuple(map(str, n.targets)))
+                   (n.kind, n.entry.group, n.entry.addr, tuple(map(str, _audience(n))))
                    for n in notices]
     return t, notices, errors, held
 

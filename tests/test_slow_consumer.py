@@ -13,12 +13,16 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
+import pytest
 import trio
 
 from gossiprouter.protocol import native as wire
 from gossiprouter.server import Server
 from tests.nclient import NativeClient
 from tests.procs import RouterProcess
+
+# Each test sends for SEND_SECONDS: left out of a quick `pytest -m "not slow"` run.
+pytestmark = pytest.mark.slow
 
 SEND_SECONDS = 5.0
 SIZES = {b"S1": 1000, b"S2": 1001}  # payload size tells the receiver who sent a frame

@@ -13,7 +13,7 @@ import trio
 
 from gossiprouter import ConnectionState, RouterStub
 from gossiprouter.stub import StubEvent
-from tests.test_stub import FAST, Router, connected, drain, eventually
+from tests.test_stub import FAST, InProcessRouter, connected, drain, eventually
 
 
 def state_of(stub: RouterStub, router: tuple[str, int]) -> ConnectionState:
@@ -34,8 +34,8 @@ async def receive_payloads(ch: Any, n: int, timeout: float = 3.0) -> set[bytes]:
 async def test_two_routers_failover_and_rejoin(nursery: trio.Nursery) -> None:
     """Both stubs register with both routers; with one router stopped, sends go through the
     other and are all delivered; when it comes back the stubs re-join it by themselves."""
-    r1 = await Router(nursery).start()
-    r2 = await Router(nursery).start()
+    r1 = await InProcessRouter(nursery).start()
+    r2 = await InProcessRouter(nursery).start()
     routers = [r1.address, r2.address]
     async with RouterStub(routers, policy="round-robin", **FAST) as s1, \
             RouterStub(routers, **FAST) as s2:
@@ -79,8 +79,8 @@ async def test_two_routers_failover_and_rejoin(nursery: trio.Nursery) -> None:
 async def test_a_write_error_fails_over_to_the_next_router(nursery: trio.Nursery) -> None:
     """The connection a send picked turns out dead only when written to (white-box: its
     write fails): the same send goes through the other router; nothing surfaces."""
-    r1 = await Router(nursery).start()
-    r2 = await Router(nursery).start()
+    r1 = await InProcessRouter(nursery).start()
+    r2 = await InProcessRouter(nursery).start()
     routers = [r1.address, r2.address]
     async with RouterStub(routers, policy="round-robin", **FAST) as s1, \
             RouterStub(routers, **FAST) as s2:
@@ -106,8 +106,8 @@ async def test_a_write_error_fails_over_to_the_next_router(nursery: trio.Nursery
 
 async def test_suspect_and_leave_are_merged_over_routers(nursery: trio.Nursery) -> None:
     """A member that crashes is reported by both routers; the application hears it once."""
-    r1 = await Router(nursery).start()
-    r2 = await Router(nursery).start()
+    r1 = await InProcessRouter(nursery).start()
+    r2 = await InProcessRouter(nursery).start()
     routers = [r1.address, r2.address]
     async with RouterStub(routers, **FAST) as s1:
         a = await s1.connect("g", b"A")
@@ -131,7 +131,7 @@ async def test_suspect_and_leave_are_merged_over_routers(nursery: trio.Nursery) 
 async def test_backoff_bounds_attempts_while_a_router_is_down(nursery: trio.Nursery) -> None:
     """A router down for 5 s: attempts are spaced by a growing, jittered backoff (capped at
     reconnect_max), never a tight loop; then the stub reconnects."""
-    r = await Router(nursery).start()
+    r = await InProcessRouter(nursery).start()
     opts = {**FAST, "reconnect_initial": 0.1, "reconnect_max": 1.0}
     async with RouterStub([r.address], **opts) as stub:
         await stub.connect("g", b"A")
@@ -202,7 +202,7 @@ class FreezableProxy:
 
 
 async def test_hung_router_is_detected_by_heartbeat_timeout(nursery: trio.Nursery) -> None:
-    r = await Router(nursery).start()
+    r = await InProcessRouter(nursery).start()
     proxy = FreezableProxy(r.address)
     port = await nursery.start(proxy.serve)
     via = ("127.0.0.1", port)
@@ -238,7 +238,7 @@ async def test_hung_router_is_detected_by_heartbeat_timeout(nursery: trio.Nurser
 async def test_pings_keep_a_short_router_idle_timeout_happy(nursery: trio.Nursery) -> None:
     """The router announces idle_timeout_ms 400 (and heartbeat_ms 10 s): the stub pings at
     least twice per idle timeout, so its connection is never closed as idle."""
-    r = await Router(nursery, idle_timeout=0.4).start()
+    r = await InProcessRouter(nursery, idle_timeout=0.4).start()
     async with RouterStub([r.address], **{**FAST, "heartbeat_interval": 5.0,
                                           "heartbeat_timeout": 15.0}) as stub:
         await stub.connect("g", b"A")

@@ -20,7 +20,8 @@ from gossiprouter.cli_errors import fail, needs_extra
 from gossiprouter.loadtest.scenario import Scenario, ScenarioError, load_scenario
 
 if TYPE_CHECKING:
-    from gossiprouter.loadtest.driver import Progress, RunResult
+    from gossiprouter.loadtest.driver import RunResult
+    from gossiprouter.loadtest.progress import Progress
 
 __all__ = ["EXIT_FAILED", "EXIT_INPUT", "EXIT_INTERRUPTED", "loadtest_command"]
 
@@ -79,7 +80,9 @@ def loadtest_command(scenario_file: Path, router: str | None, spawn_router: bool
         # command line (serve, ...) must start fast and work without them.
         from rich.console import Console
 
-        from gossiprouter.loadtest.driver import Progress, RunInputError, first_error
+        from gossiprouter.loadtest.driver import first_error
+        from gossiprouter.loadtest.errors import RunInputError
+        from gossiprouter.loadtest.progress import Progress
     except ImportError:
         _fail(needs_extra("the load test", "pyarrow and rich", "loadtest"), EXIT_FAILED)
     progress = Progress(Console(stderr=True), live=live)

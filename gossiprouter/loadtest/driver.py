@@ -26,10 +26,16 @@
    receiving for ``drain`` seconds, flush, report their counters and leave), stops the
    router and completes the manifest with the outcome.
 
-All along it shows live progress (rich), collecting each peer's counters from its periodic
+All along it shows live progress, collecting each peer's counters from its periodic
 ``stats`` line. Any failure (a peer or the router dying unexpectedly, a timeout) raises
 :class:`LoadTestError` with a one-line message; on any exit, Ctrl-C included, every child
 process is stopped (SIGTERM, then SIGKILL after a bounded wait). Every wait is bounded.
+
+This module is the player (the steps above). The display is
+:mod:`gossiprouter.loadtest.progress`, the child processes and their supervision are
+:mod:`gossiprouter.loadtest.processes`, the errors :mod:`gossiprouter.loadtest.errors`; the
+names it has always exported (``LoadTestError``, ``RunInputError``, ``Progress``) still
+import from here.
 """
 
 from __future__ import annotations
@@ -41,31 +47,35 @@ import os
 import platform
 import secrets
 import signal
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 import trio
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
 
 import gossiprouter
+from gossiprouter.addresses import parse_hostport
 from gossiprouter.loadtest.attacks import AttackRunner
+from gossiprouter.loadtest.errors import LoadTestError, RunInputError
 from gossiprouter.loadtest.peer import trio_time_at
+from gossiprouter.loadtest.processes import (
+    CLEANUP_WAIT,
+    HOST,
+    PeerProcess,
+    SpawnedRouter,
+    can_connect,
+    free_port,
+    wait_exit,
+)
+from gossiprouter.loadtest.progress import PeerView, Progress, total_view
 from gossiprouter.loadtest.records import (
     MANIFEST_FILE,
     MEMBERSHIP_FILE,
     RECORDS_DIR,
     MembershipWriter,
 )
-from gossiprouter.loadtest.scenario import Event, MemberSpec, Scenario
+from gossiprouter.loadtest.scenario import Event, Scenario
 from gossiprouter.stub import RouterStub, StubError
 
 __all__ = [
@@ -76,30 +86,17 @@ __all__ = [
     "run_loadtest",
 ]
 
-HOST: Final = "127.0.0.1"
-ROUTER_START_TIMEOUT: Final = 20.0
-ROUTER_STOP_TIMEOUT: Final = 15.0
 PEER_READY_TIMEOUT: Final = 60.0  # plus a little per member, see _ready_timeout
 START_LEAD_S: Final = 0.3  # t0 is this far ahead of the start command: all get it in time
 FREEZE_TIMEOUT: Final = 5.0
 KILL_WAIT: Final = 5.0
 FINISH_GRACE: Final = 30.0  # after the drain, for the peers to flush, report and leave
-CLEANUP_WAIT: Final = 5.0
 STATS_INTERVAL: Final = 0.5
-CONTROL_WRITE_TIMEOUT: Final = 10.0
 LOGS_DIR: Final = "logs"
 # After a router restart: how long to watch for every member to be registered again, and
 # how often to ask. Bounded so that a stub that never comes back cannot stall the run.
 REREGISTER_TIMEOUT: Final = 30.0
 REREGISTER_POLL: Final = 0.05
-
-
-class LoadTestError(Exception):
-    """The run failed; the message is one line for the user."""
-
-
-class RunInputError(LoadTestError):
-    """The run could not start because of its input (options, run directory)."""
 
 
 # --------------------------------------------------------------------------- results
@@ -157,337 +154,6 @@ def _n(count: int, noun: str) -> str:
     return f"{count:,} {noun}{'es' if noun.endswith('s') else 's'}"
 
 
-# --------------------------------------------------------------------------- progress
-
-
-@dataclass
-class PeerView:
-    """What the progress display shows of one peer."""
-
-    proc: int
-    members: int
-    joined: int
-    state: str
-    sent: int
-    received: int
-    errors: int
-    dropped: int
-    send_rate: float
-    recv_rate: float
-
-
-class Progress:
-    """Live progress on a console: a rich table when ``live``, else plain lines.
-
-    Event lines are printed above the table as they happen; the table shows per-process
-    counters and rates, refreshed a few times a second.
-    """
-
-    def __init__(self, console: Console | None = None, *, live: bool | None = None,
-                 plain_every: float = 5.0) -> None:
-        self.console = console or Console(stderr=True)
-        self.live_mode = self.console.is_terminal if live is None else live
-        self.plain_every = plain_every
-        self._live: Live | None = None
-        self._t0_ns: int | None = None
-
-    def elapsed(self) -> float:
-        return 0.0 if self._t0_ns is None else (time.monotonic_ns() - self._t0_ns) / 1e9
-
-    def set_t0(self, t0_ns: int) -> None:
-        self._t0_ns = t0_ns
-
-    def log(self, text: str) -> None:
-        stamp = f"{self.elapsed():7.2f} s  " if self._t0_ns is not None else "           "
-        self.console.print(Text(stamp + text), highlight=False)
-
-    async def run(self, snapshot: Callable[[], tuple[str, list[PeerView]]]) -> None:
-        """Refresh the display until cancelled."""
-        if not self.live_mode:
-            while True:
-                await trio.sleep(self.plain_every)
-                _, views = snapshot()
-                self.log(_plain_line(views))
-        with Live(console=self.console, auto_refresh=False, transient=False) as live:
-            self._live = live
-            try:
-                while True:
-                    live.update(_render(*snapshot()), refresh=True)
-                    await trio.sleep(0.25)
-            finally:
-                live.update(_render(*snapshot()), refresh=True)
-                self._live = None
-
-
-def _plain_line(views: list[PeerView]) -> str:
-    t = _total(views)
-    return (f"sent {t.sent:,} ({t.send_rate:,.0f}/s), delivered {t.received:,} "
-            f"({t.recv_rate:,.0f}/s), errors {t.errors:,}, dropped {t.dropped:,}")
-
-
-def _total(views: list[PeerView]) -> PeerView:
-    return PeerView(-1, sum(v.members for v in views), sum(v.joined for v in views), "",
-                    sum(v.sent for v in views), sum(v.received for v in views),
-                    sum(v.errors for v in views), sum(v.dropped for v in views),
-                    sum(v.send_rate for v in views), sum(v.recv_rate for v in views))
-
-
-def _render(title: str, views: list[PeerView]) -> Group:
-    table = Table(title=None, expand=False, show_edge=False, pad_edge=False)
-    for name, justify in (("process", "left"), ("members", "right"), ("state", "left"),
-                          ("sent", "right"), ("delivered", "right"), ("sent/s", "right"),
-                          ("delivered/s", "right"), ("errors", "right"), ("dropped", "right")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
-
-    def row(v: PeerView, label: str) -> list[str]:
-        return [label, f"{v.joined}/{v.members}", v.state, f"{v.sent:,}", f"{v.received:,}",
-                f"{v.send_rate:,.0f}", f"{v.recv_rate:,.0f}",
-                f"{v.errors:,}", f"{v.dropped:,}"]
-
-    for v in views:
-        table.add_row(*row(v, f"p{v.proc}"),
-                      style="red" if v.state in ("failed",) else
-                      "dim" if v.state in ("killed", "done") else None)
-    if len(views) > 1:
-        table.add_section()
-        table.add_row(*row(_total(views), "total"), style="bold")
-    return Group(Text(title, style="bold"), table)
-
-
-# --------------------------------------------------------------------------- children
-
-
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _last_line(path: Path) -> str:
-    """The last non-empty line of a log, for error messages."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 4096))
-            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines()]
-    except OSError:
-        return ""
-    lines = [ln for ln in lines if ln]
-    return lines[-1][:300] if lines else ""
-
-
-def _exit_status(rc: int | None) -> str:
-    """``exited with status 1`` / ``was killed by SIGKILL``."""
-    if rc is not None and rc < 0:
-        try:
-            return f"was killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"was killed by signal {-rc}"
-    return f"exited with status {rc}"
-
-
-async def _can_connect(port: int) -> bool:
-    try:
-        with trio.move_on_after(1.0):
-            stream = await trio.open_tcp_stream(HOST, port)
-            await stream.aclose()
-            return True
-    except OSError:
-        return False
-    return False
-
-
-async def _wait_exit(proc: trio.Process, timeout: float) -> bool:
-    """Wait up to ``timeout`` for ``proc`` to exit; True if it did."""
-    with trio.move_on_after(timeout):
-        await proc.wait()
-    return proc.returncode is not None
-
-
-class SpawnedRouter:
-    """``gossiprouter serve`` on 127.0.0.1:port, run (and restarted) by the driver."""
-
-    def __init__(self, port: int, args: tuple[str, ...], log_path: Path) -> None:
-        self.port = port
-        self.args = args
-        self.log_path = log_path
-        self.proc: trio.Process | None = None
-        self.stopping = False  # the driver is stopping it: its exit is expected
-        self.restarts = 0
-
-    async def start(self, nursery: trio.Nursery) -> None:
-        with open(self.log_path, "ab") as log:
-            self.proc = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "gossiprouter", "serve", "--host", HOST,
-                 "--port", str(self.port), *self.args],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-        proc = self.proc
-        deadline = trio.current_time() + ROUTER_START_TIMEOUT
-        while not await _can_connect(self.port):
-            if proc.returncode is not None or proc.poll() is not None:
-                raise LoadTestError(f"the router {_exit_status(proc.returncode)} at start: "
-                                    f"{_last_line(self.log_path)} (log: {self.log_path})")
-            if trio.current_time() > deadline:
-                raise LoadTestError(f"the router did not listen on {HOST}:{self.port} within "
-                                    f"{ROUTER_START_TIMEOUT:g} s (log: {self.log_path})")
-            await trio.sleep(0.05)
-        self.stopping = False
-        nursery.start_soon(self._supervise, proc)
-
-    async def _supervise(self, proc: trio.Process) -> None:
-        await proc.wait()
-        if not self.stopping and proc is self.proc:
-            raise LoadTestError(f"the router {_exit_status(proc.returncode)} unexpectedly: "
-                                f"{_last_line(self.log_path)} (log: {self.log_path})")
-
-    async def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
-        proc = self.proc
-        if proc is None or proc.returncode is not None:
-            return
-        self.stopping = True
-        proc.send_signal(sig)
-        if not await _wait_exit(proc, ROUTER_STOP_TIMEOUT):
-            proc.kill()
-            await _wait_exit(proc, CLEANUP_WAIT)
-
-    async def restart(self, nursery: trio.Nursery, sig: signal.Signals, down: float) -> None:
-        await self.stop(sig)
-        await trio.sleep(down)
-        await self.start(nursery)
-        self.restarts += 1
-
-
-class PeerProcess:
-    """One peer process and its control channel."""
-
-    def __init__(self, proc_no: int, members: list[MemberSpec], log_path: Path) -> None:
-        self.proc_no = proc_no
-        self.members = members
-        self.log_path = log_path
-        self.process: trio.Process | None = None
-        self.state = "starting"
-        self.joined: dict[str, str] = {}  # member -> group, as the peer reported
-        self.ready = trio.Event()
-        self.finished = trio.Event()  # "bye" received
-        self.stats: dict[str, Any] = {}
-        self.rates = (0.0, 0.0)
-        self.error: str | None = None
-        self.expected_exit = False  # killed by the driver, or cleaning up
-        self._buffer = bytearray()
-        self._replies: dict[int, dict[str, Any]] = {}
-        self._reply_events: dict[int, trio.Event] = {}
-        self._next_id = 0
-        self._send_lock = trio.Lock()
-
-    @property
-    def name(self) -> str:
-        return f"p{self.proc_no}"
-
-    async def start(self) -> None:
-        with open(self.log_path, "ab") as log:
-            self.process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "gossiprouter.loadtest.peer"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                start_new_session=True)
-
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.returncode is None
-
-    async def send(self, msg: dict[str, Any]) -> None:
-        assert self.process is not None and self.process.stdin is not None
-        data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
-        async with self._send_lock:
-            try:
-                with trio.fail_after(CONTROL_WRITE_TIMEOUT):
-                    await self.process.stdin.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                raise LoadTestError(f"peer process {self.proc_no} is gone "
-                                    f"({self.error or _last_line(self.log_path)})") from None
-            except trio.TooSlowError:
-                raise LoadTestError(f"peer process {self.proc_no} has not read its control "
-                                    f"channel for {CONTROL_WRITE_TIMEOUT:g} s "
-                                    f"(log: {self.log_path})") from None
-
-    async def request(self, msg: dict[str, Any], timeout: float) -> dict[str, Any] | None:
-        """Send a command and wait up to ``timeout`` for its reply (None if none came)."""
-        self._next_id += 1
-        req = self._next_id
-        ev = self._reply_events[req] = trio.Event()
-        try:
-            await self.send({**msg, "id": req})
-            with trio.move_on_after(timeout):
-                await ev.wait()
-            return self._replies.pop(req, None)
-        finally:
-            self._reply_events.pop(req, None)
-
-    async def read_loop(self, on_message: Callable[[PeerProcess, dict[str, Any]], None]) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        stdout = self.process.stdout
-        while True:
-            try:
-                data = await stdout.receive_some(65536)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return
-            if not data:
-                return
-            self._buffer += data
-            while (i := self._buffer.find(b"\n")) >= 0:
-                line = bytes(self._buffer[:i])
-                del self._buffer[:i + 1]
-                try:
-                    msg = json.loads(line)
-                except ValueError:
-                    continue  # not ours (cannot happen: the peer keeps fd 1 for the channel)
-                if isinstance(msg, dict):
-                    self._dispatch(msg, on_message)
-
-    def _dispatch(self, msg: dict[str, Any],
-                  on_message: Callable[[PeerProcess, dict[str, Any]], None]) -> None:
-        ev = msg.get("ev")
-        if ev == "reply":
-            req = msg.get("id")
-            if isinstance(req, int) and req in self._reply_events:
-                self._replies[req] = msg
-                self._reply_events[req].set()
-            return
-        if ev in ("stats", "bye"):
-            old = self.stats
-            if old and msg.get("t_ns", 0) > old.get("t_ns", 0):
-                dt = (msg["t_ns"] - old["t_ns"]) / 1e9
-                self.rates = ((msg["sent"] - old["sent"]) / dt,
-                              (msg["received"] - old["received"]) / dt)
-            self.stats = msg
-            if ev == "bye":
-                self.state = "done"
-                self.rates = (0.0, 0.0)
-                self.finished.set()
-        elif ev == "ready":
-            self.ready.set()
-        elif ev == "error":
-            self.error = str(msg.get("message"))
-        on_message(self, msg)
-
-    async def supervise(self) -> None:
-        assert self.process is not None
-        rc = await self.process.wait()
-        if self.expected_exit or (self.finished.is_set() and rc == 0):
-            return
-        self.state = "failed"
-        why = self.error or _last_line(self.log_path) or "no message in its log"
-        raise LoadTestError(f"peer process {self.proc_no} {_exit_status(rc)}: {why} "
-                            f"(log: {self.log_path})")
-
-    def view(self) -> PeerView:
-        s = self.stats
-        return PeerView(self.proc_no, len(self.members), len(self.joined), self.state,
-                        int(s.get("sent", 0)), int(s.get("received", 0)),
-                        int(s.get("errors", 0)), int(s.get("dropped", 0)), *self.rates)
-
-
 # --------------------------------------------------------------------------- host facts
 
 
@@ -539,13 +205,14 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 def parse_router_option(value: str) -> tuple[str, int]:
     """``HOST:PORT`` of an existing router, which must be on 127.0.0.1 (one machine, one
     monotonic clock for every record)."""
-    host, sep, port_s = value.rpartition(":")
-    if not sep or not port_s.isdigit() or not 0 < int(port_s) <= 65535:
-        raise RunInputError(f"--router {value!r}: expected HOST:PORT with a port from 1 to 65535")
+    try:
+        host, port = parse_hostport(value)
+    except ValueError as e:
+        raise RunInputError(f"--router {value!r}: {e}") from None
     if host not in ("127.0.0.1", "localhost"):
         raise RunInputError(f"--router {value!r}: the load test runs on one machine, so the "
                             "router must be on 127.0.0.1")
-    return HOST, int(port_s)
+    return HOST, port
 
 
 def prepare_run_dir(run_dir: Path) -> None:
@@ -671,7 +338,7 @@ class _Run:
                                          for p in self.peers}
             self.manifest["warnings"] = self.warnings
             self.write_manifest()
-        totals = _total([p.view() for p in self.peers])
+        totals = total_view([p.view() for p in self.peers])
         router_errors: dict[str, int] = {}
         for p in self.peers:
             for code, n in dict(p.stats.get("router_errors_by_code") or {}).items():
@@ -690,7 +357,7 @@ class _Run:
         if self.router is not None:
             say(f"starting the router on {self.router_addr}")
             await self.router.start(nursery)
-        elif not await _can_connect(self.port):
+        elif not await can_connect(self.port):
             raise LoadTestError(f"cannot reach the router at {self.router_addr}")
         say(f"starting {_n(s.processes, 'peer process')} ({_n(len(s.members), 'member')} in "
             f"{_n(len(s.groups), 'group')}, one RouterStub {s.stubs.replace('-', ' ')})")
@@ -842,7 +509,7 @@ class _Run:
         self.killed.append(peer.proc_no)
         assert peer.process is not None
         peer.process.kill()  # SIGKILL: the router sees the connections drop, no DISCONNECT
-        if not await _wait_exit(peer.process, KILL_WAIT):
+        if not await wait_exit(peer.process, KILL_WAIT):
             raise LoadTestError(f"peer process {peer.proc_no} survived SIGKILL for "
                                 f"{KILL_WAIT:g} s")
         say(f"killed process {peer.proc_no} ({members} members)")
@@ -862,7 +529,7 @@ class _Run:
             if p.alive:
                 assert p.process is not None
                 p.process.kill()
-                await _wait_exit(p.process, CLEANUP_WAIT)
+                await wait_exit(p.process, CLEANUP_WAIT)
         for p in self.peers:
             if p.process is not None:
                 for stream in (p.process.stdin, p.process.stdout):
@@ -915,7 +582,7 @@ async def run_loadtest(
                             "--spawn-router: the tool restarts only a router it started")
     path = Path(run_dir)
     prepare_run_dir(path)
-    out = progress or Progress(Console(quiet=True), live=False)
+    out = progress or Progress.silent()
     run = _Run(scenario, path, address, out, scenario_file)
     if address is not None and scenario.router_args:
         run.warnings.append("router.args of the scenario ignored: the router is not spawned")

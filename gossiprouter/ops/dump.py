@@ -3,6 +3,9 @@
 It reads the router's read-only admin view over HTTP (the ``--metrics``
 HOST:PORT), so it needs no credentials on the router port and changes
 nothing. Output is a table for people, or the admin view's JSON with ``--json``.
+Either way member addresses are printed the way ``gossiprouter send --to`` reads them
+(:func:`gossiprouter.addresses.format_addr`): the admin view's bare hex would be read back as
+text.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from urllib.parse import quote
 
 import click
 
-from gossiprouter.addresses import format_hostport
+from gossiprouter.addresses import format_addr, format_hostport
 from gossiprouter.cli_errors import CommandError as _Fail
 from gossiprouter.config import ConfigError, parse_listen
 from gossiprouter.ops.auth import load_secret
@@ -66,6 +69,17 @@ def _get(admin: str, group: str | None, timeout: float, token: str,
         raise _Fail(f"{admin}: not a gossiprouter admin endpoint ({e})") from None
 
 
+def pasteable(view: dict[str, Any]) -> dict[str, Any]:
+    """``view`` with each member's ``addr`` (hex in the admin view) in the form
+    ``gossiprouter send --to`` reads back: ``hex:abcd``, or plain text when that is the same
+    bytes."""
+    members = view.get("members")
+    if not isinstance(members, list):
+        return view
+    return {**view, "members": [{**m, "addr": format_addr(bytes.fromhex(m["addr"]))}
+                                for m in members]}
+
+
 def table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
@@ -106,7 +120,8 @@ def render_group(view: dict[str, Any]) -> str:
 @click.command()
 @click.argument("admin", metavar="HOST:PORT")
 @click.argument("group", required=False)
-@click.option("--json", "as_json", is_flag=True, help="Print the admin view's JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the admin view's JSON (member addresses as `send --to` reads them).")
 @click.option("--timeout", type=float, default=5.0, show_default=True, metavar="SECONDS",
               help="How long to wait for the router.")
 @click.option("--token", "token_ref", default="", metavar="file:PATH|env:NAME",
@@ -127,7 +142,7 @@ def dump(admin: str, group: str | None, as_json: bool, timeout: float,
         token = load_secret(token_ref) if token_ref else ""
     except ConfigError as e:
         raise _Fail(str(e).replace("admin_token", "--token", 1)) from None
-    view = fetch(admin, group, timeout, token)
+    view = pasteable(fetch(admin, group, timeout, token))
     if as_json:
         click.echo(json.dumps(view, indent=2))
     elif group is None:

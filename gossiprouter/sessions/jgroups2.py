@@ -63,7 +63,6 @@ class JGroups2Session(JGroupsSession):
 
     def __init__(self, hub: Hub, peer: str) -> None:
         super().__init__(hub, peer)
-        # The start of an object not yet complete, and how many bytes it needs at least.
         # A decoder holding an object of the slow path that is not complete yet.
         self._dec: j2.Decoder | None = None
         self._routes: dict[bytes, _Route] = {}

@@ -104,7 +104,8 @@ class JGroupsSession(Session):
     """The version-independent part of the JGroups sessions.
 
     Subclasses set :attr:`protocol`, :attr:`prefix` and :attr:`version`, and implement
-    ``on_data``, ``notify`` and ``farewell``.
+    ``on_data``, ``event_frame`` (membership events, encoded once per event by the hub) and
+    ``farewell``.
     """
 
     prefix = "jgroups?:"
@@ -278,7 +279,7 @@ class JGroupsSession(Session):
         """The entries of JGroups ``group``, in registration order."""
         return self.hub.table.members(self.prefix + group)
 
-    # ------------------------------------------------------------------ routing (slow path)
+    # ------------------------------------------------------- routing (called by the hot loop)
 
     def route(self, group: str, dest: bytes | None, frames: bytes, count: int = 1) -> None:
         """Deliver ``count`` whole frames (``frames``, already in the receivers' wire form) from

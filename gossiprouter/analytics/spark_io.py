@@ -1,0 +1,441 @@
+"""Spark I/O for the analysis: the run directory, local or behind Hadoop's FileSystem API,
+and the Spark session it runs in.
+
+Paths are local paths by default. Anything with a URI scheme (``hdfs://``, ``s3a://``,
+``file://`` ...) is handed to Spark and Hadoop as is; small files (the manifest, the report)
+go through Hadoop's FileSystem API then (:class:`HadoopFs`). :class:`RunStore` is what the job
+(:mod:`gossiprouter.analytics.audit`) reads and writes through. :func:`spark_session` starts
+Spark, embedded as ``local[*]`` unless a master URL is given, kept on loopback for a loopback
+master.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import socket
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import urlparse
+
+from gossiprouter.loadtest.records import (
+    MANIFEST_FILE,
+    MEMBERSHIP_FILE,
+    MEMBERSHIP_SCHEMA,
+    RECORD_SCHEMA,
+    RECORDS_DIR,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = [
+    "APP_NAME",
+    "DEFAULT_MASTER",
+    "LOOPBACK",
+    "MASTER_CONNECT_TIMEOUT",
+    "AuditInputError",
+    "HadoopFs",
+    "RunStore",
+    "SparkStartError",
+    "check_run_dir",
+    "driver_address",
+    "local_path",
+    "loopback_master",
+    "session_settings",
+    "spark_session",
+]
+
+DEFAULT_MASTER: Final = "local[*]"
+APP_NAME: Final = "gossiprouter-analyze"
+
+_SPARK_TYPES: Final = {"string": "STRING", "int64": "BIGINT", "int32": "INT"}
+
+
+class AuditInputError(Exception):
+    """The run directory is missing or does not hold what the analysis needs."""
+
+
+class SparkStartError(Exception):
+    """Spark could not start (the master is unreachable, say); the message is one line."""
+
+
+# How long to wait for a TCP connection to a standalone master before giving up: Spark's
+# own client would retry for about a minute and then report only a stopped SparkContext.
+MASTER_CONNECT_TIMEOUT: Final = 5.0
+LOOPBACK: Final = "127.0.0.1"
+
+
+def _ddl(schema: pa.Schema) -> str:
+    # The reader's schema is derived from the writer's, so the two cannot drift apart; giving
+    # Spark the schema also spares it inferring one from every file's footer.
+    return ", ".join(f"`{f.name}` {_SPARK_TYPES[str(f.type)]}" for f in schema)
+
+
+RECORDS_DDL: Final = _ddl(RECORD_SCHEMA)
+MEMBERSHIP_DDL: Final = _ddl(MEMBERSHIP_SCHEMA)
+
+
+# ---------------------------------------------------------------------------------------------
+# Paths: local paths or Hadoop-compatible URIs
+
+
+def _is_uri(path: str) -> bool:
+    # One-letter schemes are Windows drive letters, not URIs.
+    return len(urlparse(path).scheme) > 1
+
+
+def local_path(path: str) -> Path | None:
+    """The local filesystem path for ``path``, or None when it is a non-file URI."""
+    if not _is_uri(path):
+        return Path(path)
+    parsed = urlparse(path)
+    return Path(parsed.path) if parsed.scheme == "file" else None
+
+
+def spark_uri(path: str) -> str:
+    # A bare path would be resolved against Hadoop's fs.defaultFS (HDFS on many clusters);
+    # an explicit file: URI keeps "local path" meaning local path.
+    local = local_path(path)
+    if local is not None and not _is_uri(path):
+        return "file://" + os.path.abspath(local)
+    return path
+
+
+def join_uri(base: str, name: str) -> str:
+    return base.rstrip("/") + "/" + name
+
+
+def _visible_parquet(names: Iterable[str]) -> bool:
+    return any(n.endswith(".parquet") and not n.startswith((".", "_")) for n in names)
+
+
+def check_run_dir(run_dir: str) -> None:
+    """Raise :class:`AuditInputError` unless the (local) ``run_dir`` holds records and a
+    membership timeline; URIs are checked later, through Spark."""
+    local = local_path(run_dir)
+    if local is not None:
+        _check_local_inputs(local)
+
+
+def _check_local_inputs(run_dir: Path) -> None:
+    if not run_dir.is_dir():
+        raise AuditInputError(f"run directory {run_dir} does not exist")
+    records = run_dir / RECORDS_DIR
+    if not records.is_dir() or not _visible_parquet(p.name for p in records.iterdir()):
+        raise AuditInputError(f"no records in {run_dir} (expected {records}/*.parquet)")
+    if not (run_dir / MEMBERSHIP_FILE).exists():
+        raise AuditInputError(f"no membership timeline {run_dir / MEMBERSHIP_FILE}")
+
+
+class HadoopFs:
+    """The few filesystem operations the job needs, through Hadoop's FileSystem API."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        sc: Any = spark.sparkContext
+        self._jvm: Any = sc._jvm
+        self._conf: Any = sc._jsc.hadoopConfiguration()
+
+    def _fs(self, uri: str) -> tuple[Any, Any]:
+        path = self._jvm.org.apache.hadoop.fs.Path(uri)
+        return path.getFileSystem(self._conf), path
+
+    def exists(self, uri: str) -> bool:
+        fs, path = self._fs(uri)
+        return bool(fs.exists(path))
+
+    def names(self, uri: str) -> list[str]:
+        fs, path = self._fs(uri)
+        return [str(s.getPath().getName()) for s in fs.listStatus(path)]
+
+    def read_bytes(self, uri: str) -> bytes:
+        fs, path = self._fs(uri)
+        stream = fs.open(path)
+        try:
+            return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+        finally:
+            stream.close()
+
+    def write_bytes(self, uri: str, data: bytes) -> None:
+        fs, path = self._fs(uri)
+        out = fs.create(path, True)
+        try:
+            out.write(bytearray(data))
+        finally:
+            out.close()
+
+
+def check_remote_inputs(fs: HadoopFs, run_uri: str) -> None:
+    if not fs.exists(run_uri):
+        raise AuditInputError(f"run directory {run_uri} does not exist")
+    records = join_uri(run_uri, RECORDS_DIR)
+    if not fs.exists(records) or not _visible_parquet(fs.names(records)):
+        raise AuditInputError(f"no records in {run_uri} (expected {records}/*.parquet)")
+    if not fs.exists(join_uri(run_uri, MEMBERSHIP_FILE)):
+        raise AuditInputError(f"no membership timeline {join_uri(run_uri, MEMBERSHIP_FILE)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Spark session
+
+
+def _local_cores(master: str) -> int | None:
+    """Worker threads of a ``local``/``local[N]``/``local[*]`` master; None for a cluster."""
+    m = re.fullmatch(r"local(?:\[(\*|\d+)(?:\s*,\s*\d+)?\])?", master.strip())
+    if m is None:
+        return None
+    if m.group(1) is None:
+        return 1
+    return (os.cpu_count() or 1) if m.group(1) == "*" else int(m.group(1))
+
+
+def _master_hosts(master: str) -> list[tuple[str, int]] | None:
+    """(host, port) of each master of a ``spark://h1:p1,h2:p2`` URL; None for other URLs."""
+    if not master.startswith("spark://"):
+        return None
+    out: list[tuple[str, int]] = []
+    for part in master[len("spark://"):].split(","):
+        host, sep, port = part.strip().rpartition(":")
+        if not sep or not port.isdigit():
+            host, port = part.strip(), "7077"
+        out.append((host.strip("[]"), int(port)))
+    return out
+
+
+def _is_loopback(host: str) -> bool:
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def loopback_master(master: str) -> bool:
+    """True for a local master, or a standalone master whose every host is on loopback:
+    then the driver must bind and advertise a loopback address too."""
+    if _local_cores(master) is not None:
+        return True
+    hosts = _master_hosts(master)
+    return bool(hosts) and all(_is_loopback(h) for h, _ in hosts or ())
+
+
+def _check_masters_reachable(master: str, timeout: float = MASTER_CONNECT_TIMEOUT) -> None:
+    """Raise :class:`SparkStartError` unless a master of a ``spark://`` URL accepts a TCP
+    connection within ``timeout`` seconds."""
+
+    hosts = _master_hosts(master)
+    if not hosts:
+        return
+    errors: list[str] = []
+    for host, port in hosts:
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                return
+        except TimeoutError:
+            errors.append(f"{host}:{port}: no answer within {timeout:g} s")
+        except OSError as e:
+            errors.append(f"{host}:{port}: {e.strerror or e}")
+    raise SparkStartError(f"cannot reach the Spark master {master} ({'; '.join(errors)})")
+
+
+def _log_cause(log_path: str | os.PathLike[str] | None) -> str | None:
+    """The most telling line of Spark's log: the last ERROR line (such as "All masters are
+    unresponsive! Giving up."), without its timestamp and logger prefix."""
+    if log_path is None:
+        return None
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 200_000))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        m = re.search(r"\bERROR\b\s*(?:[\w.$]+:\s*)?(.*)", line)
+        if m and m.group(1).strip():
+            return m.group(1).strip()
+    return None
+
+
+def driver_address(spark: SparkSession) -> str:
+    """host:port the driver advertises to the executors."""
+    conf: Any = spark.sparkContext.getConf()
+    return f"{conf.get('spark.driver.host', '?')}:{conf.get('spark.driver.port', '?')}"
+
+
+def _quiet_python_warnings() -> None:
+    # PySpark warns about pandas versions it has not certified; this job never converts to
+    # pandas, so the warning is noise in the terminal summary.
+    warnings.filterwarnings("ignore", message=".*PySpark does not yet fully support pandas.*")
+
+
+def spark_session(
+    master: str | None = None,
+    *,
+    conf: Mapping[str, str] | None = None,
+    log_path: str | os.PathLike[str] | None = None,
+) -> SparkSession:
+    """Start (or join) the Spark session the analysis runs in.
+
+    ``master`` defaults to ``local[*]``. For local masters, and standalone masters on
+    loopback (``spark://127.0.0.1:7077``), the driver binds to and advertises 127.0.0.1 only
+    (and ``SPARK_LOCAL_IP`` defaults to 127.0.0.1), so nothing leaves loopback; on a real
+    cluster Spark picks the address, and ``spark.driver.host`` in ``conf`` sets it. The web
+    UI is off and local shuffles use 2 partitions per core. ``conf`` entries are applied
+    last and win. With ``log_path`` the JVM's stdout and stderr (Spark's own log lines at
+    WARN and above) go to that file instead of the terminal; without it only errors are
+    logged. If a SparkContext is already running in this process it is reused as it is.
+
+    A ``spark://`` master that accepts no TCP connection within
+    :data:`MASTER_CONNECT_TIMEOUT` seconds, or a context that Spark stopped while starting
+    (it gave up registering with the master), raises :class:`SparkStartError` with the
+    cause on one line.
+    """
+    from pyspark import SparkConf, SparkContext
+    from pyspark.sql import SparkSession
+
+    _quiet_python_warnings()
+    master = master or DEFAULT_MASTER
+    # Checked even when a context is running (and would be joined): asking for an
+    # unreachable master is a mistake worth hearing about, and it costs no JVM.
+    _check_masters_reachable(master)
+    if SparkContext._active_spark_context is not None:
+        return SparkSession.builder.getOrCreate()
+
+    settings = session_settings(master, conf, log_to_file=log_path is not None)
+    if settings.get("spark.driver.bindAddress") == LOOPBACK:
+        # The environment variable covers the services that do not read
+        # spark.driver.bindAddress.
+        os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+    spark_conf = SparkConf().setMaster(master).setAll(list(settings.items()))
+    return SparkSession(_start_context(master, spark_conf, log_path))
+
+
+def session_settings(master: str, conf: Mapping[str, str] | None = None, *,
+                     log_to_file: bool = False) -> dict[str, str]:
+    """The Spark configuration :func:`spark_session` starts a context with."""
+    settings: dict[str, str] = {
+        "spark.app.name": APP_NAME,
+        "spark.ui.enabled": "false",
+        # The console progress bar would draw over the terminal (or fill the log file).
+        "spark.ui.showConsoleProgress": "false",
+        "spark.log.level": "WARN" if log_to_file else "ERROR",
+    }
+    if loopback_master(master):
+        # A run on loopback must not listen beyond it, nor make the executors connect back
+        # to an external address (Spark's default is the first external interface).
+        settings.update({"spark.driver.bindAddress": LOOPBACK, "spark.driver.host": LOOPBACK})
+    cores = _local_cores(master)
+    if cores is not None:
+        settings.update({
+            # The default of 200 partitions is far too many for a handful of cores.
+            "spark.sql.shuffle.partitions": str(2 * cores),
+            "spark.default.parallelism": str(2 * cores),
+        })
+        if "SPARK_DRIVER_MEMORY" not in os.environ:
+            # In local mode the driver JVM is also the executor; the 1 GiB default makes
+            # tens of millions of records spill heavily.
+            settings["spark.driver.memory"] = "3g"
+    settings.update(conf or {})
+    return settings
+
+
+def _start_context(master: str, spark_conf: Any,
+                   log_path: str | os.PathLike[str] | None) -> Any:
+    from pyspark import SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if log_path is None or SparkContext._gateway is not None:
+        # (A JVM left by an earlier, stopped context is reused; its output stays where it was.)
+        sc = SparkContext(conf=spark_conf)
+    else:
+        with open(log_path, "ab") as log:
+            # The JVM inherits the file; it keeps writing there after we close our handle.
+            launch: Any = launch_gateway  # untyped in PySpark
+            gateway = launch(spark_conf, popen_kwargs={"stdout": log, "stderr": log})
+        sc = SparkContext(conf=spark_conf, gateway=gateway)
+    jsc: Any = sc._jsc
+    if jsc.sc().isStopped():
+        # Spark gives up registering with an unresponsive master by stopping the context;
+        # what came next would fail with "Cannot call methods on a stopped SparkContext".
+        cause = _log_cause(log_path) or "Spark stopped the context while starting"
+        sc.stop()
+        raise SparkStartError(f"Spark could not start on {master}: {cause}")
+    return sc
+
+
+# ---------------------------------------------------------------------------------------------
+# The run directory, as the job reads and writes it
+
+
+class RunStore:
+    """The run directory (and report files) of one analysis, local or through Hadoop."""
+
+    def __init__(self, spark: SparkSession, run_dir: str) -> None:
+        self.spark = spark
+        self.run_dir = run_dir
+        self.run_uri = spark_uri(run_dir)
+        self._fs: HadoopFs | None = None
+
+    @property
+    def fs(self) -> HadoopFs:
+        if self._fs is None:
+            self._fs = HadoopFs(self.spark)
+        return self._fs
+
+    def check_inputs(self) -> None:
+        """Raise :class:`AuditInputError` unless a remote run directory holds the inputs
+        (a local one was checked by :func:`check_run_dir` before Spark started)."""
+        if local_path(self.run_dir) is None:
+            check_remote_inputs(self.fs, self.run_uri)
+
+    def manifest(self, warnings: list[str]) -> dict[str, Any] | None:
+        """The run's manifest, or None (with a line in ``warnings``) when it is missing or
+        unreadable: the analysis goes on without it."""
+        local = local_path(self.run_dir)
+        try:
+            if local is not None:
+                path = local / MANIFEST_FILE
+                if not path.exists():
+                    warnings.append(f"no {MANIFEST_FILE} in the run directory")
+                    return None
+                raw = path.read_bytes()
+            else:
+                uri = join_uri(self.run_uri, MANIFEST_FILE)
+                if not self.fs.exists(uri):
+                    warnings.append(f"no {MANIFEST_FILE} in the run directory")
+                    return None
+                raw = self.fs.read_bytes(uri)
+            data = json.loads(raw)
+        except (OSError, ValueError) as e:
+            warnings.append(f"{MANIFEST_FILE} unreadable: {e}")
+            return None
+        if not isinstance(data, dict):
+            warnings.append(f"{MANIFEST_FILE} is not a JSON object; kept under 'value'")
+            return {"value": data}
+        return data
+
+    def timeline(self) -> DataFrame:
+        """The membership timeline, with the writer's schema."""
+        return self.spark.read.schema(MEMBERSHIP_DDL).parquet(
+            join_uri(self.run_uri, MEMBERSHIP_FILE))
+
+    def records(self) -> DataFrame:
+        """Every delivery and send record, with the writer's schema."""
+        return self.spark.read.schema(RECORDS_DDL).parquet(join_uri(self.run_uri, RECORDS_DIR))
+
+    def write(self, path: str, data: bytes) -> None:
+        """Write ``data`` to ``path`` (a local path or a URI), creating local parents."""
+        local = local_path(path)
+        if local is not None:
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_bytes(data)
+        else:
+            self.fs.write_bytes(path, data)

@@ -1,0 +1,274 @@
+"""The load test's child processes: the spawned router and the peer processes, supervised.
+
+:class:`SpawnedRouter` runs ``gossiprouter serve`` on 127.0.0.1 (and stops and restarts it);
+:class:`PeerProcess` runs one ``python -m gossiprouter.loadtest.peer`` and speaks its control
+channel (JSON lines over stdin/stdout, see :mod:`gossiprouter.loadtest.peer`). Both raise
+:class:`~gossiprouter.loadtest.errors.LoadTestError` when their process dies unexpectedly, and
+every wait here is bounded. What to do with them, and when, is the driver's
+(:mod:`gossiprouter.loadtest.driver`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+import trio
+
+from gossiprouter.loadtest.errors import LoadTestError
+from gossiprouter.loadtest.progress import PeerView
+from gossiprouter.loadtest.scenario import MemberSpec
+
+__all__ = [
+    "CLEANUP_WAIT",
+    "HOST",
+    "PeerProcess",
+    "SpawnedRouter",
+    "can_connect",
+    "free_port",
+    "wait_exit",
+]
+
+HOST: Final = "127.0.0.1"
+ROUTER_START_TIMEOUT: Final = 20.0
+ROUTER_STOP_TIMEOUT: Final = 15.0
+CLEANUP_WAIT: Final = 5.0
+CONTROL_WRITE_TIMEOUT: Final = 10.0
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _last_line(path: Path) -> str:
+    """The last non-empty line of a log, for error messages."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines()]
+    except OSError:
+        return ""
+    lines = [ln for ln in lines if ln]
+    return lines[-1][:300] if lines else ""
+
+
+def _exit_status(rc: int | None) -> str:
+    """``exited with status 1`` / ``was killed by SIGKILL``."""
+    if rc is not None and rc < 0:
+        try:
+            return f"was killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"was killed by signal {-rc}"
+    return f"exited with status {rc}"
+
+
+async def can_connect(port: int) -> bool:
+    try:
+        with trio.move_on_after(1.0):
+            stream = await trio.open_tcp_stream(HOST, port)
+            await stream.aclose()
+            return True
+    except OSError:
+        return False
+    return False
+
+
+async def wait_exit(proc: trio.Process, timeout: float) -> bool:
+    """Wait up to ``timeout`` for ``proc`` to exit; True if it did."""
+    with trio.move_on_after(timeout):
+        await proc.wait()
+    return proc.returncode is not None
+
+
+class SpawnedRouter:
+    """``gossiprouter serve`` on 127.0.0.1:port, run (and restarted) by the driver."""
+
+    def __init__(self, port: int, args: tuple[str, ...], log_path: Path) -> None:
+        self.port = port
+        self.args = args
+        self.log_path = log_path
+        self.proc: trio.Process | None = None
+        self.stopping = False  # the driver is stopping it: its exit is expected
+        self.restarts = 0
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "gossiprouter", "serve", "--host", HOST,
+                 "--port", str(self.port), *self.args],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        proc = self.proc
+        deadline = trio.current_time() + ROUTER_START_TIMEOUT
+        while not await can_connect(self.port):
+            if proc.returncode is not None or proc.poll() is not None:
+                raise LoadTestError(f"the router {_exit_status(proc.returncode)} at start: "
+                                    f"{_last_line(self.log_path)} (log: {self.log_path})")
+            if trio.current_time() > deadline:
+                raise LoadTestError(f"the router did not listen on {HOST}:{self.port} within "
+                                    f"{ROUTER_START_TIMEOUT:g} s (log: {self.log_path})")
+            await trio.sleep(0.05)
+        self.stopping = False
+        nursery.start_soon(self._supervise, proc)
+
+    async def _supervise(self, proc: trio.Process) -> None:
+        await proc.wait()
+        if not self.stopping and proc is self.proc:
+            raise LoadTestError(f"the router {_exit_status(proc.returncode)} unexpectedly: "
+                                f"{_last_line(self.log_path)} (log: {self.log_path})")
+
+    async def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        self.stopping = True
+        proc.send_signal(sig)
+        if not await wait_exit(proc, ROUTER_STOP_TIMEOUT):
+            proc.kill()
+            await wait_exit(proc, CLEANUP_WAIT)
+
+    async def restart(self, nursery: trio.Nursery, sig: signal.Signals, down: float) -> None:
+        await self.stop(sig)
+        await trio.sleep(down)
+        await self.start(nursery)
+        self.restarts += 1
+
+
+class PeerProcess:
+    """One peer process and its control channel."""
+
+    def __init__(self, proc_no: int, members: list[MemberSpec], log_path: Path) -> None:
+        self.proc_no = proc_no
+        self.members = members
+        self.log_path = log_path
+        self.process: trio.Process | None = None
+        self.state = "starting"
+        self.joined: dict[str, str] = {}  # member -> group, as the peer reported
+        self.ready = trio.Event()
+        self.finished = trio.Event()  # "bye" received
+        self.stats: dict[str, Any] = {}
+        self.rates = (0.0, 0.0)
+        self.error: str | None = None
+        self.expected_exit = False  # killed by the driver, or cleaning up
+        self._buffer = bytearray()
+        self._replies: dict[int, dict[str, Any]] = {}
+        self._reply_events: dict[int, trio.Event] = {}
+        self._next_id = 0
+        self._send_lock = trio.Lock()
+
+    @property
+    def name(self) -> str:
+        return f"p{self.proc_no}"
+
+    async def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.process = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "gossiprouter.loadtest.peer"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                start_new_session=True)
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+    async def send(self, msg: dict[str, Any]) -> None:
+        assert self.process is not None and self.process.stdin is not None
+        data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+        async with self._send_lock:
+            try:
+                with trio.fail_after(CONTROL_WRITE_TIMEOUT):
+                    await self.process.stdin.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                raise LoadTestError(f"peer process {self.proc_no} is gone "
+                                    f"({self.error or _last_line(self.log_path)})") from None
+            except trio.TooSlowError:
+                raise LoadTestError(f"peer process {self.proc_no} has not read its control "
+                                    f"channel for {CONTROL_WRITE_TIMEOUT:g} s "
+                                    f"(log: {self.log_path})") from None
+
+    async def request(self, msg: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        """Send a command and wait up to ``timeout`` for its reply (None if none came)."""
+        self._next_id += 1
+        req = self._next_id
+        ev = self._reply_events[req] = trio.Event()
+        try:
+            await self.send({**msg, "id": req})
+            with trio.move_on_after(timeout):
+                await ev.wait()
+            return self._replies.pop(req, None)
+        finally:
+            self._reply_events.pop(req, None)
+
+    async def read_loop(self, on_message: Callable[[PeerProcess, dict[str, Any]], None]) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        stdout = self.process.stdout
+        while True:
+            try:
+                data = await stdout.receive_some(65536)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            if not data:
+                return
+            self._buffer += data
+            while (i := self._buffer.find(b"\n")) >= 0:
+                line = bytes(self._buffer[:i])
+                del self._buffer[:i + 1]
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue  # not ours (cannot happen: the peer keeps fd 1 for the channel)
+                if isinstance(msg, dict):
+                    self._dispatch(msg, on_message)
+
+    def _dispatch(self, msg: dict[str, Any],
+                  on_message: Callable[[PeerProcess, dict[str, Any]], None]) -> None:
+        ev = msg.get("ev")
+        if ev == "reply":
+            req = msg.get("id")
+            if isinstance(req, int) and req in self._reply_events:
+                self._replies[req] = msg
+                self._reply_events[req].set()
+            return
+        if ev in ("stats", "bye"):
+            old = self.stats
+            if old and msg.get("t_ns", 0) > old.get("t_ns", 0):
+                dt = (msg["t_ns"] - old["t_ns"]) / 1e9
+                self.rates = ((msg["sent"] - old["sent"]) / dt,
+                              (msg["received"] - old["received"]) / dt)
+            self.stats = msg
+            if ev == "bye":
+                self.state = "done"
+                self.rates = (0.0, 0.0)
+                self.finished.set()
+        elif ev == "ready":
+            self.ready.set()
+        elif ev == "error":
+            self.error = str(msg.get("message"))
+        on_message(self, msg)
+
+    async def supervise(self) -> None:
+        assert self.process is not None
+        rc = await self.process.wait()
+        if self.expected_exit or (self.finished.is_set() and rc == 0):
+            return
+        self.state = "failed"
+        why = self.error or _last_line(self.log_path) or "no message in its log"
+        raise LoadTestError(f"peer process {self.proc_no} {_exit_status(rc)}: {why} "
+                            f"(log: {self.log_path})")
+
+    def view(self) -> PeerView:
+        s = self.stats
+        return PeerView(self.proc_no, len(self.members), len(self.joined), self.state,
+                        int(s.get("sent", 0)), int(s.get("received", 0)),
+                        int(s.get("errors", 0)), int(s.get("dropped", 0)), *self.rates)

@@ -1,0 +1,201 @@
+"""The dependency rules of docs/architecture.md, read from the imports (ast, no importing).
+
+Every module of ``gossiprouter`` belongs to one layer (:data:`LAYERS`); a layer may import
+only the layers :data:`ALLOWED` names. The imports that break a rule today are listed in
+:data:`KNOWN_VIOLATIONS`, each with the issue item that removes it: any other forbidden import
+fails, and so does an entry that no longer occurs (take it out of the list, and out of
+docs/architecture.md, when its item is done). Every import counts, ``TYPE_CHECKING`` ones and
+those inside functions included: a dependency for the type checker is still one for the reader.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Module (or package prefix) -> layer. The longest match wins; a module that matches nothing
+# fails test_every_module_has_a_layer (say where it belongs here and in docs/architecture.md).
+LAYERS: dict[str, str] = {
+    "gossiprouter": "package",  # the public front: re-exports the client, holds __version__
+    "gossiprouter.__main__": "cli",
+    "gossiprouter.cli": "cli",
+    "gossiprouter.protocol": "protocol",
+    "gossiprouter.addresses": "foundation",
+    "gossiprouter.cli_errors": "foundation",
+    "gossiprouter.config": "config",
+    "gossiprouter.routing": "routing",
+    "gossiprouter.sessions": "sessions",
+    "gossiprouter.server": "server",
+    "gossiprouter.dispatch": "server",  # the read path, split out of server.py (issue 14)
+    "gossiprouter.router": "server",  # the in-process Router API over a Server
+    "gossiprouter.ops": "ops",
+    "gossiprouter.stub": "client",
+    "gossiprouter.blocking": "client",
+    "gossiprouter.client": "client",  # the client package of issue 14, item 3
+    "gossiprouter.tools": "client",  # send / listen / members: commands over the stub
+    "gossiprouter.loadtest": "loadtest",
+    "gossiprouter.analytics": "analytics",
+}
+
+_CORE = {"protocol", "foundation", "config", "routing", "sessions"}
+ALLOWED: dict[str, set[str]] = {
+    # Bytes in, events out: nothing of the router, nothing of I/O.
+    "protocol": {"protocol"},
+    "foundation": {"protocol", "foundation"},
+    "config": {"protocol", "foundation", "config"},
+    # Membership decisions over plain data: no sessions, no server, no I/O.
+    "routing": {"protocol", "foundation", "config", "routing"},
+    # Routing decisions for one connection's bytes: no server, no I/O.
+    "sessions": {"protocol", "foundation", "config", "routing", "sessions"},
+    # The I/O: sockets, tasks, outboxes written out.
+    "server": _CORE | {"server"},
+    # Operations depend on the core, one way (the core does not import ops).
+    "ops": _CORE | {"server", "ops"},
+    # The client speaks the protocol; it knows nothing of the server's insides or settings.
+    "client": {"protocol", "foundation", "client"},
+    "package": {"client"},
+    "loadtest": {"protocol", "foundation", "client", "package", "loadtest"},
+    "analytics": {"foundation", "loadtest", "analytics"},
+    "cli": set(LAYERS.values()),
+}
+
+# Layers that must stay sans-IO: no event loop, no sockets.
+NO_IO = {"protocol", "foundation", "config", "routing", "sessions"}
+IO_MODULES = {"trio", "socket", "ssl", "selectors", "asyncio"}
+
+# (importer, imported) -> why it is there and which issue item removes it.
+KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
+    ("gossiprouter.stub", "gossiprouter.ops.tls"):
+        "TLS client set-up lives in ops; issue 14 item 3 moves it into the client package",
+    ("gossiprouter.server", "gossiprouter.ops.runtime"):
+        "Server builds Operations(self); issue 14 item 4 gives the server a hooks Protocol",
+    ("gossiprouter.server", "gossiprouter.ops.access"):
+        "the server uses ops' RateLimitedLog; issue 14 item 4 (the server stops importing ops)",
+    ("gossiprouter.server", "gossiprouter.ops.tls"):
+        "the server reads through ops' TLSStream; issue 14 item 4",
+    ("gossiprouter.sessions.base", "gossiprouter.ops.auth"):
+        "Hub.auth is typed as ops' Authenticator and written by ops; issue 14 item 4",
+    ("gossiprouter.ops.metrics", "gossiprouter"):
+        "imports __version__ from the package, which loads the client; issue 14 item 4 "
+        "(metrics get the hub and snapshot functions)",
+}
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(name: str, root: Path) -> bool:
+    base = root.joinpath(*name.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def imports(path: Path, root: Path = ROOT) -> tuple[set[str], set[str]]:
+    """What the file at ``path`` imports: (modules of gossiprouter, other top-level modules).
+
+    ``from gossiprouter.protocol import native`` imports ``gossiprouter.protocol.native``;
+    ``from gossiprouter import __version__`` imports the package ``gossiprouter``.
+    """
+    me = module_name(path, root)
+    ours: set[str] = set()
+    others: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                top = a.name.split(".")[0]
+                if top == "gossiprouter":
+                    ours.add(a.name)
+                else:
+                    others.add(top)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                pkg = me.split(".") if path.name == "__init__.py" else me.split(".")[:-1]
+                base = ".".join(pkg[: len(pkg) - node.level + 1] + (
+                    [node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            if base.split(".")[0] != "gossiprouter":
+                others.add(base.split(".")[0])
+                continue
+            for a in node.names:
+                ours.add(f"{base}.{a.name}" if _is_module(f"{base}.{a.name}", root) else base)
+    return ours, others
+
+
+def layer(module: str) -> str | None:
+    best = max((p for p in LAYERS if module == p or module.startswith(p + ".")),
+               key=len, default=None)
+    return None if best is None else LAYERS[best]
+
+
+def _files(root: Path = ROOT) -> list[Path]:
+    return sorted((root / "gossiprouter").rglob("*.py"))
+
+
+def forbidden_imports(root: Path = ROOT) -> dict[tuple[str, str], str]:
+    """Every import that breaks a rule: (importer, imported) -> which rule."""
+    found: dict[tuple[str, str], str] = {}
+    for f in _files(root):
+        me = module_name(f, root)
+        mine = layer(me)
+        if mine is None:
+            continue  # test_every_module_has_a_layer reports it
+        ours, others = imports(f, root)
+        for target in sorted(ours):
+            theirs = layer(target)
+            if target != me and theirs not in ALLOWED[mine]:
+                found[(me, target)] = f"{mine} may not import {theirs}"
+        if mine in NO_IO:
+            for target in sorted(others & IO_MODULES):
+                found[(me, target)] = f"{mine} stays sans-IO: no {target}"
+    return found
+
+
+def test_every_module_has_a_layer() -> None:
+    lost = [module_name(f) for f in _files() if layer(module_name(f)) is None]
+    assert not lost, (f"modules in no layer: {lost}; add them to LAYERS in "
+                      "tests/test_dependencies.py and to docs/architecture.md")
+
+
+def test_no_new_forbidden_import() -> None:
+    new = {k: why for k, why in forbidden_imports().items() if k not in KNOWN_VIOLATIONS}
+    assert not new, "forbidden imports (see docs/architecture.md, 'Dependency rules'):\n" + \
+        "\n".join(f"  {a} -> {b}: {why}" for (a, b), why in sorted(new.items()))
+
+
+def test_known_violations_still_exist() -> None:
+    """An entry whose import is gone is removed from the list, so the list stays the truth."""
+    gone = set(KNOWN_VIOLATIONS) - set(forbidden_imports())
+    assert not gone, f"fixed, now remove from KNOWN_VIOLATIONS and docs/architecture.md: {gone}"
+
+
+def test_known_violations_are_documented() -> None:
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    for importer, imported in KNOWN_VIOLATIONS:
+        assert f"`{importer}` → `{imported}`" in doc, (importer, imported)
+
+
+@pytest.mark.parametrize(("source", "importer", "rule"), [
+    ("from gossiprouter.server import Server\n", "gossiprouter.routing", "routing may not"),
+    ("import trio\n", "gossiprouter.sessions.base", "sans-IO"),
+    ("from gossiprouter.sessions import base\n", "gossiprouter.stub", "client may not"),
+    ("from gossiprouter.loadtest.records import X\n", "gossiprouter.ops.admin", "ops may not"),
+    ("from gossiprouter.protocol import native\n", "gossiprouter.protocol.errors", None),
+])
+def test_the_checker_sees_a_forbidden_import(
+        tmp_path: Path, source: str, importer: str, rule: str | None) -> None:
+    """The checker itself: a planted import is reported with its rule, an allowed one is not."""
+    fake = tmp_path / Path(*importer.split(".")).with_suffix(".py")
+    fake.parent.mkdir(parents=True)
+    fake.write_text(source)
+    found = forbidden_imports(tmp_path)
+    if rule is None:
+        assert found == {}
+    else:
+        [(key, why)] = found.items()
+        assert key[0] == importer and rule in why, (key, why)
