@@ -30,7 +30,7 @@ from gossiprouter.sessions.base import Hub
 from gossiprouter.stub import Channel, Publication, RouterStub
 from gossiprouter.topics import pattern, topic_id
 from tests.procs import free_port, wait_listening
-from tests.test_stub import FAST, Router, connected, drain, eventually
+from tests.test_stub import FAST, InProcessRouter, connected, drain, eventually
 
 MOSQUITTO = "/usr/sbin/mosquitto"
 G = "fleet"
@@ -116,20 +116,21 @@ def broker(tmp_path: Path) -> Any:
     b.stop()
 
 
-def bridge_of(r: Router) -> Bridge:
+def bridge_of(r: InProcessRouter) -> Bridge:
     assert r.server is not None and r.server.bridge is not None
     return r.server.bridge
 
 
-async def federation(nursery: trio.Nursery, broker: Mosquitto) -> tuple[Router, Router]:
-    a = await Router(nursery, bridge=broker.url, bridge_reconnect_max=0.3).start()
-    b = await Router(nursery, bridge=broker.url, bridge_reconnect_max=0.3).start()
+async def federation(nursery: trio.Nursery, broker: Mosquitto
+                     ) -> tuple[InProcessRouter, InProcessRouter]:
+    a = await InProcessRouter(nursery, bridge=broker.url, bridge_reconnect_max=0.3).start()
+    b = await InProcessRouter(nursery, bridge=broker.url, bridge_reconnect_max=0.3).start()
     await eventually(lambda: bridge_of(a).state == bridge_of(b).state == "connected",
                      what="bridges connected")
     return a, b
 
 
-async def subscribed(r: Router, before: int = 0) -> None:
+async def subscribed(r: InProcessRouter, before: int = 0) -> None:
     """Wait until the broker acknowledged a SUBSCRIBE of ``r``'s bridge (after ``before``)."""
     await eventually(lambda: bridge_of(r).stats.subacks > before, what="SUBACK")
 
@@ -175,7 +176,7 @@ async def test_a_publication_from_the_federation_is_never_sent_out_again(
     """Three routers, all subscribed: one global publication is received once by each other
     router and forwarded by none of them (no loop, whatever the topology)."""
     ra, rb = await federation(nursery, broker)
-    rc = await Router(nursery, bridge=broker.url).start()
+    rc = await InProcessRouter(nursery, bridge=broker.url).start()
     await eventually(lambda: bridge_of(rc).state == "connected")
     routers = (ra, rb, rc)
     async with RouterStub([r.address for r in routers], **FAST) as s:
@@ -270,7 +271,7 @@ async def test_bridge_state_in_groups_view_and_metrics(nursery: trio.Nursery,
         with trio.fail_after(5):
             await far.receive()
 
-        def samples(r: Router) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        def samples(r: InProcessRouter) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
             assert r.server is not None
             return {(s.name, tuple(sorted(s.labels.items()))): s.value
                     for m in topic_metrics(r.server) for s in m.samples}
@@ -370,9 +371,9 @@ async def test_bridge_credentials_reach_the_broker(nursery: trio.Nursery, tmp_pa
         good, bad = tmp_path / "good", tmp_path / "bad"
         good.write_text("s3cret\n")
         bad.write_text("wrong\n")
-        ok = await Router(nursery, bridge=b.url, bridge_username="router",
+        ok = await InProcessRouter(nursery, bridge=b.url, bridge_username="router",
                           bridge_password_file=str(good)).start()
-        refused = await Router(nursery, bridge=b.url, bridge_username="router",
+        refused = await InProcessRouter(nursery, bridge=b.url, bridge_username="router",
                                bridge_password_file=str(bad),
                                bridge_reconnect_max=0.2).start()
         await eventually(lambda: bridge_of(ok).state == "connected")
@@ -465,7 +466,7 @@ async def test_a_broker_that_never_answers_connect_is_given_up_and_retried(
 
     listeners = await nursery.start(partial(trio.serve_tcp, mute, 0, host="127.0.0.1"))
     port = listeners[0].socket.getsockname()[1]
-    r = await Router(nursery, bridge=f"mqtt://127.0.0.1:{port}",
+    r = await InProcessRouter(nursery, bridge=f"mqtt://127.0.0.1:{port}",
                      bridge_reconnect_max=0.2).start()
     b = bridge_of(r)
     await eventually(lambda: len(accepted) >= 2, what="a second attempt")

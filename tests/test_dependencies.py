@@ -26,12 +26,14 @@ LAYERS: dict[str, str] = {
     "gossiprouter.protocol": "protocol",
     "gossiprouter.addresses": "foundation",
     "gossiprouter.cli_errors": "foundation",
+    "gossiprouter.topics": "foundation",  # multicast ids, patterns, the index: pure data
     "gossiprouter.config": "config",
     "gossiprouter.routing": "routing",
     "gossiprouter.sessions": "sessions",
     "gossiprouter.server": "server",
     "gossiprouter.dispatch": "server",  # the read path, split out of server.py (issue 14)
     "gossiprouter.router": "server",  # the in-process Router API over a Server
+    "gossiprouter.bridge": "server",  # the MQTT federation bridge: I/O beside the server's
     "gossiprouter.ops": "ops",
     "gossiprouter.stub": "client",
     "gossiprouter.blocking": "client",

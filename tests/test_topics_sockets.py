@@ -11,7 +11,7 @@ from gossiprouter.server import Server
 from gossiprouter.stub import Publication, RouterError, RouterStub
 from tests.conftest import RouterFactory
 from tests.nclient import NativeClient
-from tests.test_stub import FAST, Router, connected, drain, eventually
+from tests.test_stub import FAST, InProcessRouter, connected, drain, eventually
 
 G = "topics"
 
@@ -169,7 +169,7 @@ async def test_stub_subscription_refused_by_the_router(start_router: RouterFacto
 
 
 async def test_stubs_resubscribe_after_a_router_restart(nursery: trio.Nursery) -> None:
-    r = await Router(nursery).start()
+    r = await InProcessRouter(nursery).start()
     async with RouterStub([r.address], **FAST) as s1, RouterStub([r.address], **FAST) as s2:
         pub = await s1.connect(G, b"P")
         sub = await s2.connect(G, b"S")

@@ -45,24 +45,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 from gossiprouter.analytics.audit import (
     _LOG_STEP,
-    DEFAULT_MASTER,
-    LOOPBACK,
     NS_PER_S,
-    AuditInputError,
     _Bucket,
-    _HadoopFs,
     _histogram,
-    _join,
     _latency_from_buckets,
     _Phases,
     _rows,
-    _spark_uri,
-    driver_address,
-    local_path,
-    spark_session,
-)
-from gossiprouter.analytics.audit import (
-    _ddl as ddl,
 )
 from gossiprouter.analytics.report import (
     Audit,
@@ -74,6 +62,20 @@ from gossiprouter.analytics.report import (
     ScopeBreakdown,
     ThroughputBucket,
     write_report,
+)
+from gossiprouter.analytics.spark_io import (
+    DEFAULT_MASTER,
+    LOOPBACK,
+    AuditInputError,
+    HadoopFs,
+    driver_address,
+    join_uri,
+    local_path,
+    spark_session,
+    spark_uri,
+)
+from gossiprouter.analytics.spark_io import (
+    _ddl as ddl,
 )
 from gossiprouter.loadtest.records import MANIFEST_FILE
 from gossiprouter.loadtest.topic_records import (
@@ -191,7 +193,7 @@ class _TopicsJob:
         self.spark = spark
         self.run_dir = run_dir
         self.out_dir = out_dir
-        self.run_uri = _spark_uri(run_dir)
+        self.run_uri = spark_uri(run_dir)
         self.sample = max(0, sample)
         self.phases = phases
         self.allow_loss = allow_loss
@@ -201,7 +203,7 @@ class _TopicsJob:
         local = local_path(self.run_dir)
         try:
             raw = ((local / MANIFEST_FILE).read_bytes() if local is not None
-                   else _HadoopFs(self.spark).read_bytes(_join(self.run_uri, MANIFEST_FILE)))
+                   else HadoopFs(self.spark).read_bytes(join_uri(self.run_uri, MANIFEST_FILE)))
             data = json.loads(raw)
         except (OSError, ValueError) as e:
             raise AuditInputError(f"{MANIFEST_FILE} of the topics run unreadable: {e}") from None
@@ -215,11 +217,11 @@ class _TopicsJob:
             local.parent.mkdir(parents=True, exist_ok=True)
             local.write_bytes(data)
         else:
-            _HadoopFs(self.spark).write_bytes(path, data)
+            HadoopFs(self.spark).write_bytes(path, data)
 
     def _read(self, name: str, schema: Any) -> DataFrame:
         return self.spark.read.schema(ddl(schema)).parquet(
-            _join(_join(self.run_uri, TOPICS_DIR), name))
+            join_uri(join_uri(self.run_uri, TOPICS_DIR), name))
 
     def run(self) -> Report:
         started = self.phases.started
