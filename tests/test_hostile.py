@@ -142,6 +142,10 @@ def _boom(*args: object, **kwargs: object) -> bytes:
     raise ProtocolError("string too long for writeUTF: 70000 bytes")
 
 
+def _bug(*args: object, **kwargs: object) -> bytes:
+    raise RuntimeError("a bug in the router")
+
+
 async def _closed_after(c: J2Client | J5Client | NativeClient) -> list[object]:
     return list(await c.recv_until_closed(timeout=5))
 
@@ -171,7 +175,9 @@ async def test_an_exception_closes_only_its_connection(
             await c2.send_raw(j2.gossip_get("g"))
             assert await _closed_after(c2) == []  # 2.12 has no error frame
         else:
-            monkeypatch.setattr(j5, "get_members_reply", _boom)
+            # A ProtocolError from this reply is a query skipped (test below); any other
+            # exception is a bug, contained to this connection.
+            monkeypatch.setattr(j5, "get_members_reply", _bug)
             c5 = await J5Client.open(*_addr(server))
             await c5.send_raw(j5.get_members("g"))
             assert await _closed_after(c5) == [j5.CloseMarker()]
@@ -518,8 +524,10 @@ def test_non_finite_float_on_the_command_line_and_in_a_file(tmp_path: Path) -> N
     r = subprocess.run([sys.executable, "-m", "gossiprouter", "serve", "--port", "0",
                         "--idle-timeout", "nan"], capture_output=True, text=True, timeout=30)
     assert r.returncode != 0 and "Traceback" not in r.stderr
-    assert [line for line in r.stderr.splitlines() if line.strip()] == [
-        "gossiprouter: error: idle_timeout = nan: expected a finite number"]
+    [line] = [line for line in r.stderr.splitlines() if line.strip()]
+    # The command line's one format for a bad option value (names the flag, points at --help).
+    assert line.startswith(
+        "gossiprouter: error: invalid value for '--idle-timeout': nan: expected a finite number")
     f = tmp_path / "router.toml"
     f.write_text("heartbeat_interval = inf\n")
     r = subprocess.run([sys.executable, "-m", "gossiprouter", "serve", "--port", "0",
