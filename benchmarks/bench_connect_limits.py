@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gossiprouter.routing import Limits, RoutingTable  # noqa: E402
+from gossiprouter.routing import Limits, RoutingTable
 
 
 def main() -> None:
