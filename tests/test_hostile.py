@@ -486,8 +486,12 @@ def test_client_text_in_logs_is_escaped_and_cut(tmp_path: Path) -> None:
             j = await J5Client.open("127.0.0.1", proc.port)
             await j.register("G" * 5000 + "\nFORGED", uuid(1, V5), "a", ip(7801, V5))
             await j.sync()
+            j2c = await J2Client.open("127.0.0.1", proc.port)
+            assert (await j2c.connect("g2", uuid(1, V2), "y\nFORGED-212 \x1b[32mgreen",
+                                      [ip(7801, V2)])).ok
             await c.aclose()
             await j.aclose()
+            await j2c.aclose()
             await trio.sleep(0.2)
 
         trio.run(attack)
@@ -497,6 +501,7 @@ def test_client_text_in_logs_is_escaped_and_cut(tmp_path: Path) -> None:
     assert not any(line.startswith("FORGED") for line in text.splitlines())  # ...not forged
     assert "\x1b" not in text and "\r" not in text
     assert "\\x1b[31mred" in text
+    assert "\\nFORGED-212 \\x1b[32mgreen" in text  # a JGroups 2.12 name, logged escaped
     assert max(len(line) for line in text.splitlines()) < 1000
     assert "more]" in text
 
