@@ -10,8 +10,13 @@ Three measurements, each against a fresh router subprocess on 127.0.0.1:
     ``--partial-size`` bytes, followed by all of that but the last byte. Router RSS before,
     while they are open, and ``--settle`` seconds after they close (no forced GC).
 (c) **Admin stall.** ``--groups`` groups created by a few connections doing many CONNECTs; a
-    PING round-trip loop runs while ``GET /groups`` is fetched; the stall is the longest round
-    trip seen during the fetch (the baseline is the longest one before it).
+    PING round-trip loop runs while ``GET /groups`` is fetched (one page, then every page by
+    its ``next`` cursor; a router without paging answers everything in one), then
+    ``/metrics``; the stall is the longest round trip seen during the fetch (the baseline is
+    the longest one before it).
+
+``--router-tree DIR`` runs the router from another checkout (its ``.venv``), e.g. the commit
+before a fix, so that before and after come from one run on the same machine.
 
 A benchmark, not a test: it prints one table and asserts nothing. A router that dies during a
 case is reported as such (that is the figure). Every loop is bounded in time and count.
@@ -20,16 +25,20 @@ case is reported as such (that is the figure). Every loop is bounded in time and
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import multiprocessing as mp
 import os
 import queue
 import socket
 import statistics
 import struct
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,7 +49,7 @@ sys.path.insert(0, str(REPO))
 
 from gossiprouter.protocol import jgroups5 as j5  # noqa: E402
 from gossiprouter.protocol import native as wire  # noqa: E402
-from tests.procs import RouterProcess, free_port  # noqa: E402
+from tests.procs import RouterProcess, free_port, wait_listening  # noqa: E402
 
 MiB = 1 << 20
 TOKEN = "bench-hostile-token"
@@ -150,6 +159,37 @@ def rtt_summary(rtts: list[float]) -> str:
             f"max {ms(max(rtts))} ({len(rtts)} samples)")
 
 
+# Set by --router-tree: the checkout whose router is measured (None: this one).
+ROUTER_TREE: Path | None = None
+
+
+class TreeRouter(RouterProcess):
+    """The router of another checkout, run with that checkout's own interpreter."""
+
+    def start(self) -> RouterProcess:
+        assert ROUTER_TREE is not None
+        self.proc = subprocess.Popen(
+            [str(ROUTER_TREE / ".venv/bin/python"), "-m", "gossiprouter", "serve", "--host",
+             "127.0.0.1", "--port", str(self.port), *self.args],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROUTER_TREE,
+        )
+        wait_listening(self.port, self.proc)
+        return self
+
+
+def router_process(*args: str) -> RouterProcess:
+    return RouterProcess(None, *args) if ROUTER_TREE is None else TreeRouter(None, *args)
+
+
+def router_has_option(flag: str) -> bool:
+    """Does the measured router know ``flag`` (an older checkout may not)?"""
+    tree = ROUTER_TREE or REPO
+    exe = str(tree / ".venv/bin/python") if ROUTER_TREE is not None else sys.executable
+    out = subprocess.run([exe, "-m", "gossiprouter", "serve", "--help"], cwd=tree,
+                         capture_output=True, text=True, timeout=60).stdout
+    return flag in out
+
+
 def check_alive(router: RouterProcess) -> None:
     assert router.proc is not None
     if router.proc.poll() is not None:
@@ -205,7 +245,7 @@ def _flood(port: int, kind: str, rate: float, burst: int, seconds: float,
 def case_floods(args: argparse.Namespace, report: Report) -> None:
     print("(a) PING round trip of another client under a flood", flush=True)
     ctx = mp.get_context("fork")
-    with RouterProcess(None, "--log-level", "warning") as router:
+    with router_process("--log-level", "warning") as router:
         pinger = Pinger(router.port).start()
         try:
             t0 = time.perf_counter()
@@ -257,7 +297,7 @@ def case_partial(args: argparse.Namespace, report: Report) -> None:
         tokens.write_text(f'[[token]]\nidentity = "bench"\ntoken = "{TOKEN}"\n'
                           'groups = ["*"]\n')
         os.chmod(tokens, 0o600)
-        with RouterProcess(None, "--log-level", "warning", "--tokens-file", str(tokens)) as router:
+        with router_process("--log-level", "warning", "--tokens-file", str(tokens)) as router:
             # One honest authenticated connection first, so the baseline includes a session.
             honest = native_client(router.port, TOKEN)
             time.sleep(0.5)
@@ -347,9 +387,16 @@ def _make_groups(port: int, first: int, count: int, errors: list[str],
 def case_admin(args: argparse.Namespace, report: Report) -> None:
     print(f"(c) routing stall during GET /groups with {args.groups:,} groups", flush=True)
     mport = free_port()
-    with RouterProcess(None, "--log-level", "warning", "--metrics", f"127.0.0.1:{mport}",
-                       "--groups-per-connection", "0", "--addresses-per-connection", "0",
-                       "--idle-timeout", "0") as router:
+    # The router-wide cap on groups (default 100,000) and the control budget (1,000 CONNECTs
+    # a second, then ERROR rate_limited) would refuse the setup; what is measured is the
+    # admin view, so both are lifted where the router has them.
+    cap: tuple[str, ...] = ()
+    for flag in ("--max-groups", "--control-rate"):
+        if router_has_option(flag):
+            cap += (flag, "0")
+    with router_process("--log-level", "warning", "--metrics", f"127.0.0.1:{mport}",
+                        "--groups-per-connection", "0", "--addresses-per-connection", "0",
+                        "--idle-timeout", "0", *cap) as router:
         conns = args.group_conns
         per = args.groups // conns
         errors: list[str] = []
@@ -376,21 +423,47 @@ def case_admin(args: argparse.Namespace, report: Report) -> None:
             time.sleep(2.0)
             base1 = time.perf_counter()
 
-            def fetch(path: str) -> tuple[float, float, int, str]:
-                f0 = time.perf_counter()
+            def get(path: str) -> tuple[bytes, str]:
                 try:
                     with urllib.request.urlopen(f"http://127.0.0.1:{mport}{path}",
                                                 timeout=120) as r:
-                        n = len(r.read())
-                        status = str(r.status)
+                        return r.read(), str(r.status)
                 except OSError as e:
-                    n, status = 0, f"{type(e).__name__}: {e}"
-                return f0, time.perf_counter(), n, status
+                    return b"", f"{type(e).__name__}: {e}"
+
+            def fetch(path: str) -> tuple[float, float, int, str]:
+                f0 = time.perf_counter()
+                body, status = get(path)
+                return f0, time.perf_counter(), len(body), status
+
+            def fetch_all_pages() -> tuple[float, float, int, str]:
+                """Every page of /groups by its ``next`` cursor (bounded in count and time)."""
+                f0 = time.perf_counter()
+                path, total, pages, listed = "/groups", 0, 0, 0
+                status = "no page"
+                while pages < 10 * args.groups // 1000 + 10 and time.perf_counter() - f0 < 600:
+                    body, status = get(path)
+                    pages += 1
+                    total += len(body)
+                    try:
+                        view = json.loads(body)
+                    except ValueError:
+                        break
+                    listed += len(view.get("groups", ()))
+                    cursor = view.get("next")
+                    if not cursor:
+                        break
+                    path = "/groups?after=" + urllib.parse.quote(cursor, safe="")
+                return (f0, time.perf_counter(), total,
+                        f"{status}; {pages:,} pages, {listed:,} groups listed")
 
             results: list[tuple[str, tuple[float, float, int, str]]] = []
-            for path in ("/groups", "/metrics"):
-                res = fetch(path)
-                results.append((path, res))
+            cases: list[tuple[str, Callable[[], tuple[float, float, int, str]]]] = [
+                ("/groups (first page)", functools.partial(fetch, "/groups")),
+                ("/groups (every page)", fetch_all_pages),
+                ("/metrics", functools.partial(fetch, "/metrics"))]
+            for label, fn in cases:
+                results.append((label, fn()))
                 time.sleep(1.0)  # let the pinger see the end of any stall
                 check_alive(router)
         finally:
@@ -431,12 +504,20 @@ def main() -> None:
     ap.add_argument("--group-conns", type=int, default=4, help="connections creating them (c)")
     ap.add_argument("--only", choices=("a", "b", "c"), action="append",
                     help="run only these cases (repeatable)")
+    ap.add_argument("--router-tree", type=Path,
+                    help="measure the router of this checkout (with its own .venv), e.g. a "
+                    "commit before the fixes")
     args = ap.parse_args()
+    global ROUTER_TREE
+    ROUTER_TREE = args.router_tree.resolve() if args.router_tree else None
     cases: list[tuple[str, Callable[[argparse.Namespace, Report], None]]] = [
         ("a", case_floods), ("b", case_partial), ("c", case_admin)]
     report = Report()
-    print(f"gossiprouter bench-hostile: {os.cpu_count()} cores, Python "
-          f"{sys.version.split()[0]}", flush=True)
+    tree = ROUTER_TREE or REPO
+    head = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    print(f"gossiprouter bench-hostile: router of {tree} ({head or 'unknown commit'}), "
+          f"{os.cpu_count()} cores, Python {sys.version.split()[0]}", flush=True)
     for key, fn in cases:
         if args.only and key not in args.only:
             continue

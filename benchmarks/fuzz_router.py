@@ -773,11 +773,14 @@ def run(seconds: float, seed: int, auth: bool, workdir: Path,
         stop.set()
         for s in open_conns:
             s.close()
-        honest.join(seconds + HONEST_DRAIN + 60)
+        # Take the result before joining: the honest process cannot exit until the parent has
+        # read what it put on the queue (72,000 sequence numbers do not fit the pipe), so
+        # joining first waited out the whole join timeout (3 min for a 120 s run).
         try:
-            out.honest = results.get(timeout=5)
+            out.honest = results.get(timeout=seconds + HONEST_DRAIN + 60)
         except Exception:
             out.honest = None
+        honest.join(10)
         if honest.is_alive():
             honest.kill()
         time.sleep(1.0)

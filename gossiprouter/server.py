@@ -499,6 +499,8 @@ class Server:
                     while session.paused and not ob.closed:
                         self._flush_own(ob, held)
                         turn = await self._pause(session, turn)
+                        if ob.closed:  # rate_limited: what it still holds is not handled
+                            break
                         held = ob.direct, ob.wake
                         ob.direct, ob.wake = None, _nothing_to_wake
                         session.new_turn()

@@ -142,6 +142,10 @@ def _boom(*args: object, **kwargs: object) -> bytes:
     raise ProtocolError("string too long for writeUTF: 70000 bytes")
 
 
+def _bug(*args: object, **kwargs: object) -> bytes:
+    raise RuntimeError("a bug in the router")
+
+
 async def _closed_after(c: J2Client | J5Client | NativeClient) -> list[object]:
     return list(await c.recv_until_closed(timeout=5))
 
@@ -171,7 +175,9 @@ async def test_an_exception_closes_only_its_connection(
             await c2.send_raw(j2.gossip_get("g"))
             assert await _closed_after(c2) == []  # 2.12 has no error frame
         else:
-            monkeypatch.setattr(j5, "get_members_reply", _boom)
+            # A ProtocolError from this reply is a query skipped (test below); any other
+            # exception is a bug, contained to this connection.
+            monkeypatch.setattr(j5, "get_members_reply", _bug)
             c5 = await J5Client.open(*_addr(server))
             await c5.send_raw(j5.get_members("g"))
             assert await _closed_after(c5) == [j5.CloseMarker()]
@@ -480,8 +486,12 @@ def test_client_text_in_logs_is_escaped_and_cut(tmp_path: Path) -> None:
             j = await J5Client.open("127.0.0.1", proc.port)
             await j.register("G" * 5000 + "\nFORGED", uuid(1, V5), "a", ip(7801, V5))
             await j.sync()
+            j2c = await J2Client.open("127.0.0.1", proc.port)
+            assert (await j2c.connect("g2", uuid(1, V2), "y\nFORGED-212 \x1b[32mgreen",
+                                      [ip(7801, V2)])).ok
             await c.aclose()
             await j.aclose()
+            await j2c.aclose()
             await trio.sleep(0.2)
 
         trio.run(attack)
@@ -491,6 +501,7 @@ def test_client_text_in_logs_is_escaped_and_cut(tmp_path: Path) -> None:
     assert not any(line.startswith("FORGED") for line in text.splitlines())  # ...not forged
     assert "\x1b" not in text and "\r" not in text
     assert "\\x1b[31mred" in text
+    assert "\\nFORGED-212 \\x1b[32mgreen" in text  # a JGroups 2.12 name, logged escaped
     assert max(len(line) for line in text.splitlines()) < 1000
     assert "more]" in text
 

@@ -532,3 +532,44 @@ async def test_failed_authentications_are_slowed_and_logged_in_summary(
     # ... and the log got one line, not six.
     lines = [r for r in caplog.records if "refusing" in r.getMessage()]
     assert len(lines) == 1
+
+
+async def test_nothing_is_handled_after_a_rate_limited_close(start_router: Start) -> None:
+    """The connection closed for staying over its control budget handles none of the input it
+    still holds: a REGISTER flood closed mid-way leaves no member joined after the close (the
+    reader used to run the session once more after closing it, so one more member joined a
+    dead connection, visible to watchers as a join after its leaves)."""
+    router = await start_router(control_rate=200, control_burst=200, control_grace=0.2)
+    group = "jgroups5:flood"
+
+    async def attack(honest: Honest) -> None:
+        assert router.address is not None
+        watcher = await NativeClient.open(*router.address)
+        assert await watcher.request(wire.Watch(watcher.req(), group)) == wire.Ok(1)
+        flood = await J5Client.open(*router.address)
+        frames = b"".join(j5.register("flood", uuid(i, V5), f"m{i}", None)
+                          for i in range(1, 901))  # below addresses_per_connection
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            await flood.send_raw(frames)
+        with trio.fail_after(20):
+            while router.hub.counters.rate_limited == 0:
+                await trio.sleep(0.01)
+            # The close removes its members; the watcher keeps the group itself.
+            while (g := router.hub.table.group(group)) is not None and g.entries:
+                await trio.sleep(0.01)
+        kinds: list[str] = []
+        with contextlib.suppress(trio.TooSlowError):
+            while True:
+                ev = await watcher.recv(timeout=0.5)
+                if isinstance(ev, wire.Event):
+                    kinds.append(ev.kind)
+        joined = kinds.count("join")
+        assert 0 < joined < 900  # closed mid-way
+        first_leave = kinds.index("leave")
+        assert "join" not in kinds[first_leave:], "a member joined after the close"
+        assert kinds.count("leave") == joined
+        await watcher.aclose()
+        await flood.aclose()
+
+    await _during(router, attack)
+    assert router.hub.counters.rate_limited == 1

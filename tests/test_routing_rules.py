@@ -248,6 +248,37 @@ def test_limits() -> None:
     t.connect("c", "g", b"A")  # re-registering is not a new registration
 
 
+def test_groups_per_connection_follows_leaves() -> None:
+    """The per-connection group count is kept as registrations come and go: a group frees
+    its slot when the connection's last registration in it leaves, not before."""
+    t = RoutingTable(limits=Limits(groups_per_connection=2))
+    t.connect("c", "g", b"A")
+    t.connect("c", "g", b"B")
+    t.connect("c", "h", b"A")
+    with pytest.raises(RoutingError) as e:
+        t.connect("c", "k", b"A")
+    assert e.value.code == "limit" and "groups" in e.value.message
+    t.disconnect("c", "g", b"A")  # c still holds B in g: g keeps its slot
+    assert t.groups_of("c") == {"g", "h"}
+    with pytest.raises(RoutingError):
+        t.connect("c", "k", b"A")
+    t.remove("g", b"B")  # the last one in g (removed by the operator): the slot is free
+    assert t.groups_of("c") == {"h"}
+    t.connect("c", "k", b"A")
+    assert t.groups_of("c") == {"h", "k"}
+    t.connect("other", "k", b"A")  # the same member through a second connection
+    t.connect("other", "g", b"Z")
+    assert t.groups_of("other") == {"k", "g"}
+    t.drop_carrier("other", 0.0)
+    assert t.groups_of("other") == set()
+    assert t.groups_of("c") == {"h", "k"}  # c still carries A in k
+    t.drop_carrier("c", 0.0)
+    assert t.groups_of("c") == set()
+    t.connect("c", "m", b"A")  # the same carrier object again starts from nothing
+    t.connect("c", "n", b"A")
+    assert t.groups_of("c") == {"m", "n"}
+
+
 def test_grace_buffer_is_bounded() -> None:
     t = RoutingTable(grace=5.0, grace_buffer_bytes=10)
     t.connect("c1", "g", b"A")
