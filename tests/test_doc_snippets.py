@@ -52,7 +52,9 @@ NOT_RUN = re.compile(r"^<!-- not run: (\S.*?) -->$")
 RUN = {"python", "sh"}
 CHECKED = {"toml", "json"}
 NOT_CODE = {"text", "xml", "ini"}
-MAX_NOT_RUN = 10
+# Each marked block needs a cluster, a broker elsewhere, /etc or minutes of benchmarks (11 today:
+# grep "not run:" README.md docs/*.md); the cap keeps "not run" from becoming the easy way out.
+MAX_NOT_RUN = 12
 VENV_BIN = str(Path(sys.executable).parent)
 PRELUDE = re.compile(r"^(\.|source|export)\s")
 
