@@ -175,7 +175,8 @@ def machine_busy_seconds() -> float:
 class Router:
     """One router process on 127.0.0.1:port; SIGKILLed on stop (each run uses a fresh one)."""
 
-    def __init__(self, kind: str, port: int, log: Path, jgroups5: str | None = None) -> None:
+    def __init__(self, kind: str, port: int, log: Path, jgroups5: str | None = None,
+                 gr_args: Sequence[str] = ()) -> None:
         self.kind = kind
         self.port = port
         if kind == "java":
@@ -190,7 +191,7 @@ class Router:
                    "-port", str(port), "-bind_addr", "127.0.0.1"]
         else:
             cmd = [sys.executable, "-m", "gossiprouter", "serve", "--host", "127.0.0.1",
-                   "--port", str(port), "--log-level", "warning"]
+                   "--port", str(port), "--log-level", "warning", *gr_args]
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                          cwd=REPO, preexec_fn=_die_with_parent)
@@ -575,14 +576,15 @@ def percentile(hist: dict[int, int], q: float) -> float | None:
 
 
 def run_one(case: Case, router_kind: str, run: int, seconds: float, warmup: float,
-            nloaders: int, tmp: Path, jgroups5: str | None = None) -> RunResult:
+            nloaders: int, tmp: Path, jgroups5: str | None = None,
+            gr_args: Sequence[str] = ()) -> RunResult:
     proto = proto_for(router_kind)
     port = free_port()
     t_setup = time.monotonic()
     deadline = 120 + warmup + seconds + case.idle / 100
     configs = loader_configs(case, proto, port, nloaders, deadline)
     tag = f"{case.name}-{router_kind}-{run}"
-    router = Router(router_kind, port, tmp / f"router-{tag}.log", jgroups5)
+    router = Router(router_kind, port, tmp / f"router-{tag}.log", jgroups5, gr_args)
     loaders: list[Loader] = []
     try:
         for n, lines in enumerate(configs):
@@ -820,6 +822,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--routers", nargs="+", choices=ROUTERS + ROUTERS5, default=None,
                     help="routers to run (default: all three, plus java5 and gr-5 with "
                          "--jgroups5)")
+    ap.add_argument("--gr-args", default="", metavar="ARGS",
+                    help="extra options for every gossiprouter router, e.g. '--no-dispatcher'")
     ap.add_argument("--jgroups5", metavar="CLASSPATH",
                     help="a local JGroups 5.x build (jar or classes directory, ':'-separated): "
                          "adds the Java 5.x GossipRouter (java5) and gossiprouter over the 5.x "
@@ -864,7 +868,7 @@ def run_all(cases: Sequence[Case], routers: Sequence[str], args: argparse.Namesp
                     i += 1
                     try:
                         res = run_one(case, r, run, args.seconds, args.warmup, args.loaders, tmp,
-                                      args.jgroups5)
+                                      args.jgroups5, args.gr_args.split())
                     except (RuntimeError, TimeoutError, OSError) as e:
                         print(f"[{i}/{total}] {case.name} run {run} {r}: FAILED: {e}",
                               flush=True)
@@ -928,7 +932,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "loaders": args.loaders, "routers": routers,
                          "cases": [asdict(c) for c in cases],
                          "java_router_opts": list(JAVA_ROUTER_OPTS),
-                         "loader_opts": list(LOADER_OPTS), "jgroups5": args.jgroups5},
+                         "loader_opts": list(LOADER_OPTS), "jgroups5": args.jgroups5,
+                         "gr_args": args.gr_args},
             "medians": summary,
             "runs": [asdict(r) for r in results],
         }, indent=2))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import trio
 
 from gossiprouter.config import Config
+from gossiprouter.dispatch import Dispatcher
 from gossiprouter.ops.runtime import Operations
 from gossiprouter.ops.tls import TLSStream
 from gossiprouter.protocol import native as wire
@@ -144,6 +145,8 @@ class Server:
         self._accept_scope = trio.CancelScope()
         self._stopping = False
         self._closed = trio.Event()
+        # Reads established plain-TCP connections from one task (gossiprouter.dispatch).
+        self.dispatcher = Dispatcher(self.hub, RECV_SIZE, self._throttle)
         # TLS, allow-lists, tokens, metrics/admin port (raises ConfigError on bad files).
         self.ops = Operations(self)
 
@@ -165,6 +168,8 @@ class Server:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._reaper)
                 nursery.start_soon(self._notifier)
+                if cfg.dispatcher:
+                    await nursery.start(self.dispatcher.run)
                 await nursery.start(self.ops.serve)
                 task_status.started(self.address)
                 with self._accept_scope:
@@ -344,7 +349,12 @@ class Server:
             ob.wake = start_writer
             if ob.chunks or ob.closed:  # queued before the nursery existed
                 start_writer()
-            await self._reader(conn, session)
+            raw = getattr(conn.stream.socket, "_sock", None) if isinstance(
+                conn.stream, trio.SocketStream) and cfg.dispatcher else None
+            if raw is not None:
+                await self.dispatcher.serve(raw, session)
+            else:
+                await self._reader(conn, session)
             # The reader is done (EOF or the session closed): let the writer
             # flush, if there is anything to flush; a connection that closes
             # with nothing queued needs no writer task at all (cheaper when
