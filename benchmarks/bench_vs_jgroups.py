@@ -80,6 +80,18 @@ ROUTER_TITLES = {
 }
 # The Java router each gossiprouter column is compared with (same protocol for gr-5).
 RATIO_BASE = {"gr-2.12": "java", "gr-native": "java", "gr-5": "java5"}
+# With --variant ARGS every gossiprouter router also runs as "<router>+v" with ARGS added,
+# alternating with the others, so that a change is measured against its baseline in one run.
+VARIANT = "+v"
+
+
+def base_kind(router: str) -> str:
+    return router.removesuffix(VARIANT)
+
+
+def title(router: str) -> str:
+    t = ROUTER_TITLES[base_kind(router)]
+    return t + " (variant)" if router.endswith(VARIANT) else t
 # The Java router is thread-per-connection: a small stack per thread keeps 10,000 connections
 # cheap in address space; 512 MiB of heap is plenty for the router's per-connection buffers.
 JAVA_ROUTER_OPTS = ("-Xmx512m", "-Xss256k")
@@ -421,6 +433,7 @@ class JGroups5:
 
 
 def proto_for(router: str) -> Proto:
+    router = base_kind(router)
     if router in ("java5", "gr-5"):
         return JGroups5()
     return Native() if router == "gr-native" else JGroups212()
@@ -704,11 +717,11 @@ def _fmt(v: object, fmt: str) -> str:
 
 def print_table(cases: Sequence[Case], routers: Sequence[str],
                 summary: Sequence[dict[str, object]]) -> None:
-    cols = [ROUTER_TITLES[r] for r in routers]
+    cols = [title(r) for r in routers]
     # Each gossiprouter column against the Java router of its protocol family, when it ran.
-    others = [r for r in routers if RATIO_BASE.get(r) in routers]
-    ratio_cols = [f"{ROUTER_TITLES[r].replace('gossiprouter', 'gr')} / "
-                  f"{ROUTER_TITLES[RATIO_BASE[r]]}" for r in others]
+    others = [r for r in routers if RATIO_BASE.get(base_kind(r)) in routers]
+    ratio_cols = [f"{title(r).replace('gossiprouter', 'gr')} / "
+                  f"{ROUTER_TITLES[RATIO_BASE[base_kind(r)]]}" for r in others]
     print("| case | metric | " + " | ".join(cols + ratio_cols) + " |")
     print("|---|---|" + "---:|" * (len(cols) + len(ratio_cols)))
     for case in cases:
@@ -728,7 +741,7 @@ def print_table(cases: Sequence[Case], routers: Sequence[str],
                 ratios = [""] * len(others)
             elif ratio_cols:
                 for r in others:
-                    base = rows.get(RATIO_BASE[r], {}).get(key)
+                    base = rows.get(RATIO_BASE[base_kind(r)], {}).get(key)
                     v = rows.get(r, {}).get(key)
                     ok = isinstance(v, int | float) and isinstance(base, int | float) and base
                     ratios.append(f"{v / base:.3g}x" if ok else "n/a")  # type: ignore[operator]
@@ -824,6 +837,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                          "--jgroups5)")
     ap.add_argument("--gr-args", default="", metavar="ARGS",
                     help="extra options for every gossiprouter router, e.g. '--no-dispatcher'")
+    ap.add_argument("--variant", default="", metavar="ARGS",
+                    help="also run every gossiprouter router with these extra options "
+                         "(columns marked 'variant'), alternating with the plain ones")
     ap.add_argument("--jgroups5", metavar="CLASSPATH",
                     help="a local JGroups 5.x build (jar or classes directory, ':'-separated): "
                          "adds the Java 5.x GossipRouter (java5) and gossiprouter over the 5.x "
@@ -868,7 +884,9 @@ def run_all(cases: Sequence[Case], routers: Sequence[str], args: argparse.Namesp
                     i += 1
                     try:
                         res = run_one(case, r, run, args.seconds, args.warmup, args.loaders, tmp,
-                                      args.jgroups5, args.gr_args.split())
+                                      args.jgroups5,
+                                      args.gr_args.split() + (args.variant.split()
+                                                              if r.endswith(VARIANT) else []))
                     except (RuntimeError, TimeoutError, OSError) as e:
                         print(f"[{i}/{total}] {case.name} run {run} {r}: FAILED: {e}",
                               flush=True)
@@ -885,7 +903,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         cases = [Case(f"idle-{c.idle // 10}", c.kind, c.size, c.rate, c.idle // 10)
                  if c.kind == "idle" else c for c in cases]
-    routers: list[str] = [r for r in ROUTERS + ROUTERS5 if r in args.routers]
+    routers: list[str] = []
+    for r in ROUTERS + ROUTERS5:
+        if r in args.routers:
+            routers.append(r)
+            if args.variant and r in RATIO_BASE:
+                routers.append(r + VARIANT)
     if "java" in routers and not JAR.exists():
         print(f"no {JAR}: install libjgroups-java (scripts/setup does)", file=sys.stderr)
         return 1
@@ -933,7 +956,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "cases": [asdict(c) for c in cases],
                          "java_router_opts": list(JAVA_ROUTER_OPTS),
                          "loader_opts": list(LOADER_OPTS), "jgroups5": args.jgroups5,
-                         "gr_args": args.gr_args},
+                         "gr_args": args.gr_args, "variant": args.variant},
             "medians": summary,
             "runs": [asdict(r) for r in results],
         }, indent=2))
