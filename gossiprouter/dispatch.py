@@ -91,6 +91,9 @@ class Dispatcher:
         # For tests and profiles: wake-ups of the dispatcher task and recv calls it made.
         self.wakeups = 0
         self.reads = 0
+        # Connections handed back to their task for a wait (a spent turn or control budget,
+        # back-pressure): the Feeder's steps other than READ and END.
+        self.handbacks = 0
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -178,6 +181,8 @@ class Dispatcher:
                 self._handback(slot, e)
                 continue
             if step != READ:
+                if step != END:
+                    self.handbacks += 1
                 self._handback(slot, step)
 
     def _unregister(self, slot: _Slot) -> None:

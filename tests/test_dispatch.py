@@ -14,6 +14,8 @@ from gossiprouter.server import Server
 from gossiprouter.sessions.base import Outbox
 from tests.conftest import RouterFactory
 from tests.nclient import NativeClient
+from tests.test_hostile import _boom, honest_traffic, still_serving
+from tests.test_hostile_fairness import Honest, _during, _native_flood
 
 
 class Recorder:
@@ -242,3 +244,75 @@ async def test_server_reads_plain_tcp_through_dispatcher_when_on(
         while router.connections:
             await trio.sleep(0.01)
     assert len(router.dispatcher) == 0
+
+
+# ------------------------------------------------------------------ fairness and containment
+# The socket suites (tests/test_hostile_fairness.py, tests/test_hostile.py) run with whatever
+# read path the conftest option --dispatcher selects (default: on); these tests pin the
+# dispatcher on and check that what they attack was read by it, and that the waits (turns,
+# control budget) went through the hand-back to the connection's task.
+
+
+async def test_pipelined_pings_take_turns_on_the_dispatcher(start_router: RouterFactory) -> None:
+    """The pipeline (one read) is fed in turns: the dispatcher hands the flooder back for a
+    checkpoint, the honest pair is served meanwhile, and every PONG arrives."""
+    router = await start_router(dispatcher=True, control_rate=0)
+    counters, d = router.hub.counters, router.dispatcher
+    n = 5000
+
+    async def attack(honest: Honest) -> None:
+        assert router.address is not None
+        flood = await NativeClient.open(*router.address)
+        reads = d.reads
+        await flood.send_raw(wire.encode(wire.Ping(1)) * n)
+        seen = 0
+        while seen == 0:
+            await trio.sleep(0)
+            seen = counters.frames_in.get("Ping", 0) - pings
+        assert 0 < seen < n, "the whole pipeline was processed in one turn"
+        for _ in range(n):
+            assert await flood.recv() == wire.Pong(1)
+        assert d.reads > reads
+        await flood.aclose()
+
+    pings = counters.frames_in.get("Ping", 0)
+    await _during(router, attack)
+    assert counters.turns_cut > 0 and d.handbacks > 0
+
+
+async def test_control_flood_throttled_then_closed_on_the_dispatcher(
+        start_router: RouterFactory) -> None:
+    router = await start_router(dispatcher=True, control_rate=200, control_burst=200,
+                                control_grace=0.5)
+
+    async def attack(honest: Honest) -> None:
+        pongs = honest.pongs
+        await _native_flood(router, wire.encode(wire.Ping(3)), True)
+        assert honest.pongs > pongs
+
+    await _during(router, attack)
+    c = router.hub.counters
+    assert c.throttled_turns > 0 and c.rate_limited == 1
+    assert router.dispatcher.handbacks > 0 and router.dispatcher.reads > 0
+
+
+async def test_exception_contained_on_the_dispatcher(
+        start_router: RouterFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exception from a session read by the dispatcher closes only that connection
+    (ERROR internal_error), and the dispatcher task reads on for everyone else."""
+    router = await start_router(dispatcher=True)
+    async with honest_traffic(router):
+        await trio.sleep(0.05)
+        monkeypatch.setattr(wire, "encode_members", _boom)
+        assert router.address is not None
+        nc = await NativeClient.open(*router.address)
+        await nc.send(wire.GetMembers(7, "honest"))
+        frames = await nc.recv_until_closed(timeout=5)
+        assert frames == [wire.Error(None, "internal_error",
+                                     "internal router error; see the router's log")]
+        monkeypatch.undo()
+        reads = router.dispatcher.reads
+        await trio.sleep(0.05)
+        assert router.dispatcher.reads > reads  # honest traffic still read by the dispatcher
+    assert router.hub.counters.internal_errors == 1
+    await still_serving(router)
