@@ -826,7 +826,10 @@ class Feeder:
             self._flush_own(held)  # gives back the wake-up: the farewell goes out
             return END
         self.data = b""
-        self._flush_own(held)
+        if ob.chunks or ob.closed:
+            self._flush_own(held)
+        else:  # nothing for itself (most chunks under light load): no call
+            ob.direct, ob.wake = held
         if not session.established and not ob.closed and clock() >= (
                 self.conn.handshake_deadline):
             self.server._handshake_expired(self.conn, session)
