@@ -301,6 +301,7 @@ class Server:
             self.connections.add(conn)
             self._per_ip[ip] = self._per_ip.get(ip, 0) + 1
             nursery.start_soon(self._handle, conn, ip)
+            del conn, stream  # not kept alive by this loop until the next accept
 
     def _over_limit(self, ip: str) -> str:
         """Why a just-accepted connection must be closed at once ("" if it may stay)."""
