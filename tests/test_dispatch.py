@@ -4,18 +4,23 @@ session, and the server's use of it on real 127.0.0.1 connections."""
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 import trio
+import trustme
 
 from gossiprouter.dispatch import END, READ, Dispatcher
+from gossiprouter.ops.tls import client_context
 from gossiprouter.protocol import native as wire
 from gossiprouter.server import Server
 from gossiprouter.sessions.base import Outbox
 from tests.conftest import RouterFactory
 from tests.nclient import NativeClient
+from tests.ops_client import OpsClient
 from tests.test_hostile import _boom, honest_traffic, still_serving
 from tests.test_hostile_fairness import Honest, _during, _native_flood
+from tests.test_ops_tls import _ca_file, _server_files
 
 
 class Recorder:
@@ -316,3 +321,23 @@ async def test_exception_contained_on_the_dispatcher(
         assert router.dispatcher.reads > reads  # honest traffic still read by the dispatcher
     assert router.hub.counters.internal_errors == 1
     await still_serving(router)
+
+
+async def test_tls_connections_stay_on_their_reader_task(start_router: RouterFactory,
+                                                         tmp_path: Path) -> None:
+    """The dispatcher reads raw sockets: a TLS connection (its bytes are records, not frames)
+    is never registered with it; its own reader task serves it."""
+    ca = trustme.CA()
+    cert, key = _server_files(tmp_path, ca)
+    router = await start_router(dispatcher=True, tls_cert=str(cert), tls_key=str(key))
+    assert router.address is not None
+    ctx = client_context(_ca_file(tmp_path, ca, "server"))
+    a = await OpsClient.open(*router.address, ssl_context=ctx)
+    b = await OpsClient.open(*router.address, ssl_context=ctx)
+    assert await a.connect("g", b"A") == wire.Ok(1)
+    assert await b.connect("g", b"B") == wire.Ok(1)
+    for i in range(5):
+        await a.send(wire.Route("g", b"B", b"A", b"%d" % i))
+        assert await b.recv() == wire.Route("g", b"B", b"A", b"%d" % i)
+    assert len(router.dispatcher) == 0 and router.dispatcher.reads == 0
+    assert router.hub.counters.routed >= 5  # counted by the sessions, fed by the readers
