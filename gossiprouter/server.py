@@ -436,6 +436,11 @@ class Server:
 
             def start_writer() -> None:
                 nonlocal writer
+                if not ob.busy:
+                    # A busy period starts now: the write deadline counts from here, not
+                    # from the end of the last one (or 0.0), since the reaper may run
+                    # before the writer task does and would see a stall that is not one.
+                    ob.last_progress = trio.current_time()
                 if writer:
                     lot.unpark_all()
                 else:
@@ -483,7 +488,9 @@ class Server:
             if not chunk:
                 feeder.eof()
                 return
-            if not await self._settle(feeder, feeder.feed(chunk)):
+            step = feeder.feed(chunk)
+            del chunk  # not held while waiting for the next one (thousands of idle readers)
+            if not await self._settle(feeder, step):
                 return
 
     async def _settle(self, feeder: Feeder, step: int) -> bool:

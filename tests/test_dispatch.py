@@ -341,3 +341,25 @@ async def test_tls_connections_stay_on_their_reader_task(start_router: RouterFac
         assert await b.recv() == wire.Route("g", b"B", b"A", b"%d" % i)
     assert len(router.dispatcher) == 0 and router.dispatcher.reads == 0
     assert router.hub.counters.routed >= 5  # counted by the sessions, fed by the readers
+
+
+async def test_write_deadline_counts_from_the_wake_up(start_router: RouterFactory,
+                                                      tmp_path: Path) -> None:
+    """A connection idle for longer than write_timeout gets data that its writer task must
+    send (TLS: no direct send). If the reaper runs before that task does, the connection
+    has not stalled: it must not be closed as a slow consumer."""
+    ca = trustme.CA()
+    cert, key = _server_files(tmp_path, ca)
+    router = await start_router(write_timeout=0.5, tls_cert=str(cert), tls_key=str(key))
+    assert router.address is not None
+    ctx = client_context(_ca_file(tmp_path, ca, "server"))
+    b = await OpsClient.open(*router.address, ssl_context=ctx)
+    assert await b.connect("g", b"B") == wire.Ok(1)
+    session = next(c.session for c in router.connections if c.session is not None)
+    await trio.sleep(0.6)  # idle for longer than write_timeout
+    session.push(wire.encode_route("g", b"B", b"A", b"late"))  # wakes the writer
+    # One reaper round now, before the writer task has run (no checkpoint in between).
+    with trio.move_on_after(0):
+        await router._reap(0, 0.5)
+    assert not session.outbox.closed and router.hub.counters.write_timeouts == 0
+    assert await b.recv() == wire.Route("g", b"B", b"A", b"late")
