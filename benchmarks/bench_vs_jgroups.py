@@ -7,6 +7,12 @@ Three routers take turns, each run on a fresh router process on 127.0.0.1:
 * ``gr-2.12``: ``python -m gossiprouter serve``, driven over the same JGroups 2.12 protocol;
 * ``gr-native``: the same server, driven over gossiprouter's native protocol.
 
+With ``--jgroups5 CLASSPATH`` (a local JGroups 5.x build: a jar or a classes directory; none is
+shipped or built here) two more take part, as a fourth protocol column:
+
+* ``java5``: ``org.jgroups.stack.GossipRouter`` from that classpath, with its defaults;
+* ``gr-5``: gossiprouter driven over the JGroups 5.x protocol (``gossiprouter.protocol.jgroups5``).
+
 The load generator is ``benchmarks/jgroups/Blaster.java``, compiled on first use into
 ``benchmarks/jgroups/classes``. It is protocol-agnostic: this script pre-encodes every byte
 sequence (registration, message frames, the router's replies) with the project's codecs
@@ -55,8 +61,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gossiprouter.protocol import jgroups2 as j2  # noqa: E402
+from gossiprouter.protocol import jgroups5 as j5  # noqa: E402
 from gossiprouter.protocol import native as wire  # noqa: E402
-from gossiprouter.protocol.jgroups_common import V2, JAddress  # noqa: E402
+from gossiprouter.protocol.jgroups_common import V2, V5, JAddress  # noqa: E402
 from tests.procs import free_port, proc_cpu_seconds, wait_listening  # noqa: E402
 
 JAR = Path("/usr/share/java/jgroups.jar")
@@ -65,9 +72,26 @@ CLASSES = REPO / "benchmarks" / "jgroups" / "classes"
 JAVA = "java"
 
 ROUTERS = ("java", "gr-2.12", "gr-native")
+# Only with --jgroups5 CLASSPATH: the Java 5.x router and gossiprouter over the 5.x protocol.
+ROUTERS5 = ("java5", "gr-5")
 ROUTER_TITLES = {
     "java": "Java 2.12", "gr-2.12": "gossiprouter 2.12", "gr-native": "gossiprouter native",
+    "java5": "Java 5.x", "gr-5": "gossiprouter 5.x",
 }
+# The Java router each gossiprouter column is compared with (same protocol for gr-5).
+RATIO_BASE = {"gr-2.12": "java", "gr-native": "java", "gr-5": "java5"}
+# With --variant ARGS every gossiprouter router also runs as "<router>+v" with ARGS added,
+# alternating with the others, so that a change is measured against its baseline in one run.
+VARIANT = "+v"
+
+
+def base_kind(router: str) -> str:
+    return router.removesuffix(VARIANT)
+
+
+def title(router: str) -> str:
+    t = ROUTER_TITLES[base_kind(router)]
+    return t + " (variant)" if router.endswith(VARIANT) else t
 # The Java router is thread-per-connection: a small stack per thread keeps 10,000 connections
 # cheap in address space; 512 MiB of heap is plenty for the router's per-connection buffers.
 JAVA_ROUTER_OPTS = ("-Xmx512m", "-Xss256k")
@@ -163,15 +187,23 @@ def machine_busy_seconds() -> float:
 class Router:
     """One router process on 127.0.0.1:port; SIGKILLed on stop (each run uses a fresh one)."""
 
-    def __init__(self, kind: str, port: int, log: Path) -> None:
+    def __init__(self, kind: str, port: int, log: Path, jgroups5: str | None = None,
+                 gr_args: Sequence[str] = ()) -> None:
         self.kind = kind
         self.port = port
         if kind == "java":
             cmd = [JAVA, *JAVA_ROUTER_OPTS, "-cp", str(JAR), "org.jgroups.stack.GossipRouter",
                    "-port", str(port), "-bindaddress", "127.0.0.1"]
+        elif kind == "java5":
+            if not jgroups5:
+                raise ValueError("the java5 router needs --jgroups5 CLASSPATH")
+            # 5.x renamed -bindaddress to -bind_addr; everything else stays at its defaults
+            # (blocking TcpServer, one reader thread per connection).
+            cmd = [JAVA, *JAVA_ROUTER_OPTS, "-cp", jgroups5, "org.jgroups.stack.GossipRouter",
+                   "-port", str(port), "-bind_addr", "127.0.0.1"]
         else:
             cmd = [sys.executable, "-m", "gossiprouter", "serve", "--host", "127.0.0.1",
-                   "--port", str(port), "--log-level", "warning"]
+                   "--port", str(port), "--log-level", "warning", *gr_args]
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                          cwd=REPO, preexec_fn=_die_with_parent)
@@ -355,7 +387,55 @@ class Native:
             raise TimeoutError("no GET_MEMBERS reply")
 
 
+class JGroups5:
+    """JGroups 3.6.5+ / 4.x / 5.x GossipData: what TUNNEL / RouterStub 5.x send.
+
+    REGISTER has no reply in 5.x, so registration is REGISTER followed by a HEARTBEAT on the
+    same connection: the router answers the HEARTBEAT only after it has handled the REGISTER,
+    which makes the echoed HEARTBEAT the exact reply that says "registered".
+    """
+
+    def _addr(self, i: int) -> JAddress:
+        msb, lsb = _uuid_bits(i)
+        return JAddress.from_uuid(msb, lsb, version=V5)
+
+    def register(self, i: int) -> tuple[bytes, int, bytes]:
+        phys = JAddress.from_ip("127.0.0.1", 10000 + i % 50000, version=V5)
+        reg = j5.register(GROUP, self._addr(i), f"m{i}", phys) + j5.heartbeat()
+        return reg, 0, j5.heartbeat()
+
+    def send_frame(self, sender: int, dest: int | None, payload: bytes) -> bytes:
+        return j5.message(GROUP, None if dest is None else self._addr(dest), self._addr(sender),
+                          payload)
+
+    def recv_frame(self, sender: int, dest: int | None, payload: bytes) -> bytes:
+        return self.send_frame(sender, dest, payload)  # forwarded byte for byte
+
+    def count_members(self, port: int) -> int:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            dec = j5.Decoder(max_frame=64 << 20)
+            s.sendall(j5.get_members(GROUP))
+            seen = 0
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                data = s.recv(1 << 20)
+                if not data:
+                    raise RuntimeError("router closed the GET_MBRS connection")
+                dec.feed(data)
+                while (ev := dec.next_event()) is not None:
+                    if isinstance(ev, j5.MembersReply):
+                        # Clients before 5.4.4 get one reply; newer ones may get several,
+                        # the last one flagged.
+                        seen += len(ev.members)
+                        if ev.last or ev.group is not None:
+                            return seen
+            raise TimeoutError("no GET_MBRS reply")
+
+
 def proto_for(router: str) -> Proto:
+    router = base_kind(router)
+    if router in ("java5", "gr-5"):
+        return JGroups5()
     return Native() if router == "gr-native" else JGroups212()
 
 
@@ -509,14 +589,15 @@ def percentile(hist: dict[int, int], q: float) -> float | None:
 
 
 def run_one(case: Case, router_kind: str, run: int, seconds: float, warmup: float,
-            nloaders: int, tmp: Path) -> RunResult:
+            nloaders: int, tmp: Path, jgroups5: str | None = None,
+            gr_args: Sequence[str] = ()) -> RunResult:
     proto = proto_for(router_kind)
     port = free_port()
     t_setup = time.monotonic()
     deadline = 120 + warmup + seconds + case.idle / 100
     configs = loader_configs(case, proto, port, nloaders, deadline)
     tag = f"{case.name}-{router_kind}-{run}"
-    router = Router(router_kind, port, tmp / f"router-{tag}.log")
+    router = Router(router_kind, port, tmp / f"router-{tag}.log", jgroups5, gr_args)
     loaders: list[Loader] = []
     try:
         for n, lines in enumerate(configs):
@@ -636,11 +717,11 @@ def _fmt(v: object, fmt: str) -> str:
 
 def print_table(cases: Sequence[Case], routers: Sequence[str],
                 summary: Sequence[dict[str, object]]) -> None:
-    cols = [ROUTER_TITLES[r] for r in routers]
-    others = [r for r in routers if r != "java"]
-    ratio_cols = [f"{ROUTER_TITLES[r].replace('gossiprouter', 'gr')} / Java" for r in others]
-    if "java" not in routers:
-        ratio_cols = []
+    cols = [title(r) for r in routers]
+    # Each gossiprouter column against the Java router of its protocol family, when it ran.
+    others = [r for r in routers if RATIO_BASE.get(base_kind(r)) in routers]
+    ratio_cols = [f"{title(r).replace('gossiprouter', 'gr')} / "
+                  f"{ROUTER_TITLES[RATIO_BASE[base_kind(r)]]}" for r in others]
     print("| case | metric | " + " | ".join(cols + ratio_cols) + " |")
     print("|---|---|" + "---:|" * (len(cols) + len(ratio_cols)))
     for case in cases:
@@ -659,8 +740,8 @@ def print_table(cases: Sequence[Case], routers: Sequence[str],
             if ratio_cols and key in NO_RATIO:
                 ratios = [""] * len(others)
             elif ratio_cols:
-                base = rows.get("java", {}).get(key)
                 for r in others:
+                    base = rows.get(RATIO_BASE[base_kind(r)], {}).get(key)
                     v = rows.get(r, {}).get(key)
                     ok = isinstance(v, int | float) and isinstance(base, int | float) and base
                     ratios.append(f"{v / base:.3g}x" if ok else "n/a")  # type: ignore[operator]
@@ -688,6 +769,20 @@ def machine_info() -> dict[str, str]:
         "python": platform.python_version(),
         "jgroups_jar": str(JAR),
     }
+
+
+def jgroups5_version(classpath: str) -> str | None:
+    """The version a JGroups build on ``classpath`` reports, if it is 5.x; None otherwise."""
+    try:
+        out = subprocess.run([JAVA, "-cp", classpath, "org.jgroups.Version"],
+                             capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.splitlines():
+        if line.startswith("Version:"):
+            v = line.split(":", 1)[1].strip()
+            return v if v.startswith("5.") else None
+    return None
 
 
 def background_load(seconds: float = 1.0) -> float:
@@ -728,7 +823,8 @@ def cleanup_on_exit() -> Iterator[None]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        description="Benchmark gossiprouter against the Java JGroups 2.12 GossipRouter.")
+        description="Benchmark gossiprouter against the Java JGroups 2.12 (and, with --jgroups5, "
+                    "5.x) GossipRouter.")
     ap.add_argument("--runs", type=int, default=3, help="runs per case and router (median)")
     ap.add_argument("--seconds", type=float, default=4.0, help="measured seconds per run")
     ap.add_argument("--warmup", type=float, default=2.0,
@@ -736,8 +832,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--cases", nargs="+", choices=[c.name for c in CASES],
                     default=[c.name for c in CASES], metavar="CASE",
                     help="cases to run: " + ", ".join(c.name for c in CASES))
-    ap.add_argument("--routers", nargs="+", choices=ROUTERS, default=list(ROUTERS),
-                    help="routers to run (default: all three)")
+    ap.add_argument("--routers", nargs="+", choices=ROUTERS + ROUTERS5, default=None,
+                    help="routers to run (default: all three, plus java5 and gr-5 with "
+                         "--jgroups5)")
+    ap.add_argument("--gr-args", default="", metavar="ARGS",
+                    help="extra options for every gossiprouter router, e.g. '--no-dispatcher'")
+    ap.add_argument("--variant", default="", metavar="ARGS",
+                    help="also run every gossiprouter router with these extra options "
+                         "(columns marked 'variant'), alternating with the plain ones")
+    ap.add_argument("--jgroups5", metavar="CLASSPATH",
+                    help="a local JGroups 5.x build (jar or classes directory, ':'-separated): "
+                         "adds the Java 5.x GossipRouter (java5) and gossiprouter over the 5.x "
+                         "protocol (gr-5)")
     ap.add_argument("--loaders", type=int, default=2, help="load generator processes")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 1 run, 1 s per case, idle cases with a tenth of the "
@@ -750,6 +856,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.runs, args.seconds, args.warmup = 1, 1.0, 0.5
     if args.runs < 1 or args.seconds <= 0 or args.loaders < 1 or args.warmup < 0:
         ap.error("--runs and --loaders must be >= 1, --seconds > 0, --warmup >= 0")
+    if args.routers is None:
+        args.routers = list(ROUTERS) + (list(ROUTERS5) if args.jgroups5 else [])
+    if "java5" in args.routers and not args.jgroups5:
+        ap.error("the java5 router needs --jgroups5 CLASSPATH (a local JGroups 5.x build)")
+    if args.jgroups5:
+        missing = [p for p in args.jgroups5.split(os.pathsep) if p and not Path(p).exists()]
+        if missing:
+            ap.error(f"--jgroups5: no such file or directory: {', '.join(missing)}")
     return args
 
 
@@ -769,7 +883,10 @@ def run_all(cases: Sequence[Case], routers: Sequence[str], args: argparse.Namesp
                 for r in routers:
                     i += 1
                     try:
-                        res = run_one(case, r, run, args.seconds, args.warmup, args.loaders, tmp)
+                        res = run_one(case, r, run, args.seconds, args.warmup, args.loaders, tmp,
+                                      args.jgroups5,
+                                      args.gr_args.split() + (args.variant.split()
+                                                              if r.endswith(VARIANT) else []))
                     except (RuntimeError, TimeoutError, OSError) as e:
                         print(f"[{i}/{total}] {case.name} run {run} {r}: FAILED: {e}",
                               flush=True)
@@ -786,10 +903,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         cases = [Case(f"idle-{c.idle // 10}", c.kind, c.size, c.rate, c.idle // 10)
                  if c.kind == "idle" else c for c in cases]
-    routers: list[str] = [r for r in ROUTERS if r in args.routers]
+    routers: list[str] = []
+    for r in ROUTERS + ROUTERS5:
+        if r in args.routers:
+            routers.append(r)
+            if args.variant and r in RATIO_BASE:
+                routers.append(r + VARIANT)
     if "java" in routers and not JAR.exists():
         print(f"no {JAR}: install libjgroups-java (scripts/setup does)", file=sys.stderr)
         return 1
+    if "java5" in routers:
+        version = jgroups5_version(args.jgroups5)
+        if version is None:
+            print(f"--jgroups5 {args.jgroups5}: no JGroups 5.x there "
+                  "(org.jgroups.Version did not report a 5.x version)", file=sys.stderr)
+            return 1
+        print(f"JGroups 5.x router: {version} from {args.jgroups5}", flush=True)
     ensure_compiled()
     info = machine_info()
     total = len(cases) * args.runs * len(routers)
@@ -826,7 +955,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "loaders": args.loaders, "routers": routers,
                          "cases": [asdict(c) for c in cases],
                          "java_router_opts": list(JAVA_ROUTER_OPTS),
-                         "loader_opts": list(LOADER_OPTS)},
+                         "loader_opts": list(LOADER_OPTS), "jgroups5": args.jgroups5,
+                         "gr_args": args.gr_args, "variant": args.variant},
             "medians": summary,
             "runs": [asdict(r) for r in results],
         }, indent=2))

@@ -44,13 +44,14 @@ import trio
 
 from gossiprouter.bridge import Bridge
 from gossiprouter.config import Config
+from gossiprouter.dispatch import END, READ, Dispatcher
 from gossiprouter.ops.access import RateLimitedLog
 from gossiprouter.ops.runtime import Operations
 from gossiprouter.ops.tls import TLSStream
 from gossiprouter.protocol import native as wire
 from gossiprouter.sessions import jgroups2 as _jgroups2
 from gossiprouter.sessions import jgroups5 as _jgroups5
-from gossiprouter.sessions.base import TURN_CONTROLS, Hub, Outbox, Session
+from gossiprouter.sessions.base import TURN_CONTROLS, Hub, Session
 from gossiprouter.sessions.native import NativeSession
 
 log = logging.getLogger("gossiprouter")
@@ -194,6 +195,8 @@ class Server:
         # Open connections per client IP (max_connections_per_ip).
         self._per_ip: dict[str, int] = {}
         self._refusals = RateLimitedLog(log, REFUSAL_LOG_INTERVAL)
+        # Reads established plain-TCP connections from one task (gossiprouter.dispatch).
+        self.dispatcher = Dispatcher(RECV_SIZE)
         # TLS, allow-lists, tokens, metrics/admin port (raises ConfigError on bad files).
         self.ops = Operations(self)
         # The MQTT federation bridge (docs/topics.md), checked here so a bad option fails start.
@@ -217,6 +220,8 @@ class Server:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._reaper)
                 nursery.start_soon(self._notifier)
+                if cfg.dispatcher:
+                    await nursery.start(self.dispatcher.run)
                 await nursery.start(self.ops.serve)
                 if self.bridge is not None:
                     nursery.start_soon(self.bridge.run)
@@ -301,9 +306,7 @@ class Server:
             self.connections.add(conn)
             self._per_ip[ip] = self._per_ip.get(ip, 0) + 1
             nursery.start_soon(self._handle, conn, ip)
-            # The task owns them now: a local kept until the next accept would keep the last
-            # connection (session, buffers) alive after it closed.
-            del conn, stream
+            del conn, stream  # not kept alive by this loop until the next accept
 
     def _over_limit(self, ip: str) -> str:
         """Why a just-accepted connection must be closed at once ("" if it may stay)."""
@@ -426,8 +429,8 @@ class Server:
                             len(self.connections) - 1, cfg.max_connections)
             session.close(reason, f"too many connections (max {cfg.max_connections})"
                           if reason == "limit" else "router is shutting down")
-        else:
-            self.hub.counters.bytes_in += len(first)
+        else:  # the rest (initial) is counted by the Feeder
+            self.hub.counters.bytes_in += verdict.consumed
         initial = first[verdict.consumed:] if not ob.closed else b""
         del first  # not kept for the connection's lifetime
         async with trio.open_nursery() as nursery:
@@ -438,6 +441,11 @@ class Server:
 
             def start_writer() -> None:
                 nonlocal writer
+                if not ob.busy:
+                    # A busy period starts now: the write deadline counts from here, not
+                    # from the end of the last one (or 0.0), since the reaper may run
+                    # before the writer task does and would see a stall that is not one.
+                    ob.last_progress = trio.current_time()
                 if writer:
                     lot.unpark_all()
                 else:
@@ -461,78 +469,60 @@ class Server:
                 start_writer()
 
     async def _reader(self, conn: Connection, session: Session, data: bytes) -> None:
-        """Feed the session what the socket delivers, fairly (see SLICE, TURN), until EOF
-        or the session closes. ``data``: what the handshake read beyond the preamble."""
+        """Feed the session what the socket delivers, until EOF or the session closes.
+        ``data``: what the handshake read beyond the preamble.
+
+        Every chunk goes through the connection's :class:`Feeder`, whoever reads it: this
+        task (TLS, or ``dispatcher`` off) or the dispatcher (plain TCP), which hands the
+        connection back here whenever the Feeder asks for a wait (:meth:`_settle`)."""
+        feeder = Feeder(self, conn, session)
+        if data and not feeder.closed and not await self._settle(feeder, feeder.feed(data)):
+            return
+        del data
         stream = conn.stream
-        counters = self.hub.counters
-        congestion = self.hub.congestion
-        ob = session.outbox
-        clock = trio.current_time
-        turn = clock()
-        while not ob.closed:
-            if not data:
-                try:
-                    data = await stream.receive_some(RECV_SIZE)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    return
-                if not data:
-                    try:
-                        session.on_eof()
-                    except Exception as exc:  # see "Errors" above: this connection only
-                        self.hub.contain(session, exc, "handling its end of stream")
-                    return
-                counters.bytes_in += len(data)
-                turn = clock()  # receive_some was a checkpoint
-            # The session's replies to itself (PONG, OK, echoed HEARTBEATs, its own
-            # multicasts) are queued while it runs and written once afterwards, not
-            # with one send() each.
-            held = ob.direct, ob.wake
-            ob.direct, ob.wake = None, _nothing_to_wake
-            try:
-                size = len(data)
-                pos = 0
-                while True:
-                    piece = data if size <= SLICE else data[pos:pos + SLICE]
-                    pos += SLICE
-                    session.new_turn()
-                    session.on_data(piece, clock())
-                    while session.paused and not ob.closed:
-                        self._flush_own(ob, held)
-                        turn = await self._pause(session, turn)
-                        if ob.closed:  # rate_limited: what it still holds is not handled
-                            break
-                        held = ob.direct, ob.wake
-                        ob.direct, ob.wake = None, _nothing_to_wake
-                        session.new_turn()
-                        session.on_data(b"", clock())
-                    if ob.closed or pos >= size:
-                        break
-                    if clock() - turn >= TURN:
-                        counters.turns_cut += 1
-                        self._flush_own(ob, held)
-                        await trio.lowlevel.checkpoint()
-                        held = ob.direct, ob.wake
-                        ob.direct, ob.wake = None, _nothing_to_wake
-                        turn = clock()
-            except Exception as exc:  # see "Errors" above: this connection only
-                self.hub.contain(session, exc, "handling received data")
-                self._flush_own(ob, held)  # gives back the wake-up: the farewell goes out
+        if self.config.dispatcher and isinstance(stream, trio.SocketStream):
+            raw = getattr(stream.socket, "_sock", None)
+            if raw is not None:
+                await self.dispatcher.serve(raw, feeder, self._settle)
                 return
-            data = b""
-            self._flush_own(ob, held)
-            if not session.established and not ob.closed and trio.current_time() >= (
-                    conn.handshake_deadline):
-                self._handshake_expired(conn, session)
-            if congestion.pending:
-                congestion.pending = False
+        while not feeder.closed:
+            try:
+                chunk = await stream.receive_some(RECV_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            if not chunk:
+                feeder.eof()
+                return
+            step = feeder.feed(chunk)
+            del chunk  # not held while waiting for the next one (thousands of idle readers)
+            if not await self._settle(feeder, step):
+                return
+
+    async def _settle(self, feeder: Feeder, step: int) -> bool:
+        """Do the wait ``feeder`` asked for (see the steps above Feeder), feeding on after
+        it until the chunk is done. True: read the next chunk; False: the reader is over."""
+        while True:
+            if step == READ:
+                return True
+            if step == END:
+                return False
+            if step == THROTTLE:
                 await self._throttle()
+                return not feeder.closed
+            if step == YIELD:
+                await trio.lowlevel.checkpoint()
+                feeder.turn = trio.current_time()
+            else:
+                assert step == PAUSE
+                feeder.turn = await self._pause(feeder.session, feeder.turn)
+            step = feeder.run()
 
     async def _pause(self, session: Session, turn: float) -> float:
-        """The session paused: its share of this turn, or its control budget, is spent."""
+        """The session paused and must wait: its share of this turn was spent after the
+        turn's time (a checkpoint), or its control budget is spent (wait for the bucket,
+        or close it when it stays over). Returns when its new turn starts."""
         counters = self.hub.counters
         if session.tokens >= 0:
-            if trio.current_time() - turn < TURN:
-                return turn  # the share of frames is spent, but not the turn's time
             counters.turns_cut += 1
             await trio.lowlevel.checkpoint()
             return trio.current_time()
@@ -554,31 +544,6 @@ class Server:
         refill = min(TURN_CONTROLS, session.control_burst) - session.tokens
         await trio.sleep(refill / session.control_rate)
         return trio.current_time()
-
-    @staticmethod
-    def _flush_own(ob: Outbox, held: tuple[Callable[[bytes], int] | None, Callable[[], None]]
-                   ) -> None:
-        """Give the outbox back the direct send and the wake-up the reader withheld while
-        the session ran, and write what the session queued for its own connection
-        meanwhile (PONG, OK, echoed HEARTBEATs, its own multicasts) in one send instead of
-        one per reply. Outbox.push sends directly when the writer is idle, else wakes it."""
-        direct, ob.wake = held
-        if ob.closed:
-            ob.wake()  # the farewell queued by close() must be written
-            return
-        ob.direct = direct
-        if not ob.chunks:
-            return
-        if ob.busy or direct is None:  # the writer is sending, or must (TLS)
-            ob.wake()
-            return
-        chunks = ob.take(WRITE_BATCH)
-        if not ob.chunks:
-            ob.push(chunks[0] if len(chunks) == 1 else b"".join(chunks))
-        else:  # more than a batch: the writer takes it from here, in order
-            ob.chunks[:0] = chunks
-            ob.nbytes += sum(len(c) for c in chunks)
-            ob.wake()
 
     def _handshake_expired(self, conn: Connection, session: Session) -> None:
         log.info("closing %r: handshake not done within %.1fs", session,
@@ -771,6 +736,146 @@ class Server:
                  s.farewell("slow_consumer", f"nothing written for {stalled:.1f}s "
                             f"(write_timeout {self.config.write_timeout:g}s)"),
                  discard=True)
+
+
+# What Feeder.feed / Feeder.run ask of the connection's task (besides READ: read the next
+# chunk, and END: the reader is over, from gossiprouter.dispatch). The dispatcher handles
+# READ itself and hands the connection back to its task for everything else (Server._settle).
+YIELD = 2  # the turn's time (TURN) is used: a checkpoint, then Feeder.run
+PAUSE = 3  # the session paused and must wait (Server._pause), then Feeder.run
+THROTTLE = 4  # a receiver it fed is congested: Server._throttle, then the next chunk
+
+
+class Feeder:
+    """The one place that processes a received chunk for a session, whoever read it (the
+    connection's reader task or the dispatcher): it counts the bytes, feeds the session in
+    slices of SLICE bytes within a turn of TURN seconds, withholds the session's replies to
+    itself and flushes them once per slice (:meth:`_flush_own`), honours the session's pause
+    (its share of control frames per turn, or its control budget), contains the session's
+    exceptions (Hub.contain) and checks the handshake deadline. It never waits: where a
+    wait is due it returns a step (YIELD, PAUSE, THROTTLE) and keeps its place; the
+    connection's task waits (Server._settle) and calls :meth:`run` to go on."""
+
+    __slots__ = ("conn", "data", "hub", "outbox", "pos", "resume", "server", "session",
+                 "turn")
+
+    def __init__(self, server: Server, conn: Connection, session: Session) -> None:
+        self.server = server
+        self.hub = server.hub
+        self.conn = conn
+        self.session = session
+        self.outbox = session.outbox
+        self.data = b""  # the chunk being fed, from pos on
+        self.pos = 0
+        self.turn = 0.0  # when the current turn started (after the last checkpoint)
+        self.resume = False  # the session paused: go on with on_data(b"")
+
+    @property
+    def closed(self) -> bool:
+        return self.outbox.closed
+
+    def feed(self, data: bytes) -> int:
+        """A chunk was received (right after a read, which was a checkpoint)."""
+        self.hub.counters.bytes_in += len(data)
+        self.data = data
+        self.pos = 0
+        self.turn = trio.current_time()
+        return self.run()
+
+    def eof(self) -> None:
+        """The peer closed its side."""
+        try:
+            self.session.on_eof()
+        except Exception as exc:  # see "Errors" above: this connection only
+            self.hub.contain(self.session, exc, "handling its end of stream")
+
+    def run(self) -> int:
+        """Feed the chunk on from where it stopped, until it is done or a wait is due."""
+        session = self.session
+        ob = self.outbox
+        if ob.closed:
+            self.data = b""
+            return END
+        clock = trio.current_time
+        data = self.data
+        size = len(data)
+        pos = self.pos
+        resume = self.resume
+        self.resume = False
+        # The session's replies to itself (PONG, OK, echoed HEARTBEATs, its own
+        # multicasts) are queued while it runs and written once afterwards, not
+        # with one send() each.
+        held = ob.direct, ob.wake
+        ob.direct, ob.wake = None, _nothing_to_wake
+        try:
+            while True:
+                session.new_turn()
+                if resume:
+                    resume = False
+                    session.on_data(b"", clock())
+                else:
+                    piece = data if size <= SLICE else data[pos:pos + SLICE]
+                    pos += SLICE
+                    session.on_data(piece, clock())
+                if session.paused and not ob.closed:
+                    # Its share of this turn's control frames is spent: it goes on at once
+                    # while the turn's time is not used up; otherwise it waits.
+                    if session.tokens >= 0 and clock() - self.turn < TURN:
+                        resume = True
+                        continue
+                    self.pos, self.resume = pos, True
+                    self._flush_own(held)
+                    return PAUSE
+                if ob.closed or pos >= size:
+                    break
+                if clock() - self.turn >= TURN:
+                    self.hub.counters.turns_cut += 1
+                    self.pos = pos
+                    self._flush_own(held)
+                    return YIELD
+        except Exception as exc:  # see "Errors" above: this connection only
+            self.hub.contain(session, exc, "handling received data")
+            self.data = b""
+            self._flush_own(held)  # gives back the wake-up: the farewell goes out
+            return END
+        self.data = b""
+        if ob.chunks or ob.closed:
+            self._flush_own(held)
+        else:  # nothing for itself (most chunks under light load): no call
+            ob.direct, ob.wake = held
+        if not session.established and not ob.closed and clock() >= (
+                self.conn.handshake_deadline):
+            self.server._handshake_expired(self.conn, session)
+        congestion = self.hub.congestion
+        if congestion.pending:
+            congestion.pending = False
+            return THROTTLE
+        return END if ob.closed else READ
+
+    def _flush_own(self, held: tuple[Callable[[bytes], int] | None, Callable[[], None]]
+                   ) -> None:
+        """Give the outbox back the direct send and the wake-up withheld while the session
+        ran, and write what the session queued for its own connection meanwhile (PONG, OK,
+        echoed HEARTBEATs, its own multicasts) in one send instead of one per reply.
+        Outbox.push sends directly when the writer is idle, else wakes it."""
+        ob = self.outbox
+        direct, ob.wake = held
+        if ob.closed:
+            ob.wake()  # the farewell queued by close() must be written
+            return
+        ob.direct = direct
+        if not ob.chunks:
+            return
+        if ob.busy or direct is None:  # the writer is sending, or must (TLS)
+            ob.wake()
+            return
+        chunks = ob.take(WRITE_BATCH)
+        if not ob.chunks:
+            ob.push(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        else:  # more than a batch: the writer takes it from here, in order
+            ob.chunks[:0] = chunks
+            ob.nbytes += sum(len(c) for c in chunks)
+            ob.wake()
 
 
 def _drop_unread(stream: trio.SocketStream) -> None:

@@ -13,11 +13,22 @@ from gossiprouter.server import Server
 RouterFactory = Callable[..., Awaitable[Server]]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    # Both read paths are tested: CI runs the socket suites with each (docs/performance.md).
+    parser.addoption("--dispatcher", choices=("on", "off"), default=None,
+                     help="in-process routers read plain-TCP connections from the dispatcher "
+                          "task (on) or one reader task per connection (off); default: the "
+                          "config default")
+
+
 @pytest.fixture
-async def start_router(nursery: trio.Nursery) -> RouterFactory:
+async def start_router(nursery: trio.Nursery, request: pytest.FixtureRequest) -> RouterFactory:
     """Start a router with the given Config overrides; returns the Server (``.address`` set)."""
+    dispatcher = request.config.getoption("--dispatcher")
 
     async def start(**overrides: object) -> Server:
+        if dispatcher is not None:
+            overrides.setdefault("dispatcher", dispatcher == "on")
         cfg = Config(host="127.0.0.1", port=0, **overrides)  # type: ignore[arg-type]
         server = Server(cfg)
         await nursery.start(server.serve)

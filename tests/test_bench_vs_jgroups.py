@@ -1,0 +1,79 @@
+"""bench-vs-jgroups' protocol side (no Java needed): the 5.x registration handshake its loaders
+rely on, against gossiprouter on 127.0.0.1, and the --jgroups5 option's parsing."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+import trio
+
+from benchmarks import bench_vs_jgroups as bench
+from tests.conftest import RouterFactory
+
+
+def _register_all(port: int, members: range) -> list[socket.socket]:
+    """What Blaster does per member: write the registration, read exactly the expected reply."""
+    proto = bench.JGroups5()
+    socks = []
+    for i in members:
+        reg, skip, ok = proto.register(i)
+        assert skip == 0
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(reg)
+        got = b""
+        while len(got) < len(ok):
+            chunk = s.recv(len(ok) - len(got))
+            assert chunk, "router closed the connection"
+            got += chunk
+        assert got == ok  # the echoed HEARTBEAT, byte for byte
+        socks.append(s)
+    return socks
+
+
+async def test_jgroups5_registration_reply_and_member_count(
+        start_router: RouterFactory) -> None:
+    router = await start_router()
+    assert router.address is not None
+    port = router.address[1]
+    socks = await trio.to_thread.run_sync(_register_all, port, range(3))
+    try:
+        # A member registered before its HEARTBEAT came back: GET_MBRS lists all three.
+        assert await trio.to_thread.run_sync(bench.JGroups5().count_members, port) == 3
+        # A 5.x message is delivered byte for byte, as the loaders' counting assumes.
+        frame = bench.JGroups5().send_frame(0, 1, bytes(100))
+        assert bench.JGroups5().recv_frame(0, 1, bytes(100)) == frame
+
+        def route() -> bytes:
+            socks[0].sendall(frame)
+            got = b""
+            while len(got) < len(frame):
+                got += socks[1].recv(len(frame) - len(got))
+            return got
+
+        assert await trio.to_thread.run_sync(route) == frame
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_without_jgroups5_the_three_routers_run() -> None:
+    assert bench.parse_args([]).routers == list(bench.ROUTERS)
+
+
+def test_jgroups5_adds_the_5x_routers(tmp_path: Path) -> None:
+    args = bench.parse_args(["--jgroups5", str(tmp_path)])
+    assert args.routers == list(bench.ROUTERS + bench.ROUTERS5)
+
+
+def test_java5_without_classpath_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--routers", "java5"])
+    assert "needs --jgroups5 CLASSPATH" in capsys.readouterr().err
+
+
+def test_missing_jgroups5_path_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--jgroups5", "/nonexistent/jgroups-5.jar"])
+    assert "no such file or directory: /nonexistent/jgroups-5.jar" in capsys.readouterr().err

@@ -1,0 +1,365 @@
+"""The dispatcher read path (gossiprouter.dispatch): unit tests on socket pairs with a recording
+session, and the server's use of it on real 127.0.0.1 connections."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+import trio
+import trustme
+
+from gossiprouter.dispatch import END, READ, Dispatcher
+from gossiprouter.ops.tls import client_context
+from gossiprouter.protocol import native as wire
+from gossiprouter.server import Server
+from gossiprouter.sessions.base import Outbox
+from tests.conftest import RouterFactory
+from tests.nclient import NativeClient
+from tests.ops_client import OpsClient
+from tests.test_hostile import _boom, honest_traffic, still_serving
+from tests.test_hostile_fairness import Honest, _during, _native_flood
+from tests.test_ops_tls import _ca_file, _server_files
+
+
+class Recorder:
+    """A Feed (what the dispatcher hands each chunk to) that records what it is given."""
+
+    def __init__(self, name: str, log: list[tuple[str, bytes]], *,
+                 fail_on: bytes | None = None, step: int = READ) -> None:
+        self.name = name
+        self.log = log
+        self.outbox = Outbox(1 << 20, 1000, "drop")
+        self.fail_on = fail_on
+        self.step = step  # what feed() returns
+        self.eofs = 0
+
+    @property
+    def closed(self) -> bool:
+        return self.outbox.closed
+
+    def feed(self, data: bytes) -> int:
+        self.log.append((self.name, data))
+        if self.fail_on is not None and self.fail_on in data:
+            raise ValueError(f"{self.name}: bad bytes")
+        return self.step
+
+    def eof(self) -> None:
+        self.eofs += 1
+
+
+def _pair() -> tuple[socket.socket, socket.socket]:
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    return a, b
+
+
+async def _started(nursery: trio.Nursery, recv_size: int = 64) -> Dispatcher:
+    d = Dispatcher(recv_size)
+    await nursery.start(d.run)
+    return d
+
+
+class Settler:
+    """The connection task's side of a hand-back: records the steps, says whether to read on."""
+
+    def __init__(self, read_on: bool = True) -> None:
+        self.steps: list[int] = []
+        self.read_on = read_on
+
+    async def __call__(self, feeder: Recorder, step: int) -> bool:
+        self.steps.append(step)
+        await trio.sleep(0)
+        return self.read_on
+
+
+async def _until(cond: object, what: str) -> None:
+    with trio.fail_after(10):
+        while not cond():  # type: ignore[operator]
+            await trio.sleep(0.005)
+
+
+async def test_one_slice_per_connection_per_round(nursery: trio.Nursery) -> None:
+    """A connection with much to read gets recv_size bytes per round, so another ready
+    connection is served in the same round instead of after the first is drained."""
+    d = await _started(nursery, recv_size=64)
+    log: list[tuple[str, bytes]] = []
+    (ra, wa), (rb, wb) = _pair(), _pair()
+    sa, sb = Recorder("a", log), Recorder("b", log)
+    nursery.start_soon(d.serve, ra, sa, Settler())
+    nursery.start_soon(d.serve, rb, sb, Settler())
+    await _until(lambda: len(d) == 2, "both registered")
+    wa.sendall(b"x" * 1000)  # 16 slices
+    wb.sendall(b"y" * 10)
+    await _until(lambda: sum(len(x) for n, x in log if n == "a") == 1000
+                 and any(n == "b" for n, _ in log), "everything read")
+    assert all(len(x) <= 64 for _, x in log)
+    assert [n for n, _ in log].index("b") <= 1  # in the first round with a's first slice
+    assert b"".join(x for n, x in log if n == "a") == b"x" * 1000
+    assert d.reads == len(log)
+    for s in (ra, wa, rb, wb):
+        s.close()
+
+
+async def test_eof_ends_serve_and_unregisters(nursery: trio.Nursery) -> None:
+    d = await _started(nursery)
+    r, w = _pair()
+    s = Recorder("a", [])
+    done = trio.Event()
+
+    async def serve() -> None:
+        await d.serve(r, s, Settler())
+        done.set()
+
+    nursery.start_soon(serve)
+    await _until(lambda: len(d) == 1, "registered")
+    w.sendall(b"hello")
+    w.close()
+    with trio.fail_after(10):
+        await done.wait()
+    assert s.eofs == 1 and s.log == [("a", b"hello")] and len(d) == 0
+    r.close()
+
+
+async def test_session_error_raised_in_its_own_task_others_served(
+        nursery: trio.Nursery) -> None:
+    """An exception from one session's on_data ends that connection's serve() (where the
+    server handles it as for a reader task); the dispatcher goes on reading the others."""
+    d = await _started(nursery)
+    log: list[tuple[str, bytes]] = []
+    (ra, wa), (rb, wb) = _pair(), _pair()
+    bad, good = Recorder("bad", log, fail_on=b"!"), Recorder("good", log)
+    caught: list[BaseException] = []
+
+    async def serve_bad() -> None:
+        try:
+            await d.serve(ra, bad, Settler())
+        except ValueError as e:
+            caught.append(e)
+
+    nursery.start_soon(serve_bad)
+    nursery.start_soon(d.serve, rb, good, Settler())
+    await _until(lambda: len(d) == 2, "registered")
+    wa.sendall(b"!")
+    await _until(lambda: bool(caught), "error raised")
+    assert str(caught[0]) == "bad: bad bytes" and len(d) == 1
+    wb.sendall(b"still read")
+    await _until(lambda: ("good", b"still read") in log, "other connection read")
+    for s in (ra, wa, rb, wb):
+        s.close()
+
+
+async def test_wait_step_handed_back_to_settle_then_reregisters(
+        nursery: trio.Nursery) -> None:
+    """A step other than READ/END (a wait the Feeder asks for) is passed to settle in the
+    connection's own task; when settle says read on, the connection is registered again."""
+    d = await _started(nursery)
+    log: list[tuple[str, bytes]] = []
+    r, w = _pair()
+    s = Recorder("a", log, step=4)
+    settle = Settler()
+    nursery.start_soon(d.serve, r, s, settle)
+    await _until(lambda: len(d) == 1, "registered")
+    w.sendall(b"one")
+    await _until(lambda: settle.steps == [4] and len(d) == 1, "handed back, registered again")
+    w.sendall(b"two")
+    await _until(lambda: len(settle.steps) == 2, "read again after settling")
+    assert b"".join(x for _, x in log) == b"onetwo"
+    r.close()
+    w.close()
+
+
+async def test_settle_false_or_end_ends_serve(nursery: trio.Nursery) -> None:
+    d = await _started(nursery)
+    for step, read_on in ((4, False), (END, True)):
+        r, w = _pair()
+        s = Recorder("a", [], step=step)
+        settle = Settler(read_on)
+        done = trio.Event()
+
+        async def serve(r: socket.socket = r, s: Recorder = s, settle: Settler = settle,
+                        done: trio.Event = done) -> None:
+            await d.serve(r, s, settle)
+            done.set()
+
+        nursery.start_soon(serve)
+        await _until(lambda: len(d) == 1, "registered")
+        w.sendall(b"x")
+        with trio.fail_after(10):
+            await done.wait()
+        # END never reaches settle; a wait step does, and its False ends the reader.
+        assert settle.steps == ([] if step == END else [step]) and len(d) == 0
+        r.close()
+        w.close()
+
+
+async def test_closed_session_handed_back_without_reading(nursery: trio.Nursery) -> None:
+    d = await _started(nursery)
+    r, w = _pair()
+    s = Recorder("a", [])
+    done = trio.Event()
+
+    async def serve() -> None:
+        await d.serve(r, s, Settler())
+        done.set()
+
+    nursery.start_soon(serve)
+    await _until(lambda: len(d) == 1, "registered")
+    s.outbox.close("test")
+    w.sendall(b"late")
+    with trio.fail_after(10):
+        await done.wait()
+    assert s.log == [] and not s.eofs and len(d) == 0 and d.reads == 0
+    r.close()
+    w.close()
+
+
+async def test_cancelled_serve_unregisters(nursery: trio.Nursery) -> None:
+    d = await _started(nursery)
+    r, w = _pair()
+    with trio.move_on_after(0.05):
+        await d.serve(r, Recorder("a", []), Settler())
+    assert len(d) == 0
+    r.close()
+    w.close()
+
+
+@pytest.mark.parametrize("on", [True, False])
+async def test_server_reads_plain_tcp_through_dispatcher_when_on(
+        start_router: RouterFactory, on: bool) -> None:
+    router: Server = await start_router(dispatcher=on)
+    assert router.address is not None
+    a = await NativeClient.open(*router.address)
+    b = await NativeClient.open(*router.address)
+    try:
+        await a.connect("g", b"A")
+        await b.connect("g", b"B")
+        # Every established plain-TCP connection is registered with the dispatcher when on.
+        assert len(router.dispatcher) == (2 if on else 0)
+        for i in range(20):
+            await a.send(wire.Route("g", b"B", b"A", b"%d" % i))
+            assert await b.recv() == wire.Route("g", b"B", b"A", b"%d" % i)
+        assert (router.dispatcher.reads >= 20) if on else router.dispatcher.reads == 0
+    finally:
+        await a.aclose()
+        await b.aclose()
+    # The server's close path ran: nothing stays registered.
+    with trio.fail_after(10):
+        while router.connections:
+            await trio.sleep(0.01)
+    assert len(router.dispatcher) == 0
+
+
+# ------------------------------------------------------------------ fairness and containment
+# The socket suites (tests/test_hostile_fairness.py, tests/test_hostile.py) run with whatever
+# read path the conftest option --dispatcher selects (default: on); these tests pin the
+# dispatcher on and check that what they attack was read by it, and that the waits (turns,
+# control budget) went through the hand-back to the connection's task.
+
+
+async def test_pipelined_pings_take_turns_on_the_dispatcher(start_router: RouterFactory) -> None:
+    """The pipeline (one read) is fed in turns: the dispatcher hands the flooder back for a
+    checkpoint, the honest pair is served meanwhile, and every PONG arrives."""
+    router = await start_router(dispatcher=True, control_rate=0)
+    counters, d = router.hub.counters, router.dispatcher
+    n = 5000
+
+    async def attack(honest: Honest) -> None:
+        assert router.address is not None
+        flood = await NativeClient.open(*router.address)
+        reads = d.reads
+        await flood.send_raw(wire.encode(wire.Ping(1)) * n)
+        seen = 0
+        while seen == 0:
+            await trio.sleep(0)
+            seen = counters.frames_in.get("Ping", 0) - pings
+        assert 0 < seen < n, "the whole pipeline was processed in one turn"
+        for _ in range(n):
+            assert await flood.recv() == wire.Pong(1)
+        assert d.reads > reads
+        await flood.aclose()
+
+    pings = counters.frames_in.get("Ping", 0)
+    await _during(router, attack)
+    assert counters.turns_cut > 0 and d.handbacks > 0
+
+
+async def test_control_flood_throttled_then_closed_on_the_dispatcher(
+        start_router: RouterFactory) -> None:
+    router = await start_router(dispatcher=True, control_rate=200, control_burst=200,
+                                control_grace=0.5)
+
+    async def attack(honest: Honest) -> None:
+        pongs = honest.pongs
+        await _native_flood(router, wire.encode(wire.Ping(3)), True)
+        assert honest.pongs > pongs
+
+    await _during(router, attack)
+    c = router.hub.counters
+    assert c.throttled_turns > 0 and c.rate_limited == 1
+    assert router.dispatcher.handbacks > 0 and router.dispatcher.reads > 0
+
+
+async def test_exception_contained_on_the_dispatcher(
+        start_router: RouterFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exception from a session read by the dispatcher closes only that connection
+    (ERROR internal_error), and the dispatcher task reads on for everyone else."""
+    router = await start_router(dispatcher=True)
+    async with honest_traffic(router):
+        await trio.sleep(0.05)
+        monkeypatch.setattr(wire, "encode_members", _boom)
+        assert router.address is not None
+        nc = await NativeClient.open(*router.address)
+        await nc.send(wire.GetMembers(7, "honest"))
+        frames = await nc.recv_until_closed(timeout=5)
+        assert frames == [wire.Error(None, "internal_error",
+                                     "internal router error; see the router's log")]
+        monkeypatch.undo()
+        reads = router.dispatcher.reads
+        await trio.sleep(0.05)
+        assert router.dispatcher.reads > reads  # honest traffic still read by the dispatcher
+    assert router.hub.counters.internal_errors == 1
+    await still_serving(router)
+
+
+async def test_tls_connections_stay_on_their_reader_task(start_router: RouterFactory,
+                                                         tmp_path: Path) -> None:
+    """The dispatcher reads raw sockets: a TLS connection (its bytes are records, not frames)
+    is never registered with it; its own reader task serves it."""
+    ca = trustme.CA()
+    cert, key = _server_files(tmp_path, ca)
+    router = await start_router(dispatcher=True, tls_cert=str(cert), tls_key=str(key))
+    assert router.address is not None
+    ctx = client_context(_ca_file(tmp_path, ca, "server"))
+    a = await OpsClient.open(*router.address, ssl_context=ctx)
+    b = await OpsClient.open(*router.address, ssl_context=ctx)
+    assert await a.connect("g", b"A") == wire.Ok(1)
+    assert await b.connect("g", b"B") == wire.Ok(1)
+    for i in range(5):
+        await a.send(wire.Route("g", b"B", b"A", b"%d" % i))
+        assert await b.recv() == wire.Route("g", b"B", b"A", b"%d" % i)
+    assert len(router.dispatcher) == 0 and router.dispatcher.reads == 0
+    assert router.hub.counters.routed >= 5  # counted by the sessions, fed by the readers
+
+
+async def test_write_deadline_counts_from_the_wake_up(start_router: RouterFactory,
+                                                      tmp_path: Path) -> None:
+    """A connection idle for longer than write_timeout gets data that its writer task must
+    send (TLS: no direct send). If the reaper runs before that task does, the connection
+    has not stalled: it must not be closed as a slow consumer."""
+    ca = trustme.CA()
+    cert, key = _server_files(tmp_path, ca)
+    router = await start_router(write_timeout=0.5, tls_cert=str(cert), tls_key=str(key))
+    assert router.address is not None
+    ctx = client_context(_ca_file(tmp_path, ca, "server"))
+    b = await OpsClient.open(*router.address, ssl_context=ctx)
+    assert await b.connect("g", b"B") == wire.Ok(1)
+    session = next(c.session for c in router.connections if c.session is not None)
+    await trio.sleep(0.6)  # idle for longer than write_timeout
+    session.push(wire.encode_route("g", b"B", b"A", b"late"))  # wakes the writer
+    # One reaper round now, before the writer task has run (no checkpoint in between).
+    with trio.move_on_after(0):
+        await router._reap(0, 0.5)
+    assert not session.outbox.closed and router.hub.counters.write_timeouts == 0
+    assert await b.recv() == wire.Route("g", b"B", b"A", b"late")
