@@ -9,9 +9,10 @@ Three views of one set of entries, after the JGroups 2.8 GossipRouter design:
 * **AddressMappings**: (group, addr) -> logical name and physical addresses
   (:attr:`Entry.name`, :attr:`Entry.physical`), for TCPGOSSIP-style discovery.
 
-A *carrier* is whatever object the caller uses for a connection (the server's
-connection object, an in-process member); the table only hashes and compares
-it. Time comes in as ``now`` (seconds, any monotonic clock), so every rule can
+A *carrier* is whatever the caller uses for a connection (a connection's
+session, an in-process member): anything that implements :class:`Carrier`. The
+table itself only hashes and compares it; the hub and the sessions deliver
+through it. Time comes in as ``now`` (seconds, any monotonic clock), so every rule can
 be tested without waiting. Operations return :class:`Notice` objects saying
 which carriers must be told what (join / leave / suspect); the caller encodes
 and sends them.
@@ -24,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 from gossiprouter.topics import TopicId, TopicIndex
 
@@ -47,6 +48,46 @@ class Kind(IntEnum):
         return {1: "connection", 2: "provisioned", 3: "in-process"}[self.value]
 
 
+class Queue(Protocol):
+    """A carrier's outbound queue, as the hot loops see it."""
+
+    def push(self, data: bytes) -> bool:
+        """Queue ``data`` (whole frames) as it is; False when it does not fit, and then the
+        carrier's own :meth:`Carrier.push` decides (slow-consumer policy)."""
+        ...
+
+
+class Carrier(Protocol):
+    """What the routing table, the hub and the sessions need of whatever carries an
+    entry's traffic: a connection's session (sessions/base.py) or an in-process member
+    (router.py). The table only hashes it; a Protocol costs nothing at run time."""
+
+    #: The protocol's name, for logs and the admin API ("native", "jgroups5", "in-process").
+    protocol: ClassVar[str]
+    #: How membership events reach this carrier: False = as frames, encoded once per
+    #: class by :meth:`event_frame` for every receiver of that class and queued with
+    #: :meth:`push`; True = one :meth:`notify` call per event (no wire form to share).
+    events_by_call: ClassVar[bool]
+
+    @property
+    def outbox(self) -> Queue:
+        """The fast path of :meth:`push`, used by the per-run routing loops."""
+        ...
+
+    def push(self, data: bytes, count: int = 1) -> None:
+        """Deliver ``count`` routed frames (``data``, in this carrier's wire form)."""
+        ...
+
+    @classmethod
+    def event_frame(cls, kind: str, entry: Entry) -> bytes | None:
+        """The wire form of "``entry`` joined / left / is suspected", or None."""
+        ...
+
+    def notify(self, kind: str, entry: Entry) -> None:
+        """Tell this carrier that ``entry`` joined / left / is suspected."""
+        ...
+
+
 class RoutingError(Exception):
     """A refused operation; ``code`` is the native ERROR code."""
 
@@ -67,7 +108,7 @@ class Entry:
     kind: Kind
     sticky: bool = False
     expires_at: float | None = None
-    carriers: list[object] = field(default_factory=list)
+    carriers: list[Carrier] = field(default_factory=list)
     identity: str | None = None
     # Reconnect grace: set while the entry has lost its last carrier but is kept.
     grace_until: float | None = None
@@ -78,7 +119,7 @@ class Entry:
     wire: Any = None
 
     @property
-    def carrier(self) -> object | None:
+    def carrier(self) -> Carrier | None:
         """The connection that carries this entry's traffic now (the newest live one)."""
         return self.carriers[-1] if self.carriers else None
 
@@ -104,27 +145,27 @@ class Group:
 
     name: str
     entries: dict[bytes, Entry] = field(default_factory=dict)
-    watchers: list[object] = field(default_factory=list)
+    watchers: list[Carrier] = field(default_factory=list)
     # carrier -> how many entries of this group it currently carries
-    load: dict[object, int] = field(default_factory=dict)
+    load: dict[Carrier, int] = field(default_factory=dict)
     graced: list[Entry] = field(default_factory=list)
     # Topic subscriptions of this group's entries (None until the first SUBSCRIBE).
     topics: TopicIndex[Entry] | None = None
-    _targets: tuple[object, ...] | None = None
-    _targets_without: dict[object, tuple[object, ...]] = field(default_factory=dict)
+    _targets: tuple[Carrier, ...] | None = None
+    _targets_without: dict[Carrier, tuple[Carrier, ...]] = field(default_factory=dict)
 
     def invalidate(self) -> None:
         self._targets = None
         self._targets_without.clear()
 
-    def targets(self) -> tuple[object, ...]:
+    def targets(self) -> tuple[Carrier, ...]:
         """Every connection that carries at least one member: one copy each."""
         t = self._targets
         if t is None:
             t = self._targets = tuple(self.load)
         return t
 
-    def targets_without(self, carrier: object) -> tuple[object, ...]:
+    def targets_without(self, carrier: Carrier) -> tuple[Carrier, ...]:
         """Fan-out targets for a multicast from a member carried by ``carrier``.
 
         ``carrier`` is left out only when the sender is the only member it
@@ -194,12 +235,12 @@ class RoutingTable:
         self.grace_buffer_bytes = grace_buffer_bytes
         self.limits = limits or Limits()
         self.groups: dict[str, Group] = {}
-        self._regs: dict[object, dict[tuple[str, bytes], Entry]] = {}
-        self._watching: dict[object, set[str]] = {}
+        self._regs: dict[Carrier, dict[tuple[str, bytes], Entry]] = {}
+        self._watching: dict[Carrier, set[str]] = {}
         # carrier -> group -> how many of its registrations are in that group, kept by
         # _link/_unlink so groups_per_connection costs O(1) per CONNECT (rebuilding the set
         # from the registrations made 100,000 CONNECTs on one connection quadratic).
-        self._group_regs: dict[object, dict[str, int]] = {}
+        self._group_regs: dict[Carrier, dict[str, int]] = {}
         # Entries that may have an expiry or a grace end: the reaper looks at these only,
         # not at every entry (with 100,000s of groups a full walk every second stalls routing).
         self._timed: dict[Entry, None] = {}
@@ -233,15 +274,15 @@ class RoutingTable:
         return [] if g is None else list(g.entries.values())
 
     @property
-    def watching(self) -> dict[object, set[str]]:
+    def watching(self) -> dict[Carrier, set[str]]:
         """carrier -> the groups it watches. Do not mutate."""
         return self._watching
 
-    def registrations(self, carrier: object) -> dict[tuple[str, bytes], Entry]:
+    def registrations(self, carrier: Carrier) -> dict[tuple[str, bytes], Entry]:
         """What ``carrier`` holds: (group, addr) -> entry. Do not mutate."""
         return self._regs.get(carrier, _EMPTY)
 
-    def holds(self, carrier: object, group: str, addr: bytes) -> bool:
+    def holds(self, carrier: Carrier, group: str, addr: bytes) -> bool:
         regs = self._regs.get(carrier)
         return regs is not None and (group, addr) in regs
 
@@ -252,8 +293,8 @@ class RoutingTable:
         return None if g is None else g.entries.get(dest)
 
     def resolve_multicast(
-        self, group: str, sender_carrier: object | None, *, include_sender: bool = False
-    ) -> tuple[object, ...]:
+        self, group: str, sender_carrier: Carrier | None, *, include_sender: bool = False
+    ) -> tuple[Carrier, ...]:
         """One target per connection carrying a member of ``group``.
 
         With ``include_sender`` false the sender's connection is left out when
@@ -267,7 +308,7 @@ class RoutingTable:
             return g.targets()
         return g.targets_without(sender_carrier)
 
-    def groups_of(self, carrier: object) -> set[str]:
+    def groups_of(self, carrier: Carrier) -> set[str]:
         """The groups in which ``carrier`` holds at least one registration."""
         return set(self._group_regs.get(carrier, ()))
 
@@ -275,7 +316,7 @@ class RoutingTable:
 
     def connect(
         self,
-        carrier: object,
+        carrier: Carrier | None,
         group: str,
         addr: bytes,
         name: str | None = None,
@@ -299,7 +340,7 @@ class RoutingTable:
             self.check(group, addr, name, physical, wire)
         g = self.groups.get(group)
         e = None if g is None else g.entries.get(addr)
-        regs = self._regs.get(carrier)
+        regs = None if carrier is None else self._regs.get(carrier)
         if e is not None:
             if e.sticky and kind < e.kind:
                 raise RoutingError(
@@ -317,7 +358,7 @@ class RoutingTable:
                 raise RoutingError(
                     "address_in_use", f"address is registered in {group!r} by another identity"
                 )
-        if regs is None or (group, addr) not in regs:
+        if carrier is not None and (regs is None or (group, addr) not in regs):
             self._check_limits(carrier, group)
         if g is None and kind == Kind.CONNECTION:
             self._check_new_group()
@@ -360,7 +401,7 @@ class RoutingTable:
             self._timed[e] = None
         return e, notices, held
 
-    def disconnect(self, carrier: object, group: str, addr: bytes) -> list[Notice]:
+    def disconnect(self, carrier: Carrier, group: str, addr: bytes) -> list[Notice]:
         """A clean leave: the entry goes at once, whichever connection asks.
 
         Raises ``not_member`` when ``carrier`` did not register it, and
@@ -378,7 +419,7 @@ class RoutingTable:
         e = self.entry(group, addr)
         return [] if e is None else self._remove(e, suspect=suspect)
 
-    def drop_carrier(self, carrier: object, now: float) -> list[Notice]:
+    def drop_carrier(self, carrier: Carrier, now: float) -> list[Notice]:
         """``carrier`` is gone (closed, abruptly or not, without DISCONNECT).
 
         Every entry it held loses it. An entry that still has another live
@@ -460,7 +501,7 @@ class RoutingTable:
         del self._timed[e]
         return False
 
-    def watch(self, carrier: object, group: str) -> None:
+    def watch(self, carrier: Carrier, group: str) -> None:
         """Send ``carrier`` the join/leave notices of ``group``. Raises RoutingError
         ``limit`` beyond watches_per_connection or max_groups; nothing has changed then."""
         g = self.groups.get(group)
@@ -477,7 +518,7 @@ class RoutingTable:
             g.watchers.append(carrier)
             self._watching.setdefault(carrier, set()).add(group)
 
-    def unwatch(self, carrier: object, group: str) -> None:
+    def unwatch(self, carrier: Carrier, group: str) -> None:
         g = self.groups.get(group)
         if g is not None and carrier in g.watchers:
             g.watchers.remove(carrier)
@@ -486,7 +527,7 @@ class RoutingTable:
 
     # ----------------------------------------------------------------- topics
 
-    def subscribe(self, carrier: object, group: str, addr: bytes, pat: TopicId) -> bool:
+    def subscribe(self, carrier: Carrier, group: str, addr: bytes, pat: TopicId) -> bool:
         """Subscribe the entry ``addr`` (registered by ``carrier``) to ``pat``.
 
         The subscription belongs to the entry: it survives a reconnect within
@@ -508,7 +549,7 @@ class RoutingTable:
             self.on_patterns(group, [pat], True)
         return True
 
-    def unsubscribe(self, carrier: object, group: str, addr: bytes, pat: TopicId) -> bool:
+    def unsubscribe(self, carrier: Carrier, group: str, addr: bytes, pat: TopicId) -> bool:
         """Remove ``pat`` from the entry's subscriptions; False if it did not hold it."""
         e = self._own(carrier, group, addr)
         idx = self.groups[group].topics
@@ -530,7 +571,7 @@ class RoutingTable:
         return {name: list(g.topics.counts) for name, g in self.groups.items()
                 if g.topics is not None and g.topics.counts}
 
-    def _own(self, carrier: object, group: str, addr: bytes) -> Entry:
+    def _own(self, carrier: Carrier, group: str, addr: bytes) -> Entry:
         regs = self._regs.get(carrier)
         e = None if regs is None else regs.get((group, addr))
         if e is None:
@@ -549,7 +590,7 @@ class RoutingTable:
 
     # ----------------------------------------------------------------- internals
 
-    def _check_limits(self, carrier: object, group: str) -> None:
+    def _check_limits(self, carrier: Carrier, group: str) -> None:
         lim = self.limits
         regs = self._regs.get(carrier)
         if not regs:
@@ -570,7 +611,7 @@ class RoutingTable:
         if cap and len(self.groups) >= cap:
             raise RoutingError("limit", f"at most {cap} groups in the router (max_groups)")
 
-    def _link(self, g: Group, e: Entry, carrier: object) -> None:
+    def _link(self, g: Group, e: Entry, carrier: Carrier) -> None:
         old = e.carrier
         if carrier in e.carriers:
             e.carriers.remove(carrier)
@@ -587,7 +628,7 @@ class RoutingTable:
             g.load[carrier] = g.load.get(carrier, 0) + 1
             g.invalidate()
 
-    def _unlink(self, g: Group, e: Entry, carrier: object) -> None:
+    def _unlink(self, g: Group, e: Entry, carrier: Carrier) -> None:
         if carrier not in e.carriers:
             return
         was_newest = e.carrier is carrier
@@ -608,7 +649,7 @@ class RoutingTable:
             g.invalidate()
 
     @staticmethod
-    def _unload(g: Group, carrier: object) -> None:
+    def _unload(g: Group, carrier: Carrier) -> None:
         n = g.load[carrier] - 1
         if n:
             g.load[carrier] = n

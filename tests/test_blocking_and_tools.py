@@ -28,6 +28,7 @@ from gossiprouter import (
 from gossiprouter.addresses import parse_addr
 from gossiprouter.routing import Kind
 from gossiprouter.server import Server
+from tests.carriers import named
 from tests.test_stub import FAST, drain, eventually, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -261,8 +262,8 @@ async def test_jgroups_namespace_members_and_listen_watch_only(router: Server) -
             return g is not None and bool(g.watchers)
 
         await eventually(watched)
-        _, notices, _ = table.connect(object(), group, b"J1", "jnode", (("10.0.0.9", 7800),),
-                                      kind=Kind.IN_PROCESS)
+        _, notices, _ = table.connect(named("jgroups-node"), group, b"J1", "jnode",
+                                      (("10.0.0.9", 7800),), kind=Kind.IN_PROCESS)
         router.hub.deliver(notices)
         join = await listener.next()
         assert (join["kind"], join["addr"], join["name"]) == ("join", "J1", "jnode")

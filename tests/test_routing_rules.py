@@ -2,7 +2,7 @@
 
 Each case is a script of operations on a pure RoutingTable, then the table it
 must leave (group -> addr -> carriers, newest last) and every notice emitted,
-in order. Carriers are plain strings here: the table only hashes them.
+in order. Carriers are names here (tests/carriers.py): the table only hashes them.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from gossiprouter.routing import Kind, Limits, Notice, RoutingError, RoutingTable
+from tests.carriers import named as N
 
 Op = tuple[Any, ...]
 
@@ -144,19 +145,19 @@ def run_case(case: Case) -> tuple[RoutingTable, list[Any], list[str], list[bytes
                 case ("connect", c, g, a, *rest):
                     name = rest[0] if rest else None
                     ident = rest[1] if len(rest) > 1 else None
-                    _, n, h = t.connect(c, g, a, name, identity=ident)
+                    _, n, h = t.connect(N(c), g, a, name, identity=ident)
                     notices += n
                     held += h
                 case ("local", c, g, a, *rest):
-                    _, n, _ = t.connect(c, g, a, kind=Kind.IN_PROCESS,
+                    _, n, _ = t.connect(N(c), g, a, kind=Kind.IN_PROCESS,
                                         expires_at=rest[0] if rest else None)
                     notices += n
                 case ("provision", g, a):
                     t.connect(None, g, a, kind=Kind.PROVISIONED, sticky=True)
                 case ("disconnect", c, g, a):
-                    notices += t.disconnect(c, g, a)
+                    notices += t.disconnect(N(c), g, a)
                 case ("drop", c):
-                    notices += t.drop_carrier(c, now)
+                    notices += t.drop_carrier(N(c), now)
                 case ("hold", g, a, frame):
                     e = t.resolve_unicast(g, a)
                     assert e is not None and e.carrier is None
@@ -165,9 +166,9 @@ def run_case(case: Case) -> tuple[RoutingTable, list[Any], list[str], list[bytes
                     now = when
                     notices += t.expire(when)
                 case ("watch", c, g):
-                    t.watch(c, g)
+                    t.watch(N(c), g)
                 case ("unwatch", c, g):
-                    t.unwatch(c, g)
+                    t.unwatch(N(c), g)
                 case _:
                     raise AssertionError(f"bad op {op}")
         except RoutingError as e:
@@ -194,95 +195,96 @@ def test_rule(case: Case) -> None:
 
 def test_traffic_goes_to_the_newest_live_connection() -> None:
     t = RoutingTable()
-    t.connect("c1", "g", b"A")
-    t.connect("c2", "g", b"A")
+    t.connect(N("c1"), "g", b"A")
+    t.connect(N("c2"), "g", b"A")
     e = t.resolve_unicast("g", b"A")
-    assert e is not None and e.carrier == "c2"
-    t.drop_carrier("c2", 0.0)
-    assert e.carriers == ["c1"]
+    assert e is not None and e.carrier == N("c2")
+    t.drop_carrier(N("c2"), 0.0)
+    assert e.carriers == [N("c1")]
     # Registering again on c1 makes c1 the newest again.
-    t.connect("c3", "g", b"A")
-    t.connect("c1", "g", b"A")
-    assert e.carriers == ["c3", "c1"]
+    t.connect(N("c3"), "g", b"A")
+    t.connect(N("c1"), "g", b"A")
+    assert e.carriers == [N("c3"), N("c1")]
 
 
 def test_multicast_targets() -> None:
     t = RoutingTable()
-    t.connect("ca", "g", b"A")
-    t.connect("cb", "g", b"B")
-    t.connect("cc", "g", b"C1")
-    t.connect("cc", "g", b"C2")
-    assert set(t.resolve_multicast("g", "ca")) == {"cb", "cc"}
+    t.connect(N("ca"), "g", b"A")
+    t.connect(N("cb"), "g", b"B")
+    t.connect(N("cc"), "g", b"C1")
+    t.connect(N("cc"), "g", b"C2")
+    assert set(t.resolve_multicast("g", N("ca"))) == {N("cb"), N("cc")}
     # cc carries another member of g, so it keeps its copy of C1's multicast.
-    assert set(t.resolve_multicast("g", "cc")) == {"ca", "cb", "cc"}
+    assert set(t.resolve_multicast("g", N("cc"))) == {N("ca"), N("cb"), N("cc")}
     # JGroups semantics: the sender gets its own multicast back.
-    assert set(t.resolve_multicast("g", "ca", include_sender=True)) == {"ca", "cb", "cc"}
+    everyone = {N("ca"), N("cb"), N("cc")}
+    assert set(t.resolve_multicast("g", N("ca"), include_sender=True)) == everyone
     # A's older connection is not a target: one copy per member, to its newest connection.
-    t.connect("ca2", "g", b"A")
-    assert set(t.resolve_multicast("g", "cb")) == {"ca2", "cb", "cc"} - {"cb"}
-    assert t.resolve_multicast("nope", "ca") == ()
+    t.connect(N("ca2"), "g", b"A")
+    assert set(t.resolve_multicast("g", N("cb"))) == {N("ca2"), N("cb"), N("cc")} - {N("cb")}
+    assert t.resolve_multicast("nope", N("ca")) == ()
 
 
 def test_registrations_and_drop() -> None:
     t = RoutingTable()
-    t.connect("c1", "g", b"A")
-    t.connect("c1", "h", b"B")
-    assert set(t.registrations("c1")) == {("g", b"A"), ("h", b"B")}
-    assert t.groups_of("c1") == {"g", "h"}
-    assert t.holds("c1", "g", b"A") and not t.holds("c1", "g", b"B")
-    t.drop_carrier("c1", 0.0)
-    assert t.registrations("c1") == {}
+    t.connect(N("c1"), "g", b"A")
+    t.connect(N("c1"), "h", b"B")
+    assert set(t.registrations(N("c1"))) == {("g", b"A"), ("h", b"B")}
+    assert t.groups_of(N("c1")) == {"g", "h"}
+    assert t.holds(N("c1"), "g", b"A") and not t.holds(N("c1"), "g", b"B")
+    t.drop_carrier(N("c1"), 0.0)
+    assert t.registrations(N("c1")) == {}
     assert t.groups == {}
 
 
 def test_limits() -> None:
     t = RoutingTable(limits=Limits(addresses_per_connection=2, groups_per_connection=1))
-    t.connect("c", "g", b"A")
+    t.connect(N("c"), "g", b"A")
     with pytest.raises(RoutingError) as e:
-        t.connect("c", "h", b"A")
+        t.connect(N("c"), "h", b"A")
     assert e.value.code == "limit" and "groups" in e.value.message
-    t.connect("c", "g", b"B")
+    t.connect(N("c"), "g", b"B")
     with pytest.raises(RoutingError) as e:
-        t.connect("c", "g", b"C")
+        t.connect(N("c"), "g", b"C")
     assert e.value.code == "limit" and "addresses" in e.value.message
-    t.connect("c", "g", b"A")  # re-registering is not a new registration
+    t.connect(N("c"), "g", b"A")  # re-registering is not a new registration
 
 
 def test_groups_per_connection_follows_leaves() -> None:
     """The per-connection group count is kept as registrations come and go: a group frees
     its slot when the connection's last registration in it leaves, not before."""
     t = RoutingTable(limits=Limits(groups_per_connection=2))
-    t.connect("c", "g", b"A")
-    t.connect("c", "g", b"B")
-    t.connect("c", "h", b"A")
+    t.connect(N("c"), "g", b"A")
+    t.connect(N("c"), "g", b"B")
+    t.connect(N("c"), "h", b"A")
     with pytest.raises(RoutingError) as e:
-        t.connect("c", "k", b"A")
+        t.connect(N("c"), "k", b"A")
     assert e.value.code == "limit" and "groups" in e.value.message
-    t.disconnect("c", "g", b"A")  # c still holds B in g: g keeps its slot
-    assert t.groups_of("c") == {"g", "h"}
+    t.disconnect(N("c"), "g", b"A")  # c still holds B in g: g keeps its slot
+    assert t.groups_of(N("c")) == {"g", "h"}
     with pytest.raises(RoutingError):
-        t.connect("c", "k", b"A")
+        t.connect(N("c"), "k", b"A")
     t.remove("g", b"B")  # the last one in g (removed by the operator): the slot is free
-    assert t.groups_of("c") == {"h"}
-    t.connect("c", "k", b"A")
-    assert t.groups_of("c") == {"h", "k"}
-    t.connect("other", "k", b"A")  # the same member through a second connection
-    t.connect("other", "g", b"Z")
-    assert t.groups_of("other") == {"k", "g"}
-    t.drop_carrier("other", 0.0)
-    assert t.groups_of("other") == set()
-    assert t.groups_of("c") == {"h", "k"}  # c still carries A in k
-    t.drop_carrier("c", 0.0)
-    assert t.groups_of("c") == set()
-    t.connect("c", "m", b"A")  # the same carrier object again starts from nothing
-    t.connect("c", "n", b"A")
-    assert t.groups_of("c") == {"m", "n"}
+    assert t.groups_of(N("c")) == {"h"}
+    t.connect(N("c"), "k", b"A")
+    assert t.groups_of(N("c")) == {"h", "k"}
+    t.connect(N("other"), "k", b"A")  # the same member through a second connection
+    t.connect(N("other"), "g", b"Z")
+    assert t.groups_of(N("other")) == {"k", "g"}
+    t.drop_carrier(N("other"), 0.0)
+    assert t.groups_of(N("other")) == set()
+    assert t.groups_of(N("c")) == {"h", "k"}  # c still carries A in k
+    t.drop_carrier(N("c"), 0.0)
+    assert t.groups_of(N("c")) == set()
+    t.connect(N("c"), "m", b"A")  # the same carrier object again starts from nothing
+    t.connect(N("c"), "n", b"A")
+    assert t.groups_of(N("c")) == {"m", "n"}
 
 
 def test_grace_buffer_is_bounded() -> None:
     t = RoutingTable(grace=5.0, grace_buffer_bytes=10)
-    t.connect("c1", "g", b"A")
-    t.drop_carrier("c1", 0.0)
+    t.connect(N("c1"), "g", b"A")
+    t.drop_carrier(N("c1"), 0.0)
     e = t.resolve_unicast("g", b"A")
     assert e is not None
     assert t.hold(e, b"12345")

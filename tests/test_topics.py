@@ -21,6 +21,7 @@ from gossiprouter.topics import (
     pattern,
     topic_id,
 )
+from tests.carriers import named
 
 P, B = "vehicle-17", "position"
 
@@ -207,7 +208,7 @@ def _table(grace: float = 0.0) -> tuple[RoutingTable, list[tuple[str, list[Topic
 
 def test_subscriptions_need_the_registration_on_this_connection() -> None:
     t, _ = _table()
-    c1, c2 = object(), object()
+    c1, c2 = named("c1"), named("c2")
     t.connect(c1, "g", b"A")
     with pytest.raises(RoutingError) as ei:
         t.subscribe(c2, "g", b"A", EU)
@@ -218,7 +219,7 @@ def test_subscriptions_need_the_registration_on_this_connection() -> None:
 
 def test_subscriptions_go_with_a_clean_leave_and_the_union_is_reference_counted() -> None:
     t, calls = _table()
-    c = object()
+    c = named("c")
     t.connect(c, "g", b"A")
     t.connect(c, "g", b"B")
     assert t.subscribe(c, "g", b"A", EU)
@@ -236,7 +237,7 @@ def test_subscriptions_go_with_a_clean_leave_and_the_union_is_reference_counted(
 
 def test_subscriptions_survive_reconnect_grace_and_go_when_it_ends() -> None:
     t, calls = _table(grace=5.0)
-    c1, c2 = object(), object()
+    c1, c2 = named("c1"), named("c2")
     t.connect(c1, "g", b"A")
     t.subscribe(c1, "g", b"A", EU)
     t.drop_carrier(c1, now=0.0)
@@ -252,7 +253,7 @@ def test_subscriptions_survive_reconnect_grace_and_go_when_it_ends() -> None:
 
 def test_subscriptions_go_when_the_entry_expires_or_is_taken_over() -> None:
     t, _ = _table()
-    c = object()
+    c = named("c")
     t.connect(c, "g", b"A", expires_at=1.0)
     t.subscribe(c, "g", b"A", EU)
     t.expire(now=2.0)
@@ -266,7 +267,7 @@ def test_subscriptions_go_when_the_entry_expires_or_is_taken_over() -> None:
 def test_subscription_limit_per_member() -> None:
     t, _ = _table()
     t.limits.subscriptions_per_member = 2
-    c = object()
+    c = named("c")
     t.connect(c, "g", b"A")
     t.subscribe(c, "g", b"A", pattern(P, B, ("a",)))
     t.subscribe(c, "g", b"A", pattern(P, B, ("b",)))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, ClassVar
 
 from gossiprouter.protocol import jgroups2 as _j2
 from gossiprouter.protocol import jgroups5 as _j5
@@ -22,6 +22,7 @@ from gossiprouter.protocol import native as _native
 from gossiprouter.protocol.jgroups_common import JAddress
 from gossiprouter.routing import (
     RESERVED_PREFIXES,
+    Carrier,
     Entry,
     Kind,
     Notice,
@@ -284,7 +285,9 @@ class Counters:
 class Session:
     """Base class of the protocol sessions; a session is a routing-table carrier."""
 
-    protocol = "?"
+    protocol: ClassVar[str] = "?"
+    # Carrier: membership events go out as frames, encoded once per class (Hub._notify).
+    events_by_call: ClassVar[bool] = False
 
     def __init__(self, hub: Hub, peer: str) -> None:
         self.hub = hub
@@ -582,8 +585,7 @@ class Hub:
                 continue
             targets = g.targets() if to_members else tuple(g.watchers)
             blocks: dict[type, bytes] = {}
-            for t in targets:
-                s = cast(Session, t)
+            for s in targets:
                 # This runs for whichever connection or task caused the notices: a failure
                 # to tell one target is that target's (see server.py's error policy), so it
                 # closes that target only and the others are still told.
@@ -592,9 +594,9 @@ class Hub:
                 except Exception as exc:
                     self.contain(s, exc, "delivering a membership event")
 
-    def _notify(self, s: Session, live: list[Notice], blocks: dict[type, bytes]) -> None:
+    def _notify(self, s: Carrier, live: list[Notice], blocks: dict[type, bytes]) -> None:
         cls = type(s)
-        if cls.notify is not Session.notify:  # e.g. in-process members
+        if s.events_by_call:  # e.g. in-process members: no wire form to share
             for n in live:
                 s.notify(n.kind, n.entry)
             return

@@ -21,7 +21,6 @@ import logging
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
 
 from gossiprouter.protocol.errors import ProtocolError
 from gossiprouter.protocol.jgroups_common import JAddress
@@ -287,7 +286,7 @@ class JGroupsSession(Session):
 
         The hot path's second half: it reads the table the way ``resolve_unicast`` /
         ``resolve_multicast(include_sender=True)`` do, without their call overhead, and queues
-        straight on the receiver's outbox, falling back to :meth:`Session.push` (the
+        straight on the receiver's outbox, falling back to :meth:`Carrier.push` (the
         slow-consumer policy) only when the frame does not fit.
         """
         hub = self.hub
@@ -298,7 +297,7 @@ class JGroupsSession(Session):
         if dest is None:
             if g is None:
                 return
-            targets = cast("tuple[Session, ...]", g.targets())
+            targets = g.targets()
             for t in targets:
                 if not t.outbox.push(frames):
                     t.push(frames, count)
@@ -316,7 +315,7 @@ class JGroupsSession(Session):
         if not carriers:  # in reconnect grace: held, delivered if it comes back in time
             table.hold(entry, frames)
             return
-        c: Session = carriers[-1]  # type: ignore[assignment]  # carriers are sessions here
+        c = carriers[-1]
         if not c.outbox.push(frames):
             c.push(frames, count)
         counters.delivered += count

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import logging
 import struct
-from typing import cast
 
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.routing import Entry, RoutingError, RoutingTable, is_reserved
+from gossiprouter.routing import Carrier, Entry, RoutingError, RoutingTable, is_reserved
 from gossiprouter.sessions.base import Hub, Session, same_frames
 from gossiprouter.topics import TopicError, TopicId, pattern, topic_id
 
@@ -47,7 +46,7 @@ def deliver_publication(table: RoutingTable, group: str, sender: bytes, tid: Top
     ``echo``. A member in reconnect grace has the frame held for it. ``frame`` may be
     ``count`` whole PUBLISH frames to the same id (a run), delivered as one chunk.
     """
-    carriers: dict[object, None] = {}
+    carriers: dict[Carrier, None] = {}
     for e in table.topic_targets(group, tid):
         if e.addr == sender and not echo:
             continue
@@ -57,7 +56,7 @@ def deliver_publication(table: RoutingTable, group: str, sender: bytes, tid: Top
         else:
             carriers[c] = None
     for c in carriers:
-        cast(Session, c).push(frame, count)
+        c.push(frame, count)
     table.stats.topic_deliveries += len(carriers) * count
     return len(carriers) * count
 
@@ -220,7 +219,7 @@ class NativeSession(Session):
         if dest is None:
             targets = table.resolve_multicast(group, self)
             for t in targets:
-                cast(Session, t).push(frames, count)
+                t.push(frames, count)
             counters.delivered += count * len(targets)
             g = table.groups.get(group)
             if g is not None and g.graced:
@@ -241,7 +240,7 @@ class NativeSession(Session):
         if c is None:
             table.hold(entry, frames)
             return
-        cast(Session, c).push(frames, count)
+        c.push(frames, count)
         counters.delivered += count
 
     # ------------------------------------------------------------------ control frames
