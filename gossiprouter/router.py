@@ -20,15 +20,15 @@ import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
 import trio
 
 from gossiprouter.config import Config
 from gossiprouter.protocol import native as wire
-from gossiprouter.routing import Entry, Kind, RoutingError
+from gossiprouter.routing import Entry, Kind, RoutingError, is_reserved
 from gossiprouter.server import Server
-from gossiprouter.sessions.native import NativeSession
+from gossiprouter.sessions.base import Hub
 
 log = logging.getLogger("gossiprouter")
 
@@ -54,74 +54,112 @@ class MemberEvent:
     physical: wire.Physical
 
 
-class LocalMember(NativeSession):
-    """A member living inside the router's process.
+class _Inbox:
+    """An in-process member's queue (its :attr:`Carrier.outbox <gossiprouter.routing.Carrier>`):
+    the bounded memory channel the application reads.
 
-    It is a routing-table carrier like a connection's session; what the
-    router would write to a socket is decoded and put on a bounded memory
-    channel instead. When the application does not keep up, messages are
-    dropped and counted (``dropped``), as for a slow network consumer under
-    the ``drop`` policy: a router never blocks on one receiver.
+    Routed frames reach every carrier in the native wire form, one bytes object shared by
+    all receivers; they are decoded here once, by the protocol's own decoder. When the
+    application does not keep up, messages are dropped and counted, as for a slow network
+    consumer under the ``drop`` policy: a router never blocks on one receiver.
     """
 
-    protocol = "in-process"
-
-    def __init__(self, router: Router, group: str, addr: bytes, buffer: int) -> None:
-        super().__init__(router.server.hub, f"in-process:{group}")
-        self.ready = True
-        self.group = group
-        self.addr = addr
-        self.router = router
+    def __init__(self, hub: Hub, buffer: int) -> None:
+        self.hub = hub
         self.dropped = 0
-        self._send, self._recv = trio.open_memory_channel[Message | MemberEvent](buffer)
-        self._errors: list[tuple[str, str]] = []
+        self.send, self.recv = trio.open_memory_channel[Message | MemberEvent](buffer)
 
-    # carrier interface
-    def push(self, data: bytes, count: int = 1) -> None:
+    def push(self, data: bytes) -> bool:
         decoder = wire.Decoder(max_frame=len(data))
         decoder.feed(data)
         for f in decoder.frames():
+            # Only ROUTE is routed to members of the groups an in-process member can join
+            # (no JGroups namespace, see Router.register; it cannot SUBSCRIBE to PUBLISH).
             if isinstance(f, wire.Route):
-                self._put(Message(f.group, f.sender, f.dest, f.payload))
+                self.put(Message(f.group, f.sender, f.dest, f.payload))
+        return True  # taken (or dropped and counted): never left to a slow-consumer policy
 
-    def notify(self, kind: str, entry: Entry) -> None:
-        self._put(MemberEvent(entry.group, kind, entry.addr, entry.name, entry.physical))
-
-    def _put(self, item: Message | MemberEvent) -> None:
+    def put(self, item: Message | MemberEvent) -> None:
         try:
-            self._send.send_nowait(item)
+            self.send.send_nowait(item)
         except trio.WouldBlock:
             self.dropped += 1
             self.hub.counters.drop("in_process_full")
         except trio.ClosedResourceError:
             pass
 
-    def _error(self, req: int | None, code: str, message: str) -> None:
-        self._errors.append((code, message))
+
+class LocalMember:
+    """A member living inside the router's process.
+
+    It is a routing-table carrier (:class:`~gossiprouter.routing.Carrier`) of its own, not
+    a session: it sends through the hub's routing operations, as a connection's session
+    does, and receives on a bounded memory channel (see :class:`_Inbox`).
+    """
+
+    protocol: ClassVar[str] = "in-process"
+    # Events are handed over as MemberEvent objects: there is no wire form to share.
+    events_by_call: ClassVar[bool] = True
+
+    def __init__(self, hub: Hub, group: str, addr: bytes, buffer: int) -> None:
+        self.hub = hub
+        self.group = group
+        self.addr = addr
+        self.peer = f"in-process:{group}"
+        self.outbox = _Inbox(hub, buffer)
+
+    def __repr__(self) -> str:
+        return f"<{self.protocol} {self.group!r} {self.addr.hex()}>"
+
+    @property
+    def dropped(self) -> int:
+        """Messages and events dropped because the application did not keep up."""
+        return self.outbox.dropped
+
+    # carrier interface (called by the hub and the sessions)
+    def push(self, data: bytes, count: int = 1) -> None:
+        self.outbox.push(data)
+
+    @classmethod
+    def event_frame(cls, kind: str, entry: Entry) -> bytes | None:
+        return None  # events_by_call: the hub calls notify() instead
+
+    def notify(self, kind: str, entry: Entry) -> None:
+        self.outbox.put(MemberEvent(entry.group, kind, entry.addr, entry.name, entry.physical))
 
     # application interface
     async def send(self, payload: bytes, dest: bytes | None = None) -> None:
-        """Route ``payload`` to ``dest`` (or the whole group when None)."""
+        """Route ``payload`` to ``dest`` (or the whole group when None).
+
+        Raises :class:`RoutingError`: ``not_member`` after :meth:`leave` (or expiry, or a
+        take-over), ``unknown_destination`` when ``dest`` is not a member of the group,
+        ``too_long`` for a ``dest`` longer than the protocol allows.
+        """
+        if dest is not None and len(dest) > wire.MAX_ADDR:
+            raise RoutingError("too_long", f"destination address longer than {wire.MAX_ADDR} "
+                                           "bytes")
+        hub = self.hub
+        if not hub.table.holds(self, self.group, self.addr):
+            raise RoutingError("not_member", f"{self.addr.hex()} is not registered in "
+                                             f"{self.group!r} any more")
         frame = wire.encode_route(self.group, dest, self.addr, payload)
-        self._errors.clear()
-        found = self._lookup(frame, 4, len(frame))
-        if found is not None:
-            self._forward(found[1], frame, 1)
-        if self._errors:
-            code, message = self._errors[0]
-            raise RoutingError(code, message)
+        if not hub.forward(self, self.group, dest, self.addr, frame):
+            assert dest is not None
+            raise RoutingError("unknown_destination",
+                               f"no member {dest.hex()} in {self.group!r}; dropped")
         await trio.lowlevel.checkpoint()
 
     async def receive(self) -> Message | MemberEvent:
-        return await self._recv.receive()
+        return await self.outbox.recv.receive()
 
     def __aiter__(self) -> AsyncIterator[Message | MemberEvent]:
-        return self._recv.__aiter__()
+        return self.outbox.recv.__aiter__()
 
     async def leave(self) -> None:
         """Remove this member (a clean leave: watchers see ``leave``)."""
-        self.hub.deliver(self.hub.table.remove(self.group, self.addr))
-        self._send.close()
+        if self.hub.table.holds(self, self.group, self.addr):
+            self.hub.deliver(self.hub.table.remove(self.group, self.addr))
+        self.outbox.send.close()
         await trio.lowlevel.checkpoint()
 
 
@@ -167,7 +205,10 @@ class Router:
         buffer: int = 10_000,
     ) -> LocalMember:
         """Add an in-process member; ``ttl`` (seconds) makes it expire unless renewed."""
-        member = LocalMember(self, group, addr, buffer)
+        if is_reserved(group):
+            raise RoutingError("forbidden", f"{group!r} is a JGroups namespace: its members "
+                                            "speak JGroups, which an in-process member does not")
+        member = LocalMember(self.server.hub, group, addr, buffer)
         expires = None if ttl is None or math.isinf(ttl) else trio.current_time() + ttl
         _, notices, _ = self.server.hub.table.connect(
             member, group, addr, name, physical, kind=Kind.IN_PROCESS, expires_at=expires

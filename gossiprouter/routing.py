@@ -70,6 +70,11 @@ class Carrier(Protocol):
     events_by_call: ClassVar[bool]
 
     @property
+    def peer(self) -> str:
+        """Who is at the other end, for logs and the admin API."""
+        ...
+
+    @property
     def outbox(self) -> Queue:
         """The fast path of :meth:`push`, used by the per-run routing loops."""
         ...

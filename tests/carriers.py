@@ -29,6 +29,7 @@ class Named(str):
 
     def __init__(self, name: str) -> None:
         super().__init__()
+        self.peer = name
         self.pushed: list[tuple[bytes, int]] = []
         self.events: list[tuple[str, bytes]] = []
 

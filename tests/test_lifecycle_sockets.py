@@ -6,11 +6,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import trio
 
 from gossiprouter.config import Config, Provisioned
 from gossiprouter.protocol import native as wire
 from gossiprouter.router import MemberEvent, Message, Router
+from gossiprouter.routing import RoutingError
 from gossiprouter.server import Server
 from tests.nclient import NativeClient
 from tests.quiet import nothing_more
@@ -139,6 +141,40 @@ async def test_provisioned_entries_and_embedding() -> None:
         with trio.fail_after(5):
             item = await local.receive()
         assert item == MemberEvent("g", "suspect", b"C", None, ())
+
+
+async def test_in_process_members_route_among_themselves_and_report_errors() -> None:
+    """An in-process member is a routing-table carrier of its own (no session): two of them
+    reach each other, a watcher on a socket sees them, and every refusal is an exception."""
+    async with Router(Config(port=0)) as router:
+        with pytest.raises(RoutingError) as ei:
+            await router.register("jgroups5:g", b"J")
+        assert ei.value.code == "forbidden"
+        a = await router.register("g", b"A")
+        b = await router.register("g", b"B", buffer=2)
+        await a.send(b"one")
+        await a.send(b"two", dest=b"B")
+        with trio.fail_after(5):
+            assert await b.receive() == Message("g", b"A", None, b"one")
+            assert await b.receive() == Message("g", b"A", b"B", b"two")
+        with pytest.raises(RoutingError) as ei:
+            await a.send(b"x", dest=b"nobody")
+        assert ei.value.code == "unknown_destination"
+        with pytest.raises(RoutingError) as ei:
+            await a.send(b"x", dest=b"d" * 256)
+        assert ei.value.code == "too_long"
+        # The application does not read b: beyond its buffer, dropped and counted.
+        for i in range(5):
+            await a.send(b"%d" % i, dest=b"B")
+        assert b.dropped == 3
+        assert router.server.hub.counters.drops["in_process_full"] == 3
+        await b.leave()
+        with pytest.raises(RoutingError) as ei:
+            await b.send(b"late")
+        assert ei.value.code == "not_member"
+        # Nothing reached a: its multicast is not echoed to it, and a clean leave is told to
+        # watchers only (a counter, not a wait: delivery is synchronous in the hub).
+        assert a.outbox.recv.statistics().current_buffer_used == 0
 
 
 def test_provisioned_config_file_errors(tmp_path: Path) -> None:

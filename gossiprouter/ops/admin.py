@@ -122,8 +122,7 @@ def member_view(e: Entry, now: float) -> dict[str, Any]:
         "identity": e.identity,
         # Registration order; "active" marks the one that carries the traffic now.
         "connections": [
-            {"peer": str(getattr(c, "peer", c)), "protocol": str(getattr(c, "protocol", "?")),
-             "active": c is active}
+            {"peer": c.peer, "protocol": c.protocol, "active": c is active}
             for c in e.carriers
         ],
         "expires_in": None if e.expires_at is None else round(max(e.expires_at - now, 0), 3),

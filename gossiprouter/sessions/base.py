@@ -562,6 +562,44 @@ class Hub:
             self.defer()
         self.pending.extend(notices)
 
+    def forward(self, carrier: Carrier, group: str, dest: bytes | None, sender: bytes,
+                frames: bytes, count: int = 1) -> bool:
+        """Deliver ``count`` whole native routed frames (``frames``, the same bytes for every
+        receiver) from member ``sender`` of ``group``, carried by ``carrier``, to ``dest``
+        or, when None, to the group. The caller has checked that ``carrier`` holds ``sender``
+        (:meth:`RoutingTable.holds`).
+
+        Native semantics: one copy per carrier, the sender's own carrier left out unless it
+        carries another member of the group (:meth:`Group.targets_without`); a member in
+        reconnect grace has the frames held for it. Returns False when ``dest`` is unknown
+        (dropped and counted), for the caller to tell its sender as it can.
+        """
+        table = self.table
+        counters = self.counters
+        counters.routed += count
+        if dest is None:
+            targets = table.resolve_multicast(group, carrier)
+            for t in targets:
+                t.push(frames, count)
+            counters.delivered += count * len(targets)
+            g = table.groups.get(group)
+            if g is not None and g.graced:
+                for e in g.graced:
+                    if e.addr != sender:
+                        table.hold(e, frames)
+            return True
+        entry = table.resolve_unicast(group, dest)
+        if entry is None:
+            counters.drop("unknown_destination", count)
+            return False
+        c = entry.carrier
+        if c is None:
+            table.hold(entry, frames)
+            return True
+        c.push(frames, count)
+        counters.delivered += count
+        return True
+
     def flush_notices(self, notices: list[Notice]) -> None:
         """Deliver notices to whoever should get them *now*: the group's current
         connections (suspect) or watchers (join, leave).

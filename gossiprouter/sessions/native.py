@@ -212,36 +212,14 @@ class NativeSession(Session):
     def _forward(self, route: _Route, frames: bytes, count: int) -> None:
         """Deliver ``count`` whole ROUTE frames (``frames``) with the same header."""
         group, dest, sender = route
-        hub = self.hub
-        table = hub.table
-        counters = hub.counters
-        counters.routed += count
-        if dest is None:
-            targets = table.resolve_multicast(group, self)
-            for t in targets:
-                t.push(frames, count)
-            counters.delivered += count * len(targets)
-            g = table.groups.get(group)
-            if g is not None and g.graced:
-                for e in g.graced:
-                    if e.addr != sender:
-                        table.hold(e, frames)
-            return
-        entry = table.resolve_unicast(group, dest)
-        if entry is None:
-            counters.drop("unknown_destination", count)
+        if not self.hub.forward(self, group, dest, sender, frames, count):
+            # Unknown destination: tell the client, at most once a second per group.
+            assert dest is not None
             last = self._unknown_dest_at.get(group, -1e9)
             if self._now - last >= 1.0:
                 self._unknown_dest_at[group] = self._now
                 self._error(None, "unknown_destination",
                             f"no member {dest.hex()} in {group!r}; dropped")
-            return
-        c = entry.carrier
-        if c is None:
-            table.hold(entry, frames)
-            return
-        c.push(frames, count)
-        counters.delivered += count
 
     # ------------------------------------------------------------------ control frames
 
