@@ -204,7 +204,11 @@ class Router:
         ttl: float | None = None,
         buffer: int = 10_000,
     ) -> LocalMember:
-        """Add an in-process member; ``ttl`` (seconds) makes it expire unless renewed."""
+        """Add an in-process member; ``ttl`` (seconds) makes it expire unless renewed.
+
+        Raises :class:`RoutingError` when the table refuses it (``address_in_use``,
+        ``too_long``, ...) or ``group`` is a JGroups namespace (``forbidden``).
+        """
         if is_reserved(group):
             raise RoutingError("forbidden", f"{group!r} is a JGroups namespace: its members "
                                             "speak JGroups, which an in-process member does not")
