@@ -1,0 +1,187 @@
+"""One router's connection I/O.
+
+:class:`Connection` is one live TCP (or TLS) connection: a new object for every
+reconnect, dead for good once killed. :class:`RouterSlot` is what the stub keeps about
+one router across all its connections (state, attempts, the current Connection).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+
+from gossiprouter.client.errors import ConnectionLostError, LinkDown, StubError
+from gossiprouter.client.model import (
+    ConnectionState,
+    Key,
+    RouterAddress,
+    RouterStatus,
+    describe_error,
+    fmt_router,
+)
+from gossiprouter.protocol import native as wire
+from gossiprouter.topics import TopicId
+
+if TYPE_CHECKING:
+    from gossiprouter.client.channel import Channel
+
+log = logging.getLogger("gossiprouter.stub")
+
+class PendingRequest:
+    __slots__ = ("event", "parts", "result")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.result: wire.Ok | StubError | None = None
+        # The members of the OK parts received so far (a list longer than one frame).
+        self.parts: list[wire.MemberInfo] = []
+
+    def set(self, result: wire.Ok | StubError) -> None:
+        if self.result is None:
+            self.result = result
+            self.event.set()
+
+    def ok(self, f: wire.Ok) -> None:
+        """One OK frame: a part of a member list (``more``), or the answer, whole or last."""
+        if f.members is not None and (f.more or self.parts):
+            self.parts += f.members
+            if f.more:
+                return
+            f = wire.Ok(f.req, tuple(self.parts))
+            self.parts = []
+        self.set(f)
+
+
+
+class Connection:
+    """One live TCP connection to a router (a new object for every reconnect)."""
+
+    def __init__(self, transport: RouterSlot, stream: trio.abc.Stream, welcome: wire.Welcome,
+                 decoder: wire.Decoder, write_timeout: float, raw: trio.SocketStream) -> None:
+        self.transport = transport
+        self.router = transport.address
+        self.stream = stream  # the TLS stream over ``raw``, or ``raw`` itself
+        self.raw = raw
+        self.welcome = welcome
+        settings = welcome.settings
+        mf = settings.get("max_frame")
+        self.max_frame = mf if isinstance(mf, int) and mf > 0 else wire.DEFAULT_MAX_FRAME
+        hb = settings.get("heartbeat_ms")
+        self.router_heartbeat = hb / 1000 if isinstance(hb, int) and hb > 0 else 0.0
+        idle = settings.get("idle_timeout_ms")
+        self.router_idle = idle / 1000 if isinstance(idle, int) and idle > 0 else 0.0
+        self.decoder = decoder
+        decoder.max_frame = self.max_frame
+        self.write_timeout = write_timeout
+        self.lock = trio.Lock()
+        self.scope = trio.CancelScope()
+        self.dead = False
+        self.ready = False
+        self.error: str | None = None
+        self.farewell: str | None = None  # a connection-closing ERROR the router sent
+        self.last_recv = trio.current_time()
+        self.pending: dict[int, PendingRequest] = {}
+        # What this connection has registered, kept in step with the stub by the registrar.
+        self.registered: dict[Key, Channel] = {}
+        self.routable: set[Channel] = set()  # CONNECT written: ROUTE frames may follow
+        self.refused: dict[Key, Channel] = {}
+        self.leaving: set[Channel] = set()
+        self.watching: set[str] = set()
+        self.watch_acked: set[str] = set()
+        # Topic patterns sent (SUBSCRIBE written) and accepted, per channel.
+        self.subscribed: dict[Key, set[TopicId]] = {}
+        self.sub_acked: dict[Key, set[TopicId]] = {}
+        self.kick = trio.Event()
+        self.wake = trio.Event()
+        self.pongs: list[int] = []
+
+    def __repr__(self) -> str:
+        return f"<link {fmt_router(self.router)}>"
+
+    def kill(self, reason: str) -> None:
+        """Declare the connection dead: abort its tasks and any blocked read or write."""
+        if self.dead:
+            return
+        self.dead = True
+        self.ready = False
+        self.error = self.farewell or reason
+        log.info("connection to %s lost: %s", fmt_router(self.router), self.error)
+        self.scope.cancel()
+        # Closing the socket wakes a task blocked in send_all/receive_some at once.
+        self.raw.socket.close()
+        lost = ConnectionLostError(f"connection to {fmt_router(self.router)} lost: {self.error}")
+        for p in self.pending.values():
+            p.set(lost)
+
+    async def write(self, data: bytes) -> None:
+        """Write whole frames. The write itself is shielded (a cancelled half-written frame
+        would corrupt the stream) and bounded by ``write_timeout`` (a router that stopped
+        reading is dead)."""
+        if self.dead:
+            raise LinkDown(self.error)
+        async with self.lock:
+            if self.dead:
+                raise LinkDown(self.error)
+            with trio.CancelScope(shield=True), trio.move_on_after(self.write_timeout) as cs:
+                try:
+                    await self.stream.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+                    self.kill(f"write failed: {describe_error(e)}")
+                    raise LinkDown(self.error) from None
+            if cs.cancelled_caught:
+                self.kill(f"write blocked for {self.write_timeout:g}s")
+                raise LinkDown(self.error)
+
+
+class RouterSlot:
+    """Everything the stub keeps about one router across reconnects."""
+
+    def __init__(self, address: RouterAddress) -> None:
+        self.address = address
+        self.state = ConnectionState.CONNECTING
+        self.link: Connection | None = None
+        self.attempts = 0
+        self.failures = 0
+        self.connections = 0
+        self.last_error: str | None = None
+        self.router_id: str | None = None
+        # When the current attempt sent HELLO (None before that): a peer that accepts
+        # TCP but never answers is named as such when the caller stops waiting.
+        self.hello_sent_at: float | None = None
+
+    def status(self) -> RouterStatus:
+        return RouterStatus(self.address, self.state, self.attempts, self.connections,
+                            self.last_error, self.router_id)
+
+
+class HandshakeError(Exception):
+    pass
+
+
+FOREIGN = "does not speak the gossiprouter protocol"
+
+
+def _foreign(got: bytes | str) -> HandshakeError:
+    """The peer answered HELLO with something else than a gossiprouter would."""
+    if isinstance(got, str):
+        return HandshakeError(f"{FOREIGN} ({got})")
+    if got[:1] in (b"\x15", b"\x16") and got[1:2] == b"\x03":
+        return HandshakeError(f"{FOREIGN} (got a TLS record: the port expects TLS)")
+    line = got[:48].split(b"\n", 1)[0].rstrip(b"\r")
+    if line and all(32 <= c < 127 for c in line):
+        more = "..." if len(line) < len(got) else ""
+        return HandshakeError(f"{FOREIGN} (got {line.decode()!r}{more})")
+    return HandshakeError(f"{FOREIGN} (got bytes {got[:16].hex(' ')}"
+                           f"{' ...' if len(got) > 16 else ''})")
+
+
+def _peer_error(address: RouterAddress, error: str) -> str:
+    """``the peer at H:P does not speak ...`` or ``H:P: connection refused``."""
+    if error.startswith(FOREIGN):
+        return f"the peer at {fmt_router(address)} {error}"
+    return f"{fmt_router(address)}: {error}"
+
+
+# --------------------------------------------------------------------------- the stub
