@@ -61,6 +61,7 @@ from gossiprouter.client.errors import (
     StubError,
     router_error,
 )
+from gossiprouter.client.merge import merge_members
 from gossiprouter.client.model import (
     CLIENT_NAME,
     CLOSING_CODES,
@@ -519,18 +520,7 @@ class RouterStub:
         async with trio.open_nursery() as n:
             for lk in links:
                 n.start_soon(ask, lk)
-        seen: dict[bytes, Member] = {}
-        errors: list[StubError] = []
-        for a in answers:
-            if isinstance(a, StubError):
-                errors.append(a)
-                continue
-            for m in a.members or ():
-                if m.addr not in seen:
-                    seen[m.addr] = Member(m.addr, m.name, m.physical)
-        if errors and len(errors) == len(answers):
-            raise next((e for e in errors if isinstance(e, RouterError)), errors[0])
-        return list(seen.values())
+        return merge_members(answers)
 
     async def watch(self, group: str) -> Watch:
         """WATCH ``group`` on every router: a :class:`Watch` stream of ``join``/``leave``.
