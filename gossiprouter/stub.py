@@ -5,14 +5,18 @@ imports from ``gossiprouter`` (the public API) or from the module that defines t
 
 * errors (StubError, RouterError and its subclasses, ...): :mod:`gossiprouter.client.errors`;
 * the model (Member, Message, Publication, GroupEvent, StubEvent, RouterStatus, StubStats,
-  ConnectionState, parse_router, describe_error): :mod:`gossiprouter.client.model`;
+  ConnectionState, parse_router): :mod:`gossiprouter.client.model`; describe_error:
+  :mod:`gossiprouter.client.connection`;
 * EventStream, Watch: :mod:`gossiprouter.client.streams`; Channel:
   :mod:`gossiprouter.client.channel`; RouterStub: :mod:`gossiprouter.client.front`.
 """
 
 from __future__ import annotations
 
+# Names imported 'as' themselves were public outside __all__; they stay importable here.
 from gossiprouter.client.channel import Channel
+from gossiprouter.client.connection import FOREIGN as FOREIGN
+from gossiprouter.client.connection import describe_error
 from gossiprouter.client.errors import (
     AddressInUseError,
     ChannelClosedError,
@@ -28,7 +32,11 @@ from gossiprouter.client.errors import (
     StubError,
     UnknownDestinationError,
 )
+from gossiprouter.client.errors import router_error as router_error
 from gossiprouter.client.front import RouterStub
+from gossiprouter.client.model import CLIENT_NAME as CLIENT_NAME
+from gossiprouter.client.model import RECV_SIZE as RECV_SIZE
+from gossiprouter.client.model import SUSPECT_DEDUPE_WINDOW as SUSPECT_DEDUPE_WINDOW
 from gossiprouter.client.model import (
     ConnectionState,
     GroupEvent,
@@ -38,9 +46,13 @@ from gossiprouter.client.model import (
     RouterStatus,
     StubEvent,
     StubStats,
-    describe_error,
     parse_router,
 )
+from gossiprouter.client.model import Key as Key
+from gossiprouter.client.model import Mode as Mode
+from gossiprouter.client.model import Physical as Physical
+from gossiprouter.client.model import Policy as Policy
+from gossiprouter.client.model import RouterAddress as RouterAddress
 from gossiprouter.client.streams import EventStream, Watch
 
 __all__ = [

@@ -16,7 +16,7 @@ from gossiprouter.client.errors import (
     RequestTimeoutError,
     StubError,
 )
-from gossiprouter.client.merge import merge_members
+from gossiprouter.client.merge import Presence, SuspectFilter, merge_members
 from gossiprouter.client.model import Member
 from gossiprouter.protocol import native as wire
 
@@ -79,3 +79,61 @@ def test_merge(case: Case) -> None:
 def test_no_router_asked_is_an_empty_list() -> None:
     # members() waits for a connected router first; the merge of no answers is no members.
     assert merge_members([]) == []
+
+
+R1 = ("10.0.0.1", 12001)
+R2 = ("10.0.0.2", 12001)
+
+# (report, expected: is it news for the application?) in order, over one watched group "g".
+PRESENCE_CASES: dict[str, list[tuple[tuple[str, bytes, tuple[str, int]], bool]]] = {
+    "a join reported by two routers is announced once":
+        [(("join", b"A", R1), True), (("join", b"A", R2), False)],
+    "a leave is announced when the last router reports it":
+        [(("join", b"A", R1), True), (("join", b"A", R2), False),
+         (("leave", b"A", R1), False), (("leave", b"A", R2), True)],
+    "a re-join after a leave is announced again":
+        [(("join", b"A", R1), True), (("leave", b"A", R1), True), (("join", b"A", R1), True)],
+    "the same router reporting a join twice is one presence":
+        [(("join", b"A", R1), True), (("join", b"A", R1), False), (("leave", b"A", R1), True)],
+    "a leave of an unknown member is passed on":
+        [(("leave", b"B", R1), True)],
+    "members are independent":
+        [(("join", b"A", R1), True), (("join", b"B", R2), True), (("leave", b"A", R1), True)],
+}
+
+
+@pytest.mark.parametrize("reports", PRESENCE_CASES.values(), ids=PRESENCE_CASES.keys())
+def test_presence_merges_join_and_leave(
+        reports: list[tuple[tuple[str, bytes, tuple[str, int]], bool]]) -> None:
+    p = Presence()
+    for (kind, addr, router), news in reports:
+        got = p.join("g", addr, router) if kind == "join" else p.leave("g", addr, router)
+        assert got is news, (kind, addr, router)
+
+
+def test_presence_forgets_a_lost_router_silently() -> None:
+    p = Presence()
+    p.join("g", b"A", R1)
+    p.join("g", b"A", R2)
+    p.join("g", b"B", R1)
+    p.forget_router(R1)
+    assert p.members("g") == {b"A": frozenset({R2})}
+    # B is unknown now: its join through the next connection is news again.
+    assert p.join("g", b"B", R2) is True
+    # A is still reported by R2: R1's reconnect re-reporting it is a duplicate.
+    assert p.join("g", b"A", R1) is False
+    p.forget_group("g")
+    assert p.members("g") == {}
+
+
+def test_suspect_filter_delivers_one_suspect_per_window() -> None:
+    f = SuspectFilter(window=5.0, max_entries=2)
+    assert f.first("g", b"A", 100.0) is True
+    assert f.first("g", b"A", 100.01) is False  # the second router's report
+    assert f.first("h", b"A", 100.02) is True  # another group
+    assert f.first("g", b"A", 105.0) is True  # past the window: a new suspect
+    # Bounded: past max_entries, the expired entries are dropped.
+    f.first("g", b"B", 106.0)
+    f.first("g", b"C", 120.0)
+    assert len(f) <= 2
+    assert f.first("g", b"C", 120.5) is False  # the fresh entry survived the clean-up

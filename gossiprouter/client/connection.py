@@ -8,26 +8,49 @@ one router across all its connections (state, attempts, the current Connection).
 from __future__ import annotations
 
 import logging
+import socket
+import ssl
 from typing import TYPE_CHECKING
 
 import trio
 
 from gossiprouter.client.errors import ConnectionLostError, LinkDown, StubError
 from gossiprouter.client.model import (
+    RECV_SIZE,
     ConnectionState,
-    Key,
     RouterAddress,
     RouterStatus,
-    describe_error,
     fmt_router,
 )
+from gossiprouter.client.registrar import Held
+from gossiprouter.client.tls import wrap_client
 from gossiprouter.protocol import native as wire
-from gossiprouter.topics import TopicId
 
 if TYPE_CHECKING:
     from gossiprouter.client.channel import Channel
 
 log = logging.getLogger("gossiprouter.stub")
+
+def describe_error(e: BaseException) -> str:
+    """A short lower-case reason for a failed connection ("connection refused", ...)."""
+    if isinstance(e, trio.TooSlowError):
+        return "timed out"
+    if isinstance(e, socket.gaierror):
+        return f"cannot resolve host ({e.strerror})"
+    if isinstance(e, OSError) and e.errno is None and isinstance(e.__cause__, BaseExceptionGroup):
+        # trio.open_tcp_stream wraps the per-address errors; the first one says it all.
+        leaves = [x for x in e.__cause__.exceptions if isinstance(x, OSError)]
+        if leaves:
+            return describe_error(leaves[0])
+    if isinstance(e, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(e, trio.BrokenResourceError) and isinstance(e.__cause__, ssl.SSLError):
+        return f"TLS handshake failed ({e.__cause__.reason or e.__cause__})"
+    if isinstance(e, OSError) and e.strerror:
+        s = e.strerror
+        return s[:1].lower() + s[1:]
+    return str(e) or type(e).__name__
+
 
 class PendingRequest:
     __slots__ = ("event", "parts", "result")
@@ -83,16 +106,9 @@ class Connection:
         self.farewell: str | None = None  # a connection-closing ERROR the router sent
         self.last_recv = trio.current_time()
         self.pending: dict[int, PendingRequest] = {}
-        # What this connection has registered, kept in step with the stub by the registrar.
-        self.registered: dict[Key, Channel] = {}
-        self.routable: set[Channel] = set()  # CONNECT written: ROUTE frames may follow
-        self.refused: dict[Key, Channel] = {}
-        self.leaving: set[Channel] = set()
-        self.watching: set[str] = set()
-        self.watch_acked: set[str] = set()
-        # Topic patterns sent (SUBSCRIBE written) and accepted, per channel.
-        self.subscribed: dict[Key, set[TopicId]] = {}
-        self.sub_acked: dict[Key, set[TopicId]] = {}
+        # What this connection holds on the router, kept in step with the stub by the
+        # registrar (registrar.plan updates it; the answers refine it).
+        self.held: Held[Channel] = Held()
         self.kick = trio.Event()
         self.wake = trio.Event()
         self.pongs: list[int] = []
@@ -185,3 +201,58 @@ def _peer_error(address: RouterAddress, error: str) -> str:
 
 
 # --------------------------------------------------------------------------- the stub
+
+
+async def open_connection(t: RouterSlot, *, connect_timeout: float,
+                          ssl_context: ssl.SSLContext | None, server_hostname: str | None,
+                          client_name: str, token: str | None,
+                          write_timeout: float) -> Connection:
+    """Open one connection to ``t``'s router: TCP, TLS if ``ssl_context``, HELLO, WELCOME.
+
+    Raises HandshakeError when the peer refuses HELLO or is no gossiprouter (named from the
+    start of its reply), OSError / trio errors when TCP or TLS fail, TooSlowError after
+    ``connect_timeout``. ``t.hello_sent_at`` is set while WELCOME is awaited.
+    """
+    host, port = t.address
+    t.hello_sent_at = None
+    with trio.fail_after(connect_timeout):
+        raw = await trio.open_tcp_stream(host, port)
+        stream: trio.abc.Stream = raw
+        try:
+            if ssl_context is not None:
+                stream = await wrap_client(raw, ssl_context,
+                                           server_hostname or host)
+            hello = wire.encode(wire.Hello(wire.SUPPORTED_VERSIONS, client_name,
+                                           token))
+            await stream.send_all(wire.PREAMBLE + hello)
+            t.hello_sent_at = trio.current_time()
+            decoder = wire.Decoder(max_frame=64 * 1024)
+            got = b""  # the start of the reply, to show a peer that is no router
+            while True:
+                try:
+                    f = decoder.next_frame()
+                except Exception:
+                    raise _foreign(got) from None
+                if f is None:
+                    data = await stream.receive_some(RECV_SIZE)
+                    if not data:
+                        if got:
+                            raise _foreign(got)
+                        # A gossiprouter may close at once too: its allow-list, or TLS.
+                        raise HandshakeError("closed the connection without answering "
+                                              "HELLO (not a gossiprouter, or one that "
+                                              "refuses this client or expects TLS)")
+                    got += data[: 64 - len(got)]
+                    decoder.feed(data)
+                    continue
+                if isinstance(f, wire.Welcome):
+                    break
+                if isinstance(f, wire.Error):
+                    raise HandshakeError(f"router refused HELLO: {f.code}: {f.message}")
+                raise _foreign(f"got {type(f).__name__} instead of WELCOME")
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
+    t.router_id = f.router_id
+    t.hello_sent_at = None
+    return Connection(t, stream, f, decoder, write_timeout, raw)

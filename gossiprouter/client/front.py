@@ -39,6 +39,7 @@ from typing import Any
 
 import trio
 
+from gossiprouter.client import registrar
 from gossiprouter.client.channel import Channel
 from gossiprouter.client.connection import (
     FOREIGN,
@@ -46,8 +47,9 @@ from gossiprouter.client.connection import (
     HandshakeError,
     PendingRequest,
     RouterSlot,
-    _foreign,
     _peer_error,
+    describe_error,
+    open_connection,
 )
 from gossiprouter.client.errors import (
     ChannelClosedError,
@@ -61,7 +63,7 @@ from gossiprouter.client.errors import (
     StubError,
     router_error,
 )
-from gossiprouter.client.merge import merge_members
+from gossiprouter.client.merge import Presence, SuspectFilter, merge_members
 from gossiprouter.client.model import (
     CLIENT_NAME,
     CLOSING_CODES,
@@ -82,12 +84,10 @@ from gossiprouter.client.model import (
     _check_addr,
     _check_group,
     _physical,
-    describe_error,
     fmt_router,
     parse_router,
 )
 from gossiprouter.client.streams import EventStream, Watch
-from gossiprouter.client.tls import wrap_client
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
 from gossiprouter.topics import TopicId, matches
@@ -114,7 +114,7 @@ def _ignore(result: wire.Ok | StubError) -> None:
 
 
 def _left(link: Connection, ch: Channel, result: wire.Ok | StubError) -> None:
-    link.leaving.discard(ch)
+    link.held.leaving.discard(ch)
 
 class RouterStub:
     """A client of one or more gossiprouters: shared transport, reconnect, failover.
@@ -238,8 +238,8 @@ class RouterStub:
         self._channels: dict[Key, Channel] = {}
         self._by_group: dict[str, list[Channel]] = {}
         self._watchers: dict[str, list[Watch]] = {}
-        self._presence: dict[str, dict[bytes, set[RouterAddress]]] = {}
-        self._suspected: dict[Key, float] = {}
+        self._presence = Presence()  # join/leave of watched groups, merged over routers
+        self._suspects = SuspectFilter(SUSPECT_DEDUPE_WINDOW)
         self._state_streams: list[EventStream[StubEvent]] = []
         self._req = itertools.count(1)
         self._nonce = itertools.count(1)
@@ -314,7 +314,7 @@ class RouterStub:
         with trio.move_on_after(min(self.request_timeout, 2.0)):
             while True:
                 changed = self._changed
-                busy = [lk for lk in self._links() if lk.registered or lk.leaving]
+                busy = [lk for lk in self._links() if lk.held.registered or lk.held.leaving]
                 if not busy:
                     break
                 await changed.wait()
@@ -483,7 +483,7 @@ class RouterStub:
         with trio.move_on_after(self.request_timeout):
             while True:
                 changed = self._changed
-                if not any(lk.registered.get(ch.key) is ch or ch in lk.leaving
+                if not any(lk.held.registered.get(ch.key) is ch or ch in lk.held.leaving
                            for lk in self._links()):
                     return
                 await changed.wait()
@@ -538,10 +538,10 @@ class RouterStub:
             while True:
                 changed = self._changed
                 ready = [lk for lk in self._links() if lk.ready]
-                if ready and all(group in lk.watch_acked for lk in ready):
+                if ready and all(group in lk.held.watch_acked for lk in ready):
                     return w
                 if trio.current_time() >= deadline:
-                    if any(group in lk.watch_acked for lk in ready):
+                    if any(group in lk.held.watch_acked for lk in ready):
                         return w
                     if ready:
                         raise RequestTimeoutError(
@@ -560,7 +560,7 @@ class RouterStub:
             ws.remove(w)
             if not ws:
                 del self._watchers[w.group]
-                self._presence.pop(w.group, None)
+                self._presence.forget_group(w.group)
                 self._kick()
 
     # ------------------------------------------------------------------ sending
@@ -597,7 +597,7 @@ class RouterStub:
             changed = self._changed
             if ch._closed:
                 raise ChannelClosedError(f"{ch!r} is closed")
-            candidates = [lk for lk in self._links() if lk.ready and ch in lk.routable]
+            candidates = [lk for lk in self._links() if lk.ready and ch in lk.held.routable]
             for lk in self._order(candidates):
                 if len(data) - 4 > lk.max_frame:
                     raise FrameTooLargeError(
@@ -656,7 +656,10 @@ class RouterStub:
             t.attempts += 1
             self._emit(t, ConnectionState.CONNECTING)
             try:
-                link = await self._open_link(t)
+                link = await open_connection(
+                    t, connect_timeout=self.connect_timeout, ssl_context=self.ssl_context,
+                    server_hostname=self.server_hostname, client_name=self.client_name,
+                    token=self.token, write_timeout=self._write_timeout)
             except (OSError, trio.TooSlowError, HandshakeError, trio.BrokenResourceError) as e:
                 t.failures += 1
                 t.last_error = describe_error(e) if not isinstance(e, HandshakeError) else str(e)
@@ -672,51 +675,6 @@ class RouterStub:
             self._emit(t, ConnectionState.RECONNECTING, t.last_error, delay)
             await trio.sleep(delay)
 
-    async def _open_link(self, t: RouterSlot) -> Connection:
-        host, port = t.address
-        t.hello_sent_at = None
-        with trio.fail_after(self.connect_timeout):
-            raw = await trio.open_tcp_stream(host, port)
-            stream: trio.abc.Stream = raw
-            try:
-                if self.ssl_context is not None:
-                    stream = await wrap_client(raw, self.ssl_context,
-                                               self.server_hostname or host)
-                hello = wire.encode(wire.Hello(wire.SUPPORTED_VERSIONS, self.client_name,
-                                               self.token))
-                await stream.send_all(wire.PREAMBLE + hello)
-                t.hello_sent_at = trio.current_time()
-                decoder = wire.Decoder(max_frame=64 * 1024)
-                got = b""  # the start of the reply, to show a peer that is no router
-                while True:
-                    try:
-                        f = decoder.next_frame()
-                    except Exception:
-                        raise _foreign(got) from None
-                    if f is None:
-                        data = await stream.receive_some(RECV_SIZE)
-                        if not data:
-                            if got:
-                                raise _foreign(got)
-                            # A gossiprouter may close at once too: its allow-list, or TLS.
-                            raise HandshakeError("closed the connection without answering "
-                                                  "HELLO (not a gossiprouter, or one that "
-                                                  "refuses this client or expects TLS)")
-                        got += data[: 64 - len(got)]
-                        decoder.feed(data)
-                        continue
-                    if isinstance(f, wire.Welcome):
-                        break
-                    if isinstance(f, wire.Error):
-                        raise HandshakeError(f"router refused HELLO: {f.code}: {f.message}")
-                    raise _foreign(f"got {type(f).__name__} instead of WELCOME")
-            except BaseException:
-                await trio.aclose_forcefully(stream)
-                raise
-        t.router_id = f.router_id
-        t.hello_sent_at = None
-        return Connection(t, stream, f, decoder, self._write_timeout, raw)
-
     async def _run_link(self, t: RouterSlot, link: Connection) -> None:
         t.link = link
         try:
@@ -728,7 +686,7 @@ class RouterStub:
         finally:
             link.kill(link.error or "closed")
             t.link = None
-            self._forget_presence(t.address)
+            self._presence.forget_router(t.address)
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(link.stream)
             self._bump()
@@ -817,65 +775,45 @@ class RouterStub:
             return
 
     def _plan(self, link: Connection) -> list[Op]:
+        """The registrar's plan (:func:`registrar.plan`) for this connection, as frames
+        (request ids in plan order) with what to do when each is written and answered."""
         ops: list[Op] = []
-        for key, ch in list(link.registered.items()):
-            if key not in self._channels:
-                del link.registered[key]
-                link.routable.discard(ch)
-                link.leaving.add(ch)
-                ops.append(Op(wire.Disconnect(next(self._req), ch.group, ch.addr), _nothing,
-                               partial(_left, link, ch)))
-        for key, ch in list(link.refused.items()):
-            if self._channels.get(key) is not ch:
-                del link.refused[key]
-        for g in sorted(link.watching - self._watchers.keys()):
-            link.watching.discard(g)
-            link.watch_acked.discard(g)
-            ops.append(Op(wire.Unwatch(next(self._req), g), _nothing, _ignore))
-        for key, ch in self._channels.items():
-            if link.registered.get(key) is not ch and link.refused.get(key) is not ch:
-                link.registered[key] = ch
-                ops.append(Op(
-                    wire.Connect(next(self._req), ch.group, ch.addr, ch.name, ch.physical),
-                    partial(link.routable.add, ch),
-                    partial(self._connect_result, link, key, ch),
-                ))
-        for g in self._watchers:
-            if g not in link.watching:
-                link.watching.add(g)
-                ops.append(Op(wire.Watch(next(self._req), g), _nothing,
-                               partial(self._watch_result, link, g)))
-        ops += self._plan_topics(link)
-        return ops
-
-    def _plan_topics(self, link: Connection) -> list[Op]:
-        """SUBSCRIBE / UNSUBSCRIBE so this connection holds each channel's patterns. After
-        the CONNECTs in the same batch, so a new connection re-subscribes every channel."""
-        ops: list[Op] = []
-        for key in [k for k in link.subscribed if link.registered.get(k) is None]:
-            del link.subscribed[key]  # DISCONNECT (or refusal) dropped them on the router
-            link.sub_acked.pop(key, None)
-        for key, ch in link.registered.items():
-            sent = link.subscribed.setdefault(key, set())
-            for pat in sorted(sent - ch._patterns):
-                sent.discard(pat)
-                link.sub_acked.get(key, set()).discard(pat)
-                ops.append(Op(wire.Unsubscribe(next(self._req), ch.group, ch.addr, *pat),
-                               _nothing, _ignore))
-            for pat in sorted(ch._patterns - sent):
-                sent.add(pat)
-                ops.append(Op(wire.Subscribe(next(self._req), ch.group, ch.addr, *pat),
-                               _nothing, partial(self._subscribe_result, link, ch, pat)))
+        for step in registrar.plan(link.held, self._channels, self._watchers.keys()):
+            req = next(self._req)
+            ch = step.channel
+            if step.kind == "watch":
+                ops.append(Op(wire.Watch(req, step.group), _nothing,
+                              partial(self._watch_result, link, step.group)))
+            elif step.kind == "unwatch":
+                ops.append(Op(wire.Unwatch(req, step.group), _nothing, _ignore))
+            elif ch is None:
+                raise AssertionError(f"registrar step without a channel: {step}")
+            elif step.kind == "connect":
+                ops.append(Op(wire.Connect(req, ch.group, ch.addr, ch.name, ch.physical),
+                              partial(link.held.routable.add, ch),
+                              partial(self._connect_result, link, ch.key, ch)))
+            elif step.kind == "disconnect":
+                ops.append(Op(wire.Disconnect(req, ch.group, ch.addr), _nothing,
+                              partial(_left, link, ch)))
+            else:
+                assert step.pattern is not None
+                if step.kind == "subscribe":
+                    ops.append(Op(wire.Subscribe(req, ch.group, ch.addr, *step.pattern),
+                                  _nothing,
+                                  partial(self._subscribe_result, link, ch, step.pattern)))
+                else:
+                    ops.append(Op(wire.Unsubscribe(req, ch.group, ch.addr, *step.pattern),
+                                  _nothing, _ignore))
         return ops
 
     def _subscribe_result(self, link: Connection, ch: Channel, pat: TopicId,
                           r: wire.Ok | StubError) -> None:
         if isinstance(r, wire.Ok):
-            link.sub_acked.setdefault(ch.key, set()).add(pat)
+            link.held.sub_acked.setdefault(ch.key, set()).add(pat)
             return
         if not isinstance(r, RouterError):
             return  # lost connection or timeout: the next connection re-subscribes
-        link.subscribed.get(ch.key, set()).discard(pat)
+        link.held.subscribed.get(ch.key, set()).discard(pat)
         ch._patterns.discard(pat)
         ch._sub_errors[pat] = r
         log.warning("%s refused a subscription of %r: %s", fmt_router(link.router), ch, r)
@@ -896,8 +834,8 @@ class RouterStub:
                 # Withdrawn everywhere, like a refused CONNECT.
                 self._kick()
                 raise err
-            ready = [lk for lk in self._links() if lk.ready and ch.key in lk.registered]
-            acked = [lk for lk in ready if pat in lk.sub_acked.get(ch.key, ())]
+            ready = [lk for lk in self._links() if lk.ready and ch.key in lk.held.registered]
+            acked = [lk for lk in ready if pat in lk.held.sub_acked.get(ch.key, ())]
             if ready and len(acked) == len(ready):
                 return
             if trio.current_time() >= deadline:
@@ -920,10 +858,7 @@ class RouterStub:
             return
         if not isinstance(r, RouterError):
             return  # timeout or lost connection: the heartbeat / reconnect deals with it
-        if link.registered.get(key) is ch:
-            del link.registered[key]
-        link.routable.discard(ch)
-        link.refused[key] = ch
+        link.held.refuse(key, ch)
         if ch._waiting:
             ch._results[link] = r
         elif not ch._closed:
@@ -932,8 +867,8 @@ class RouterStub:
                                      next(self._seq)))
 
     def _watch_result(self, link: Connection, group: str, r: wire.Ok | StubError) -> None:
-        if isinstance(r, wire.Ok) and group in link.watching:
-            link.watch_acked.add(group)
+        if isinstance(r, wire.Ok) and group in link.held.watching:
+            link.held.watch_acked.add(group)
 
     async def _run_ops(self, link: Connection, ops: list[Op]) -> None:
         """Write the requests in one go (order kept), then wait for every answer."""
@@ -1060,16 +995,9 @@ class RouterStub:
         member = Member(f.addr, f.name, f.physical)
         router = link.router
         if f.kind == "suspect":
-            now = trio.current_time()
-            key = (f.group, f.addr)
-            last = self._suspected.get(key)
-            if last is not None and now - last < SUSPECT_DEDUPE_WINDOW:
+            if not self._suspects.first(f.group, f.addr, trio.current_time()):
                 self.stats.events_merged += 1
                 return
-            if len(self._suspected) > 1000:
-                self._suspected = {k: v for k, v in self._suspected.items()
-                                   if now - v < SUSPECT_DEDUPE_WINDOW}
-            self._suspected[key] = now
             ev = GroupEvent(f.group, "suspect", member, router, seq=next(self._seq))
             for ch in self._by_group.get(f.group, ()):
                 if ch.addr != f.addr:
@@ -1078,20 +1006,11 @@ class RouterStub:
         # join / leave go to watchers only; merge them over the routers.
         if f.group not in self._watchers:
             return
-        presence = self._presence.setdefault(f.group, {})
-        where = presence.setdefault(f.addr, set())
-        if f.kind == "join":
-            first = not where
-            where.add(router)
-            if not first:
-                self.stats.events_merged += 1
-                return
-        else:
-            where.discard(router)
-            if where:
-                self.stats.events_merged += 1
-                return
-            del presence[f.addr]
+        news = (self._presence.join if f.kind == "join" else self._presence.leave)(
+            f.group, f.addr, router)
+        if not news:
+            self.stats.events_merged += 1
+            return
         ev = GroupEvent(f.group, f.kind, member, router, seq=next(self._seq))
         for w in self._watchers.get(f.group, ()):
             w._put(ev)
@@ -1099,10 +1018,3 @@ class RouterStub:
             if ch.addr != f.addr:
                 ch._put_event(ev)
 
-    def _forget_presence(self, router: RouterAddress) -> None:
-        # What a lost connection told us is no longer known; drop it silently.
-        for presence in self._presence.values():
-            for addr in [a for a, where in presence.items() if router in where]:
-                presence[addr].discard(router)
-                if not presence[addr]:
-                    del presence[addr]

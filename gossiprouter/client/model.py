@@ -6,13 +6,9 @@ Plain values with no I/O; :mod:`gossiprouter.client.errors` holds the exceptions
 from __future__ import annotations
 
 import enum
-import socket
-import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
-
-import trio
 
 from gossiprouter.addresses import format_hostport, parse_hostport
 from gossiprouter.protocol import native as wire
@@ -169,27 +165,6 @@ def parse_router(value: str | tuple[str, int]) -> RouterAddress:
 
 def fmt_router(router: RouterAddress) -> str:
     return format_hostport(*router)
-
-
-def describe_error(e: BaseException) -> str:
-    """A short lower-case reason for a failed connection ("connection refused", ...)."""
-    if isinstance(e, trio.TooSlowError):
-        return "timed out"
-    if isinstance(e, socket.gaierror):
-        return f"cannot resolve host ({e.strerror})"
-    if isinstance(e, OSError) and e.errno is None and isinstance(e.__cause__, BaseExceptionGroup):
-        # trio.open_tcp_stream wraps the per-address errors; the first one says it all.
-        leaves = [x for x in e.__cause__.exceptions if isinstance(x, OSError)]
-        if leaves:
-            return describe_error(leaves[0])
-    if isinstance(e, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(e, trio.BrokenResourceError) and isinstance(e.__cause__, ssl.SSLError):
-        return f"TLS handshake failed ({e.__cause__.reason or e.__cause__})"
-    if isinstance(e, OSError) and e.strerror:
-        s = e.strerror
-        return s[:1].lower() + s[1:]
-    return str(e) or type(e).__name__
 
 
 def _check_group(group: str) -> None:
