@@ -28,18 +28,11 @@ from typing import Any, Generic, Literal, TypeVar
 
 import trio
 
-from gossiprouter.stub import (
-    Channel,
-    ChannelClosedError,
-    EventStream,
-    GroupEvent,
-    Member,
-    Message,
-    RouterStatus,
-    RouterStub,
-    StubEvent,
-    Watch,
-)
+from gossiprouter.client.channel import Channel
+from gossiprouter.client.errors import ChannelClosedError
+from gossiprouter.client.front import RouterStub
+from gossiprouter.client.model import GroupEvent, Member, Message, RouterStatus, StubEvent
+from gossiprouter.client.streams import EventStream, Watch
 
 __all__ = ["BlockingChannel", "BlockingRouterStub", "BlockingStream"]
 

@@ -35,17 +35,15 @@ import trio
 from gossiprouter import addresses
 from gossiprouter.addresses import format_addr, format_hostport
 from gossiprouter.cli_errors import BadInput, CommandError
-from gossiprouter.stub import (
+from gossiprouter.client.errors import NotConnectedError, RouterError, StubError
+from gossiprouter.client.front import RouterStub
+from gossiprouter.client.model import (
     ConnectionState,
     GroupEvent,
     Member,
     Message,
-    NotConnectedError,
     Publication,
     RouterAddress,
-    RouterError,
-    RouterStub,
-    StubError,
     StubEvent,
 )
 from gossiprouter.topics import TopicError, TopicId, format_topic, parse_topic, pattern, topic_id

@@ -7,7 +7,7 @@ import ssl
 
 import trio
 
-from gossiprouter.ops.tls import wrap_client
+from gossiprouter.client.tls import wrap_client
 from gossiprouter.protocol import native as wire
 
 

@@ -10,8 +10,8 @@ import pytest
 import trio
 import trustme
 
+from gossiprouter.client.tls import client_context
 from gossiprouter.dispatch import END, READ, Dispatcher
-from gossiprouter.ops.tls import client_context
 from gossiprouter.protocol import native as wire
 from gossiprouter.server import Server
 from gossiprouter.sessions.base import Outbox

@@ -13,8 +13,8 @@ import pytest
 import trio
 import trustme
 
+from gossiprouter.client.tls import client_context, wrap_client
 from gossiprouter.config import ConfigError
-from gossiprouter.ops.tls import client_context, wrap_client
 from gossiprouter.protocol import native as wire
 from tests.conftest import RouterFactory
 from tests.ops_client import OpsClient, assert_closed
@@ -204,3 +204,16 @@ def test_sighup_reloads_the_certificate(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
+
+
+def test_moved_client_helpers_keep_their_old_names_with_a_warning() -> None:
+    # Issue 14 item 3 moved the client's TLS set-up to gossiprouter.client.tls; the path
+    # docs/operations.md used to give still works, and says where the names went.
+    from gossiprouter.client import tls as client_tls
+    from gossiprouter.ops import tls as ops_tls
+
+    for name in ("client_context", "wrap_client"):
+        with pytest.warns(DeprecationWarning, match=f"gossiprouter.client.tls.{name}"):
+            assert getattr(ops_tls, name) is getattr(client_tls, name)
+    with pytest.raises(AttributeError, match="no_such_name"):
+        ops_tls.no_such_name  # noqa: B018

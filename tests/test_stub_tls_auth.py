@@ -9,7 +9,7 @@ import trio
 import trustme
 
 from gossiprouter import RouterStub
-from gossiprouter.ops.tls import client_context
+from gossiprouter.client.tls import client_context
 from gossiprouter.stub import NotConnectedError
 from tests.conftest import RouterFactory
 from tests.test_ops_auth import BILLING, _tokens

@@ -3,15 +3,17 @@
 The router side holds its :class:`ssl.SSLContext` in a :class:`ServerTLS`,
 which builds a fresh context on :meth:`ServerTLS.reload` (SIGHUP) and swaps
 it in: connections already up keep the context they were accepted with, new
-ones get the new certificate. Client side: :func:`client_context` and
-:func:`wrap_client`.
+ones get the new certificate. The client side (``client_context``, ``wrap_client``)
+lives in :mod:`gossiprouter.client.tls`: ops does not import the client, except for the
+deprecated ``gossiprouter.ops.tls.client_context`` / ``wrap_client`` names, which
+:func:`__getattr__` still resolves (with a DeprecationWarning).
 """
 
 from __future__ import annotations
 
 import logging
 import ssl
-from pathlib import Path
+import warnings
 
 import trio
 
@@ -146,32 +148,21 @@ class TLSStream(trio.abc.Stream):
         await self.ssl.aclose()
 
 
-def client_context(ca: str | Path | None = None, cert: str | Path | None = None,
-                   key: str | Path | None = None, *, cadata: str | None = None) -> ssl.SSLContext:
-    """A client context that verifies the router against ``ca`` (a PEM file; None means the
-    system's trust store), optionally presenting ``cert``/``key`` for mutual TLS."""
-    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca and str(ca),
-                                     cadata=cadata)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    if cert is not None:
-        ctx.load_cert_chain(str(cert), None if key is None else str(key))
-    return ctx
-
-
-async def wrap_client(stream: trio.abc.Stream, context: ssl.SSLContext,
-                      server_hostname: str) -> trio.SSLStream[trio.abc.Stream]:
-    """Wrap a connected stream in TLS and complete the handshake.
-
-    ``server_hostname`` is the name (or IP) the router's certificate must be
-    valid for: the host the caller connected to. Raises trio.BrokenResourceError
-    (its ``__cause__`` is the ssl.SSLError) when the handshake fails.
-    """
-    tls = trio.SSLStream(stream, context, server_hostname=server_hostname)
-    await tls.do_handshake()
-    return tls
-
-
 def _reason(e: BaseException | None) -> str:
     if isinstance(e, ssl.SSLError) and e.reason:
         return f"{e.reason} ({e.library or 'ssl'})" if e.library else str(e.reason)
     return str(e) or type(e).__name__
+
+
+_MOVED = frozenset({"client_context", "wrap_client"})
+
+
+def __getattr__(name: str) -> object:
+    """The deprecation path of the client helpers that moved to gossiprouter.client.tls
+    (imported on first use, so loading ops does not load the client)."""
+    if name not in _MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(f"gossiprouter.ops.tls.{name} moved to gossiprouter.client.tls.{name}",
+                  DeprecationWarning, stacklevel=2)
+    from gossiprouter.client import tls
+    return getattr(tls, name)

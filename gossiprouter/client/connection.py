@@ -1,0 +1,258 @@
+"""One router's connection I/O.
+
+:class:`Connection` is one live TCP (or TLS) connection: a new object for every
+reconnect, dead for good once killed. :class:`RouterSlot` is what the stub keeps about
+one router across all its connections (state, attempts, the current Connection).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import ssl
+from typing import TYPE_CHECKING
+
+import trio
+
+from gossiprouter.client.errors import ConnectionLostError, LinkDown, StubError
+from gossiprouter.client.model import (
+    RECV_SIZE,
+    ConnectionState,
+    RouterAddress,
+    RouterStatus,
+    fmt_router,
+)
+from gossiprouter.client.registrar import Held
+from gossiprouter.client.tls import wrap_client
+from gossiprouter.protocol import native as wire
+
+if TYPE_CHECKING:
+    from gossiprouter.client.channel import Channel
+
+log = logging.getLogger("gossiprouter.stub")
+
+def describe_error(e: BaseException) -> str:
+    """A short lower-case reason for a failed connection ("connection refused", ...)."""
+    if isinstance(e, trio.TooSlowError):
+        return "timed out"
+    if isinstance(e, socket.gaierror):
+        return f"cannot resolve host ({e.strerror})"
+    if isinstance(e, OSError) and e.errno is None and isinstance(e.__cause__, BaseExceptionGroup):
+        # trio.open_tcp_stream wraps the per-address errors; the first one says it all.
+        leaves = [x for x in e.__cause__.exceptions if isinstance(x, OSError)]
+        if leaves:
+            return describe_error(leaves[0])
+    if isinstance(e, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(e, trio.BrokenResourceError) and isinstance(e.__cause__, ssl.SSLError):
+        return f"TLS handshake failed ({e.__cause__.reason or e.__cause__})"
+    if isinstance(e, OSError) and e.strerror:
+        s = e.strerror
+        return s[:1].lower() + s[1:]
+    return str(e) or type(e).__name__
+
+
+class PendingRequest:
+    __slots__ = ("event", "parts", "result")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.result: wire.Ok | StubError | None = None
+        # The members of the OK parts received so far (a list longer than one frame).
+        self.parts: list[wire.MemberInfo] = []
+
+    def set(self, result: wire.Ok | StubError) -> None:
+        if self.result is None:
+            self.result = result
+            self.event.set()
+
+    def ok(self, f: wire.Ok) -> None:
+        """One OK frame: a part of a member list (``more``), or the answer, whole or last."""
+        if f.members is not None and (f.more or self.parts):
+            self.parts += f.members
+            if f.more:
+                return
+            f = wire.Ok(f.req, tuple(self.parts))
+            self.parts = []
+        self.set(f)
+
+
+
+class Connection:
+    """One live TCP connection to a router (a new object for every reconnect)."""
+
+    def __init__(self, transport: RouterSlot, stream: trio.abc.Stream, welcome: wire.Welcome,
+                 decoder: wire.Decoder, write_timeout: float, raw: trio.SocketStream) -> None:
+        self.transport = transport
+        self.router = transport.address
+        self.stream = stream  # the TLS stream over ``raw``, or ``raw`` itself
+        self.raw = raw
+        self.welcome = welcome
+        settings = welcome.settings
+        mf = settings.get("max_frame")
+        self.max_frame = mf if isinstance(mf, int) and mf > 0 else wire.DEFAULT_MAX_FRAME
+        hb = settings.get("heartbeat_ms")
+        self.router_heartbeat = hb / 1000 if isinstance(hb, int) and hb > 0 else 0.0
+        idle = settings.get("idle_timeout_ms")
+        self.router_idle = idle / 1000 if isinstance(idle, int) and idle > 0 else 0.0
+        self.decoder = decoder
+        decoder.max_frame = self.max_frame
+        self.write_timeout = write_timeout
+        self.lock = trio.Lock()
+        self.scope = trio.CancelScope()
+        self.dead = False
+        self.ready = False
+        self.error: str | None = None
+        self.farewell: str | None = None  # a connection-closing ERROR the router sent
+        self.last_recv = trio.current_time()
+        self.pending: dict[int, PendingRequest] = {}
+        # What this connection holds on the router, kept in step with the stub by the
+        # registrar (registrar.plan updates it; the answers refine it).
+        self.held: Held[Channel] = Held()
+        self.kick = trio.Event()
+        self.wake = trio.Event()
+        self.pongs: list[int] = []
+
+    def __repr__(self) -> str:
+        return f"<link {fmt_router(self.router)}>"
+
+    def kill(self, reason: str) -> None:
+        """Declare the connection dead: abort its tasks and any blocked read or write."""
+        if self.dead:
+            return
+        self.dead = True
+        self.ready = False
+        self.error = self.farewell or reason
+        log.info("connection to %s lost: %s", fmt_router(self.router), self.error)
+        self.scope.cancel()
+        # Closing the socket wakes a task blocked in send_all/receive_some at once.
+        self.raw.socket.close()
+        lost = ConnectionLostError(f"connection to {fmt_router(self.router)} lost: {self.error}")
+        for p in self.pending.values():
+            p.set(lost)
+
+    async def write(self, data: bytes) -> None:
+        """Write whole frames. The write itself is shielded (a cancelled half-written frame
+        would corrupt the stream) and bounded by ``write_timeout`` (a router that stopped
+        reading is dead)."""
+        if self.dead:
+            raise LinkDown(self.error)
+        async with self.lock:
+            if self.dead:
+                raise LinkDown(self.error)
+            with trio.CancelScope(shield=True), trio.move_on_after(self.write_timeout) as cs:
+                try:
+                    await self.stream.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+                    self.kill(f"write failed: {describe_error(e)}")
+                    raise LinkDown(self.error) from None
+            if cs.cancelled_caught:
+                self.kill(f"write blocked for {self.write_timeout:g}s")
+                raise LinkDown(self.error)
+
+
+class RouterSlot:
+    """Everything the stub keeps about one router across reconnects."""
+
+    def __init__(self, address: RouterAddress) -> None:
+        self.address = address
+        self.state = ConnectionState.CONNECTING
+        self.link: Connection | None = None
+        self.attempts = 0
+        self.failures = 0
+        self.connections = 0
+        self.last_error: str | None = None
+        self.router_id: str | None = None
+        # When the current attempt sent HELLO (None before that): a peer that accepts
+        # TCP but never answers is named as such when the caller stops waiting.
+        self.hello_sent_at: float | None = None
+
+    def status(self) -> RouterStatus:
+        return RouterStatus(self.address, self.state, self.attempts, self.connections,
+                            self.last_error, self.router_id)
+
+
+class HandshakeError(Exception):
+    pass
+
+
+FOREIGN = "does not speak the gossiprouter protocol"
+
+
+def _foreign(got: bytes | str) -> HandshakeError:
+    """The peer answered HELLO with something else than a gossiprouter would."""
+    if isinstance(got, str):
+        return HandshakeError(f"{FOREIGN} ({got})")
+    if got[:1] in (b"\x15", b"\x16") and got[1:2] == b"\x03":
+        return HandshakeError(f"{FOREIGN} (got a TLS record: the port expects TLS)")
+    line = got[:48].split(b"\n", 1)[0].rstrip(b"\r")
+    if line and all(32 <= c < 127 for c in line):
+        more = "..." if len(line) < len(got) else ""
+        return HandshakeError(f"{FOREIGN} (got {line.decode()!r}{more})")
+    return HandshakeError(f"{FOREIGN} (got bytes {got[:16].hex(' ')}"
+                           f"{' ...' if len(got) > 16 else ''})")
+
+
+def _peer_error(address: RouterAddress, error: str) -> str:
+    """``the peer at H:P does not speak ...`` or ``H:P: connection refused``."""
+    if error.startswith(FOREIGN):
+        return f"the peer at {fmt_router(address)} {error}"
+    return f"{fmt_router(address)}: {error}"
+
+
+# --------------------------------------------------------------------------- the stub
+
+
+async def open_connection(t: RouterSlot, *, connect_timeout: float,
+                          ssl_context: ssl.SSLContext | None, server_hostname: str | None,
+                          client_name: str, token: str | None,
+                          write_timeout: float) -> Connection:
+    """Open one connection to ``t``'s router: TCP, TLS if ``ssl_context``, HELLO, WELCOME.
+
+    Raises HandshakeError when the peer refuses HELLO or is no gossiprouter (named from the
+    start of its reply), OSError / trio errors when TCP or TLS fail, TooSlowError after
+    ``connect_timeout``. ``t.hello_sent_at`` is set while WELCOME is awaited.
+    """
+    host, port = t.address
+    t.hello_sent_at = None
+    with trio.fail_after(connect_timeout):
+        raw = await trio.open_tcp_stream(host, port)
+        stream: trio.abc.Stream = raw
+        try:
+            if ssl_context is not None:
+                stream = await wrap_client(raw, ssl_context,
+                                           server_hostname or host)
+            hello = wire.encode(wire.Hello(wire.SUPPORTED_VERSIONS, client_name,
+                                           token))
+            await stream.send_all(wire.PREAMBLE + hello)
+            t.hello_sent_at = trio.current_time()
+            decoder = wire.Decoder(max_frame=64 * 1024)
+            got = b""  # the start of the reply, to show a peer that is no router
+            while True:
+                try:
+                    f = decoder.next_frame()
+                except Exception:
+                    raise _foreign(got) from None
+                if f is None:
+                    data = await stream.receive_some(RECV_SIZE)
+                    if not data:
+                        if got:
+                            raise _foreign(got)
+                        # A gossiprouter may close at once too: its allow-list, or TLS.
+                        raise HandshakeError("closed the connection without answering "
+                                              "HELLO (not a gossiprouter, or one that "
+                                              "refuses this client or expects TLS)")
+                    got += data[: 64 - len(got)]
+                    decoder.feed(data)
+                    continue
+                if isinstance(f, wire.Welcome):
+                    break
+                if isinstance(f, wire.Error):
+                    raise HandshakeError(f"router refused HELLO: {f.code}: {f.message}")
+                raise _foreign(f"got {type(f).__name__} instead of WELCOME")
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
+    t.router_id = f.router_id
+    t.hello_sent_at = None
+    return Connection(t, stream, f, decoder, write_timeout, raw)

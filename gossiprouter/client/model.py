@@ -1,0 +1,193 @@
+"""The client's data: addresses, members, messages, events, statuses, and the checks on them.
+
+Plain values with no I/O; :mod:`gossiprouter.client.errors` holds the exceptions.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from gossiprouter.addresses import format_hostport, parse_hostport
+from gossiprouter.protocol import native as wire
+from gossiprouter.topics import TopicId
+
+if TYPE_CHECKING:
+    from gossiprouter.client.errors import RouterError
+
+
+RouterAddress = tuple[str, int]
+Physical = tuple[tuple[str, int], ...]
+Mode = Literal["relay", "discovery"]
+Policy = Literal["random", "round-robin"]
+
+CLIENT_NAME = "gossiprouter-stub/python"
+RECV_SIZE = 256 * 1024
+# Suspects for the same (group, addr) arriving within this window (one per
+# router, typically milliseconds apart) are delivered once.
+SUSPECT_DEDUPE_WINDOW = 5.0
+# Error codes after which the router closes the connection (docs/protocol.md).
+CLOSING_CODES = frozenset({
+    "protocol", "frame_too_large", "unsupported_version", "unauthorized", "idle_timeout",
+    "slow_consumer", "shutting_down", "limit",
+})
+
+
+
+# --------------------------------------------------------------------------- public data
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A member of a group: logical address, logical name, physical addresses."""
+
+    addr: bytes
+    name: str | None = None
+    physical: Physical = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message received by a channel. ``dest`` is None for a group multicast."""
+
+    group: str
+    sender: bytes
+    dest: bytes | None
+    payload: bytes
+    # Arrival order within the stub (for Channel.incoming); not part of equality.
+    seq: int = field(default=0, compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Publication(Message):
+    """A topic publication received by a channel (one of its patterns matched ``topic``).
+
+    ``topic`` is the multicast id ``(provider, broadcast, partition)``; ``scope``
+    is ``"local"`` or ``"global"``; ``dest`` is always None. A Publication is a
+    Message, so it arrives in the channel's iterator in order with the rest.
+    """
+
+    topic: TopicId = ("", "", ())
+    scope: str = "local"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupEvent:
+    """A membership event of ``group``.
+
+    ``kind`` is ``join`` / ``leave`` (for watched groups, merged over every
+    router: ``join`` when an address first appears on any router, ``leave``
+    when it is gone from all), ``suspect`` (a member vanished without
+    DISCONNECT; merged over routers) or ``refused`` (a router refused to
+    re-register this channel after a reconnect; ``error`` says why).
+    """
+
+    group: str
+    kind: str
+    member: Member
+    router: RouterAddress
+    error: RouterError | None = None
+    seq: int = field(default=0, compare=False, repr=False)
+
+
+class ConnectionState(enum.Enum):
+    """The state of the stub's connection to one router."""
+
+    CONNECTING = "connecting"  # a connection attempt is under way
+    CONNECTED = "connected"  # handshake done and every channel (re-)registered
+    RECONNECTING = "reconnecting"  # down: waiting ``delay`` before the next attempt
+    CLOSED = "closed"  # the stub is closed
+
+
+@dataclass(frozen=True, slots=True)
+class StubEvent:
+    """A connection state change of one router.
+
+    ``attempt`` counts connection attempts to that router since the stub
+    started; ``error`` says why the connection failed or broke; ``delay`` is
+    the backoff before the next attempt (RECONNECTING only).
+    """
+
+    router: RouterAddress
+    state: ConnectionState
+    attempt: int
+    error: str | None = None
+    delay: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RouterStatus:
+    """A snapshot of one router connection (:meth:`RouterStub.status`)."""
+
+    router: RouterAddress
+    state: ConnectionState
+    attempts: int
+    connections: int
+    last_error: str | None
+    router_id: str | None
+
+
+@dataclass
+class StubStats:
+    """Counters for things the stub handled without telling anyone in particular."""
+
+    undeliverable: int = 0  # routed frames for no local channel (e.g. just disconnected)
+    bad_frames: int = 0  # undecodable frames from a router, dropped (JGRP-2721)
+    events_merged: int = 0  # duplicate join/leave/suspect from several routers
+    async_errors: dict[str, int] = field(default_factory=dict)  # ERROR without req, by code
+    # Global publications dropped because another router of the same federation delivers them.
+    federated_duplicates: int = 0
+
+
+# --------------------------------------------------------------------------- bounded stream
+
+# --------------------------------------------------------------------------- helpers
+
+
+def parse_router(value: str | tuple[str, int]) -> RouterAddress:
+    """``("host", port)`` or ``"host:port"`` (``[v6]:port``) -> ``(host, port)``."""
+    if not isinstance(value, str):
+        try:
+            host, port = value
+        except (TypeError, ValueError):
+            raise ValueError(f"router {value!r}: expected (host, port) or 'host:port'") from None
+        if not isinstance(host, str) or not host or not isinstance(port, int) \
+                or not 0 < port <= 65535:
+            raise ValueError(f"router {value!r}: expected (host, port) with a port 1..65535")
+        return host, port
+    try:
+        return parse_hostport(value)
+    except ValueError as e:
+        raise ValueError(f"router {value!r}: {e}") from None
+
+
+def fmt_router(router: RouterAddress) -> str:
+    return format_hostport(*router)
+
+
+def _check_group(group: str) -> None:
+    if not isinstance(group, str) or not group:
+        raise ValueError("group must be a non-empty string")
+    if len(group.encode()) > wire.MAX_GROUP:
+        raise ValueError(f"group longer than {wire.MAX_GROUP} bytes of UTF-8")
+
+
+def _check_addr(addr: bytes, what: str = "addr") -> bytes:
+    if not isinstance(addr, bytes | bytearray | memoryview):
+        raise TypeError(f"{what} must be bytes, got {type(addr).__name__}")
+    b = bytes(addr)
+    if len(b) > wire.MAX_ADDR:
+        raise ValueError(f"{what} longer than {wire.MAX_ADDR} bytes")
+    return b
+
+
+def _physical(physical: Iterable[tuple[str, int] | str]) -> Physical:
+    return tuple(parse_router(p) for p in physical)
+
+
+# --------------------------------------------------------------------------- channel
+
+
+Key = tuple[str, bytes]
