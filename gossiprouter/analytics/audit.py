@@ -243,6 +243,25 @@ _SAMPLE_FIELDS: Final[dict[str, tuple[str, ...]]] = {
 }
 
 
+def open_session(spark: SparkSession | None, master: str | None,
+                 conf: Mapping[str, str] | None, spark_log: str | os.PathLike[str] | None,
+                 phases: _Phases) -> tuple[SparkSession, bool]:
+    """The session an analysis runs on, and whether it was started here (then the caller
+    stops it at the end). One passed in, or already running in this process
+    (spark_session joins it), belongs to the caller. Says which driver address was chosen."""
+    from pyspark import SparkContext
+
+    own = spark is None and SparkContext._active_spark_context is None
+    if spark is None:
+        phases.start("Spark start", f"starting Spark ({master or DEFAULT_MASTER})…")
+        spark = spark_session(master, conf=conf, log_path=spark_log)
+    chosen = spark.sparkContext.getConf().get("spark.driver.host", "")
+    how = ("loopback master: driver kept on loopback" if chosen == LOOPBACK
+           else "set --conf spark.driver.host=ADDRESS if the executors cannot reach it")
+    phases.note(f"Spark driver at {driver_address(spark)} ({how})")
+    return spark, own
+
+
 def analyze(
     run_dir: str,
     out_dir: str,
@@ -273,18 +292,7 @@ def analyze(
     started = phases.started
     # Fail before paying for a JVM when the input is plainly not there.
     check_run_dir(run_dir)
-    from pyspark import SparkContext
-
-    # Stop only a session started here: one passed in, or already running in this process
-    # (spark_session joins it), belongs to the caller.
-    own = spark is None and SparkContext._active_spark_context is None
-    if spark is None:
-        phases.start("Spark start", f"starting Spark ({master or DEFAULT_MASTER})…")
-        spark = spark_session(master, conf=conf, log_path=spark_log)
-    chosen = spark.sparkContext.getConf().get("spark.driver.host", "")
-    how = ("loopback master: driver kept on loopback" if chosen == LOOPBACK
-           else "set --conf spark.driver.host=ADDRESS if the executors cannot reach it")
-    phases.note(f"Spark driver at {driver_address(spark)} ({how})")
+    spark, own = open_session(spark, master, conf, spark_log, phases)
     try:
         report = _Job(spark, run_dir, out_dir, settle_s, sample, phases, started,
                       allow_loss).run()

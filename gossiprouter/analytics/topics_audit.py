@@ -51,6 +51,7 @@ from gossiprouter.analytics.audit import (
     _latency_from_buckets,
     _Phases,
     _rows,
+    open_session,
 )
 from gossiprouter.analytics.report import (
     Audit,
@@ -64,14 +65,10 @@ from gossiprouter.analytics.report import (
     write_report,
 )
 from gossiprouter.analytics.spark_io import (
-    DEFAULT_MASTER,
-    LOOPBACK,
     AuditInputError,
     HadoopFs,
-    driver_address,
     join_uri,
     local_path,
-    spark_session,
     spark_uri,
 )
 from gossiprouter.analytics.spark_io import (
@@ -168,16 +165,7 @@ def analyze_topics(
     when a subscription settled)."""
     phases = _Phases(progress or (lambda _line: None))
     check_topics_run_dir(run_dir)
-    from pyspark import SparkContext
-
-    own = spark is None and SparkContext._active_spark_context is None
-    if spark is None:
-        phases.start("Spark start", f"starting Spark ({master or DEFAULT_MASTER})…")
-        spark = spark_session(master, conf=conf, log_path=spark_log)
-    chosen = spark.sparkContext.getConf().get("spark.driver.host", "")
-    how = ("loopback master: driver kept on loopback" if chosen == LOOPBACK
-           else "set --conf spark.driver.host=ADDRESS if the executors cannot reach it")
-    phases.note(f"Spark driver at {driver_address(spark)} ({how})")
+    spark, own = open_session(spark, master, conf, spark_log, phases)
     try:
         report = _TopicsJob(spark, run_dir, out_dir, sample, phases, allow_loss).run()
     finally:
