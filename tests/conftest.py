@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 import trio
 
 from gossiprouter.config import Config
 from gossiprouter.server import Server
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 RouterFactory = Callable[..., Awaitable[Server]]
 
@@ -40,3 +44,19 @@ async def start_router(nursery: trio.Nursery, request: pytest.FixtureRequest) ->
 @pytest.fixture
 async def router(start_router: RouterFactory) -> Server:
     return await start_router()
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    """One local Spark per test module that needs it (imported lazily: most tests don't).
+
+    Tiny data: few partitions (every task has a fixed cost), and no optimising JIT
+    compiler (it costs more CPU than it saves in a run this short; halves the test time)."""
+    from gossiprouter.analytics.spark_io import spark_session
+
+    session = spark_session("local[2]", conf={
+        "spark.sql.shuffle.partitions": "2",
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+    })
+    yield session
+    session.stop()

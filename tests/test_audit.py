@@ -12,7 +12,6 @@ import base64
 import json
 import re
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,7 +27,6 @@ from gossiprouter.analytics.audit import (
     membership_intervals,
     session_settings,
     size_labels,
-    spark_session,
 )
 from gossiprouter.analytics.cli import (
     EXIT_FAILED,
@@ -140,17 +138,6 @@ def build_run(run_dir: Path) -> None:
     for w in writers.values():
         w.close()
 
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    # Tiny data: few partitions (every task has a fixed cost), and no optimising JIT
-    # compiler (it costs more CPU than it saves in a run this short; halves the test time).
-    session = spark_session("local[2]", conf={
-        "spark.sql.shuffle.partitions": "2",
-        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
-    })
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tomllib
 from collections import defaultdict
-from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +26,7 @@ import pytest
 import trio
 from click.testing import CliRunner
 
-from gossiprouter.analytics.audit import analyze, spark_session
+from gossiprouter.analytics.audit import analyze
 from gossiprouter.analytics.report import Report
 from gossiprouter.loadtest.cli import EXIT_INPUT, loadtest_command
 from gossiprouter.loadtest.driver import RunInputError, RunResult, run_loadtest
@@ -257,12 +256,6 @@ def test_payload_round_trip() -> None:
 
 # --------------------------------------------------------------------------- real runs
 
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = spark_session("local[*]", conf={"spark.sql.shuffle.partitions": "4"})
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +17,6 @@ import pytest
 import trio
 from click.testing import CliRunner
 
-from gossiprouter.analytics.audit import spark_session
 from gossiprouter.analytics.cli import EXIT_INPUT, EXIT_LOSS, EXIT_OK, analyze_command
 from gossiprouter.analytics.report import Report
 from gossiprouter.analytics.topics_audit import analyze_topics, match_table, run_kind
@@ -107,16 +105,6 @@ def build_topics_run(run_dir: Path) -> None:
         "kind": "topics", "run": run, "scenario": "unit-topics", "settle_s": SETTLE,
         "status": "ok", "t0_ns": T0, "scenario_config": {"duration": 8.5, "drain": 0.5}}))
 
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    # As tests/test_audit.py: few partitions and no optimising JIT for tiny data.
-    session = spark_session("local[2]", conf={
-        "spark.sql.shuffle.partitions": "2",
-        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
-    })
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")
