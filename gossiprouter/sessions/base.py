@@ -189,29 +189,6 @@ class Outbox:
         self.on_close()
 
 
-def same_frames(data: bytes, pos: int, step: int, plen: int, size: int) -> int:
-    """How many frames of ``step`` bytes, starting at ``pos``, begin with the same ``plen``
-    bytes as the one at ``pos`` (at least 1).
-
-    Equal prefixes (header and payload length) make equally valid frames of the same route, so
-    a bulk of equal-size messages needs no Python loop per frame: the j-th byte of every frame
-    is one strided slice, and ``lstrip`` counts how many of them match, both at C speed.
-    """
-    k = (size - pos) // step
-    if k <= 1:
-        return 1
-    span = (k - 1) * step + 1
-    for j in range(plen):
-        col = data[pos + j : pos + j + span : step]
-        rest = len(col.lstrip(col[:1]))
-        if rest:
-            k = len(col) - rest
-            if k == 1:
-                return 1
-            span = (k - 1) * step + 1
-    return k
-
-
 class Congestion:
     """Back-pressure without head-of-line blocking (after the NATS server's stall).
 

@@ -29,8 +29,9 @@ from gossiprouter.protocol.jgroups_common import (
     read_address,
     read_addresses,
 )
+from gossiprouter.protocol.scan import same_frames
 from gossiprouter.routing import Entry
-from gossiprouter.sessions.base import Hub, same_frames
+from gossiprouter.sessions.base import Hub
 from gossiprouter.sessions.jgroups_common import (
     CACHE_MAX,
     LENGTHS_MAX,

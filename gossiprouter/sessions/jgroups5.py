@@ -25,8 +25,9 @@ import logging
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol.errors import ProtocolError
 from gossiprouter.protocol.jgroups_common import V5, JAddress, NeedMore, Reader, read_address
+from gossiprouter.protocol.scan import same_frames
 from gossiprouter.routing import Entry
-from gossiprouter.sessions.base import Hub, same_frames
+from gossiprouter.sessions.base import Hub
 from gossiprouter.sessions.jgroups_common import (
     CACHE_MAX,
     LENGTHS_MAX,

@@ -14,8 +14,9 @@ import struct
 
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
+from gossiprouter.protocol.scan import same_frames
 from gossiprouter.routing import Carrier, Entry, RoutingError, RoutingTable, is_reserved
-from gossiprouter.sessions.base import Hub, Session, same_frames
+from gossiprouter.sessions.base import Hub, Session
 from gossiprouter.topics import TopicError, TopicId, pattern, topic_id
 
 log = logging.getLogger("gossiprouter")
