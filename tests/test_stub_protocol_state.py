@@ -18,35 +18,31 @@ import trio
 
 from gossiprouter import RouterStub
 from gossiprouter.protocol import native as wire
+from tests.nclient import NativeClient
 from tests.test_stub import FAST, connected, eventually
 
 WELCOME = wire.Welcome(1, "fake", {})
 
 
-class FakeLink:
-    """The router end of one connection: reads the preamble and frames, writes frames."""
+class FakeLink(NativeClient):
+    """The router end of one connection: the test client's frame I/O, after the preamble."""
 
-    def __init__(self, stream: trio.SocketStream) -> None:
-        self.stream = stream
-        self.decoder = wire.Decoder()
-        self.preamble = b""
-
-    async def recv(self) -> wire.Frame:
+    @classmethod
+    async def accept(cls, stream: trio.SocketStream) -> FakeLink:
+        link = cls(stream, stream)
+        got = b""
         with trio.fail_after(5):
-            while True:
-                if len(self.preamble) == 4:
-                    f = self.decoder.next_frame()
-                    if f is not None:
-                        return f
-                data = await self.stream.receive_some(65536)
+            while len(got) < len(wire.PREAMBLE):
+                data = await stream.receive_some(65536)
                 if not data:
                     raise EOFError
-                need = 4 - len(self.preamble)
-                self.preamble += data[:need]
-                self.decoder.feed(data[need:])
+                got += data
+        assert got.startswith(wire.PREAMBLE), got
+        link.decoder.feed(got[len(wire.PREAMBLE):])
+        return link
 
-    async def send(self, *frames: wire.Frame) -> None:
-        await self.stream.send_all(b"".join(wire.encode(f) for f in frames))
+    async def send(self, *frames: wire.Frame) -> None:  # one write for several frames
+        await self.send_raw(b"".join(wire.encode(f) for f in frames))
 
     async def serve_requests(self, then: Callable[[wire.Connect], list[wire.Frame]]) -> None:
         """Answer CONNECT with OK (followed by ``then(connect)``), DISCONNECT with OK and
@@ -69,9 +65,8 @@ async def fake_router(nursery: trio.Nursery, script: Script) -> tuple[str, int]:
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
 
     async def handle(stream: trio.SocketStream) -> None:
-        link = FakeLink(stream)
         try:
-            await script(link)
+            await script(await FakeLink.accept(stream))
         except (EOFError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:

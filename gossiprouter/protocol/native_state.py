@@ -38,6 +38,7 @@ __all__ = [
     "NativeState",
     "Role",
     "State",
+    "refusal",
 ]
 
 FrameType = type[wire.Frame]
