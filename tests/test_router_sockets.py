@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 
 import msgpack
+import pytest
 import trio
 
 from gossiprouter.protocol import native as wire
@@ -138,7 +139,7 @@ async def test_hello_rules(router: Server) -> None:
     c = await NativeClient.open(*router.address, hello=False)
     await c.send(wire.GetMembers(1, "g"))
     rest = await c.recv_until_closed()
-    assert isinstance(rest[0], wire.Error) and rest[0].code == "protocol"
+    assert rest == [wire.Error(None, "protocol", "first frame must be HELLO, got GetMembers")]
 
     c = await NativeClient.open(*router.address, hello=False)
     await c.send(wire.Hello((1, 2), "x"))
@@ -146,7 +147,29 @@ async def test_hello_rules(router: Server) -> None:
     assert isinstance(w, wire.Welcome) and w.version == 1
     await c.send(wire.Hello((1,), "again"))
     rest = await c.recv_until_closed()
-    assert isinstance(rest[0], wire.Error) and rest[0].code == "protocol"
+    assert rest == [wire.Error(None, "protocol", "second HELLO")]
+
+
+# Before HELLO, every frame type but HELLO is refused by the state table, ROUTE and PUBLISH
+# included: their fast paths only run once the connection is OPEN.
+_BEFORE_HELLO: list[tuple[wire.Frame, str]] = [
+    (wire.Route("g", None, b"A", b"x"), "Route"),
+    (wire.Publish("g", b"A", "p", "b", (), 0, b"x"), "Publish"),
+    (wire.Connect(1, "g", b"A"), "Connect"),
+    (wire.Ping(1), "Ping"),
+    (wire.Welcome(1, "me", {}), "Welcome"),
+]
+
+
+@pytest.mark.parametrize(("frame", "name"), _BEFORE_HELLO, ids=[n for _, n in _BEFORE_HELLO])
+async def test_anything_but_hello_first_is_refused(router: Server, frame: wire.Frame,
+                                                   name: str) -> None:
+    assert router.address is not None
+    c = await NativeClient.open(*router.address, hello=False)
+    await c.send(frame)
+    rest = await c.recv_until_closed()
+    assert rest == [wire.Error(None, "protocol", f"first frame must be HELLO, got {name}")]
+    assert router.hub.counters.routed == 0 and router.hub.table.members("g") == []
 
 
 async def test_ping_pong(router: Server) -> None:
@@ -155,11 +178,20 @@ async def test_ping_pong(router: Server) -> None:
     assert await c.recv() == wire.Pong(42)
 
 
-async def test_a_frame_type_only_the_router_sends_is_refused(router: Server) -> None:
+_ROUTER_ONLY: list[wire.Frame] = [
+    wire.Ok(1), wire.Error(None, "x", "y"), wire.Welcome(1, "me", {}),
+    wire.Event("g", "join", b"A"),
+]
+
+
+@pytest.mark.parametrize("frame", _ROUTER_ONLY, ids=[type(f).__name__ for f in _ROUTER_ONLY])
+async def test_a_frame_type_only_the_router_sends_is_refused(router: Server,
+                                                             frame: wire.Frame) -> None:
     c = await _open(router)
-    await c.send(wire.Ok(1))
+    await c.send(frame)
     rest = await c.recv_until_closed()
-    assert isinstance(rest[0], wire.Error) and rest[0].code == "protocol"
+    assert rest == [wire.Error(None, "protocol",
+                               f"a client may not send {type(frame).__name__}")]
 
 
 async def test_unknown_preamble_is_closed(router: Server) -> None:

@@ -25,6 +25,8 @@ from gossiprouter.client.model import (
 from gossiprouter.client.registrar import Held
 from gossiprouter.client.tls import wrap_client
 from gossiprouter.protocol import native as wire
+from gossiprouter.protocol.errors import ProtocolError
+from gossiprouter.protocol.native_state import NativeState, Role, State
 
 if TYPE_CHECKING:
     from gossiprouter.client.channel import Channel
@@ -82,7 +84,9 @@ class Connection:
     """One live TCP connection to a router (a new object for every reconnect)."""
 
     def __init__(self, transport: RouterSlot, stream: trio.abc.Stream, welcome: wire.Welcome,
-                 decoder: wire.Decoder, write_timeout: float, raw: trio.SocketStream) -> None:
+                 decoder: wire.Decoder, write_timeout: float, raw: trio.SocketStream,
+                 proto: NativeState) -> None:
+        assert proto.state is State.OPEN, proto  # made only after WELCOME (open_connection)
         self.transport = transport
         self.router = transport.address
         self.stream = stream  # the TLS stream over ``raw``, or ``raw`` itself
@@ -101,6 +105,11 @@ class Connection:
         self.lock = trio.Lock()
         self.scope = trio.CancelScope()
         self.dead = False
+        # The protocol state (protocol/native_state.py): every frame the router sends is run
+        # through it by the reader, so one the table refuses (a second WELCOME, a CONNECT) is
+        # a bad frame. Not to be confused with ``ready`` below, the stub's own "registrations
+        # replayed" flag.
+        self.proto = proto
         self.ready = False
         self.error: str | None = None
         self.farewell: str | None = None  # a connection-closing ERROR the router sent
@@ -122,6 +131,7 @@ class Connection:
             return
         self.dead = True
         self.ready = False
+        self.proto.close()
         self.error = self.farewell or reason
         log.info("connection to %s lost: %s", fmt_router(self.router), self.error)
         self.scope.cancel()
@@ -222,9 +232,10 @@ async def open_connection(t: RouterSlot, *, connect_timeout: float,
             if ssl_context is not None:
                 stream = await wrap_client(raw, ssl_context,
                                            server_hostname or host)
-            hello = wire.encode(wire.Hello(wire.SUPPORTED_VERSIONS, client_name,
-                                           token))
-            await stream.send_all(wire.PREAMBLE + hello)
+            proto = NativeState(Role.CLIENT)
+            hello = wire.Hello(wire.SUPPORTED_VERSIONS, client_name, token)
+            proto.send(type(hello))
+            await stream.send_all(wire.PREAMBLE + wire.encode(hello))
             t.hello_sent_at = trio.current_time()
             decoder = wire.Decoder(max_frame=64 * 1024)
             got = b""  # the start of the reply, to show a peer that is no router
@@ -245,14 +256,18 @@ async def open_connection(t: RouterSlot, *, connect_timeout: float,
                     got += data[: 64 - len(got)]
                     decoder.feed(data)
                     continue
-                if isinstance(f, wire.Welcome):
-                    break
+                try:
+                    # WELCOME (then OPEN) or ERROR (then CLOSED); the table refuses the rest.
+                    proto.receive(type(f))
+                except ProtocolError as e:
+                    raise _foreign(str(e)) from None
                 if isinstance(f, wire.Error):
                     raise HandshakeError(f"router refused HELLO: {f.code}: {f.message}")
-                raise _foreign(f"got {type(f).__name__} instead of WELCOME")
+                assert isinstance(f, wire.Welcome)
+                break
         except BaseException:
             await trio.aclose_forcefully(stream)
             raise
     t.router_id = f.router_id
     t.hello_sent_at = None
-    return Connection(t, stream, f, decoder, write_timeout, raw)
+    return Connection(t, stream, f, decoder, write_timeout, raw, proto)

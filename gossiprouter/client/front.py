@@ -698,6 +698,10 @@ class RouterStub:
             while True:
                 try:
                     f = dec.next_frame()
+                    if f is not None:
+                        # A frame the state table refuses now (a second WELCOME, a CONNECT)
+                        # is a bad frame like an undecodable one: counted, logged, dropped.
+                        link.proto.receive(type(f))
                 except ProtocolError as e:
                     if e.code == "frame_too_large":
                         link.kill(f"router sent an unframed stream: {e}")
@@ -969,9 +973,8 @@ class RouterStub:
                 pass  # last_recv is already updated: every frame counts as life
             case wire.Event():
                 self._on_event(link, f)
-            case _:
-                self.stats.bad_frames += 1
-                log.warning("unexpected %s from %s", type(f).__name__, fmt_router(link.router))
+            # Nothing else gets here: the reader ran ``f`` through the state table, which lets
+            # a router send an open connection exactly the types above.
 
     def _global_source(self, link: Connection) -> bool:
         """Whether global publications are taken from ``link``.

@@ -134,7 +134,9 @@ class StubStats:
     """Counters for things the stub handled without telling anyone in particular."""
 
     undeliverable: int = 0  # routed frames for no local channel (e.g. just disconnected)
-    bad_frames: int = 0  # undecodable frames from a router, dropped (JGRP-2721)
+    # Frames from a router that were dropped: undecodable (JGRP-2721), or refused by the
+    # state table (protocol/native_state.py), e.g. a second WELCOME.
+    bad_frames: int = 0
     events_merged: int = 0  # duplicate join/leave/suspect from several routers
     async_errors: dict[str, int] = field(default_factory=dict)  # ERROR without req, by code
     # Global publications dropped because another router of the same federation delivers them.

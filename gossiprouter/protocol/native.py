@@ -218,11 +218,7 @@ Frame = (
 
 EVENT_KINDS = ("join", "leave", "suspect")
 
-# Frame types a client may send; anything else from a client is a protocol error.
-CLIENT_TYPES = frozenset(
-    {T.HELLO, T.CONNECT, T.DISCONNECT, T.GET_MEMBERS, T.ROUTE, T.PING, T.PONG, T.WATCH, T.UNWATCH,
-     T.SUBSCRIBE, T.UNSUBSCRIBE, T.PUBLISH}
-)
+# Which frames each side may send, and when: protocol/native_state.py (a table).
 
 
 # --------------------------------------------------------------------------- encoding

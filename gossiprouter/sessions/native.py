@@ -14,6 +14,7 @@ import struct
 
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
+from gossiprouter.protocol.native_state import NativeState, Role, State
 from gossiprouter.protocol.scan import same_frames
 from gossiprouter.routing import Carrier, Entry, RoutingError, RoutingTable, is_reserved
 from gossiprouter.sessions.base import Hub, Session
@@ -69,6 +70,11 @@ class NativeSession(Session):
 
     def __init__(self, hub: Hub, peer: str, identity: str | None = None) -> None:
         super().__init__(hub, peer)
+        # The protocol state (HELLO first and once, who may send what: the table in
+        # protocol/native_state.py), consulted for every control frame in and out.
+        self.proto = NativeState(Role.ROUTER)
+        # ``proto.state is State.OPEN``, kept in step by _sync: the hot loop's per-frame
+        # test stays one attribute read.
         self.ready = False
         self.identity = identity
         # Largest frame accepted: small until the HELLO is accepted (a HELLO is tiny, and an
@@ -228,11 +234,15 @@ class NativeSession(Session):
         # Control frames only (ROUTE is counted as counters.routed): metrics by type.
         fin = self.hub.counters.frames_in
         fin[type(f).__name__] = fin.get(type(f).__name__, 0) + 1
-        if not self.ready:
-            if isinstance(f, wire.Hello):
-                self._hello(f)
-            else:
-                self._fail(ProtocolError(f"first frame must be HELLO, got {type(f).__name__}"))
+        try:
+            # The table refuses a first frame that is not HELLO, a second HELLO and the
+            # frames only a router sends; what passes is handled below.
+            self.proto.receive(type(f))
+        except ProtocolError as e:
+            self._fail(e)
+            return
+        if isinstance(f, wire.Hello):
+            self._hello(f)
             return
         auth = self.hub.auth
         if (auth is not None and isinstance(f, _GROUP_REQUESTS)
@@ -242,7 +252,7 @@ class NativeSession(Session):
             return
         match f:
             case wire.Ping(nonce):
-                self.outbox.push(wire.encode(wire.Pong(nonce)))
+                self._reply(wire.Pong(nonce))
             case wire.Pong():
                 pass
             case wire.Connect():
@@ -254,7 +264,7 @@ class NativeSession(Session):
                     self._error(req, e.code, e.message)
                     return
                 log.info("%s left %r (DISCONNECT) via %r", addr.hex(), group, self)
-                self.outbox.push(wire.encode(wire.Ok(req)))
+                self._reply(wire.Ok(req))
                 self.hub.deliver(notices)
             case wire.GetMembers(req, group):
                 members = [
@@ -262,18 +272,19 @@ class NativeSession(Session):
                     for e in self.hub.table.members(group)
                 ]
                 # A big group takes several frames (OK ``more``), each within max_frame.
-                for part in wire.encode_members(req, members, self.hub.config.max_frame):
-                    self.push(part)
+                if self._may_send(wire.Ok):
+                    for part in wire.encode_members(req, members, self.hub.config.max_frame):
+                        self.push(part)
             case wire.Watch(req, group):
                 try:
                     self.hub.table.watch(self, group)
                 except RoutingError as e:
                     self._error(req, e.code, e.message)
                     return
-                self.outbox.push(wire.encode(wire.Ok(req)))
+                self._reply(wire.Ok(req))
             case wire.Unwatch(req, group):
                 self.hub.table.unwatch(self, group)
-                self.outbox.push(wire.encode(wire.Ok(req)))
+                self._reply(wire.Ok(req))
             case wire.Subscribe() | wire.Unsubscribe():
                 self._subscription(f)
             case wire.Publish():
@@ -285,10 +296,6 @@ class NativeSession(Session):
                 found = self._lookup(frame, 4, len(frame))
                 if found is not None:
                     self._forward(found[1], frame, 1)
-            case wire.Hello():
-                self._fail(ProtocolError("second HELLO"))
-            case _:
-                self._fail(ProtocolError(f"a client may not send {type(f).__name__}"))
 
     def _hello(self, f: wire.Hello) -> None:
         common = set(f.versions) & set(wire.SUPPORTED_VERSIONS)
@@ -306,15 +313,14 @@ class NativeSession(Session):
                 return
             self.identity = identity
         cfg = self.hub.config
-        self.ready = True
         self.max_in = cfg.max_frame
-        self.outbox.push(wire.encode(wire.Welcome(max(common), cfg.name, {
+        self._reply(wire.Welcome(max(common), cfg.name, {
             "max_frame": cfg.max_frame,
             "heartbeat_ms": int(cfg.heartbeat_interval * 1000),
             "idle_timeout_ms": int(cfg.idle_timeout * 1000),
             "outbound_queue_bytes": cfg.outbound_queue_bytes,
             **_federation(self.hub.table),
-        })))
+        }))
 
     def _connect(self, f: wire.Connect) -> None:
         if is_reserved(f.group):
@@ -331,7 +337,7 @@ class NativeSession(Session):
         except RoutingError as e:
             self._error(f.req, e.code, e.message)
             return
-        self.outbox.push(wire.encode(wire.Ok(f.req)))
+        self._reply(wire.Ok(f.req))
         for frame in held:
             self.push(frame)
         if known is None:
@@ -355,7 +361,7 @@ class NativeSession(Session):
         except RoutingError as e:
             self._error(f.req, e.code, e.message)
             return
-        self.outbox.push(wire.encode(wire.Ok(f.req)))
+        self._reply(wire.Ok(f.req))
 
     def _publish_run(self, data: bytes, pos: int, end: int, size: int) -> int:
         """Handle the PUBLISH frame at ``data[pos:end]`` and every following frame of the
@@ -426,8 +432,39 @@ class NativeSession(Session):
     def farewell(self, code: str, message: str) -> bytes:
         return wire.encode_error(None, code, message)
 
+    def close(self, code: str, message: str) -> None:
+        if self.proto.state is not State.CLOSED:
+            self.proto.send(wire.Error)  # the farewell, legal in every state but CLOSED
+            self.proto.close()
+            self._sync()
+        super().close(code, message)
+
+    def on_eof(self) -> None:
+        self.proto.close()
+        self._sync()
+
+    def _sync(self) -> None:
+        """Keep the hot loop's ``ready`` equal to ``proto.state is State.OPEN``."""
+        self.ready = self.proto.state is State.OPEN
+
+    def _may_send(self, t: type[wire.Frame]) -> bool:
+        """Whether to queue a frame of type ``t`` of this connection's own (WELCOME, OK,
+        ERROR, PONG; routed frames never come here): False once the connection is closing
+        (the outbox would refuse it anyway). The state table is asked first, so a bug that
+        would answer out of turn (an OK before WELCOME, a second WELCOME) raises
+        LocalProtocolError here, an internal error, instead of confusing the client."""
+        if self.outbox.closed:
+            return False
+        self.proto.send(t)
+        self._sync()
+        return True
+
+    def _reply(self, frame: wire.Frame) -> None:
+        if self._may_send(type(frame)):
+            self.outbox.push(wire.encode(frame))
+
     def _error(self, req: int | None, code: str, message: str) -> None:
-        self.outbox.push(wire.encode_error(req, code, message))
+        self._reply(wire.Error(req, code, message))
 
     def _fail(self, e: ProtocolError) -> None:
         self.hub.counters.protocol_errors += 1
