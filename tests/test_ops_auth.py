@@ -11,7 +11,7 @@ import trio
 from gossiprouter.config import ConfigError
 from gossiprouter.ops.auth import load_tokens
 from gossiprouter.protocol import native as wire
-from tests.conftest import RouterFactory
+from tests.conftest import RouterFactory, ops_of
 from tests.ops_client import OpsClient, assert_closed
 from tests.test_ops_metrics import scrape, v
 
@@ -79,7 +79,7 @@ identity = "billing"
 token = "{BILLING}"
 groups = ["billing"]
 ''')
-    server.ops.reload()
+    ops_of(server).reload()
     reply = await billing.connect("shared", b"B3")
     assert isinstance(reply, wire.Error) and reply.code == "forbidden"
     c = await OpsClient.open(host, port, hello=False)
