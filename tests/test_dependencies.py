@@ -191,6 +191,7 @@ def private_attributes(root: Path = ROOT) -> dict[tuple[str, str], list[int]]:
                   and isinstance(node.args[1].value, str)):
                 name = node.args[1].value
             if name and name.startswith("_") and not name.endswith("__"):
+                assert isinstance(node, ast.expr)
                 found.setdefault((me, name), []).append(node.lineno)
     return found
 
