@@ -304,7 +304,8 @@ class Server:
 
     # ------------------------------------------------------------------ accepting
 
-    async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+    async def _accept_loop(self, listener: trio.abc.Listener[trio.SocketStream],
+                           nursery: trio.Nursery) -> None:
         while True:
             try:
                 stream = await listener.accept()
