@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gossiprouter._version import __version__
 from gossiprouter.blocking import BlockingChannel, BlockingRouterStub
 from gossiprouter.stub import (
     AddressInUseError,
@@ -28,8 +29,6 @@ from gossiprouter.stub import (
     UnknownDestinationError,
     Watch,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AddressInUseError",

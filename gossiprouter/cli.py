@@ -26,7 +26,7 @@ from gossiprouter.loadtest.cli import loadtest_command
 from gossiprouter.loadtest.topics import loadtest_topics_command
 from gossiprouter.ops.dump import dump
 from gossiprouter.ops.logs import use_format as use_log_format
-from gossiprouter.ops.runtime import check_startup, reload_on_sighup
+from gossiprouter.ops.runtime import Operations, check_startup, reload_on_sighup
 from gossiprouter.server import ListenError, Server
 from gossiprouter.tools import listen_command, members_command, publish_command, send_command
 
@@ -196,7 +196,8 @@ def _find(e: BaseException, kind: type[ListenError]) -> ListenError | None:
 
 
 async def run_until_signal(config: Config) -> None:
-    server = Server(config)
+    ops = Operations(config)
+    server = Server(config, hooks=ops)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(server.serve)
@@ -208,7 +209,7 @@ async def run_until_signal(config: Config) -> None:
                     return
 
             nursery.start_soon(on_signal)
-            nursery.start_soon(reload_on_sighup, server)
+            nursery.start_soon(reload_on_sighup, ops)
             await server.wait_closed()
             nursery.cancel_scope.cancel()
 

@@ -11,6 +11,10 @@
 An in-process member is an entry of kind ``in-process``: it outranks any
 network registration of the same address (a client CONNECT for it gets ERROR
 ``address_in_use``) and receives through a bounded memory channel.
+
+A Router is a whole router, as ``gossiprouter serve`` runs it: the server and its
+operations hooks (TLS, allow-lists, tokens, metrics; ``router.ops``), built here from one
+config. That is why this module sits above both in docs/architecture.md's layers.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any, ClassVar
 import trio
 
 from gossiprouter.config import Config
+from gossiprouter.ops.runtime import Operations
 from gossiprouter.protocol import native as wire
 from gossiprouter.routing import Entry, Kind, RoutingError, is_reserved
 from gossiprouter.server import Server
@@ -169,7 +174,10 @@ class Router:
     def __init__(self, config: Config | None = None, **overrides: Any) -> None:
         cfg = config or Config()
         self.config = cfg.with_(**overrides) if overrides else cfg
-        self.server = Server(self.config)
+        # TLS, allow-lists, tokens, the metrics/admin port: reload() them on SIGHUP, if
+        # wanted (a library installs no signal handler).
+        self.ops = Operations(self.config)
+        self.server = Server(self.config, hooks=self.ops)
         self._nursery_cm: Any = None
         self._nursery: trio.Nursery | None = None
 

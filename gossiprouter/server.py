@@ -37,18 +37,20 @@ import errno
 import logging
 import math
 import socket as _stdsocket
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
 
+from gossiprouter import snapshot
+from gossiprouter.addresses import format_hostport
 from gossiprouter.bridge import Bridge
-from gossiprouter.config import Config
+from gossiprouter.config import Config, ConfigError
 from gossiprouter.dispatch import END, READ, Dispatcher
-from gossiprouter.ops.access import RateLimitedLog
-from gossiprouter.ops.runtime import Operations
-from gossiprouter.ops.tls import TLSStream
+from gossiprouter.hooks import ByteStream, NoHooks, ServerHooks, needs_hooks
 from gossiprouter.protocol import native as wire
+from gossiprouter.ratelog import RateLimitedLog
 from gossiprouter.sessions import jgroups2 as _jgroups2
 from gossiprouter.sessions import jgroups5 as _jgroups5
 from gossiprouter.sessions.base import TURN_CONTROLS, Hub, Session
@@ -160,8 +162,8 @@ class Connection:
     """A live TCP connection and its session."""
 
     def __init__(self, stream: trio.SocketStream, peer: str) -> None:
-        # The socket stream, or the TLS stream over it once ops.accept has run.
-        self.stream: trio.SocketStream | TLSStream = stream
+        # The socket stream, or the TLS stream over it once the accept hook has run.
+        self.stream: trio.SocketStream | ByteStream = stream
         self.peer = peer
         self.session: Session | None = None
         self.scope = trio.CancelScope()
@@ -176,12 +178,27 @@ class Server:
 
     Use :meth:`serve` in a nursery (``await nursery.start(server.serve)``
     returns the bound ``(host, port)``), and :meth:`shutdown` to stop it
-    gracefully.
+    gracefully. ``hooks`` decide at accept and at protocol detection (TLS, allow-lists,
+    tokens: :class:`gossiprouter.ops.runtime.Operations`, built from the same config);
+    without them, a config that needs them is refused (ConfigError).
     """
 
-    def __init__(self, config: Config, hub: Hub | None = None) -> None:
+    def __init__(self, config: Config, hub: Hub | None = None, *,
+                 hooks: ServerHooks | None = None) -> None:
+        if hooks is None:
+            unserved = needs_hooks(config)
+            if unserved:
+                raise ConfigError(
+                    f"{', '.join(unserved)}: served by the operations layer, which this "
+                    "server was built without; pass hooks=gossiprouter.ops.runtime."
+                    "Operations(config) (as `gossiprouter serve` and gossiprouter.router."
+                    "Router do)")
+            hooks = NoHooks()
         self.config = config
         self.hub = hub or Hub(config)
+        self.hooks = hooks
+        # The native sessions ask the hooks' token authority (None: no tokens).
+        self.hub.auth = hooks.auth
         self.connections: set[Connection] = set()
         self.factories: dict[str, SessionFactory] = {
             "native": _native_factory,
@@ -197,10 +214,26 @@ class Server:
         self._refusals = RateLimitedLog(log, REFUSAL_LOG_INTERVAL)
         # Reads established plain-TCP connections from one task (gossiprouter.dispatch).
         self.dispatcher = Dispatcher(RECV_SIZE)
-        # TLS, allow-lists, tokens, metrics/admin port (raises ConfigError on bad files).
-        self.ops = Operations(self)
         # The MQTT federation bridge (docs/topics.md), checked here so a bad option fails start.
         self.bridge = Bridge(self.hub, config) if config.bridge else None
+
+    @property
+    def ops(self) -> ServerHooks:
+        """Deprecated: the server's :attr:`hooks` (``router.server.ops`` was documented;
+        an embedded :class:`~gossiprouter.router.Router` has ``router.ops``)."""
+        warnings.warn("Server.ops is deprecated: use Server.hooks (or Router.ops)",
+                      DeprecationWarning, stacklevel=2)
+        return self.hooks
+
+    def view(self) -> snapshot.RouterView:
+        """What the hooks may read of this server: the hub, a census of the connections,
+        the bridge (see :mod:`gossiprouter.snapshot`)."""
+        connections = self.connections
+
+        async def census() -> snapshot.ConnectionCensus:
+            return await snapshot.census(connections)
+
+        return snapshot.RouterView(self.hub, census, self.bridge)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -222,7 +255,7 @@ class Server:
                 nursery.start_soon(self._notifier)
                 if cfg.dispatcher:
                     await nursery.start(self.dispatcher.run)
-                await nursery.start(self.ops.serve)
+                await nursery.start(self.hooks.serve, self.view())
                 if self.bridge is not None:
                     nursery.start_soon(self.bridge.run)
                 task_status.started(self.address)
@@ -271,7 +304,8 @@ class Server:
 
     # ------------------------------------------------------------------ accepting
 
-    async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+    async def _accept_loop(self, listener: trio.abc.Listener[trio.SocketStream],
+                           nursery: trio.Nursery) -> None:
         while True:
             try:
                 stream = await listener.accept()
@@ -287,16 +321,18 @@ class Server:
                 stream.socket.close()
                 continue
             ip = peer_addr[0]
+            # IPv6 in brackets, as everywhere else ([::1]:port): logs, admin view, hooks.
+            peer = format_hostport(ip, peer_addr[1])
             reason = self._over_limit(ip)
             if reason:
                 # Refused before anything is read or started: a flood of connections costs
                 # one accept and one close each, and never holds a slot.
-                self.ops.stats.bump(self.ops.stats.refused, ("any", reason))
+                self.hooks.refused(peer, reason)
                 self._refusals.warning("refusing connections: %s", REFUSAL_WHY[reason])
                 stream.socket.close()
                 continue
             # Counted here, not in the task, so that a burst of accepts sees them all.
-            conn = Connection(stream, f"{ip}:{peer_addr[1]}")
+            conn = Connection(stream, peer)
             cfg = self.config
             # Over max_connections (in a refusal slot): just long enough to be told why.
             over = len(self.connections) >= cfg.max_connections
@@ -351,8 +387,11 @@ class Server:
         cfg = self.config
         first = b""
         with trio.move_on_at(conn.handshake_deadline) as handshake:
-            if not await self.ops.accept(conn):  # allow-list, then TLS (logged there)
+            assert isinstance(conn.stream, trio.SocketStream)
+            stream = await self.hooks.accept(conn.stream, conn.peer)
+            if stream is None:  # e.g. not in an allow-list, failed TLS (logged there)
                 return
+            conn.stream = stream
             verdict = None
             while verdict is None:
                 try:
@@ -372,13 +411,13 @@ class Server:
             return
         assert verdict is not None
         # Per-protocol allow-list; may wait (failed authentications from this address).
+        refusal = None
         with trio.move_on_at(conn.handshake_deadline) as handshake:
-            admitted = await self.ops.admit(conn, verdict.protocol)
-        if not admitted:
-            if handshake.cancelled_caught:
-                log.info("closing %s: handshake not done within %.1fs (held back after "
-                         "failed authentications from its address)", conn.peer,
-                         cfg.handshake_timeout)
+            refusal = await self.hooks.admit(conn.peer, verdict.protocol)
+        if handshake.cancelled_caught:
+            log.info("closing %s: handshake not done within %.1fs (held back after "
+                     "failed authentications from its address)", conn.peer,
+                     cfg.handshake_timeout)
             return
         factory = self.factories.get(verdict.protocol)
         session = None if factory is None else factory(self.hub, conn.peer, first)
@@ -422,7 +461,10 @@ class Server:
             conn.scope.deadline = min(conn.scope.deadline, trio.current_time() + linger)
 
         ob.on_close = on_close
-        if self._stopping or len(self.connections) > cfg.max_connections:
+        if refusal is not None:
+            # Told why where the protocol can say so (native ERROR), then closed.
+            session.close("unauthorized", refusal)
+        elif self._stopping or len(self.connections) > cfg.max_connections:
             reason = "shutting_down" if self._stopping else "limit"
             if reason == "limit":
                 log.warning("refusing %s: %d connections (max_connections %d)", conn.peer,

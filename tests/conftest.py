@@ -9,6 +9,7 @@ import pytest
 import trio
 
 from gossiprouter.config import Config
+from gossiprouter.ops.runtime import Operations
 from gossiprouter.server import Server
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ async def start_router(nursery: trio.Nursery, request: pytest.FixtureRequest) ->
         if dispatcher is not None:
             overrides.setdefault("dispatcher", dispatcher == "on")
         cfg = Config(host="127.0.0.1", port=0, **overrides)  # type: ignore[arg-type]
-        server = Server(cfg)
+        server = Server(cfg, hooks=Operations(cfg))
         await nursery.start(server.serve)
         return server
 
@@ -44,6 +45,13 @@ async def start_router(nursery: trio.Nursery, request: pytest.FixtureRequest) ->
 @pytest.fixture
 async def router(start_router: RouterFactory) -> Server:
     return await start_router()
+
+
+def ops_of(server: Server) -> Operations:
+    """The operations hooks of a router started by :func:`start_router` (the server itself
+    knows them only as :class:`gossiprouter.hooks.ServerHooks`)."""
+    assert isinstance(server.hooks, Operations)
+    return server.hooks
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from gossiprouter.ops.admin import DEFAULT_LIMIT, MAX_LIMIT, group_view, groups_
 from gossiprouter.ops.runtime import check_startup
 from gossiprouter.protocol import native as wire
 from gossiprouter.server import Server
+from tests.conftest import ops_of
 from tests.nclient import NativeClient
 from tests.ops_client import http_get
 from tests.test_hostile_fairness import Start, _during
@@ -33,8 +34,9 @@ async def _many_groups(router: Server, n: int) -> NativeClient:
 
 
 def _admin(router: Server) -> tuple[str, int]:
-    assert router.ops.admin_address is not None
-    return router.ops.admin_address
+    address = ops_of(router).admin_address
+    assert address is not None
+    return address
 
 
 async def test_groups_are_paged_by_name(start_router: Start) -> None:
@@ -111,7 +113,7 @@ async def test_views_yield_to_the_loop(start_router: Start) -> None:
         await groups_view(router.hub.table)
         assert ticks > before
         before = ticks
-        admin = router.ops.admin
+        admin = ops_of(router).admin
         assert admin is not None and admin.render_metrics is not None
         await admin.render_metrics()
         assert ticks > before
@@ -160,7 +162,8 @@ async def test_bearer_token(start_router: Start, monkeypatch: pytest.MonkeyPatch
     assert await get("/groups", "wrong-token-wrong-token") == 401
     assert await get("/groups", "s3cret-admin-token-123") == 200
     assert await get("/metrics", "s3cret-admin-token-123") == 200
-    assert router.ops.admin is not None and router.ops.admin.unauthorized == 4
+    admin_server = ops_of(router).admin
+    assert admin_server is not None and admin_server.unauthorized == 4
 
 
 def test_admin_token_config_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

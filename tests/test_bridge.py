@@ -254,12 +254,13 @@ async def test_router_restart_stubs_resubscribe(nursery: trio.Nursery,
 
 async def test_bridge_state_in_groups_view_and_metrics(nursery: trio.Nursery,
                                                        broker: Mosquitto) -> None:
+    from gossiprouter import snapshot
     from gossiprouter.ops.admin import bridge_view
     from gossiprouter.ops.metrics import topic_metrics
 
     ra, rb = await federation(nursery, broker)
     assert ra.server is not None and rb.server is not None
-    view = bridge_view(ra.server)["bridge"]
+    view = bridge_view(ra.server.bridge)["bridge"]
     assert view["state"] == "connected" and view["broker"] == broker.url
     async with RouterStub([ra.address], **FAST) as sa, RouterStub([rb.address], **FAST) as sb:
         far = await sb.connect(G, b"F")
@@ -271,12 +272,16 @@ async def test_bridge_state_in_groups_view_and_metrics(nursery: trio.Nursery,
         with trio.fail_after(5):
             await far.receive()
 
-        def samples(r: InProcessRouter) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        async def samples(r: InProcessRouter
+                          ) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
             assert r.server is not None
+            table = r.server.hub.table
+            members = await snapshot.membership(table)
             return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                    for m in topic_metrics(r.server) for s in m.samples}
+                    for m in topic_metrics(table.stats, members, r.server.bridge)
+                    for s in m.samples}
 
-        a, b = samples(ra), samples(rb)
+        a, b = await samples(ra), await samples(rb)
     assert a[("gossiprouter_bridge_state", (("kind", "connected"),))] == 1
     assert a[("gossiprouter_bridge_not_forwarded_total", ())] == 0
     assert a[("gossiprouter_bridge_forwarded_total", ())] == 1
@@ -288,7 +293,7 @@ async def test_bridge_state_in_groups_view_and_metrics(nursery: trio.Nursery,
     assert b[("gossiprouter_bridge_subscriptions", ())] == 1
     broker.stop()
     await eventually(lambda: bridge_of(ra).state != "connected")
-    assert bridge_view(ra.server)["bridge"]["state"] in ("disconnected", "connecting")
+    assert bridge_view(ra.server.bridge)["bridge"]["state"] in ("disconnected", "connecting")
 
 
 async def test_a_run_of_global_publications_is_forwarded_one_by_one(

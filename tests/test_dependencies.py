@@ -6,6 +6,10 @@ only the layers :data:`ALLOWED` names. The imports that break a rule today are l
 fails, and so does an entry that no longer occurs (take it out of the list, and out of
 docs/architecture.md, when its item is done). Every import counts, ``TYPE_CHECKING`` ones and
 those inside functions included: a dependency for the type checker is still one for the reader.
+
+One rule is about attributes, not imports: the operations layer reads the core through the hub
+and :mod:`gossiprouter.snapshot`, so an ``ops`` module touches no ``obj._private`` attribute of
+anything but itself (:func:`private_attributes`).
 """
 
 from __future__ import annotations
@@ -20,20 +24,25 @@ ROOT = Path(__file__).resolve().parent.parent
 # Module (or package prefix) -> layer. The longest match wins; a module that matches nothing
 # fails test_every_module_has_a_layer (say where it belongs here and in docs/architecture.md).
 LAYERS: dict[str, str] = {
-    "gossiprouter": "package",  # the public front: re-exports the client, holds __version__
+    "gossiprouter": "package",  # the public front: re-exports the client and __version__
+    "gossiprouter._version": "foundation",  # __version__, for the package and the metrics
     "gossiprouter.__main__": "cli",
     "gossiprouter.cli": "cli",
     "gossiprouter.protocol": "protocol",
     "gossiprouter.addresses": "foundation",
     "gossiprouter.cli_errors": "foundation",
     "gossiprouter.topics": "foundation",  # multicast ids, patterns, the index: pure data
+    "gossiprouter.ratelog": "foundation",  # rate-limited WARNING lines (server and ops)
     "gossiprouter.config": "config",
     "gossiprouter.routing": "routing",
     "gossiprouter.sessions": "sessions",
     "gossiprouter.server": "server",
     "gossiprouter.dispatch": "server",  # the read path, split out of server.py (issue 14)
-    "gossiprouter.router": "server",  # the in-process Router API over a Server
+    "gossiprouter.hooks": "server",  # what the server calls (ServerHooks), ops implements
+    "gossiprouter.snapshot": "server",  # read-only views of a running router, for ops
     "gossiprouter.bridge": "server",  # the MQTT federation bridge: I/O beside the server's
+    # The in-process Router API: a whole router (server + ops hooks), built from one config.
+    "gossiprouter.router": "embedding",
     "gossiprouter.ops": "ops",
     "gossiprouter.stub": "client",
     "gossiprouter.blocking": "client",
@@ -57,9 +66,11 @@ ALLOWED: dict[str, set[str]] = {
     "server": _CORE | {"server"},
     # Operations depend on the core, one way (the core does not import ops).
     "ops": _CORE | {"server", "ops"},
+    # The embedding API wires a server and its ops hooks together, as the CLI does.
+    "embedding": _CORE | {"server", "ops", "embedding"},
     # The client speaks the protocol; it knows nothing of the server's insides or settings.
     "client": {"protocol", "foundation", "client"},
-    "package": {"client"},
+    "package": {"client", "foundation"},
     "loadtest": {"protocol", "foundation", "client", "package", "loadtest"},
     "analytics": {"foundation", "loadtest", "analytics"},
     "cli": set(LAYERS.values()),
@@ -78,17 +89,13 @@ KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
     ("gossiprouter.ops.tls", "gossiprouter.client.tls"):
         "deprecated lazy re-export of client_context/wrap_client (moved to the client by "
         "issue 14 item 3); remove with the deprecation",
-    ("gossiprouter.server", "gossiprouter.ops.runtime"):
-        "Server builds Operations(self); issue 14 item 4 gives the server a hooks Protocol",
-    ("gossiprouter.server", "gossiprouter.ops.access"):
-        "the server uses ops' RateLimitedLog; issue 14 item 4 (the server stops importing ops)",
-    ("gossiprouter.server", "gossiprouter.ops.tls"):
-        "the server reads through ops' TLSStream; issue 14 item 4",
-    ("gossiprouter.sessions.base", "gossiprouter.ops.auth"):
-        "Hub.auth is typed as ops' Authenticator and written by ops; issue 14 item 4",
-    ("gossiprouter.ops.metrics", "gossiprouter"):
-        "imports __version__ from the package, which loads the client; issue 14 item 4 "
-        "(metrics get the hub and snapshot functions)",
+}
+
+# Attributes with a leading underscore that an ops module may touch on something other than
+# self/cls, (module, attribute) -> why it is not the core's.
+PRIVATE_ALLOWED: dict[tuple[str, str], str] = {
+    ("gossiprouter.ops.logs", "_client_text_clean"):
+        "ops' own marker on a logging.LogRecord (set and read by ops.logs.ClientText)",
 }
 
 
@@ -164,6 +171,31 @@ def forbidden_imports(root: Path = ROOT) -> dict[tuple[str, str], str]:
     return found
 
 
+def private_attributes(root: Path = ROOT) -> dict[tuple[str, str], list[int]]:
+    """In ``ops`` modules, every ``x._name`` (read or written) where ``x`` is not ``self`` or
+    ``cls``, and every ``getattr``/``setattr``/``hasattr`` of a literal ``"_name"``:
+    (module, attribute) -> line numbers. Dunders (``__name__``) are not private."""
+    found: dict[tuple[str, str], list[int]] = {}
+    for f in _files(root):
+        me = module_name(f, root)
+        if layer(me) != "ops":
+            continue
+        for node in ast.walk(ast.parse(f.read_text())):
+            name = None
+            if isinstance(node, ast.Attribute) and not (
+                    isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                name = node.attr
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                  and node.func.id in ("getattr", "setattr", "hasattr")
+                  and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+                  and isinstance(node.args[1].value, str)):
+                name = node.args[1].value
+            if name and name.startswith("_") and not name.endswith("__"):
+                assert isinstance(node, ast.expr)
+                found.setdefault((me, name), []).append(node.lineno)
+    return found
+
+
 def test_every_module_has_a_layer() -> None:
     lost = [module_name(f) for f in _files() if layer(module_name(f)) is None]
     assert not lost, (f"modules in no layer: {lost}; add them to LAYERS in "
@@ -188,12 +220,45 @@ def test_known_violations_are_documented() -> None:
         assert f"`{importer}` → `{imported}`" in doc, (importer, imported)
 
 
+def test_ops_touches_no_private_attribute() -> None:
+    """ops reads the core through the hub and gossiprouter.snapshot, not its insides."""
+    found = {k: lines for k, lines in private_attributes().items()
+             if k not in PRIVATE_ALLOWED}
+    assert not found, "private attributes touched by ops (use the hub or a snapshot):\n" + \
+        "\n".join(f"  {m}:{lines} {a}" for (m, a), lines in sorted(found.items()))
+
+
+def test_private_allowances_still_apply() -> None:
+    gone = set(PRIVATE_ALLOWED) - set(private_attributes())
+    assert not gone, f"no longer touched, remove from PRIVATE_ALLOWED: {gone}"
+
+
+@pytest.mark.parametrize(("source", "found"), [
+    ("n = len(server._per_ip)\n", {"_per_ip"}),
+    ("conn.session._rest = b''\n", {"_rest"}),
+    ("raw = getattr(stream.socket, '_sock', None)\n", {"_sock"}),
+    ("self._state = {}\nx = cls._cache\ny = type(v).__name__\n", set()),
+    ("n = view.hub.counters.routed\n", set()),
+])
+def test_the_checker_sees_a_private_attribute(tmp_path: Path, source: str,
+                                              found: set[str]) -> None:
+    fake = tmp_path / "gossiprouter" / "ops" / "fake.py"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(source)
+    assert {a for (_, a) in private_attributes(tmp_path)} == found
+
+
 @pytest.mark.parametrize(("source", "importer", "rule"), [
     ("from gossiprouter.server import Server\n", "gossiprouter.routing", "routing may not"),
     ("import trio\n", "gossiprouter.sessions.base", "sans-IO"),
     ("from gossiprouter.sessions import base\n", "gossiprouter.stub", "client may not"),
     ("import trio\n", "gossiprouter.client.registrar", "sans-IO"),
     ("from gossiprouter.loadtest.records import X\n", "gossiprouter.ops.admin", "ops may not"),
+    ("from gossiprouter.ops.runtime import Operations\n", "gossiprouter.server",
+     "server may not"),
+    ("from gossiprouter.ops import auth\n", "gossiprouter.sessions.base", "sessions may not"),
+    ("from gossiprouter import __version__\n", "gossiprouter.ops.metrics", "ops may not"),
+    ("from gossiprouter.ops.runtime import Operations\n", "gossiprouter.router", None),
     ("from gossiprouter.protocol import native\n", "gossiprouter.protocol.errors", None),
 ])
 def test_the_checker_sees_a_forbidden_import(

@@ -23,6 +23,7 @@ from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.jgroups_common import V2, V5
 from gossiprouter.server import REFUSAL_SLOTS, Server
+from tests.conftest import ops_of
 from tests.jgroups_clients import J2Client, J5Client, uuid
 from tests.nclient import NativeClient
 
@@ -476,7 +477,7 @@ async def test_connections_over_the_limit_are_refused_at_accept(start_router: St
             await trio.sleep(0.005)
             most = max(most, len(router.connections))
         assert most <= 3 + REFUSAL_SLOTS
-        refused = router.ops.stats.refused.get(("any", "limit"), 0)
+        refused = ops_of(router).stats.refused.get(("any", "limit"), 0)
         assert refused >= 40 - 1 - REFUSAL_SLOTS
         for s in held:
             await s.aclose()
@@ -494,7 +495,7 @@ async def test_per_address_connection_limit(start_router: Start) -> None:
         await extra.send_all(wire.PREAMBLE)
         with trio.fail_after(5):
             assert await extra.receive_some(100) == b""  # closed at accept, nothing read
-        assert router.ops.stats.refused.get(("any", "limit_per_ip")) == 1
+        assert ops_of(router).stats.refused.get(("any", "limit_per_ip")) == 1
         await ok.aclose()
         await extra.aclose()
 
@@ -525,10 +526,10 @@ async def test_failed_authentications_are_slowed_and_logged_in_summary(
             await c.aclose()
         honest.stop.set()
     honest.check()
-    auth = router.ops.auth
+    auth = ops_of(router).auth
     assert auth is not None and auth.failures["unauthorized"] == 6
     # Every guess after the first waited its turn ...
-    assert router.ops.stats.auth_delayed == 5
+    assert ops_of(router).stats.auth_delayed == 5
     # ... and the log got one line, not six.
     lines = [r for r in caplog.records if "refusing" in r.getMessage()]
     assert len(lines) == 1

@@ -10,8 +10,9 @@ import trio
 
 from gossiprouter.config import ConfigError
 from gossiprouter.ops.auth import load_tokens
+from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
-from tests.conftest import RouterFactory
+from tests.conftest import RouterFactory, ops_of
 from tests.ops_client import OpsClient, assert_closed
 from tests.test_ops_metrics import scrape, v
 
@@ -79,7 +80,7 @@ identity = "billing"
 token = "{BILLING}"
 groups = ["billing"]
 ''')
-    server.ops.reload()
+    ops_of(server).reload()
     reply = await billing.connect("shared", b"B3")
     assert isinstance(reply, wire.Error) and reply.code == "forbidden"
     c = await OpsClient.open(host, port, hello=False)
@@ -174,8 +175,19 @@ async def test_jgroups_allow_list_and_switch(start_router: RouterFactory) -> Non
     with trio.fail_after(5):
         assert await stream.receive_some(100) == b""
     await stream.aclose()
+    # A refused 5.x client is closed as the router closes any 5.x connection: the -5 marker.
+    stream5 = await trio.open_tcp_stream(*off.address)
+    await stream5.send_all(b"\x00\x00\x00\x10")
+    received = b""
+    with trio.fail_after(5):
+        while data := await stream5.receive_some(100):
+            received += data
+    assert received == j5.CLOSE_MARKER
+    await stream5.aclose()
     s = await scrape(off)
     assert v(s, "gossiprouter_connections_refused_total", protocol="jgroups2",
+             reason="disabled") == 1
+    assert v(s, "gossiprouter_connections_refused_total", protocol="jgroups5",
              reason="disabled") == 1
     # Native still works with JGroups off.
     c = await OpsClient.open(*off.address)

@@ -18,15 +18,16 @@ from gossiprouter.addresses import parse_addr
 from gossiprouter.ops.logs import JsonFormatter
 from gossiprouter.protocol import native as wire
 from gossiprouter.server import Server
-from tests.conftest import RouterFactory
+from tests.conftest import RouterFactory, ops_of
 from tests.ops_client import OpsClient, http_get
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 async def scrape(server: Server) -> Samples:
-    assert server.ops.admin_address is not None
-    status, headers, body = await http_get(server.ops.admin_address, "/metrics")
+    address = ops_of(server).admin_address
+    assert address is not None
+    status, headers, body = await http_get(address, "/metrics")
     assert status == 200 and headers["content-type"].startswith("text/plain")
     out: Samples = {}
     for family in text_string_to_metric_families(body.decode()):
@@ -100,8 +101,8 @@ async def test_metrics_move_with_traffic(start_router: RouterFactory) -> None:
 
 async def test_groups_view_matches_get_members(start_router: RouterFactory) -> None:
     server = await start_router(metrics="127.0.0.1:0")
-    assert server.ops.admin_address is not None
-    admin = server.ops.admin_address
+    admin = ops_of(server).admin_address
+    assert admin is not None
     a, b, w = await _open(server), await _open(server), await _open(server)
     await a.connect("g/1", b"\x01\x02", "alpha", (("10.0.0.1", 7800),))
     await b.connect("g/1", b"B", None, (("::1", 7801),))

@@ -27,6 +27,7 @@ from gossiprouter import (
     RouterStub,
 )
 from gossiprouter.config import Config
+from gossiprouter.ops.runtime import Operations
 from gossiprouter.protocol import native as wire
 from gossiprouter.server import Server
 from gossiprouter.stub import Channel, EventStream, StubEvent
@@ -66,7 +67,8 @@ class InProcessRouter:
         return ("127.0.0.1", self.port)
 
     async def start(self) -> InProcessRouter:
-        server = Server(Config(host="127.0.0.1", port=self.port, **self.config))
+        cfg = Config(host="127.0.0.1", port=self.port, **self.config)
+        server = Server(cfg, hooks=Operations(cfg))
         scope = trio.CancelScope()
 
         async def run(*, task_status: trio.TaskStatus[tuple[str, int]]) -> None:

@@ -10,11 +10,10 @@ connection speaks, that protocol's list decides.
 from __future__ import annotations
 
 import ipaddress
-import logging
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from gossiprouter.addresses import parse_hostport
 from gossiprouter.config import Config, parse_network
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -70,11 +69,19 @@ class AccessPolicy:
         return self.everyone or any(a.admits(ip) for a in self.lists.values())
 
 
+def peer_host(peer: str) -> str:
+    """The host of a peer as the server names it (``host:port``, ``[v6]:port``: see
+    :func:`gossiprouter.addresses.format_hostport`); "" when ``peer`` is not one."""
+    try:
+        return parse_hostport(peer, allow_zero=True)[0]
+    except ValueError:
+        return ""
+
+
 def peer_ip(peer: str) -> IPAddress | None:
     """The IP of a ``host:port`` peer string; IPv4-mapped IPv6 counts as IPv4."""
-    host = peer.rpartition(":")[0].strip("[]")
     try:
-        ip = ipaddress.ip_address(host)
+        ip = ipaddress.ip_address(peer_host(peer))
     except ValueError:
         return None
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
@@ -88,33 +95,6 @@ def _networks(items: Iterable[str]) -> tuple[Network, ...]:
 
 def describe(networks: Sequence[Network]) -> str:
     return ", ".join(str(n) for n in networks) or "nowhere"
-
-
-class RateLimitedLog:
-    """WARNING lines a client can cause at will (refusals, failed authentications): at most
-    one line per ``interval`` seconds for each message format; the next line logged says
-    how many were left out meanwhile. Metrics count every occurrence."""
-
-    def __init__(self, logger: logging.Logger, interval: float) -> None:
-        self.logger = logger
-        self.interval = interval
-        # format -> (time of the last line, occurrences not logged since)
-        self._state: dict[str, tuple[float, int]] = {}
-
-    def warning(self, fmt: str, *args: object, now: float | None = None) -> bool:
-        """Log now, or count it for the next line; True if a line was written."""
-        t = time.monotonic() if now is None else now
-        last, skipped = self._state.get(fmt, (-1e18, 0))
-        if t - last < self.interval:
-            self._state[fmt] = (last, skipped + 1)
-            return False
-        self._state[fmt] = (t, 0)
-        if skipped:
-            self.logger.warning(fmt + " (and %d more like this in the last %.0fs)",
-                                *args, skipped, t - last)
-        else:
-            self.logger.warning(fmt, *args)
-        return True
 
 
 class Backoff:

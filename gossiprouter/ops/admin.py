@@ -16,12 +16,13 @@ every request needs ``Authorization: Bearer TOKEN`` (else 401).
 
 The endpoint shares the routing loop, so no view may hold it for more than a few
 milliseconds: every answer is bounded (pages of at most MAX_LIMIT items) and the walks over
-the table behind it yield to the loop every BATCH items.
+the table behind it (:mod:`gossiprouter.snapshot`) yield to the loop every few thousand items.
+What it shows comes from those snapshots and the server's :class:`~gossiprouter.snapshot.
+RouterView`, never from the server's own objects; this module only turns them into JSON.
 """
 
 from __future__ import annotations
 
-import heapq
 import hmac
 import json
 import logging
@@ -31,12 +32,15 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import trio
 
+from gossiprouter import snapshot
+from gossiprouter.addresses import format_hostport
 from gossiprouter.config import ConfigError, parse_listen
 from gossiprouter.ops.auth import load_secret
-from gossiprouter.routing import Entry, RoutingTable
+from gossiprouter.routing import RoutingTable
 
 if TYPE_CHECKING:
-    from gossiprouter.server import Server
+    from gossiprouter.bridge import Bridge
+    from gossiprouter.snapshot import MemberInfo, RouterView
 
 log = logging.getLogger("gossiprouter.ops.admin")
 
@@ -44,10 +48,9 @@ MAX_REQUEST = 16 * 1024
 REQUEST_TIMEOUT = 10.0
 MAX_CLIENTS = 32
 
-# Pages: items per answer by default and at most; items examined between two checkpoints.
+# Pages: items per answer by default and at most.
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 10_000
-BATCH = 2000
 
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
             405: "Method Not Allowed",
@@ -64,32 +67,15 @@ async def groups_view(table: RoutingTable, after: str = "",
                       limit: int = DEFAULT_LIMIT) -> dict[str, Any]:
     """``/groups``: the first ``limit`` groups whose name sorts after ``after``, with their
     member and watcher counts; ``next`` is the cursor of the following page (None: last).
-
-    The names are copied (at C speed) and scanned BATCH at a time, keeping the ``limit``
-    smallest, with a checkpoint between batches: the loop is never held for long, whatever
-    the number of groups. Groups created or removed meanwhile may or may not be listed.
-    """
-    names = list(table.groups)
-    best: list[str] = []
-    beyond = 0  # names after the cursor: is there a next page?
-    for i in range(0, len(names), BATCH):
-        fresh = [n for n in names[i : i + BATCH] if n > after]
-        beyond += len(fresh)
-        if fresh:
-            best = heapq.nsmallest(limit, best + fresh)
-        await trio.lowlevel.checkpoint()
-    out = []
-    for n in best:
-        g = table.groups.get(n)
-        if g is not None:
-            out.append({"name": n, "members": len(g.entries), "watchers": len(g.watchers)})
-    return {"groups": out, "total": len(names),
-            "next": best[-1] if beyond > limit and best else None}
+    Never holds the loop for long (:func:`gossiprouter.snapshot.group_page`)."""
+    page = await snapshot.group_page(table, after, limit)
+    return {"groups": [{"name": g.name, "members": g.members, "watchers": g.watchers}
+                       for g in page.groups],
+            "total": page.total, "next": page.next}
 
 
-def bridge_view(server: Server) -> dict[str, Any]:
+def bridge_view(bridge: Bridge | None) -> dict[str, Any]:
     """The federation bridge's state in ``/groups`` (no key without a bridge)."""
-    bridge = server.bridge
     return {} if bridge is None else {"bridge": bridge.view()}
 
 
@@ -97,38 +83,28 @@ async def group_view(table: RoutingTable, name: str, now: float, offset: int = 0
                      limit: int = DEFAULT_LIMIT) -> dict[str, Any] | None:
     """``/groups/NAME``: members ``offset`` to ``offset + limit`` in registration order, or
     None for an unknown group; ``next_offset`` is None on the last page."""
-    g = table.group(name)
-    if g is None:
+    page = await snapshot.member_page(table, name, now, offset, limit)
+    if page is None:
         return None
-    entries = list(g.entries.values())[offset : offset + limit]
-    total = len(g.entries)
-    members = []
-    for i in range(0, len(entries), BATCH):
-        members += [member_view(e, now) for e in entries[i : i + BATCH]]
-        await trio.lowlevel.checkpoint()
-    end = offset + len(entries)
-    return {"name": g.name, "watchers": len(g.watchers), "total": total, "offset": offset,
-            "members": members, "next_offset": end if end < total else None}
+    return {"name": page.name, "watchers": page.watchers, "total": page.total,
+            "offset": page.offset, "members": [member_view(m) for m in page.members],
+            "next_offset": page.next_offset}
 
 
-def member_view(e: Entry, now: float) -> dict[str, Any]:
-    active = e.carrier
+def member_view(m: MemberInfo) -> dict[str, Any]:
     return {
-        "addr": e.addr.hex(),
-        "name": e.name,
-        "physical": [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in e.physical],
-        "kind": e.kind.label,
-        "sticky": e.sticky,
-        "identity": e.identity,
+        "addr": m.addr.hex(),
+        "name": m.name,
+        "physical": [format_hostport(h, p) for h, p in m.physical],
+        "kind": m.kind,
+        "sticky": m.sticky,
+        "identity": m.identity,
         # Registration order; "active" marks the one that carries the traffic now.
-        "connections": [
-            {"peer": c.peer, "protocol": c.protocol, "active": c is active}
-            for c in e.carriers
-        ],
-        "expires_in": None if e.expires_at is None else round(max(e.expires_at - now, 0), 3),
-        "grace_remaining": (None if e.grace_until is None
-                            else round(max(e.grace_until - now, 0), 3)),
-        "held_bytes": e.held_bytes,
+        "connections": [{"peer": c.peer, "protocol": c.protocol, "active": c.active}
+                        for c in m.connections],
+        "expires_in": None if m.expires_in is None else round(m.expires_in, 3),
+        "grace_remaining": None if m.grace_remaining is None else round(m.grace_remaining, 3),
+        "held_bytes": m.held_bytes,
     }
 
 
@@ -140,24 +116,28 @@ def _json(status: int, obj: Any) -> Response:
 
 
 class AdminServer:
-    """Serves the endpoints for one router (``server``) on ``metrics`` = HOST:PORT."""
+    """Serves the endpoints for one router on ``listen`` = HOST:PORT (the ``metrics``
+    option), from the router's view it is given in :meth:`serve`."""
 
-    def __init__(self, server: Server, listen: str,
-                 render_metrics: Callable[[], Awaitable[bytes]] | None,
-                 token: str = "") -> None:
-        self.server = server
+    def __init__(self, listen: str, token: str = "") -> None:
         # admin_token: file:PATH or env:NAME (ConfigError when it cannot be read).
         self.token_ref = token
         self.token = load_secret(token) if token else ""
         self.unauthorized = 0
         self.host, self.port = parse_listen(listen)
         self.listen = listen
-        self.render_metrics = render_metrics
+        # Set by serve: what the endpoints show.
+        self.view: RouterView | None = None
+        self.render_metrics: Callable[[], Awaitable[bytes]] | None = None
         self.address: tuple[str, int] | None = None
         self._limit = trio.Semaphore(MAX_CLIENTS)
 
-    async def serve(self, *, task_status: trio.TaskStatus[tuple[str, int]] =
+    async def serve(self, view: RouterView,
+                    render_metrics: Callable[[], Awaitable[bytes]] | None, *,
+                    task_status: trio.TaskStatus[tuple[str, int]] =
                     trio.TASK_STATUS_IGNORED) -> None:
+        """Serve ``view`` (and ``render_metrics`` on /metrics; None: 503) until cancelled."""
+        self.view, self.render_metrics = view, render_metrics
         try:
             listeners = await trio.open_tcp_listeners(self.port, host=self.host)
         except OSError as e:
@@ -253,7 +233,9 @@ class AdminServer:
 
     async def respond(self, path: str, query: str = "") -> Response:
         """The response to GET ``path`` (raw, percent-encoded) with ``query``."""
-        table = self.server.hub.table
+        view = self.view
+        assert view is not None, "requests arrive only once serve() has started"
+        table = view.hub.table
         if path == "/metrics":
             if self.render_metrics is None:
                 return _json(503, {"error": "metrics need prometheus-client: pip install "
@@ -271,16 +253,16 @@ class AdminServer:
             return _json(400, {"error": f"expected 1 <= limit <= {MAX_LIMIT} and offset >= 0"})
         if path in ("/groups", "/groups/"):
             return _json(200, await groups_view(table, q.get("after", ""), limit)
-                         | bridge_view(self.server))
+                         | bridge_view(view.bridge))
         if path.startswith("/groups/"):
             try:
                 name = unquote(path[len("/groups/"):], errors="strict")
             except UnicodeDecodeError:
                 return _json(400, {"error": "group name is not percent-encoded UTF-8"})
-            view = await group_view(table, name, trio.current_time(), offset, limit)
-            if view is None:
+            page = await group_view(table, name, trio.current_time(), offset, limit)
+            if page is None:
                 return _json(404, {"error": f"no group {name!r}"})
-            return _json(200, view)
+            return _json(200, page)
         return _json(404, {"error": f"no such endpoint {path!r}",
                            "endpoints": ["/metrics", "/groups", "/groups/NAME"]})
 

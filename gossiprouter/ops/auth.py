@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from gossiprouter.config import ConfigError
-from gossiprouter.ops.access import Backoff, RateLimitedLog
+from gossiprouter.ops.access import Backoff, peer_host
+from gossiprouter.ratelog import RateLimitedLog
 
 # At most one WARNING line per this many seconds about failed authentications (a guessing
 # client must not be able to flood the log); the metric counts every one.
@@ -199,7 +200,7 @@ class Authenticator:
     def identify(self, token: str | None, who: object) -> str | None:
         """The identity of ``token``, or None (logged, counted) when it is missing or unknown."""
         ident = None if token is None else self.tokens.by_digest.get(digest(token))
-        ip = str(getattr(who, "peer", "")).rpartition(":")[0]
+        ip = peer_host(str(getattr(who, "peer", "")))
         if ident is None:
             self.failures["unauthorized"] += 1
             if ip:

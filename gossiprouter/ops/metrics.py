@@ -1,10 +1,11 @@
 """Prometheus metrics, computed at scrape time from the router's own state.
 
 Nothing here runs per frame: a scrape reads the hub's counters (which the
-core already keeps as plain integers), walks the connections and the routing
-table once (:meth:`RouterCollector.refresh`, a few thousand items between two
-checkpoints, so a table of 100,000s of groups never holds the routing loop),
-and renders the text format with prometheus-client. Labels take
+core already keeps as plain integers), takes a snapshot of the connections and
+of the routing table (:meth:`RouterCollector.refresh`, through the server's
+:class:`~gossiprouter.snapshot.RouterView` and :mod:`gossiprouter.snapshot`, which
+yield to the loop every few thousand items, so a table of 100,000s of groups never holds
+the routing loop), and renders the text format with prometheus-client. Labels take
 only values from small fixed sets (protocols, frame types, reasons, kinds):
 never an address, a group or a peer, so the series count stays bounded
 whatever the traffic.
@@ -14,22 +15,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import trio
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from gossiprouter import __version__
+from gossiprouter import snapshot
+from gossiprouter._version import __version__
 from gossiprouter.ops.access import PROTOCOLS
-from gossiprouter.routing import Kind
 
 if TYPE_CHECKING:
+    from gossiprouter.bridge import Bridge
     from gossiprouter.ops.runtime import Operations
-    from gossiprouter.server import Server
+    from gossiprouter.routing import Stats
+    from gossiprouter.snapshot import RouterView
 
 # The exposition format every Prometheus version reads (our names need no escaping).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -42,77 +43,34 @@ def _frame_label(name: str) -> str:
     return _SNAKE.sub("_", name).lower()
 
 
-# Connections or groups looked at between two checkpoints of a scrape's walk.
-WALK_BATCH = 2000
-
-
-@dataclass
-class Walk:
-    """What a scrape counts by walking the connections and the table (see refresh)."""
-
-    by_proto: dict[str, int] = field(default_factory=dict)
-    queued: int = 0
-    queued_max: int = 0
-    kinds: dict[str, int] = field(default_factory=dict)
-    watchers: int = 0
-    graced: int = 0
-    held_bytes: int = 0
-
-
 class RouterCollector(Collector):
     """Reads one router's state when Prometheus scrapes."""
 
-    def __init__(self, server: Server, ops: Operations) -> None:
-        self.server = server
+    def __init__(self, view: RouterView, ops: Operations) -> None:
+        self.view = view
         self.ops = ops
-        self.walk = Walk()
+        self.connections = snapshot.ConnectionCensus({}, 0, 0)
+        self.membership = snapshot.Membership(0, {}, 0, 0, 0, 0)
 
     async def refresh(self) -> None:
-        """Walk the connections and the table, WALK_BATCH items per turn of the loop, into
-        :attr:`walk` (collect reads it). Items that change meanwhile are counted as found."""
-        server = self.server
-        w = Walk(by_proto=dict.fromkeys((*PROTOCOLS, "handshake"), 0),
-                 kinds={k.label: 0 for k in Kind})
-        conns = list(server.connections)
-        for i in range(0, len(conns), WALK_BATCH):
-            for conn in conns[i : i + WALK_BATCH]:
-                s = conn.session
-                if s is None:
-                    w.by_proto["handshake"] += 1
-                    continue
-                w.by_proto[s.protocol] = w.by_proto.get(s.protocol, 0) + 1
-                n = s.outbox.nbytes
-                w.queued += n
-                w.queued_max = max(w.queued_max, n)
-            await trio.lowlevel.checkpoint()
-        groups = list(server.hub.table.groups.values())
-        kinds = w.kinds
-        for i in range(0, len(groups), WALK_BATCH):
-            for grp in groups[i : i + WALK_BATCH]:
-                w.watchers += len(grp.watchers)
-                for e in grp.entries.values():
-                    kinds[e.kind.label] += 1
-                for e in grp.graced:
-                    w.graced += 1
-                    w.held_bytes += e.held_bytes
-            await trio.lowlevel.checkpoint()
-        self.walk = w
+        """Take the snapshots :meth:`collect` reads (they yield to the loop as they go)."""
+        self.connections = await self.view.census()
+        self.membership = await snapshot.membership(self.view.hub.table)
 
     def collect(self) -> Iterator[Metric]:
-        server, ops = self.server, self.ops
-        hub = server.hub
+        ops = self.ops
+        hub = self.view.hub
         c = hub.counters
         table = hub.table
-        walk = self.walk
+        conns, members = self.connections, self.membership
 
         info = GaugeMetricFamily("gossiprouter_info", "Router version and name.",
                                  labels=["version", "router_id"])
         info.add_metric([__version__, hub.config.name], 1)
         yield info
 
-        # --- connections (the scrape's walk, see refresh)
-        by_proto = walk.by_proto
-        queued, queued_max = walk.queued, walk.queued_max
+        # --- connections (the scrape's snapshot, see refresh)
+        by_proto = dict.fromkeys((*PROTOCOLS, "handshake"), 0) | dict(conns.by_protocol)
         g = GaugeMetricFamily("gossiprouter_connections",
                               "Open client connections by protocol ('handshake': not yet known).",
                               labels=["protocol"])
@@ -150,23 +108,22 @@ class RouterCollector(Collector):
             cm.add_metric([what, result], n)
         yield cm
 
-        # --- membership (the scrape's walk, see refresh)
-        kinds = walk.kinds
-        watchers, graced, held_bytes = walk.watchers, walk.graced, walk.held_bytes
+        # --- membership (the scrape's snapshot, see refresh)
         g = GaugeMetricFamily("gossiprouter_members",
                               "Registered members (routing entries), by kind.", labels=["kind"])
-        for kind, n in kinds.items():
+        for kind, n in members.kinds.items():
             g.add_metric([kind], n)
         yield g
         yield GaugeMetricFamily("gossiprouter_groups", "Groups with a member or a watcher.",
-                                value=len(table.groups))
-        yield GaugeMetricFamily("gossiprouter_watchers", "WATCH registrations.", value=watchers)
+                                value=members.groups)
+        yield GaugeMetricFamily("gossiprouter_watchers", "WATCH registrations.",
+                                value=members.watchers)
         yield GaugeMetricFamily("gossiprouter_grace_entries",
                                 "Members in reconnect grace (connection lost, traffic held).",
-                                value=graced)
+                                value=members.graced)
         yield GaugeMetricFamily("gossiprouter_grace_held_bytes",
                                 "Bytes of traffic held for members in reconnect grace.",
-                                value=held_bytes)
+                                value=members.held_bytes)
         yield _counter("gossiprouter_grace_delivered_frames",
                        "Held frames delivered when a member came back within its grace.",
                        table.stats.grace_delivered)
@@ -240,23 +197,23 @@ class RouterCollector(Collector):
                        "Requests to this endpoint refused for a missing or wrong bearer token.",
                        0 if ops.admin is None else ops.admin.unauthorized)
         yield GaugeMetricFamily("gossiprouter_outbound_queued_bytes",
-                                "Bytes queued for all connections.", value=queued)
+                                "Bytes queued for all connections.", value=conns.queued_bytes)
         yield GaugeMetricFamily("gossiprouter_outbound_queued_bytes_max",
                                 "Bytes queued for the most backed-up connection.",
-                                value=queued_max)
+                                value=conns.queued_max)
         yield GaugeMetricFamily("gossiprouter_partial_frame_bytes",
                                 "Bytes reserved by incomplete frames, router-wide (bounded by "
                                 "partial_frames_budget beyond preauth_max_frame each).",
                                 value=c.partial_bytes)
-        yield from topic_metrics(server)
+        yield from topic_metrics(table.stats, members, self.view.bridge)
 
 
 BRIDGE_STATES = ("connected", "connecting", "disconnected", "stopped")
 
 
-def topic_metrics(server: Server) -> Iterator[Metric]:
+def topic_metrics(st: Stats, members: snapshot.Membership,
+                  bridge: Bridge | None) -> Iterator[Metric]:
     """Topic multicast and federation bridge metrics (docs/topics.md)."""
-    st = server.hub.table.stats
     pub = CounterMetricFamily("gossiprouter_topic_publications",
                               "Topic publications received, by origin (client scope, or the "
                               "federation).", labels=["kind"])
@@ -269,9 +226,7 @@ def topic_metrics(server: Server) -> Iterator[Metric]:
                    st.topic_deliveries)
     yield GaugeMetricFamily("gossiprouter_topic_subscriptions",
                             "Topic subscriptions (member, pattern) held.",
-                            value=sum(len(g.topics) for g in server.hub.table.groups.values()
-                                      if g.topics is not None))
-    bridge = server.bridge
+                            value=members.subscriptions)
     if bridge is None:
         return
     state = GaugeMetricFamily("gossiprouter_bridge_state",
@@ -309,9 +264,9 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
 class Metrics:
     """A registry holding the router collector and the process metrics."""
 
-    def __init__(self, server: Server, ops: Operations) -> None:
+    def __init__(self, view: RouterView, ops: Operations) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.collector = RouterCollector(server, ops)
+        self.collector = RouterCollector(view, ops)
         self.registry.register(self.collector)
         # process_cpu_seconds, resident memory, open fds (Linux; nothing elsewhere).
         ProcessCollector(registry=self.registry)

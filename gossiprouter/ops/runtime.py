@@ -1,14 +1,18 @@
-"""The glue between the server and the operations layer: the hooks the server calls.
+"""The operations layer's side of the server: :class:`Operations`, the router's hooks.
 
-:class:`Operations` is created by the :class:`~gossiprouter.server.Server`
-from its Config and is the only ops object the server knows. The server calls:
+:class:`Operations` is built from a Config and handed to the server
+(``Server(config, hooks=Operations(config))``, as ``gossiprouter serve`` and
+:class:`~gossiprouter.router.Router` do); it implements
+:class:`gossiprouter.hooks.ServerHooks`, and that Protocol is all the server knows of it.
+The server calls:
 
-* :meth:`Operations.serve` in its nursery (the metrics/admin HTTP port);
+* :meth:`Operations.serve` in its nursery, with a read-only
+  :class:`~gossiprouter.snapshot.RouterView` (the metrics/admin HTTP port reads it);
 * :meth:`Operations.accept` once per accepted connection, before the first
   byte is read: the allow-list check on the peer IP, then the TLS handshake
-  (the connection's stream becomes the TLS stream, so protocol sniffing
-  happens on the decrypted bytes);
-* :meth:`Operations.admit` once per connection when its protocol is known.
+  (it returns the TLS stream, so protocol sniffing happens on the decrypted bytes);
+* :meth:`Operations.admit` once per connection when its protocol is known;
+* :meth:`Operations.refused` when the server closed a connection at accept (limits).
 
 Nothing here runs per frame. :func:`check_startup` lets the CLI refuse bad
 TLS files or tokens before it starts listening; :func:`reload_on_sighup`
@@ -17,31 +21,28 @@ is the CLI's SIGHUP handler.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import trio
 
 from gossiprouter.config import Config, ConfigError, parse_listen
-from gossiprouter.ops.access import AccessPolicy, describe, peer_ip
+from gossiprouter.hooks import ByteStream
+from gossiprouter.ops.access import AccessPolicy, describe, peer_host, peer_ip
 from gossiprouter.ops.admin import AdminServer
 from gossiprouter.ops.auth import Authenticator, load_secret, load_tokens
 from gossiprouter.ops.tls import ServerTLS, check_config
-from gossiprouter.protocol import native as wire
 
 if TYPE_CHECKING:
-    from gossiprouter.server import Connection, Server
+    from gossiprouter.ops.metrics import Metrics
+    from gossiprouter.snapshot import RouterView
 
 log = logging.getLogger("gossiprouter.ops")
-
-# How long a refused native client gets to receive the ERROR saying why.
-_FAREWELL_TIMEOUT = 0.5
 
 
 @dataclass
@@ -87,31 +88,24 @@ def check_startup(cfg: Config) -> None:
 
 
 class Operations:
-    """TLS, access policy, authentication and the admin endpoint of one server."""
+    """TLS, access policy, authentication and the admin endpoint of one server: its hooks
+    (:class:`gossiprouter.hooks.ServerHooks`). Raises ConfigError for bad files."""
 
-    def __init__(self, server: Server) -> None:
-        cfg = server.config
-        self.server = server
+    def __init__(self, config: Config) -> None:
+        cfg = config
+        self.config = config
         self.stats = OpsStats()
         check_config(cfg)
         self.tls = ServerTLS(cfg) if cfg.tls_cert else None
         self.access = AccessPolicy.from_config(cfg)
+        # The server hands it to the native sessions (Hub.auth).
         self.auth = (Authenticator(cfg.tokens_file, cfg.auth_backoff) if cfg.tokens_file
                      else None)
-        server.hub.auth = self.auth
         self.admin: AdminServer | None = None
+        self._metrics: type[Metrics] | None = None
         if cfg.metrics:
-            self.admin = AdminServer(server, cfg.metrics, self._metrics_renderer(),
-                                     cfg.admin_token)
-
-    def _metrics_renderer(self) -> Callable[[], Awaitable[bytes]] | None:
-        try:
-            from gossiprouter.ops.metrics import Metrics
-        except ImportError:
-            log.warning("prometheus-client is not installed: /metrics answers 503 "
-                        "(pip install 'gossiprouter[ops]')")
-            return None
-        return Metrics(self.server, self).render
+            self.admin = AdminServer(cfg.metrics, cfg.admin_token)
+            self._metrics = _metrics_class()
 
     @property
     def admin_address(self) -> tuple[str, int] | None:
@@ -119,57 +113,57 @@ class Operations:
 
     # ------------------------------------------------------------------ server hooks
 
-    async def serve(self, *, task_status: trio.TaskStatus[tuple[str, int] | None] =
-                    trio.TASK_STATUS_IGNORED) -> None:
-        """Run the admin endpoint until cancelled; started() with its address (None: off)."""
+    async def serve(self, view: RouterView, *, task_status: trio.TaskStatus[
+            tuple[str, int] | None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the admin endpoint over ``view`` until cancelled; started() with its address
+        (None: off)."""
         if self.admin is None:
             task_status.started(None)
             return
-        await self.admin.serve(task_status=task_status)
+        render = None if self._metrics is None else self._metrics(view, self).render
+        await self.admin.serve(view, render, task_status=task_status)
 
-    async def accept(self, conn: Connection) -> bool:
-        """A new connection: refuse a peer no protocol admits, then TLS. False: close it."""
+    async def accept(self, stream: trio.SocketStream, peer: str) -> ByteStream | None:
+        """A new connection: refuse a peer no protocol admits (None), then TLS (the stream
+        to read, or None when the handshake failed)."""
         access = self.access
-        if not access.everyone and not access.admits_any(peer_ip(conn.peer)):
-            self.stats.bump(self.stats.refused, ("any", "network"))
-            log.warning("refusing %s: its network may not use any protocol here", conn.peer,
-                        extra={"peer": conn.peer, "reason": "network"})
-            return False
+        if not access.everyone and not access.admits_any(peer_ip(peer)):
+            self.refused(peer, "network")
+            log.warning("refusing %s: its network may not use any protocol here", peer,
+                        extra={"peer": peer, "reason": "network"})
+            return None
         if self.tls is not None:
-            tls = await self.tls.handshake(conn.stream, conn.peer)
-            if tls is None:
-                return False
-            conn.stream = tls
-        return True
+            return await self.tls.handshake(stream, peer)
+        return stream
 
-    async def admit(self, conn: Connection, protocol: str) -> bool:
-        """The connection's protocol is known: may its peer speak it? False: close it."""
+    async def admit(self, peer: str, protocol: str) -> str | None:
+        """The connection's protocol is known: may its peer speak it? None: yes; else why
+        not (the server tells a native client so, and closes)."""
         access = self.access
-        reason = None if access.everyone else access.verdict(protocol, peer_ip(conn.peer))
+        reason = None if access.everyone else access.verdict(protocol, peer_ip(peer))
         if reason is None:
             self.stats.accepted[protocol] = self.stats.accepted.get(protocol, 0) + 1
             if protocol == "native" and self.auth is not None:
                 # Recent failed authentications from this address: its HELLO waits its turn
                 # (bounded by the handshake deadline, which the server applies around this).
-                delay = self.auth.backoff.delay(conn.peer.rpartition(":")[0], time.monotonic())
+                delay = self.auth.backoff.delay(peer_host(peer), time.monotonic())
                 if delay > 0:
                     self.stats.auth_delayed += 1
                     await trio.sleep(delay)
-            return True
+            return None
         self.stats.bump(self.stats.refused, (protocol, reason))
         if reason == "disabled":
             why = "JGroups protocols are disabled (jgroups = false)"
         else:
             why = (f"{protocol} is allowed only from "
                    f"{describe(access.lists[protocol].networks)}")
-        log.warning("refusing %s (%s): %s", conn.peer, protocol, why,
-                    extra={"peer": conn.peer, "protocol": protocol, "reason": reason})
-        if protocol == "native":
-            # Native clients can be told why; JGroups ones have no error frame.
-            with (trio.move_on_after(_FAREWELL_TIMEOUT),
-                  contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError)):
-                await conn.stream.send_all(wire.encode_error(None, "unauthorized", why))
-        return False
+        log.warning("refusing %s (%s): %s", peer, protocol, why,
+                    extra={"peer": peer, "protocol": protocol, "reason": reason})
+        return why
+
+    def refused(self, peer: str, reason: str) -> None:
+        """Count a connection closed at accept (metric connections_refused, protocol any)."""
+        self.stats.bump(self.stats.refused, ("any", reason))
 
     # ------------------------------------------------------------------ SIGHUP
 
@@ -179,40 +173,48 @@ class Operations:
         Open connections are untouched: TLS ones keep the context they were
         accepted with, authenticated ones their identity.
         """
-        if self.tls is not None:
-            try:
-                self.tls.reload()
-            except ConfigError as e:
-                self.stats.bump(self.stats.reloads, ("tls", "failed"))
-                log.error("TLS reload failed, keeping the current certificate: %s", e)
-            else:
-                self.stats.bump(self.stats.reloads, ("tls", "ok"))
-                log.info("reloaded TLS certificate %s; new connections use it", self.tls.cert)
-        if self.auth is not None:
-            try:
-                self.auth.reload()
-            except ConfigError as e:
-                self.stats.bump(self.stats.reloads, ("tokens", "failed"))
-                log.error("tokens reload failed, keeping the current tokens: %s", e)
-            else:
-                self.stats.bump(self.stats.reloads, ("tokens", "ok"))
-                log.info("reloaded tokens_file %s: %d identities", self.auth.path,
-                         self.auth.tokens.identities)
-        if self.admin is not None and self.admin.token_ref:
-            try:
-                self.admin.reload()
-            except ConfigError as e:
-                self.stats.bump(self.stats.reloads, ("admin_token", "failed"))
-                log.error("admin_token reload failed, keeping the current token: %s", e)
-            else:
-                self.stats.bump(self.stats.reloads, ("admin_token", "ok"))
-                log.info("reloaded admin_token")
-        if self.tls is None and self.auth is None and not (
-                self.admin is not None and self.admin.token_ref):
+        tls, auth, admin = self.tls, self.auth, self.admin
+        if tls is not None:
+            self._reload("tls", tls.reload,
+                         "TLS reload failed, keeping the current certificate",
+                         lambda: f"reloaded TLS certificate {tls.cert}; new connections use it")
+        if auth is not None:
+            self._reload("tokens", auth.reload,
+                         "tokens reload failed, keeping the current tokens",
+                         lambda: f"reloaded tokens_file {auth.path}: "
+                                 f"{auth.tokens.identities} identities")
+        if admin is not None and admin.token_ref:
+            self._reload("admin_token", admin.reload,
+                         "admin_token reload failed, keeping the current token",
+                         lambda: "reloaded admin_token")
+        if tls is None and auth is None and not (admin is not None and admin.token_ref):
             log.info("SIGHUP: nothing to reload (no TLS, no tokens_file, no admin_token)")
 
+    def _reload(self, what: str, reload: Callable[[], None], failed: str,
+                done: Callable[[], str]) -> None:
+        """One reload: counted (metric reloads{what, result}) and logged either way."""
+        try:
+            reload()
+        except ConfigError as e:
+            self.stats.bump(self.stats.reloads, (what, "failed"))
+            log.error("%s: %s", failed, e)
+        else:
+            self.stats.bump(self.stats.reloads, (what, "ok"))
+            log.info("%s", done())
 
-async def reload_on_sighup(server: Server) -> None:
+
+def _metrics_class() -> type[Metrics] | None:
+    """The metrics renderer, or None (logged) when prometheus-client is not installed."""
+    try:
+        from gossiprouter.ops.metrics import Metrics
+    except ImportError:
+        log.warning("prometheus-client is not installed: /metrics answers 503 "
+                    "(pip install 'gossiprouter[ops]')")
+        return None
+    return Metrics
+
+
+async def reload_on_sighup(ops: Operations) -> None:
     """Reload TLS certificates and tokens on every SIGHUP, until cancelled (CLI only:
     a library must not take over the process's signals)."""
     if not hasattr(signal, "SIGHUP"):  # pragma: no cover - Windows
@@ -220,4 +222,4 @@ async def reload_on_sighup(server: Server) -> None:
     with trio.open_signal_receiver(signal.SIGHUP) as signals:
         async for _ in signals:
             log.info("received SIGHUP: reloading")
-            server.ops.reload()
+            ops.reload()

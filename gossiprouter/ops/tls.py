@@ -122,7 +122,8 @@ class ServerTLS:
 
 
 class TLSStream(trio.abc.Stream):
-    """A server-side trio.SSLStream whose ``receive_some`` is typed ``bytes``.
+    """A server-side trio.SSLStream whose ``receive_some`` is typed ``bytes``: the
+    :class:`gossiprouter.hooks.ByteStream` the accept hook hands the server.
 
     The sessions take ``bytes``; SSLStream is annotated ``bytes | bytearray``
     though it returns the ``bytes`` of ssl.SSLObject.read. ``ssl`` is the

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from gossiprouter.protocol import jgroups2 as _j2
 from gossiprouter.protocol import jgroups5 as _j5
@@ -33,13 +33,26 @@ from gossiprouter.routing import (
 
 if TYPE_CHECKING:
     from gossiprouter.config import Config
-    from gossiprouter.ops.auth import Authenticator
 
 log = logging.getLogger("gossiprouter")
 
 
 def _nothing() -> None:
     pass
+
+
+class Authority(Protocol):
+    """What the native session asks of token authentication (``Hub.auth``), defined here so
+    that the sessions name no implementation: :class:`gossiprouter.ops.auth.Authenticator`
+    is the one the router uses (the server sets it from its hooks)."""
+
+    def identify(self, token: str | None, who: object) -> str | None:
+        """The identity ``token`` stands for, or None to refuse the HELLO of ``who``."""
+        ...
+
+    def permits(self, identity: str | None, group: str) -> bool:
+        """May ``identity`` CONNECT to, list or WATCH ``group``?"""
+        ...
 
 
 # Control frames one connection may have handled per turn of the event loop, before the
@@ -463,8 +476,9 @@ class Hub:
         # Set by the server to defer notice delivery (see deliver()).
         self.defer: Callable[[], None] | None = None
         self.pending: list[Notice] = []
-        # Native-protocol tokens; set by gossiprouter.ops when tokens_file is configured.
-        self.auth: Authenticator | None = None
+        # Native-protocol tokens: set by the server from its hooks (gossiprouter.ops when
+        # tokens_file is configured); None: HELLO needs no token.
+        self.auth: Authority | None = None
         for p in config.provisioned:
             self.table.connect(None, p.group, p.addr, p.name, p.physical,
                                kind=Kind.PROVISIONED, sticky=True)
