@@ -4,6 +4,7 @@ session, and the server's use of it on real 127.0.0.1 connections."""
 from __future__ import annotations
 
 import socket
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -88,18 +89,23 @@ async def _until(cond: object, what: str) -> None:
 
 
 async def _serving(nursery: trio.Nursery, d: Dispatcher, r: socket.socket, s: Recorder,
-                   settle: Settler | None = None) -> trio.Event:
-    """Serve ``r`` for ``s`` until ``d.serve`` returns, which sets the event returned; returns
-    once the connection is registered (the only one: the callers serve one at a time)."""
+                   settle: Settler | None = None) -> Callable[[], Awaitable[None]]:
+    """Serve ``r`` for ``s`` in the background; returns once the connection is registered
+    (the only one: the callers serve one at a time), with a function that waits (bounded)
+    until ``d.serve`` has returned."""
     done = trio.Event()
 
     async def serve() -> None:
         await d.serve(r, s, Settler() if settle is None else settle)
         done.set()
 
+    async def ended() -> None:
+        with trio.fail_after(10):
+            await done.wait()
+
     nursery.start_soon(serve)
     await _until(lambda: len(d) == 1, "registered")
-    return done
+    return ended
 
 
 async def test_one_slice_per_connection_per_round(nursery: trio.Nursery) -> None:
@@ -128,11 +134,10 @@ async def test_eof_ends_serve_and_unregisters(nursery: trio.Nursery) -> None:
     d = await _started(nursery)
     r, w = _pair()
     s = Recorder("a", [])
-    done = await _serving(nursery, d, r, s)
+    ended = await _serving(nursery, d, r, s)
     w.sendall(b"hello")
     w.close()
-    with trio.fail_after(10):
-        await done.wait()
+    await ended()
     assert s.eofs == 1 and s.log == [("a", b"hello")] and len(d) == 0
     r.close()
 
@@ -191,10 +196,9 @@ async def test_settle_false_or_end_ends_serve(nursery: trio.Nursery) -> None:
         r, w = _pair()
         s = Recorder("a", [], step=step)
         settle = Settler(read_on)
-        done = await _serving(nursery, d, r, s, settle)
+        ended = await _serving(nursery, d, r, s, settle)
         w.sendall(b"x")
-        with trio.fail_after(10):
-            await done.wait()
+        await ended()
         # END never reaches settle; a wait step does, and its False ends the reader.
         assert settle.steps == ([] if step == END else [step]) and len(d) == 0
         r.close()
@@ -205,11 +209,10 @@ async def test_closed_session_handed_back_without_reading(nursery: trio.Nursery)
     d = await _started(nursery)
     r, w = _pair()
     s = Recorder("a", [])
-    done = await _serving(nursery, d, r, s)
+    ended = await _serving(nursery, d, r, s)
     s.outbox.close("test")
     w.sendall(b"late")
-    with trio.fail_after(10):
-        await done.wait()
+    await ended()
     assert s.log == [] and not s.eofs and len(d) == 0 and d.reads == 0
     r.close()
     w.close()
