@@ -34,6 +34,7 @@ from tests.hostile import (
 )
 from tests.jgroups_clients import J2Client, J5Client, uuid
 from tests.nclient import NativeClient
+from tests.ops_client import tokens_file
 
 Start = Callable[..., Awaitable[Server]]
 
@@ -372,10 +373,8 @@ async def test_per_address_connection_limit(start_router: Start) -> None:
 
 async def test_failed_authentications_are_slowed_and_logged_in_summary(
         start_router: Start, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    tokens = tmp_path / "tokens.toml"
-    tokens.write_text('[[token]]\nidentity = "app"\ntoken = "0123456789abcdef-good"\n'
-                      'groups = ["*"]\n')
-    tokens.chmod(0o600)
+    tokens = tokens_file(tmp_path, '[[token]]\nidentity = "app"\n'
+                         'token = "0123456789abcdef-good"\ngroups = ["*"]\n')
     router = await start_router(tokens_file=str(tokens), auth_backoff=0.2)
     assert router.address is not None
     a = await NativeClient.open(*router.address, token="0123456789abcdef-good")

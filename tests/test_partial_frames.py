@@ -30,6 +30,7 @@ from gossiprouter.sessions.base import Session
 from tests.conftest import RouterFactory
 from tests.jgroups_clients import V2, V5, J2Client, J5Client, ip, uuid
 from tests.nclient import NativeClient
+from tests.ops_client import tokens_file
 from tests.test_ops_metrics import scrape, v
 
 MiB = 1 << 20
@@ -38,15 +39,12 @@ COUNT = 300  # sequenced messages per honest protocol
 
 
 def _tokens(tmp_path: Path) -> Path:
-    path = tmp_path / "tokens.toml"
-    path.write_text(f'''
+    return tokens_file(tmp_path, f'''
 [[token]]
 identity = "honest"
 sha256 = "{hashlib.sha256(TOKEN.encode()).hexdigest()}"
 groups = ["*"]
 ''')
-    path.chmod(0o600)
-    return path
 
 
 def _addr(router: Server) -> tuple[str, int]:
