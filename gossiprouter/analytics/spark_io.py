@@ -3,10 +3,12 @@ and the Spark session it runs in.
 
 Paths are local paths by default. Anything with a URI scheme (``hdfs://``, ``s3a://``,
 ``file://`` ...) is handed to Spark and Hadoop as is; small files (the manifest, the report)
-go through Hadoop's FileSystem API then (:class:`HadoopFs`). :class:`RunStore` is what the job
-(:mod:`gossiprouter.analytics.audit`) reads and writes through. :func:`spark_session` starts
+go through Hadoop's FileSystem API then (:class:`HadoopFs`). :class:`RunStore` is what the jobs
+(:mod:`gossiprouter.analytics.audit`, :mod:`gossiprouter.analytics.topics_audit`) read and
+write through. :func:`spark_session` starts
 Spark, embedded as ``local[*]`` unless a master URL is given, kept on loopback for a loopback
-master.
+master; :func:`open_session` is what both jobs (the ROUTE audit and the topics audit) call to
+start or join it, reporting through :class:`Phases`, their progress lines.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ publication its **expected receivers**: the subscribers that held, at the send t
 pattern matching the publication's id, within its scope (``local``: the subscribers on
 the publisher's router; ``global``: on every router). Against the deliveries recorded it
 counts, per scope, the deliveries lost, duplicated and unexpected, and the latency
-percentiles, then writes report.json and report.html with the machinery of the ROUTE
-audit (:mod:`gossiprouter.analytics.audit`: Spark session, phases, latency histogram;
+percentiles, then writes report.json and report.html with the machinery it shares with the
+ROUTE audit (:mod:`gossiprouter.analytics.spark_io`: Spark session, progress, run directory;
+:mod:`gossiprouter.analytics.latency`: latency histogram and percentiles;
 :mod:`gossiprouter.analytics.report`: verdict, report files).
 
 **A subscriber changing its patterns is in flux.** The router applies an UNSUBSCRIBE and a
