@@ -51,6 +51,7 @@ from gossiprouter.topics import TopicError, TopicId, format_topic, parse_topic, 
 __all__ = ["listen_command", "members_command", "publish_command", "send_command"]
 
 R = TypeVar("R")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 # --------------------------------------------------------------------------- parsing
@@ -165,6 +166,31 @@ _TIMEOUT = click.option("--timeout", type=click.FloatRange(min=0.1), default=5.0
                         help="Seconds to wait for the router (connect, answers).")
 
 
+def _joins_as(flag: str, param: str, default_name: str) -> Callable[[F], F]:
+    """The ADDR option (``flag``, passed as ``param``) and ``--name`` of a command that
+    joins its group: one wording for send, publish and listen."""
+    addr = click.option(flag, param, metavar="ADDR",
+                        help="The address to join with; default: a new random 16-byte address.")
+    name = click.option("--name", default=default_name, show_default=True,
+                        help="Logical name to join with.")
+    return lambda f: addr(name(f))
+
+
+def _join_addr(value: str | None, flag: str) -> bytes:
+    """The address given with ``flag``, or a new random 16-byte one."""
+    return uuid.uuid4().bytes if value is None else parse_addr(value, f"{flag} ADDR")
+
+
+async def _refusals(stub: RouterStub, group: str) -> dict[str, int]:
+    """The asynchronous ERRORs the router sent for what was sent so far, by code.
+
+    Requests are answered in order: once GET_MEMBERS is answered, an ERROR for an earlier
+    frame (a unicast to an unknown member, a refused publication) has arrived before it.
+    """
+    await stub.members(group)
+    return {k: v for k, v in stub.stats.async_errors.items() if v}
+
+
 # --------------------------------------------------------------------------- members
 
 
@@ -215,10 +241,7 @@ def members_command(router: str, group: str, as_json: bool, timeout: float) -> N
 @click.argument("text")
 @click.option("--to", "to", metavar="ADDR",
               help="Send to this member only (text, or hex:0a0b...); default: the whole group.")
-@click.option("--from", "sender", metavar="ADDR",
-              help="The address to join with; default: a new random 16-byte address.")
-@click.option("--name", default="gossiprouter-send", show_default=True,
-              help="Logical name to join with.")
+@_joins_as("--from", "sender", "gossiprouter-send")
 @_JSON
 @_TIMEOUT
 def send_command(router: str, group: str, text: str, to: str | None, sender: str | None,
@@ -233,7 +256,7 @@ def send_command(router: str, group: str, text: str, to: str | None, sender: str
     routers = parse_routers(router)
     check_group(group)
     dest = None if to is None else parse_addr(to, "--to ADDR")
-    addr = uuid.uuid4().bytes if sender is None else parse_addr(sender, "--from ADDR")
+    addr = _join_addr(sender, "--from")
     payload = text.encode()
 
     async def run() -> None:
@@ -241,13 +264,9 @@ def send_command(router: str, group: str, text: str, to: str | None, sender: str
             await stub.wait_connected(timeout, fail_fast=True)
             ch = await stub.connect(group, addr, name=name)
             await ch.send(payload, dest)
-            if dest is not None:
-                # The router answers requests in order: once GET_MEMBERS is answered, an
-                # ERROR unknown_destination for the unicast would have arrived before it.
-                await stub.members(group)
-                if stub.stats.async_errors.get("unknown_destination"):
-                    raise CommandError(f"no member {format_addr(dest)} in {group!r}: "
-                                    "message dropped")
+            if dest is not None and "unknown_destination" in await _refusals(stub, group):
+                raise CommandError(f"no member {format_addr(dest)} in {group!r}: "
+                                   "message dropped")
 
     _run(run)
     shown_dest = None if dest is None else format_addr(dest)
@@ -268,10 +287,7 @@ def send_command(router: str, group: str, text: str, to: str | None, sender: str
 @click.option("--watch-only", is_flag=True,
               help="Only watch joins and leaves; do not join the group (no messages). "
                    "The only way for the JGroups namespaces.")
-@click.option("--addr", "addr_text", metavar="ADDR",
-              help="The address to join with; default: a new random 16-byte address.")
-@click.option("--name", default="gossiprouter-listen", show_default=True,
-              help="Logical name to join with.")
+@_joins_as("--addr", "addr_text", "gossiprouter-listen")
 @click.option("--subscribe", "patterns", metavar="PATTERN", multiple=True,
               help="Also receive topic publications matching PROVIDER/BROADCAST[/PARTITION...] "
                    "('+' one level, '*' last: any levels); repeatable.")
@@ -295,7 +311,7 @@ def listen_command(router: str, group: str, watch_only: bool, addr_text: str | N
     """
     routers = parse_routers(router)
     check_group(group)
-    addr = uuid.uuid4().bytes if addr_text is None else parse_addr(addr_text, "--addr ADDR")
+    addr = _join_addr(addr_text, "--addr")
     names: dict[bytes, str] = {}
     subs = [_pattern_arg(p) for p in patterns]
     if subs and watch_only:
@@ -434,10 +450,7 @@ def _pattern_arg(value: str) -> TopicId:
 @click.option("--global", "is_global", is_flag=True,
               help="Scope global: also to the subscribers of every router federated with this "
                    "one (see serve --bridge); default: this router's subscribers only.")
-@click.option("--from", "sender", metavar="ADDR",
-              help="The address to join with; default: a new random 16-byte address.")
-@click.option("--name", default="gossiprouter-publish", show_default=True,
-              help="Logical name to join with.")
+@_joins_as("--from", "sender", "gossiprouter-publish")
 @_JSON
 @_TIMEOUT
 def publish_command(router: str, group: str, topic: str, text: str, is_global: bool,
@@ -455,7 +468,7 @@ def publish_command(router: str, group: str, topic: str, text: str, is_global: b
     routers = parse_routers(router)
     check_group(group)
     tid = _topic_arg(topic, "ID", concrete=True)
-    addr = uuid.uuid4().bytes if sender is None else parse_addr(sender, "--from ADDR")
+    addr = _join_addr(sender, "--from")
     payload = text.encode()
     scope: Literal["local", "global"] = "global" if is_global else "local"
 
@@ -464,10 +477,7 @@ def publish_command(router: str, group: str, topic: str, text: str, is_global: b
             await stub.wait_connected(timeout, fail_fast=True)
             ch = await stub.connect(group, addr, name=name)
             await ch.publish(tid, payload, scope=scope)
-            # Requests are answered in order: once GET_MEMBERS is answered, an ERROR
-            # for the publication (bad_topic, not_member) would have arrived before it.
-            await stub.members(group)
-            errors = {k: v for k, v in stub.stats.async_errors.items() if v}
+            errors = await _refusals(stub, group)  # bad_topic, not_member
             if errors:
                 raise CommandError(f"the router refused the publication: {', '.join(errors)}")
             await ch.disconnect()

@@ -1,14 +1,19 @@
-"""Shared fixtures: an in-process router on a free 127.0.0.1 port, and a raw native client."""
+"""Shared fixtures: an in-process router on a free 127.0.0.1 port, a local Spark, and a
+short federated topics scenario."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 import trio
 
 from gossiprouter.config import Config
+from gossiprouter.loadtest.topics import MOSQUITTO
 from gossiprouter.ops.runtime import Operations
 from gossiprouter.server import Server
 
@@ -68,3 +73,26 @@ def spark() -> Iterator[SparkSession]:
     })
     yield session
     session.stop()
+
+
+TopicsScenario = Callable[..., Path]
+
+
+@pytest.fixture
+def topics_scenario(tmp_path: Path) -> TopicsScenario:
+    """Writes a short federated topics scenario (two routers, one publisher) for end-to-end
+    runs and returns its path; skips the test when mosquitto, the federation's broker, is
+    not installed (scripts/setup installs it)."""
+    if not shutil.which(MOSQUITTO):
+        pytest.skip("mosquitto is not installed")
+
+    def write(*, duration: float, drain: float, subscribers: int, rate: float,
+              churn_interval: float, settle: float, patterns: list[str]) -> Path:
+        f = tmp_path / "t.toml"
+        f.write_text(f'kind = "topics"\nduration = {duration}\ndrain = {drain}\nrouters = 2\n'
+                     f'[topics]\npublishers = 1\nsubscribers = {subscribers}\nrate = {rate}\n'
+                     f'churn_interval = {churn_interval}\nsettle = {settle}\n'
+                     f'patterns = {json.dumps(patterns)}\n')
+        return f
+
+    return write

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, Protocol, Self, TypeVar
 
 import trio
 import trio.testing
@@ -36,10 +37,30 @@ def ip(port: int, version: int, host: str = "127.0.0.1") -> JAddress:
     return JAddress.from_ip(host, port, version=version)
 
 
-class _Client:
+E = TypeVar("E")
+E_co = TypeVar("E_co", covariant=True)
+
+
+class _Decoder(Protocol[E_co]):
+    def feed(self, data: bytes) -> None: ...
+
+    def next_event(self) -> E_co | None: ...
+
+
+class _Client(Generic[E]):
+    """What both clients do: read the router's events through their protocol's decoder."""
+
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
+        self.decoder = self._decoder()
         self.eof = False
+
+    @classmethod
+    async def open(cls, host: str, port: int) -> Self:
+        return cls(await trio.open_tcp_stream(host, port))
+
+    def _decoder(self) -> _Decoder[E]:
+        raise NotImplementedError
 
     async def send_raw(self, data: bytes) -> None:
         await self.stream.send_all(data)
@@ -50,14 +71,24 @@ class _Client:
         if not data:
             self.eof = True
             raise EOFError("router closed the connection")
-        self._feed(data)
+        self.decoder.feed(data)
 
-    def _feed(self, data: bytes) -> None:
-        raise NotImplementedError
+    async def recv(self, timeout: float = 5.0) -> E:
+        """The next event the router sent."""
+        while True:
+            ev = self.decoder.next_event()
+            if ev is not None:
+                return ev
+            await self._fill(timeout)
 
-    async def recv(self, timeout: float = 5.0) -> object:
-        """The next event the router sent (the subclasses' decoders say which)."""
-        raise NotImplementedError
+    async def recv_until_closed(self, timeout: float = 5.0) -> list[E]:
+        """Every event until the router closes the connection."""
+        out: list[E] = []
+        try:
+            while True:
+                out.append(await self.recv(timeout))
+        except EOFError:
+            return out
 
     async def send_eof(self) -> None:
         """Half-close (FIN), as a client process that exits does."""
@@ -67,34 +98,13 @@ class _Client:
         await self.stream.aclose()
 
 
-class J2Client(_Client):
+class J2Client(_Client[j2.ClientEvent]):
     """A JGroups 2.12 RouterStub's wire behaviour."""
 
-    def __init__(self, stream: trio.SocketStream) -> None:
-        super().__init__(stream)
-        self.decoder = j2.ClientDecoder(max_frame=BIG)
+    decoder: j2.ClientDecoder
 
-    @classmethod
-    async def open(cls, host: str, port: int) -> J2Client:
-        return cls(await trio.open_tcp_stream(host, port))
-
-    def _feed(self, data: bytes) -> None:
-        self.decoder.feed(data)
-
-    async def recv(self, timeout: float = 5.0) -> j2.ClientEvent:
-        while True:
-            ev = self.decoder.next_event()
-            if ev is not None:
-                return ev
-            await self._fill(timeout)
-
-    async def recv_until_closed(self, timeout: float = 5.0) -> list[j2.ClientEvent]:
-        out: list[j2.ClientEvent] = []
-        try:
-            while True:
-                out.append(await self.recv(timeout))
-        except EOFError:
-            return out
+    def _decoder(self) -> j2.ClientDecoder:
+        return j2.ClientDecoder(max_frame=BIG)
 
     async def connect(
         self,
@@ -136,37 +146,21 @@ class J2Client(_Client):
         await self.send_raw(j2.message(group, dest, payload))
 
 
-class J5Client(_Client):
+class J5Client(_Client[j5.Event]):
     """A JGroups 5.x RouterStub's wire behaviour."""
 
     def __init__(self, stream: trio.SocketStream) -> None:
         super().__init__(stream)
-        self.decoder = j5.Decoder(max_frame=BIG)
         self.close_marker = False
 
-    @classmethod
-    async def open(cls, host: str, port: int) -> J5Client:
-        return cls(await trio.open_tcp_stream(host, port))
-
-    def _feed(self, data: bytes) -> None:
-        self.decoder.feed(data)
+    def _decoder(self) -> j5.Decoder:
+        return j5.Decoder(max_frame=BIG)
 
     async def recv(self, timeout: float = 5.0) -> j5.Event:
-        while True:
-            ev = self.decoder.next_event()
-            if ev is not None:
-                if isinstance(ev, j5.CloseMarker):
-                    self.close_marker = True
-                return ev
-            await self._fill(timeout)
-
-    async def recv_until_closed(self, timeout: float = 5.0) -> list[j5.Event]:
-        out: list[j5.Event] = []
-        try:
-            while True:
-                out.append(await self.recv(timeout))
-        except EOFError:
-            return out
+        ev = await super().recv(timeout)
+        if isinstance(ev, j5.CloseMarker):
+            self.close_marker = True
+        return ev
 
     async def register(
         self, group: str | None, addr: JAddress | None, name: str | None = None,

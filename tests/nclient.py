@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import itertools
 import ssl
+from typing import TYPE_CHECKING
 
 import trio
 
 from gossiprouter.client.tls import wrap_client
 from gossiprouter.protocol import native as wire
+
+if TYPE_CHECKING:
+    from gossiprouter.server import Server
 
 
 class NativeClient:
@@ -46,6 +50,17 @@ class NativeClient:
             assert isinstance(w, wire.Welcome), w
             c.welcome = w
         return c
+
+    @classmethod
+    async def to(cls, router: Server) -> NativeClient:
+        """A client of the in-process ``router`` (started: its address is known)."""
+        assert router.address is not None
+        return await cls.open(*router.address)
+
+    @classmethod
+    async def several(cls, router: Server, n: int) -> list[NativeClient]:
+        """``n`` clients of the in-process ``router``, opened one after the other."""
+        return [await cls.to(router) for _ in range(n)]
 
     def req(self) -> int:
         return next(self._req)
@@ -103,6 +118,15 @@ class NativeClient:
 
     async def members(self, group: str) -> wire.Frame:
         return await self.request(wire.GetMembers(self.req(), group))
+
+    async def member_list(self, group: str) -> tuple[wire.MemberInfo, ...]:
+        """The members of ``group``, asserting that the router answered with a list."""
+        reply = await self.members(group)
+        assert isinstance(reply, wire.Ok) and reply.members is not None, reply
+        return reply.members
+
+    async def member_addrs(self, group: str) -> list[bytes]:
+        return [m.addr for m in await self.member_list(group)]
 
     async def aclose(self) -> None:
         await trio.aclose_forcefully(self.stream)

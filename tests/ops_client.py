@@ -1,7 +1,9 @@
 """Test helpers for the operations tests: the raw native client (tests/nclient.py, which
-speaks TLS and sends tokens) under its old name, and a tiny HTTP GET."""
+speaks TLS and sends tokens) under its old name, a tiny HTTP GET, and a tokens file."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import trio
 
@@ -9,6 +11,15 @@ from tests.nclient import NativeClient
 
 # The raw client of tests/nclient.py speaks TLS and sends tokens too.
 OpsClient = NativeClient
+
+
+def tokens_file(directory: Path, text: str) -> Path:
+    """``directory/tokens.toml`` holding ``text``, readable by its owner only: the router
+    warns about a file of plain tokens that others can read."""
+    path = directory / "tokens.toml"
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
 
 
 async def http_get(address: tuple[str, int], path: str, method: str = "GET",

@@ -15,10 +15,11 @@ from gossiprouter.ops.admin import DEFAULT_LIMIT, MAX_LIMIT, group_view, groups_
 from gossiprouter.ops.runtime import check_startup
 from gossiprouter.protocol import native as wire
 from gossiprouter.server import Server
+from tests.conftest import RouterFactory as Start
 from tests.conftest import ops_of
+from tests.hostile import during
 from tests.nclient import NativeClient
 from tests.ops_client import http_get
-from tests.test_hostile_fairness import Start, _during
 
 N_GROUPS = 2500
 
@@ -136,7 +137,7 @@ async def test_admin_polling_during_traffic_loses_nothing(start_router: Start) -
             status, _, body = await http_get(_admin(router), "/metrics")
             assert status == 200 and b"gossiprouter_groups" in body
 
-    await _during(router, attack)
+    await during(router, attack)
 
 
 async def test_bearer_token(start_router: Start, monkeypatch: pytest.MonkeyPatch) -> None:

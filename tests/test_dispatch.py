@@ -4,6 +4,7 @@ session, and the server's use of it on real 127.0.0.1 connections."""
 from __future__ import annotations
 
 import socket
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -16,10 +17,17 @@ from gossiprouter.protocol import native as wire
 from gossiprouter.server import Server
 from gossiprouter.sessions.base import Outbox
 from tests.conftest import RouterFactory
+from tests.hostile import (
+    FLOOD_BUDGET,
+    Honest,
+    during,
+    native_control_flood,
+    pipelined_pings,
+    throttled_then_closed,
+)
 from tests.nclient import NativeClient
 from tests.ops_client import OpsClient
 from tests.test_hostile import _boom, honest_traffic, still_serving
-from tests.test_hostile_fairness import Honest, _during, _native_flood
 from tests.test_ops_tls import _ca_file, _server_files
 
 
@@ -80,6 +88,26 @@ async def _until(cond: object, what: str) -> None:
             await trio.sleep(0.005)
 
 
+async def _serving(nursery: trio.Nursery, d: Dispatcher, r: socket.socket, s: Recorder,
+                   settle: Settler | None = None) -> Callable[[], Awaitable[None]]:
+    """Serve ``r`` for ``s`` in the background; returns once the connection is registered
+    (the only one: the callers serve one at a time), with a function that waits (bounded)
+    until ``d.serve`` has returned."""
+    done = trio.Event()
+
+    async def serve() -> None:
+        await d.serve(r, s, Settler() if settle is None else settle)
+        done.set()
+
+    async def ended() -> None:
+        with trio.fail_after(10):
+            await done.wait()
+
+    nursery.start_soon(serve)
+    await _until(lambda: len(d) == 1, "registered")
+    return ended
+
+
 async def test_one_slice_per_connection_per_round(nursery: trio.Nursery) -> None:
     """A connection with much to read gets recv_size bytes per round, so another ready
     connection is served in the same round instead of after the first is drained."""
@@ -106,18 +134,10 @@ async def test_eof_ends_serve_and_unregisters(nursery: trio.Nursery) -> None:
     d = await _started(nursery)
     r, w = _pair()
     s = Recorder("a", [])
-    done = trio.Event()
-
-    async def serve() -> None:
-        await d.serve(r, s, Settler())
-        done.set()
-
-    nursery.start_soon(serve)
-    await _until(lambda: len(d) == 1, "registered")
+    ended = await _serving(nursery, d, r, s)
     w.sendall(b"hello")
     w.close()
-    with trio.fail_after(10):
-        await done.wait()
+    await ended()
     assert s.eofs == 1 and s.log == [("a", b"hello")] and len(d) == 0
     r.close()
 
@@ -176,18 +196,9 @@ async def test_settle_false_or_end_ends_serve(nursery: trio.Nursery) -> None:
         r, w = _pair()
         s = Recorder("a", [], step=step)
         settle = Settler(read_on)
-        done = trio.Event()
-
-        async def serve(r: socket.socket = r, s: Recorder = s, settle: Settler = settle,
-                        done: trio.Event = done) -> None:
-            await d.serve(r, s, settle)
-            done.set()
-
-        nursery.start_soon(serve)
-        await _until(lambda: len(d) == 1, "registered")
+        ended = await _serving(nursery, d, r, s, settle)
         w.sendall(b"x")
-        with trio.fail_after(10):
-            await done.wait()
+        await ended()
         # END never reaches settle; a wait step does, and its False ends the reader.
         assert settle.steps == ([] if step == END else [step]) and len(d) == 0
         r.close()
@@ -198,18 +209,10 @@ async def test_closed_session_handed_back_without_reading(nursery: trio.Nursery)
     d = await _started(nursery)
     r, w = _pair()
     s = Recorder("a", [])
-    done = trio.Event()
-
-    async def serve() -> None:
-        await d.serve(r, s, Settler())
-        done.set()
-
-    nursery.start_soon(serve)
-    await _until(lambda: len(d) == 1, "registered")
+    ended = await _serving(nursery, d, r, s)
     s.outbox.close("test")
     w.sendall(b"late")
-    with trio.fail_after(10):
-        await done.wait()
+    await ended()
     assert s.log == [] and not s.eofs and len(d) == 0 and d.reads == 0
     r.close()
     w.close()
@@ -262,42 +265,23 @@ async def test_pipelined_pings_take_turns_on_the_dispatcher(start_router: Router
     """The pipeline (one read) is fed in turns: the dispatcher hands the flooder back for a
     checkpoint, the honest pair is served meanwhile, and every PONG arrives."""
     router = await start_router(dispatcher=True, control_rate=0)
-    counters, d = router.hub.counters, router.dispatcher
-    n = 5000
+    d = router.dispatcher
+    pipeline = pipelined_pings(router, 5000)
 
     async def attack(honest: Honest) -> None:
-        assert router.address is not None
-        flood = await NativeClient.open(*router.address)
         reads = d.reads
-        await flood.send_raw(wire.encode(wire.Ping(1)) * n)
-        seen = 0
-        while seen == 0:
-            await trio.sleep(0)
-            seen = counters.frames_in.get("Ping", 0) - pings
-        assert 0 < seen < n, "the whole pipeline was processed in one turn"
-        for _ in range(n):
-            assert await flood.recv() == wire.Pong(1)
+        await pipeline(honest)
         assert d.reads > reads
-        await flood.aclose()
 
-    pings = counters.frames_in.get("Ping", 0)
-    await _during(router, attack)
-    assert counters.turns_cut > 0 and d.handbacks > 0
+    await during(router, attack)
+    assert router.hub.counters.turns_cut > 0 and d.handbacks > 0
 
 
 async def test_control_flood_throttled_then_closed_on_the_dispatcher(
         start_router: RouterFactory) -> None:
-    router = await start_router(dispatcher=True, control_rate=200, control_burst=200,
-                                control_grace=0.5)
-
-    async def attack(honest: Honest) -> None:
-        pongs = honest.pongs
-        await _native_flood(router, wire.encode(wire.Ping(3)), True)
-        assert honest.pongs > pongs
-
-    await _during(router, attack)
-    c = router.hub.counters
-    assert c.throttled_turns > 0 and c.rate_limited == 1
+    router = await start_router(dispatcher=True, **FLOOD_BUDGET)
+    frame = wire.encode(wire.Ping(3))
+    await throttled_then_closed(router, lambda: native_control_flood(router, frame))
     assert router.dispatcher.handbacks > 0 and router.dispatcher.reads > 0
 
 

@@ -24,82 +24,20 @@ from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.jgroups_common import V2, V5
 from gossiprouter.server import REFUSAL_SLOTS, Server
 from tests.conftest import ops_of
+from tests.hostile import (
+    FLOOD_BUDGET,
+    Honest,
+    during,
+    flood,
+    native_control_flood,
+    pipelined_pings,
+    throttled_then_closed,
+)
 from tests.jgroups_clients import J2Client, J5Client, uuid
 from tests.nclient import NativeClient
+from tests.ops_client import tokens_file
 
 Start = Callable[..., Awaitable[Server]]
-
-
-class Honest:
-    """Two native members: A multicasts numbered messages to B, and pings, while an attack
-    runs; :meth:`check` asserts B got every one of them, in order, and every PING was
-    answered."""
-
-    def __init__(self, a: NativeClient, b: NativeClient) -> None:
-        self.a, self.b = a, b
-        self.sent = 0
-        self.got: list[int] = []
-        self.pongs = 0
-        self.stop = trio.Event()
-
-    @classmethod
-    async def open(cls, router: Server) -> Honest:
-        assert router.address is not None
-        a = await NativeClient.open(*router.address)
-        b = await NativeClient.open(*router.address)
-        assert await a.connect("honest", b"A") == wire.Ok(1)
-        assert await b.connect("honest", b"B") == wire.Ok(1)
-        return cls(a, b)
-
-    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as n:
-            n.start_soon(self._receive)
-            task_status.started()
-            while not self.stop.is_set():
-                await self.a.send(wire.Route("honest", None, b"A",
-                                             self.sent.to_bytes(4, "big")))
-                self.sent += 1
-                await self.a.send(wire.Ping(self.sent))
-                await trio.sleep(0.005)
-            with trio.fail_after(20):
-                while len(self.got) < self.sent:
-                    await trio.sleep(0.01)
-            n.cancel_scope.cancel()
-
-    async def _receive(self) -> None:
-        async def pongs() -> None:
-            while True:
-                f = await self.a.recv(timeout=30)
-                if isinstance(f, wire.Pong):
-                    self.pongs += 1
-
-        async with trio.open_nursery() as n:
-            n.start_soon(pongs)
-            while True:
-                f = await self.b.recv(timeout=30)
-                if isinstance(f, wire.Route):
-                    self.got.append(int.from_bytes(f.payload, "big"))
-
-    def check(self) -> None:
-        assert self.sent > 0
-        assert self.got == list(range(self.sent)), "honest messages lost or reordered"
-
-
-async def _during(router: Server, attack: Callable[[Honest], Awaitable[None]]) -> Honest:
-    """Run ``attack`` while the honest pair exchanges messages; then check the pair."""
-    honest = await Honest.open(router)
-    async with trio.open_nursery() as n:
-        await n.start(honest.run)
-        await attack(honest)
-        honest.stop.set()
-    honest.check()
-    # Still serving: a new client gets its WELCOME and its PONG.
-    assert router.address is not None
-    c = await NativeClient.open(*router.address)
-    await c.send(wire.Ping(42))
-    assert await c.recv() == wire.Pong(42)
-    await c.aclose()
-    return honest
 
 
 # ------------------------------------------------------------------ item 6: fairness
@@ -109,129 +47,57 @@ async def test_pipelined_pings_are_processed_in_turns(start_router: Start) -> No
     """A pipeline of 5,000 PINGs (one 35 KB write, so one read) no longer runs in one go:
     other connections run between its turns, and it still gets every PONG."""
     router = await start_router(control_rate=0)  # the turn's share alone, no budget
-    n = 5000
-    counters = router.hub.counters
-
-    async def attack(honest: Honest) -> None:
-        assert router.address is not None
-        flood = await NativeClient.open(*router.address)
-        before = counters.frames_in.get("Ping", 0)
-        await flood.send_raw(wire.encode(wire.Ping(1)) * n)
-        # Between two turns of the flooder, this task runs and sees the flood half done.
-        seen = 0
-        while seen == 0:
-            await trio.sleep(0)
-            seen = counters.frames_in.get("Ping", 0) - before
-        assert 0 < seen < n, "the whole pipeline was processed in one turn"
-        got = 0
-        while got < n:
-            f = await flood.recv()
-            assert f == wire.Pong(1)
-            got += 1
-        await flood.aclose()
-
-    await _during(router, attack)
-    assert counters.turns_cut > 0
-
-
-async def _native_flood(router: Server, frame: bytes, expect_error: bool) -> None:
-    assert router.address is not None
-    flood = await NativeClient.open(*router.address)
-    batch = frame * 500
-    with trio.fail_after(30):
-        async with trio.open_nursery() as n:
-            async def send() -> None:
-                try:
-                    for _ in range(400):  # bounded: 200,000 frames at most
-                        await flood.send_raw(batch)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                    pass
-
-            n.start_soon(send)
-            frames = await flood.recv_until_closed(timeout=20)
-            n.cancel_scope.cancel()
-    last = frames[-1]
-    assert isinstance(last, wire.Error) and last.code == "rate_limited", last
-    assert "control frames per second" in last.message
-    assert expect_error
+    await during(router, pipelined_pings(router, 5000))
+    assert router.hub.counters.turns_cut > 0
 
 
 @pytest.mark.parametrize("kind", ["ping", "get_members"])
 async def test_native_control_flood_is_throttled_then_closed(start_router: Start,
                                                             kind: str) -> None:
-    router = await start_router(control_rate=200, control_burst=200, control_grace=0.5)
+    router = await start_router(**FLOOD_BUDGET)
     frame = (wire.encode(wire.Ping(3)) if kind == "ping"
              else wire.encode(wire.GetMembers(1, "nothing-here")))
 
-    async def attack(honest: Honest) -> None:
-        pongs = honest.pongs
-        await _native_flood(router, frame, True)
-        # The honest client's PINGs were answered while the flood was throttled.
-        assert honest.pongs > pongs
-
-    await _during(router, attack)
-    c = router.hub.counters
-    assert c.throttled_turns > 0 and c.rate_limited == 1
+    await throttled_then_closed(router, lambda: native_control_flood(router, frame))
 
 
 async def test_jgroups5_heartbeat_flood_is_throttled_then_closed(start_router: Start) -> None:
-    router = await start_router(control_rate=200, control_burst=200, control_grace=0.5)
+    router = await start_router(**FLOOD_BUDGET)
 
-    async def attack(honest: Honest) -> None:
+    async def heartbeats() -> None:
         assert router.address is not None
-        flood = await J5Client.open(*router.address)
-        pongs = honest.pongs
-        echoes = 0
-        with trio.fail_after(30):
-            async with trio.open_nursery() as n:
-                async def send() -> None:
-                    try:
-                        for _ in range(400):
-                            await flood.send_raw(j5.heartbeat() * 500)
-                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                        pass
+        client = await J5Client.open(*router.address)
 
-                n.start_soon(send)
-                # Closed with our HEARTBEATs unread: the router's close ends in a reset,
-                # after the data it sent (the close marker last) has been read.
-                with contextlib.suppress(trio.BrokenResourceError, EOFError):
-                    while True:
-                        echoes += isinstance(await flood.recv(timeout=20), j5.Heartbeat)
-                n.cancel_scope.cancel()
-        assert flood.close_marker  # closed deliberately, not reset
-        assert 200 <= echoes < 200_000  # its burst was answered, the rest was not read
-        assert honest.pongs > pongs
+        async def echoes() -> int:
+            n = 0
+            # Closed with our HEARTBEATs unread: the router's close ends in a reset, after
+            # the data it sent (the close marker last) has been read.
+            with contextlib.suppress(trio.BrokenResourceError, EOFError):
+                while True:
+                    n += isinstance(await client.recv(timeout=20), j5.Heartbeat)
+            return n
 
-    await _during(router, attack)
-    c = router.hub.counters
-    assert c.throttled_turns > 0 and c.rate_limited == 1
+        n = await flood(client.send_raw, j5.heartbeat() * 500, echoes)
+        assert client.close_marker  # closed deliberately, not reset
+        assert 200 <= n < 200_000  # its burst was answered, the rest was not read
+
+    await throttled_then_closed(router, heartbeats)
 
 
 async def test_jgroups2_request_flood_is_throttled_then_closed(start_router: Start) -> None:
-    router = await start_router(control_rate=200, control_burst=200, control_grace=0.5)
+    router = await start_router(**FLOOD_BUDGET)
 
-    async def attack(honest: Honest) -> None:
+    async def requests() -> None:
         assert router.address is not None
-        flood = await J2Client.open(*router.address)
-        pongs = honest.pongs
-        with trio.fail_after(30):
-            async with trio.open_nursery() as n:
-                async def send() -> None:
-                    try:
-                        for _ in range(400):
-                            await flood.send_raw(j2.ping() * 500)
-                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                        pass
+        client = await J2Client.open(*router.address)
 
-                n.start_soon(send)
-                with contextlib.suppress(trio.BrokenResourceError):
-                    await flood.recv_until_closed(timeout=20)
-                n.cancel_scope.cancel()
-        assert honest.pongs > pongs
+        async def until_closed() -> None:
+            with contextlib.suppress(trio.BrokenResourceError):
+                await client.recv_until_closed(timeout=20)
 
-    await _during(router, attack)
-    c = router.hub.counters
-    assert c.throttled_turns > 0 and c.rate_limited == 1
+        await flood(client.send_raw, j2.ping() * 500, until_closed)
+
+    await throttled_then_closed(router, requests)
 
 
 async def test_a_burst_within_budget_is_not_closed(start_router: Start) -> None:
@@ -268,7 +134,7 @@ async def test_watch_limit_per_connection(start_router: Start) -> None:
         assert await c.request(wire.Watch(12, "w3")) == wire.Ok(12)
         await c.aclose()
 
-    await _during(router, attack)
+    await during(router, attack)
 
 
 async def test_router_wide_group_cap(start_router: Start) -> None:
@@ -299,22 +165,30 @@ async def test_router_wide_group_cap(start_router: Start) -> None:
         for x in (c, j2c, j5c):
             await x.aclose()
 
-    await _during(router, attack)
+    await during(router, attack)
 
 
 # ------------------------------------------------------------------ item 8: write deadline
+
+
+def _stalled_socket(router: Server, first: bytes) -> socket.socket:
+    """A raw client socket with a small receive buffer that sends ``first`` (its handshake
+    and registration) and then reads nothing until the test says so."""
+    assert router.address is not None
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(router.address)
+    s.setblocking(False)
+    s.send(first)
+    return s
 
 
 async def _stalled_receiver(router: Server, honest: Honest) -> tuple[socket.socket, int]:
     """A member of "honest" whose socket reads nothing; honest.a's traffic piles up for it
     below its queue bounds. Returns the raw socket and how many routed frames were sent."""
     assert router.address is not None
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    s.connect(router.address)
-    s.setblocking(False)
-    s.send(wire.PREAMBLE + wire.encode(wire.Hello((1,), "stalled"))
-           + wire.encode(wire.Connect(1, "honest", b"STALLED", None, ())))
+    s = _stalled_socket(router, wire.PREAMBLE + wire.encode(wire.Hello((1,), "stalled"))
+                        + wire.encode(wire.Connect(1, "honest", b"STALLED", None, ())))
     sender = await NativeClient.open(*router.address)
     assert isinstance(await sender.connect("honest", b"S"), wire.Ok)
     sent = 0
@@ -343,7 +217,7 @@ async def test_write_deadline_disconnects_a_stalled_receiver(start_router: Start
         assert ob_queued or router.hub.counters.slow_consumer_disconnects == 1
         s.close()
 
-    await _during(router, attack)
+    await during(router, attack)
     c = router.hub.counters
     assert c.write_timeouts >= 1 and c.slow_consumer_disconnects == 1
 
@@ -368,7 +242,7 @@ async def test_write_deadline_with_drop_policy_discards_the_queue(start_router: 
                 dec.feed(await ts.recv(1 << 16))
         s.close()
 
-    await _during(router, attack)
+    await during(router, attack)
     assert counters.write_timeouts >= 1 and counters.slow_consumer_disconnects == 0
 
 
@@ -385,17 +259,13 @@ async def test_write_deadline_applies_to_jgroups_receivers(start_router: Start,
 
     async def attack(honest: Honest) -> None:
         assert router.address is not None
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        s.connect(router.address)
-        s.setblocking(False)
         sender: J2Client | J5Client
         if protocol == "jgroups2":
-            s.send(j2.connect("s", stalled_addr, "stalled", None))
+            s = _stalled_socket(router, j2.connect("s", stalled_addr, "stalled", None))
             sender = await J2Client.open(*router.address)
             assert (await sender.connect("s", uuid(1, V2), "sender")).ok
         else:
-            s.send(j5.register("s", stalled_addr, "stalled", None))
+            s = _stalled_socket(router, j5.register("s", stalled_addr, "stalled", None))
             sender = await J5Client.open(*router.address)
             await sender.register("s", uuid(1, V5), "sender")
         full = f"{protocol}:s"
@@ -415,7 +285,7 @@ async def test_write_deadline_applies_to_jgroups_receivers(start_router: Start,
         s.close()
         await sender.aclose()
 
-    await _during(router, attack)
+    await during(router, attack)
     c = router.hub.counters
     assert c.write_timeouts >= 1 and c.slow_consumer_disconnects == 1
 
@@ -462,7 +332,7 @@ async def test_handshake_timeout_covers_the_first_frame(start_router: Start,
             assert got == j5.CLOSE_MARKER
         await stream.aclose()
 
-    await _during(router, attack)
+    await during(router, attack)
 
 
 async def test_connections_over_the_limit_are_refused_at_accept(start_router: Start) -> None:
@@ -482,7 +352,7 @@ async def test_connections_over_the_limit_are_refused_at_accept(start_router: St
         for s in held:
             await s.aclose()
 
-    await _during(router, attack)
+    await during(router, attack)
 
 
 async def test_per_address_connection_limit(start_router: Start) -> None:
@@ -499,15 +369,13 @@ async def test_per_address_connection_limit(start_router: Start) -> None:
         await ok.aclose()
         await extra.aclose()
 
-    await _during(router, attack)
+    await during(router, attack)
 
 
 async def test_failed_authentications_are_slowed_and_logged_in_summary(
         start_router: Start, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    tokens = tmp_path / "tokens.toml"
-    tokens.write_text('[[token]]\nidentity = "app"\ntoken = "0123456789abcdef-good"\n'
-                      'groups = ["*"]\n')
-    tokens.chmod(0o600)
+    tokens = tokens_file(tmp_path, '[[token]]\nidentity = "app"\n'
+                         'token = "0123456789abcdef-good"\ngroups = ["*"]\n')
     router = await start_router(tokens_file=str(tokens), auth_backoff=0.2)
     assert router.address is not None
     a = await NativeClient.open(*router.address, token="0123456789abcdef-good")
@@ -572,5 +440,5 @@ async def test_nothing_is_handled_after_a_rate_limited_close(start_router: Start
         await watcher.aclose()
         await flood.aclose()
 
-    await _during(router, attack)
+    await during(router, attack)
     assert router.hub.counters.rate_limited == 1

@@ -18,20 +18,9 @@ from tests.nclient import NativeClient
 from tests.quiet import nothing_more
 
 
-async def _open(router: Server) -> NativeClient:
-    assert router.address is not None
-    return await NativeClient.open(*router.address)
-
-
-async def _members(c: NativeClient, group: str) -> list[bytes]:
-    reply = await c.request(wire.GetMembers(c.req(), group))
-    assert isinstance(reply, wire.Ok) and reply.members is not None
-    return [m.addr for m in reply.members]
-
-
 async def test_member_on_two_connections(router: Server) -> None:
     """Closing either connection keeps A listed, reachable, unsuspected; both: one suspect."""
-    a1, a2, b = await _open(router), await _open(router), await _open(router)
+    a1, a2, b = await NativeClient.several(router, 3)
     await b.connect("g", b"B")
     await a1.connect("g", b"A")
     await a2.connect("g", b"A")
@@ -41,19 +30,19 @@ async def test_member_on_two_connections(router: Server) -> None:
     await nothing_more(a1, 0.1)
     await a2.aclose()
     await trio.sleep(0.1)
-    assert await _members(b, "g") == [b"B", b"A"]
+    assert await b.member_addrs("g") == [b"B", b"A"]
     # ... and falls back to the older one.
     await b.send(wire.Route("g", b"A", b"B", b"two"))
     assert await a1.recv() == wire.Route("g", b"A", b"B", b"two")
     await a1.aclose()
     assert await b.recv() == wire.Event("g", "suspect", b"A", None, ())
-    assert await _members(b, "g") == [b"B"]
+    assert await b.member_addrs("g") == [b"B"]
     await nothing_more(b)
 
 
 async def test_older_connection_closing_first(router: Server) -> None:
     """The seed scenario: a restart re-registers before the old connection is noticed."""
-    old, new, b = await _open(router), await _open(router), await _open(router)
+    old, new, b = await NativeClient.several(router, 3)
     await b.connect("g", b"B")
     await old.connect("g", b"A")
     await new.connect("g", b"A")
@@ -64,7 +53,7 @@ async def test_older_connection_closing_first(router: Server) -> None:
 
 
 async def test_two_addresses_on_one_connection_both_suspected(router: Server) -> None:
-    c, b = await _open(router), await _open(router)
+    c, b = await NativeClient.several(router, 2)
     await b.connect("g", b"B")
     await c.connect("g", b"X1")
     await c.connect("g", b"X2")
@@ -72,11 +61,11 @@ async def test_two_addresses_on_one_connection_both_suspected(router: Server) ->
     got = {await b.recv(), await b.recv()}
     assert got == {wire.Event("g", "suspect", b"X1", None, ()),
                    wire.Event("g", "suspect", b"X2", None, ())}
-    assert await _members(b, "g") == [b"B"]
+    assert await b.member_addrs("g") == [b"B"]
 
 
 async def test_watchers_see_join_and_leave(router: Server) -> None:
-    w, a = await _open(router), await _open(router)
+    w, a = await NativeClient.several(router, 2)
     assert isinstance(await w.request(wire.Watch(w.req(), "g")), wire.Ok)
     await a.connect("g", b"A", "alpha")
     assert await w.recv() == wire.Event("g", "join", b"A", "alpha", ())
@@ -86,7 +75,7 @@ async def test_watchers_see_join_and_leave(router: Server) -> None:
 
 async def test_reconnect_grace(start_router: object) -> None:
     router: Server = await start_router(grace=2.0)  # type: ignore[operator]
-    a, b, w = await _open(router), await _open(router), await _open(router)
+    a, b, w = await NativeClient.several(router, 3)
     await w.request(wire.Watch(w.req(), "g"))
     await a.connect("g", b"A")
     await b.connect("g", b"B")
@@ -103,7 +92,7 @@ async def test_reconnect_grace(start_router: object) -> None:
         sent.append(route)
         await b.send(route)
         await trio.sleep(0.05)
-    a2 = await _open(router)
+    a2 = await NativeClient.to(router)
     assert await a2.connect("g", b"A") == wire.Ok(1)
     got = [await a2.recv() for _ in sent]
     assert got == sent
@@ -123,7 +112,7 @@ async def test_provisioned_entries_and_embedding() -> None:
     async with Router(cfg) as router:
         local = await router.register("g", b"L", name="local")
         c = await NativeClient.open(*router.address)
-        assert await _members(c, "g") == [b"P", b"L"]
+        assert await c.member_addrs("g") == [b"P", b"L"]
         for frame in (wire.Connect(c.req(), "g", b"P", None, ()),
                       wire.Disconnect(c.req(), "g", b"P")):
             reply = await c.request(frame)

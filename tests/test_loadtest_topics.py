@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
 from gossiprouter.loadtest.topics import (
-    MOSQUITTO,
     Sent,
     Subscriber,
     TopicsScenarioError,
@@ -17,6 +15,7 @@ from gossiprouter.loadtest.topics import (
     load_topics_scenario,
     run_topics,
 )
+from tests.conftest import TopicsScenario
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -67,14 +66,9 @@ def test_the_shipped_scenario_loads_and_bad_ones_say_why(tmp_path: Path) -> None
     assert not is_topics_scenario(small)
 
 
-async def test_a_short_federated_run_loses_nothing(tmp_path: Path) -> None:
-    if not shutil.which(MOSQUITTO):
-        pytest.skip("mosquitto is not installed")
-    f = tmp_path / "t.toml"
-    f.write_text('kind = "topics"\nduration = 1.5\ndrain = 1.0\nrouters = 2\n'
-                 '[topics]\npublishers = 1\nsubscribers = 3\nrate = 10\n'
-                 'churn_interval = 0.5\nsettle = 1.0\n'
-                 'patterns = ["+/pos/*", "v{p}/pos/eu/+"]\n')
+async def test_a_short_federated_run_loses_nothing(topics_scenario: TopicsScenario) -> None:
+    f = topics_scenario(duration=1.5, drain=1.0, subscribers=3, rate=10, churn_interval=0.5,
+                        settle=1.0, patterns=["+/pos/*", "v{p}/pos/eu/+"])
     rep = await run_topics(load_topics_scenario(f), echo=lambda *a: None)
     assert rep.rows["global"]["expected"] > 0 and rep.rows["local"]["expected"] > 0
     assert (rep.total_lost, rep.total_duplicated, rep.total_unexpected) == (0, 0, 0)

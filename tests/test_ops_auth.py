@@ -13,7 +13,7 @@ from gossiprouter.ops.auth import load_tokens
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
 from tests.conftest import RouterFactory, ops_of
-from tests.ops_client import OpsClient, assert_closed
+from tests.ops_client import OpsClient, assert_closed, tokens_file
 from tests.test_ops_metrics import scrape, v
 
 BILLING = "billing-token-0123456789"
@@ -21,8 +21,7 @@ REPORTS = "reports-token-0123456789"
 
 
 def _tokens(tmp_path: Path) -> Path:
-    path = tmp_path / "tokens.toml"
-    path.write_text(f'''
+    return tokens_file(tmp_path, f'''
 [[token]]
 identity = "billing"
 token = "{BILLING}"
@@ -33,8 +32,6 @@ identity = "reports"
 sha256 = "{hashlib.sha256(REPORTS.encode()).hexdigest()}"
 groups = ["reports", "shared"]
 ''')
-    path.chmod(0o600)
-    return path
 
 
 async def test_tokens(start_router: RouterFactory, tmp_path: Path) -> None:

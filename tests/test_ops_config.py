@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from gossiprouter.cli import main
 from gossiprouter.config import Config, ConfigError, build
 from gossiprouter.ops.runtime import check_startup
+from tests.ops_client import tokens_file
 from tests.test_ops_metrics import _router_port, _wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -132,8 +133,5 @@ def test_documented_files_are_valid(tmp_path: Path) -> None:
 
     cfg = build(_file(tmp_path, _doc_block("# /etc/gossiprouter/gossiprouter.toml")))
     assert cfg.allow_jgroups2 == () and cfg.tokens_file == "/etc/gossiprouter/tokens.toml"
-    tokens = tmp_path / "tokens.toml"
-    tokens.write_text(_doc_block("# tokens.toml"))
-    tokens.chmod(0o600)
-    loaded = load_tokens(tokens)
+    loaded = load_tokens(tokens_file(tmp_path, _doc_block("# tokens.toml")))
     assert loaded.patterns["billing"] == ("billing", "billing-*", "shared", "billing")

@@ -40,17 +40,12 @@ def v(samples: Samples, name: str, **labels: str) -> float:
     return samples[(name, tuple(sorted(labels.items())))]
 
 
-async def _open(server: Server) -> OpsClient:
-    assert server.address is not None
-    return await OpsClient.open(*server.address)
-
-
 async def test_metrics_move_with_traffic(start_router: RouterFactory) -> None:
     server = await start_router(metrics="127.0.0.1:0", grace=30.0)
     before = await scrape(server)
     assert v(before, "gossiprouter_connections", protocol="native") == 0
     assert v(before, "gossiprouter_groups") == 0
-    a, b = await _open(server), await _open(server)
+    a, b = await OpsClient.to(server), await OpsClient.to(server)
     assert await a.connect("g", b"A", "alpha") == wire.Ok(1)
     assert await b.connect("g", b"B") == wire.Ok(1)
     for _ in range(10):
@@ -103,7 +98,7 @@ async def test_groups_view_matches_get_members(start_router: RouterFactory) -> N
     server = await start_router(metrics="127.0.0.1:0")
     admin = ops_of(server).admin_address
     assert admin is not None
-    a, b, w = await _open(server), await _open(server), await _open(server)
+    a, b, w = await OpsClient.to(server), await OpsClient.to(server), await OpsClient.to(server)
     await a.connect("g/1", b"\x01\x02", "alpha", (("10.0.0.1", 7800),))
     await b.connect("g/1", b"B", None, (("::1", 7801),))
     await b.connect("h", b"B")
@@ -118,10 +113,8 @@ async def test_groups_view_matches_get_members(start_router: RouterFactory) -> N
     status, _, body = await http_get(admin, "/groups/g%2F1")
     assert status == 200
     view = json.loads(body)
-    reply = await w.members("g/1")
-    assert isinstance(reply, wire.Ok) and reply.members is not None
     assert [(bytes.fromhex(m["addr"]), m["name"]) for m in view["members"]] == \
-        [(m.addr, m.name) for m in reply.members]
+        [(m.addr, m.name) for m in await w.member_list("g/1")]
     assert view["members"][0]["physical"] == ["10.0.0.1:7800"]
     assert view["members"][1]["physical"] == ["[::1]:7801"]
     m0 = view["members"][0]

@@ -30,6 +30,7 @@ from gossiprouter.sessions.base import Session
 from tests.conftest import RouterFactory
 from tests.jgroups_clients import V2, V5, J2Client, J5Client, ip, uuid
 from tests.nclient import NativeClient
+from tests.ops_client import tokens_file
 from tests.test_ops_metrics import scrape, v
 
 MiB = 1 << 20
@@ -38,15 +39,12 @@ COUNT = 300  # sequenced messages per honest protocol
 
 
 def _tokens(tmp_path: Path) -> Path:
-    path = tmp_path / "tokens.toml"
-    path.write_text(f'''
+    return tokens_file(tmp_path, f'''
 [[token]]
 identity = "honest"
 sha256 = "{hashlib.sha256(TOKEN.encode()).hexdigest()}"
 groups = ["*"]
 ''')
-    path.chmod(0o600)
-    return path
 
 
 def _addr(router: Server) -> tuple[str, int]:
@@ -69,24 +67,36 @@ async def _native_pair(router: Server) -> tuple[NativeClient, NativeClient]:
     return a, b
 
 
-async def _native_traffic(a: NativeClient, b: NativeClient, started: trio.Event) -> None:
-    """A sends COUNT sequenced unicasts to B, a few at a time; B gets all, in order."""
+async def _sequenced(send: Callable[[bytes], Awaitable[object]],
+                     next_seq: Callable[[], Awaitable[int | None]], started: trio.Event) -> None:
+    """Send COUNT sequenced payloads (a 4-byte number, 200 filler bytes) a few at a time,
+    setting ``started`` after the tenth; ``next_seq`` receives one event and returns the
+    number it carries (None for anything but a message). All must arrive, in order."""
     got: list[int] = []
 
     async def recv() -> None:
         while len(got) < COUNT:
-            f = await b.recv(timeout=20)
-            if isinstance(f, wire.Route):
-                got.append(int.from_bytes(f.payload[:4], "big"))
+            seq = await next_seq()
+            if seq is not None:
+                got.append(seq)
 
     async with trio.open_nursery() as n:
         n.start_soon(recv)
         for i in range(COUNT):
-            await a.send(wire.Route("honest", b"B", b"A", i.to_bytes(4, "big") + b"." * 200))
+            await send(i.to_bytes(4, "big") + b"." * 200)
             if i == 10:
                 started.set()
             await trio.sleep(0.001)
     assert got == list(range(COUNT))
+
+
+async def _native_traffic(a: NativeClient, b: NativeClient, started: trio.Event) -> None:
+    """A sends COUNT sequenced unicasts to B, a few at a time; B gets all, in order."""
+    async def seq() -> int | None:
+        f = await b.recv(timeout=20)
+        return int.from_bytes(f.payload[:4], "big") if isinstance(f, wire.Route) else None
+
+    await _sequenced(lambda p: a.send(wire.Route("honest", b"B", b"A", p)), seq, started)
 
 
 async def _j5_traffic(router: Server, started: trio.Event) -> None:
@@ -96,23 +106,13 @@ async def _j5_traffic(router: Server, started: trio.Event) -> None:
     await b.register("honest", uuid(2, V5), "B", ip(7801, V5))
     await a.sync()
     await b.sync()
-    got: list[int] = []
 
-    async def recv() -> None:
-        while len(got) < COUNT:
-            ev = await b.recv(timeout=20)
-            if isinstance(ev, j5.Message):
-                got.append(int.from_bytes(ev.raw[-204:-200], "big"))
+    async def seq() -> int | None:
+        ev = await b.recv(timeout=20)
+        # The payload is the frame's tail.
+        return int.from_bytes(ev.raw[-204:-200], "big") if isinstance(ev, j5.Message) else None
 
-    async with trio.open_nursery() as n:
-        n.start_soon(recv)
-        for i in range(COUNT):
-            await a.message("honest", uuid(2, V5), uuid(1, V5),
-                            i.to_bytes(4, "big") + b"." * 200)
-            if i == 10:
-                started.set()
-            await trio.sleep(0.001)
-    assert got == list(range(COUNT))
+    await _sequenced(lambda p: a.message("honest", uuid(2, V5), uuid(1, V5), p), seq, started)
 
 
 async def _j2_traffic(router: Server, started: trio.Event) -> None:
@@ -120,22 +120,12 @@ async def _j2_traffic(router: Server, started: trio.Event) -> None:
     b = await J2Client.open(*_addr(router))
     assert (await a.connect("honest", uuid(1, V2), "A", [ip(7800, V2)])).ok
     assert (await b.connect("honest", uuid(2, V2), "B", [ip(7801, V2)])).ok
-    got: list[int] = []
 
-    async def recv() -> None:
-        while len(got) < COUNT:
-            ev = await b.recv(timeout=20)
-            if isinstance(ev, j2.Message):
-                got.append(int.from_bytes(ev.payload[:4], "big"))
+    async def seq() -> int | None:
+        ev = await b.recv(timeout=20)
+        return int.from_bytes(ev.payload[:4], "big") if isinstance(ev, j2.Message) else None
 
-    async with trio.open_nursery() as n:
-        n.start_soon(recv)
-        for i in range(COUNT):
-            await a.message("honest", uuid(2, V2), i.to_bytes(4, "big") + b"." * 200)
-            if i == 10:
-                started.set()
-            await trio.sleep(0.001)
-    assert got == list(range(COUNT))
+    await _sequenced(lambda p: a.message("honest", uuid(2, V2), p), seq, started)
 
 
 async def test_preauth_limit_and_budget_with_honest_traffic(

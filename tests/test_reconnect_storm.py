@@ -27,13 +27,9 @@ N = 500
 
 
 async def _count_members(port: int) -> int:
-    from gossiprouter.protocol import native as wire
-
     c = await NativeClient.open("127.0.0.1", port)
     try:
-        reply = await c.request(wire.GetMembers(c.req(), "storm"))
-        assert isinstance(reply, wire.Ok) and reply.members is not None
-        return len(reply.members)
+        return len(await c.member_list("storm"))
     finally:
         await c.aclose()
 

@@ -14,13 +14,8 @@ from tests.nclient import NativeClient
 from tests.quiet import nothing_more
 
 
-async def _open(router: Server) -> NativeClient:
-    assert router.address is not None
-    return await NativeClient.open(*router.address)
-
-
 async def test_get_members_lists_names_and_physical(router: Server) -> None:
-    a, b = await _open(router), await _open(router)
+    a, b = await NativeClient.several(router, 2)
     assert await a.connect("g", b"A", "alpha", (("10.0.0.1", 7800),)) == wire.Ok(1)
     assert await b.connect("g", b"B", "beta", (("10.0.0.2", 7801), ("::1", 7802))) == wire.Ok(1)
     reply = await a.request(wire.GetMembers(a.req(), "g"))
@@ -34,7 +29,7 @@ async def test_get_members_lists_names_and_physical(router: Server) -> None:
 
 
 async def test_unicast_is_forwarded_byte_for_byte(router: Server) -> None:
-    a, b = await _open(router), await _open(router)
+    a, b = await NativeClient.several(router, 2)
     await a.connect("g", b"A")
     await b.connect("g", b"B")
     # A deliberately non-minimal msgpack encoding (bin32 payload, str8 group):
@@ -51,7 +46,7 @@ async def test_unicast_is_forwarded_byte_for_byte(router: Server) -> None:
 
 
 async def test_multicast_reaches_each_other_connection_once(router: Server) -> None:
-    a, b, c = await _open(router), await _open(router), await _open(router)
+    a, b, c = await NativeClient.several(router, 3)
     await a.connect("g", b"A")
     await b.connect("g", b"B")
     # c carries two members of g (shared transport): one copy for the connection.
@@ -71,7 +66,7 @@ async def test_multicast_reaches_each_other_connection_once(router: Server) -> N
 
 
 async def test_disconnect_and_abrupt_close_remove_the_member(router: Server) -> None:
-    a, b, c = await _open(router), await _open(router), await _open(router)
+    a, b, c = await NativeClient.several(router, 3)
     await a.connect("g", b"A")
     await b.connect("g", b"B")
     await c.connect("g", b"C")
@@ -79,21 +74,19 @@ async def test_disconnect_and_abrupt_close_remove_the_member(router: Server) -> 
     await c.aclose()
     # C vanished without DISCONNECT: A is told; B left cleanly: nobody is told.
     assert await a.recv() == wire.Event("g", "suspect", b"C", None, ())
-    reply = await a.request(wire.GetMembers(a.req(), "g"))
-    assert isinstance(reply, wire.Ok) and reply.members is not None
-    assert [m.addr for m in reply.members] == [b"A"]
+    assert await a.member_addrs("g") == [b"A"]
     await nothing_more(a)
 
 
 async def test_disconnect_of_unregistered_address_is_not_member(router: Server) -> None:
-    a = await _open(router)
+    a = await NativeClient.to(router)
     reply = await a.request(wire.Disconnect(a.req(), "g", b"X"))
     assert isinstance(reply, wire.Error) and reply.code == "not_member"
     assert await a.request(wire.GetMembers(a.req(), "g")) == wire.Ok(2, ())
 
 
 async def test_route_from_unregistered_sender_is_not_member(router: Server) -> None:
-    a, b = await _open(router), await _open(router)
+    a, b = await NativeClient.several(router, 2)
     await b.connect("g", b"B")
     await a.send(wire.Route("g", b"B", b"A", b"spoof"))
     f = await a.recv()
@@ -104,7 +97,7 @@ async def test_route_from_unregistered_sender_is_not_member(router: Server) -> N
 
 
 async def test_malformed_frame_closes_only_that_connection(router: Server) -> None:
-    a, b, bad = await _open(router), await _open(router), await _open(router)
+    a, b, bad = await NativeClient.several(router, 3)
     await a.connect("g", b"A")
     await b.connect("g", b"B")
     await bad.connect("g", b"BAD")
@@ -121,7 +114,7 @@ async def test_malformed_frame_closes_only_that_connection(router: Server) -> No
 
 async def test_oversize_frame_is_refused(start_router: object) -> None:
     router = await start_router(max_frame=1024)  # type: ignore[operator]
-    c = await _open(router)
+    c = await NativeClient.to(router)
     assert c.welcome is not None and c.welcome.settings["max_frame"] == 1024
     await c.send_raw(struct.pack(">I", 2**31))  # claims 2 GiB; sends nothing more
     rest = await c.recv_until_closed()
@@ -173,7 +166,7 @@ async def test_anything_but_hello_first_is_refused(router: Server, frame: wire.F
 
 
 async def test_ping_pong(router: Server) -> None:
-    c = await _open(router)
+    c = await NativeClient.to(router)
     await c.send(wire.Ping(42))
     assert await c.recv() == wire.Pong(42)
 
@@ -187,7 +180,7 @@ _ROUTER_ONLY: list[wire.Frame] = [
 @pytest.mark.parametrize("frame", _ROUTER_ONLY, ids=[type(f).__name__ for f in _ROUTER_ONLY])
 async def test_a_frame_type_only_the_router_sends_is_refused(router: Server,
                                                              frame: wire.Frame) -> None:
-    c = await _open(router)
+    c = await NativeClient.to(router)
     await c.send(frame)
     rest = await c.recv_until_closed()
     assert rest == [wire.Error(None, "protocol",
@@ -203,7 +196,7 @@ async def test_unknown_preamble_is_closed(router: Server) -> None:
 
 
 async def test_unknown_destination_is_reported_and_rate_limited(router: Server) -> None:
-    a = await _open(router)
+    a = await NativeClient.to(router)
     await a.connect("g", b"A")
     for _ in range(5):
         await a.send(wire.Route("g", b"NOPE", b"A", b"x"))
@@ -214,7 +207,7 @@ async def test_unknown_destination_is_reported_and_rate_limited(router: Server) 
 
 
 async def test_per_sender_fifo_10000(router: Server) -> None:
-    a, b, c = await _open(router), await _open(router), await _open(router)
+    a, b, c = await NativeClient.several(router, 3)
     await a.connect("g", b"A")
     await b.connect("g", b"B")
     await c.connect("g", b"C")
@@ -236,7 +229,7 @@ async def test_per_sender_fifo_10000(router: Server) -> None:
 async def test_direct_send_wakes_no_writer(router: Server) -> None:
     """Light load: routed frames go straight to an idle receiver's socket (Outbox.direct),
     so the receiver's writer task never has to send them."""
-    a, b = await _open(router), await _open(router)
+    a, b = await NativeClient.several(router, 2)
     await a.connect("g", b"A")
     await b.connect("g", b"B")
     conn_b = next(c for c in router.connections

@@ -27,8 +27,9 @@ from gossiprouter.loadtest.topic_records import (
     SUBSCRIPTIONS_FILE,
     write_topic_table,
 )
-from gossiprouter.loadtest.topics import MOSQUITTO, load_topics_scenario, run_topics
+from gossiprouter.loadtest.topics import load_topics_scenario, run_topics
 from gossiprouter.topics import matches, parse_topic
+from tests.conftest import TopicsScenario
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -180,15 +181,10 @@ def test_analyze_dispatches_on_the_run_kind(spark: SparkSession, unit_run: Path,
 
 
 @pytest.mark.spark
-def test_a_real_run_spark_agrees_with_the_in_process_audit(spark: SparkSession,
-                                                             tmp_path: Path) -> None:
-    if not shutil.which(MOSQUITTO):
-        pytest.skip("mosquitto is not installed")
-    f = tmp_path / "t.toml"
-    f.write_text('kind = "topics"\nduration = 2.0\ndrain = 1.0\nrouters = 2\n'
-                 '[topics]\npublishers = 1\nsubscribers = 4\nrate = 15\n'
-                 'churn_interval = 1.0\nsettle = 0.3\n'
-                 'patterns = ["+/pos/*", "v{p}/pos/eu/+", "+/pos/+/de"]\n')
+def test_a_real_run_spark_agrees_with_the_in_process_audit(
+        spark: SparkSession, tmp_path: Path, topics_scenario: TopicsScenario) -> None:
+    f = topics_scenario(duration=2.0, drain=1.0, subscribers=4, rate=15, churn_interval=1.0,
+                        settle=0.3, patterns=["+/pos/*", "v{p}/pos/eu/+", "+/pos/+/de"])
     out = tmp_path / "run"
     rep = trio.run(run_topics, load_topics_scenario(f), lambda *a: None, out, f)
     report = analyze_topics(str(out), str(out / "report"), spark=spark)

@@ -23,20 +23,26 @@ This module is the job; reading and writing the run directory and starting Spark
 from __future__ import annotations
 
 import datetime
-import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from gossiprouter.analytics.latency import (
+    Bucket,
+    bucket,
+    bucket_aggregates,
+    bucket_column,
+    histogram,
+    latency_stats,
+    over_time,
+)
 from gossiprouter.analytics.report import (
     Audit,
     Breakdown,
     Counts,
     Finding,
-    Histogram,
-    LatencyPoint,
     LatencyStats,
     Report,
     ThroughputBucket,
@@ -46,14 +52,15 @@ from gossiprouter.analytics.report import (
 )
 from gossiprouter.analytics.spark_io import (
     DEFAULT_MASTER,
-    LOOPBACK,
     AuditInputError,
+    Phases,
     RunStore,
     SparkStartError,
     check_run_dir,
-    driver_address,
     local_path,
     loopback_master,
+    open_session,
+    rows,
     session_settings,
     spark_session,
 )
@@ -76,7 +83,6 @@ __all__ = [
 ]
 
 NS_PER_S: Final = 1_000_000_000
-HISTOGRAM_BINS: Final = 80
 # Records per partition of the main shuffle: keeps each task's hash tables small.
 RECORDS_PER_PARTITION: Final = 200_000
 
@@ -152,76 +158,6 @@ def membership_intervals(
 # The analysis
 
 
-# Latency percentiles come from a fine logarithmic histogram: buckets 0.1 % wide, each with
-# its count and exact min, max and sum. The rank of each percentile is exact; its value is
-# exact when the bucket holds one distinct value, else interpolated within the bucket (error
-# under 0.1 %). Unlike percentile_approx at a high accuracy this costs one cheap
-# aggregation, and the same histogram draws the latency plot.
-LATENCY_PRECISION: Final = 0.001
-_LOG_STEP: Final = math.log1p(LATENCY_PRECISION)
-# (numerator, denominator) of p50, p90, p99, p99.9: integer arithmetic for exact ranks.
-_PERCENTILE_FRACTIONS: Final = ((1, 2), (9, 10), (99, 100), (999, 1000))
-
-
-@dataclass(frozen=True)
-class _Bucket:
-    q: int
-    n: int
-    lo: int
-    hi: int
-    total: int
-
-
-def _latency_from_buckets(buckets: Iterable[_Bucket]) -> LatencyStats | None:
-    bs = sorted((b for b in buckets if b.n > 0), key=lambda b: b.q)
-    n = sum(b.n for b in bs)
-    if n == 0:
-        return None
-
-    def value_at(rank: int) -> int:  # nearest-rank: the rank-th smallest latency, 1-based
-        seen = 0
-        for b in bs:
-            if seen + b.n >= rank:
-                if b.n == 1 or b.lo == b.hi:
-                    return b.lo
-                return b.lo + round((b.hi - b.lo) * (rank - seen - 1) / (b.n - 1))
-            seen += b.n
-        return bs[-1].hi
-
-    p50, p90, p99, p999 = (value_at(max(1, -(-n * num // den)))
-                           for num, den in _PERCENTILE_FRACTIONS)
-    return LatencyStats(
-        count=n,
-        min_ns=bs[0].lo,
-        mean_ns=sum(b.total for b in bs) / n,
-        p50_ns=p50,
-        p90_ns=p90,
-        p99_ns=p99,
-        p999_ns=p999,
-        max_ns=bs[-1].hi,
-    )
-
-
-def _histogram(buckets: Iterable[_Bucket]) -> Histogram:
-    """Re-bin the fine buckets into HISTOGRAM_BINS log-spaced bins for the plot."""
-    bs = [b for b in buckets if b.n > 0]
-    if not bs:
-        return Histogram(edges_ns=[], counts=[])
-    lo = math.log10(max(min(b.lo for b in bs), 1))
-    hi = math.log10(max(max(b.hi for b in bs), 1)) + 1e-9
-    width = max(hi - lo, 1e-6) / HISTOGRAM_BINS
-    counts = [0] * HISTOGRAM_BINS
-    for b in bs:
-        i = int((math.log10(max(b.lo, 1)) - lo) / width)
-        counts[min(max(i, 0), HISTOGRAM_BINS - 1)] += b.n
-    return Histogram(edges_ns=[10 ** (lo + i * width) for i in range(HISTOGRAM_BINS + 1)],
-                     counts=counts)
-
-
-def _rows(df: DataFrame) -> list[dict[str, Any]]:
-    return [r.asDict() for r in df.collect()]
-
-
 _SEND, _RECV, _BAD = 0, 1, 2  # record kinds, as codes
 _STATUS_CODE: Final = {"stayed": 0, "left": 1, "killed": 2}
 
@@ -241,25 +177,6 @@ _SAMPLE_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     "out_of_order": ("msg_id", "group", "sender", "seq", "receiver", "t_recv_ns",
                      "after_seq"),
 }
-
-
-def open_session(spark: SparkSession | None, master: str | None,
-                 conf: Mapping[str, str] | None, spark_log: str | os.PathLike[str] | None,
-                 phases: _Phases) -> tuple[SparkSession, bool]:
-    """The session an analysis runs on, and whether it was started here (then the caller
-    stops it at the end). One passed in, or already running in this process
-    (spark_session joins it), belongs to the caller. Says which driver address was chosen."""
-    from pyspark import SparkContext
-
-    own = spark is None and SparkContext._active_spark_context is None
-    if spark is None:
-        phases.start("Spark start", f"starting Spark ({master or DEFAULT_MASTER})…")
-        spark = spark_session(master, conf=conf, log_path=spark_log)
-    chosen = spark.sparkContext.getConf().get("spark.driver.host", "")
-    how = ("loopback master: driver kept on loopback" if chosen == LOOPBACK
-           else "set --conf spark.driver.host=ADDRESS if the executors cannot reach it")
-    phases.note(f"Spark driver at {driver_address(spark)} ({how})")
-    return spark, own
 
 
 def analyze(
@@ -288,7 +205,7 @@ def analyze(
     """
     if settle_s < 0:
         raise ValueError("settle_s must not be negative")
-    phases = _Phases(progress or (lambda _line: None))
+    phases = Phases(progress or (lambda _line: None))
     started = phases.started
     # Fail before paying for a JVM when the input is plainly not there.
     check_run_dir(run_dir)
@@ -301,40 +218,6 @@ def analyze(
             spark.stop()
     phases.finish()
     return report
-
-
-class _Phases:
-    """Progress lines with timings: each phase's start, with the time since the beginning,
-    then one line with the duration of every phase."""
-
-    def __init__(self, say: Callable[[str], None]) -> None:
-        self.say = say
-        self.started = time.monotonic()
-        self.done: list[tuple[str, float]] = []
-        self._current: tuple[str, float] | None = None
-
-    def _stamp(self) -> str:
-        return f"[{time.monotonic() - self.started:6.1f} s]"
-
-    def _close(self) -> None:
-        if self._current is not None:
-            name, t = self._current
-            self.done.append((name, time.monotonic() - t))
-            self._current = None
-
-    def start(self, name: str, line: str) -> None:
-        self._close()
-        self._current = (name, time.monotonic())
-        self.say(f"{self._stamp()} {line}")
-
-    def note(self, line: str) -> None:
-        self.say(f"{self._stamp()} {line}")
-
-    def finish(self) -> None:
-        self._close()
-        total = time.monotonic() - self.started
-        self.say(f"{self._stamp()} done: " + ", ".join(
-            f"{name} {d:.1f} s" for name, d in self.done) + f"; total {total:.1f} s")
 
 
 class _Job:
@@ -354,7 +237,7 @@ class _Job:
         out_dir: str,
         settle_s: float,
         sample: int,
-        phases: _Phases,
+        phases: Phases,
         started: float,
         allow_loss: bool = False,
     ) -> None:
@@ -572,22 +455,22 @@ class _Job:
         col, one = F.col, F.lit(1)
         delivered = col("copies") > 0
         lat = col("t_recv_ns") - col("t_send_ns")
-        q = F.round(F.log(F.greatest(lat, one)) / F.lit(_LOG_STEP)).cast("int").alias("q")
+        q = bucket_column(lat)
 
         def second(c: str) -> Any:
             return F.floor((col(c) - F.lit(origin_ns)) / NS_PER_S)
 
         return {
-            "ends": _rows(pairs.agg(F.max("t_recv_ns").alias("recv"),
+            "ends": rows(pairs.agg(F.max("t_recv_ns").alias("recv"),
                                     F.max("t_send_ns").alias("send"))),
-            "senders": _rows(msgs.groupBy("run", "group", "sender").agg(
+            "senders": rows(msgs.groupBy("run", "group", "sender").agg(
                 F.count(one).alias("messages"),
                 F.count_if(col("n_send") == 0).alias("no_send"),
                 F.sum("n_send").alias("send_records"),
             )),
-            "sends": _rows(msgs.groupBy(second("t_send_ns").alias("t"))
+            "sends": rows(msgs.groupBy(second("t_send_ns").alias("t"))
                            .agg(F.count(one).alias("n"))),
-            "categories": _rows(pairs.groupBy("category", "receiver_status", "receiver",
+            "categories": rows(pairs.groupBy("category", "receiver_status", "receiver",
                                               "group").agg(
                 F.count(one).alias("pairs"),
                 F.sum("copies").alias("recv_records"),
@@ -596,19 +479,17 @@ class _Job:
             )),
             # The fine latency histogram per (group, size, cast); the breakdowns and the
             # overall figures are merged from it in Python.
-            "latency": _rows(
+            "latency": rows(
                 pairs.filter(delivered)
                 .groupBy("group", "size", "cast", q)
-                .agg(F.count(one).alias("n"), F.min(lat).alias("lo"), F.max(lat).alias("hi"),
-                     F.sum(lat).alias("total"))),
+                .agg(*bucket_aggregates(lat))),
             # The same histogram per send second, for the percentiles over time.
-            "latency_s": _rows(
+            "latency_s": rows(
                 pairs.filter(delivered)
                 .groupBy(second("t_send_ns").alias("t"), q)
-                .agg(F.count(one).alias("n"), F.min(lat).alias("lo"), F.max(lat).alias("hi"),
-                     F.sum(lat).alias("total"))),
+                .agg(*bucket_aggregates(lat))),
             # A pair is never both delivered and lost, so one grouping gives both series.
-            "seconds": _rows(pairs.groupBy(
+            "seconds": rows(pairs.groupBy(
                 F.when(delivered, second("t_recv_ns")).alias("recv_s"),
                 F.when(col("category").isin("lost", "lost_reconnect"), second("t_send_ns"))
                 .alias("lost_s"),
@@ -669,7 +550,7 @@ class _Job:
         )
         found: dict[str, tuple[int, int, list[dict[str, Any]]]] = {
             kind: (0, 0, []) for kind in _SAMPLE_FIELDS}
-        for r in sorted(_rows(ranked), key=lambda r: int(r["rn"])):
+        for r in sorted(rows(ranked), key=lambda r: int(r["rn"])):
             sample = found[r["kind"]][2]
             if len(sample) < self.sample:
                 sample.append({f: r[f] for f in _SAMPLE_FIELDS[r["kind"]]})
@@ -737,42 +618,32 @@ class _Job:
 
         # Merge the (group, size, cast, q) histogram into the breakdowns. Sizes go into
         # power-of-two buckets: a run with sizes drawn from a range has hundreds of them.
-        merged: dict[tuple[str, str], dict[int, _Bucket]] = {}
+        merged: dict[tuple[str, str], dict[int, Bucket]] = {}
 
-        def merge(key: tuple[str, str], b: _Bucket) -> None:
+        def merge(key: tuple[str, str], b: Bucket) -> None:
             into = merged.setdefault(key, {})
             old = into.get(b.q)
-            into[b.q] = b if old is None else _Bucket(
+            into[b.q] = b if old is None else Bucket(
                 b.q, old.n + b.n, min(old.lo, b.lo), max(old.hi, b.hi), old.total + b.total)
 
         for r in summary["latency"]:
-            b = _Bucket(int(r["q"]), int(r["n"]), int(r["lo"]), int(r["hi"]), int(r["total"]))
+            b = bucket(r)
             lo, _ = size_bucket(int(r["size"]))
             for key in (("all", ""), ("group", str(r["group"])), ("size", str(lo)),
                         ("cast", str(r["cast"]))):
                 merge(key, b)
 
         def breakdown(kind: str) -> dict[str, LatencyStats]:
-            out = {key: _latency_from_buckets(bs.values())
+            out = {key: latency_stats(bs.values())
                    for (k, key), bs in merged.items() if k == kind}
             return {k: v for k, v in out.items() if v is not None}
 
         size_label = size_labels(int(r["size"]) for r in summary["latency"])
         overall = list(merged.get(("all", ""), {}).values())
-        latency = _latency_from_buckets(overall)
+        latency = latency_stats(overall)
         if latency is not None and latency.min_ns <= 0:
             self.warnings.append("some receive times precede their send time: the peers do "
                                  "not share one monotonic clock?")
-
-        per_second: dict[int, list[_Bucket]] = {}
-        for r in summary["latency_s"]:
-            per_second.setdefault(int(r["t"]), []).append(
-                _Bucket(int(r["q"]), int(r["n"]), int(r["lo"]), int(r["hi"]), int(r["total"])))
-        over_time = []
-        for t, bs in sorted(per_second.items()):
-            st = _latency_from_buckets(bs)
-            if st is not None:
-                over_time.append(LatencyPoint(t, st.count, st.p50_ns, st.p99_ns, st.max_ns))
 
         sends = {int(r["t"]): int(r["n"]) for r in summary["sends"] if r["t"] is not None}
         recvs = {int(r["recv_s"]): int(r["n"]) for r in summary["seconds"]
@@ -815,10 +686,10 @@ class _Job:
             latency_by_size={size_label[int(k)]: v for k, v in
                              sorted(breakdown("size").items(), key=lambda kv: int(kv[0]))},
             latency_by_cast=dict(sorted(breakdown("cast").items())),
-            latency_histogram=_histogram(overall),
+            latency_histogram=histogram(overall),
             throughput=throughput,
             warnings=self.warnings,
-            latency_over_time=over_time,
+            latency_over_time=over_time(summary["latency_s"]),
             by_group=_breakdowns(senders, cats, lambda name: name),
             by_process=_by_process(manifest, senders, cats),
             events=run_events(manifest, origin),

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 __all__ = [
     "EXIT_FAILED",
@@ -47,6 +47,8 @@ __all__ = [
 ]
 
 REPORT_FORMAT: Final = "gossiprouter-loadtest-report/2"
+
+T = TypeVar("T")
 
 # Exit codes of ``gossiprouter analyze`` (the verdict decides 0, 3 and 4).
 EXIT_OK: Final = 0
@@ -656,129 +658,128 @@ def _legend(fig: Any, ax: Any) -> None:
                    frameon=False, fontsize=9)
 
 
-def _latency_histogram_png(plt: Any, report: Report) -> str:
+def _latency_histogram(fig: Any, ax: Any, report: Report) -> None:
     hist = report.latency_histogram
-    fig, ax = _figure(plt, "Latency distribution")
-    try:
-        if hist.counts and sum(hist.counts) > 0:
-            edges_us = [e / 1000 for e in hist.edges_ns]
-            widths = [b - a for a, b in itertools.pairwise(edges_us)]
-            ax.bar(edges_us[:-1], hist.counts, width=widths, align="edge",
-                   color=_COLORS["delivered"], label="deliveries")
-            ax.set_xscale("log")
-            total = sum(hist.counts)
-            cdf: list[float] = []
-            acc = 0
-            for n in hist.counts:
-                acc += n
-                cdf.append(acc / total)
-            ax2 = ax.twinx()
-            ax2.plot(edges_us[1:], cdf, color=_COLORS["p99"], label="cumulative share")
-            ax2.set_ylim(0, 1.01)
-            ax2.set_ylabel("CDF")
-            h1, l1 = ax.get_legend_handles_labels()
-            h2, l2 = ax2.get_legend_handles_labels()
-            fig.legend(h1 + h2, l1 + l2, loc="outside upper right", ncols=2, frameon=False,
-                       fontsize=9)
-        else:
-            ax.text(0.5, 0.5, "no deliveries", ha="center", va="center", transform=ax.transAxes)
-        ax.set_xlabel("latency (µs, log scale)")
-        ax.set_ylabel("deliveries")
-        return _png(fig)
-    finally:
-        plt.close(fig)
+    if hist.counts and sum(hist.counts) > 0:
+        edges_us = [e / 1000 for e in hist.edges_ns]
+        widths = [b - a for a, b in itertools.pairwise(edges_us)]
+        ax.bar(edges_us[:-1], hist.counts, width=widths, align="edge",
+               color=_COLORS["delivered"], label="deliveries")
+        ax.set_xscale("log")
+        total = sum(hist.counts)
+        cdf: list[float] = []
+        acc = 0
+        for n in hist.counts:
+            acc += n
+            cdf.append(acc / total)
+        ax2 = ax.twinx()
+        ax2.plot(edges_us[1:], cdf, color=_COLORS["p99"], label="cumulative share")
+        ax2.set_ylim(0, 1.01)
+        ax2.set_ylabel("CDF")
+        h1, l1 = ax.get_legend_handles_labels()
+        h2, l2 = ax2.get_legend_handles_labels()
+        fig.legend(h1 + h2, l1 + l2, loc="outside upper right", ncols=2, frameon=False,
+                   fontsize=9)
+    else:
+        _no_deliveries(ax)
+    ax.set_xlabel("latency (µs, log scale)")
+    ax.set_ylabel("deliveries")
 
 
-def _latency_over_time_png(plt: Any, report: Report) -> str:
-    fig, ax = _figure(plt, "Latency over time (by send second)")
-    try:
-        pts = report.latency_over_time
-        if pts:
-            ts = [p.t_s + 0.5 for p in pts]  # drawn at the middle of its second
-            for key, label in (("max_ns", "max"), ("p99_ns", "p99"), ("p50_ns", "p50")):
-                ax.plot(ts, [getattr(p, key) / 1000 for p in pts], marker=".",
-                        color=_COLORS[label], label=label)
-            ax.set_yscale("log")
-        else:
-            ax.text(0.5, 0.5, "no deliveries", ha="center", va="center", transform=ax.transAxes)
-        _mark_events(ax, report)
-        ax.set_xlim(left=0)
-        ax.set_xlabel("seconds since the start of the run")
-        ax.set_ylabel("latency (µs, log scale)")
-        _legend(fig, ax)
-        return _png(fig)
-    finally:
-        plt.close(fig)
+def _latency_over_time(fig: Any, ax: Any, report: Report) -> None:
+    pts = report.latency_over_time
+    if pts:
+        ts = [p.t_s + 0.5 for p in pts]  # drawn at the middle of its second
+        for key, label in (("max_ns", "max"), ("p99_ns", "p99"), ("p50_ns", "p50")):
+            ax.plot(ts, [getattr(p, key) / 1000 for p in pts], marker=".",
+                    color=_COLORS[label], label=label)
+        ax.set_yscale("log")
+    else:
+        _no_deliveries(ax)
+    _over_the_run(fig, ax, report, "latency (µs, log scale)")
 
 
-def _throughput_png(plt: Any, report: Report) -> str:
-    fig, ax = _figure(plt, "Throughput")
-    try:
-        # A second the run covers only partly is drawn as a rate over the part it covers
-        # (not as a dip); one covered less than half is left out (a rate over a sliver is
-        # noise).
-        full = [b for b in report.throughput if b.covered_s >= 0.5]
-        ts = [b.t_s + 0.5 for b in full]
-        ax.plot(ts, [b.deliveries / b.covered_s for b in full], marker=".",
-                color=_COLORS["delivered"], label="deliveries/s")
-        ax.plot(ts, [b.sends / b.covered_s for b in full], marker=".",
-                color=_COLORS["sent"], label="sends/s")
-        lost = [(b.t_s + 0.5, b.lost / b.covered_s) for b in full if b.lost]
-        if lost:
-            ax.scatter([t for t, _ in lost], [n for _, n in lost], color=_COLORS["lost"],
-                       marker="x", label="lost/s (by send second)", zorder=3)
-        _mark_events(ax, report)
-        ax.set_ylim(bottom=0)
-        ax.set_xlim(left=0)
-        ax.set_xlabel("seconds since the start of the run")
-        ax.set_ylabel("per second")
-        _legend(fig, ax)
-        return _png(fig)
-    finally:
-        plt.close(fig)
+def _throughput(fig: Any, ax: Any, report: Report) -> None:
+    # A second the run covers only partly is drawn as a rate over the part it covers
+    # (not as a dip); one covered less than half is left out (a rate over a sliver is
+    # noise).
+    full = [b for b in report.throughput if b.covered_s >= 0.5]
+    ts = [b.t_s + 0.5 for b in full]
+    ax.plot(ts, [b.deliveries / b.covered_s for b in full], marker=".",
+            color=_COLORS["delivered"], label="deliveries/s")
+    ax.plot(ts, [b.sends / b.covered_s for b in full], marker=".",
+            color=_COLORS["sent"], label="sends/s")
+    lost = [(b.t_s + 0.5, b.lost / b.covered_s) for b in full if b.lost]
+    if lost:
+        ax.scatter([t for t, _ in lost], [n for _, n in lost], color=_COLORS["lost"],
+                   marker="x", label="lost/s (by send second)", zorder=3)
+    ax.set_ylim(bottom=0)
+    _over_the_run(fig, ax, report, "per second")
 
 
-def _breakdown_png(plt: Any, title: str, parts: dict[str, Breakdown]) -> str:
-    height = max(2.2, 0.9 + 0.45 * len(parts))
-    fig, ax = _figure(plt, title, (12.0, height))
-    try:
-        names = list(parts)[::-1]  # first at the top
-        ys = range(len(names))
-        left = [0.0] * len(names)
-        for key, label, color in (("delivered", "delivered", _COLORS["delivered"]),
-                                  ("lost_registered", "lost while registered",
-                                   _COLORS["lost"]),
-                                  ("lost_reconnect", "lost across a reconnect",
-                                   _COLORS["reconnect"]),
-                                  ("undetermined", "undetermined", _COLORS["undetermined"])):
-            vals = [float(getattr(parts[n], key)) for n in names]
-            if any(vals):
-                ax.barh(ys, vals, left=left, color=color, label=label, height=0.6)
-                left = [a + b for a, b in zip(left, vals, strict=True)]
-        ax.set_yticks(list(ys), names)
-        ax.set_xlim(left=0)
-        ax.set_xlabel("(message, receiver) pairs")
-        ax.grid(True, axis="x", color="#e5e5e5")
-        _legend(fig, ax)
-        return _png(fig)
-    finally:
-        plt.close(fig)
+def _no_deliveries(ax: Any) -> None:
+    ax.text(0.5, 0.5, "no deliveries", ha="center", va="center", transform=ax.transAxes)
+
+
+def _over_the_run(fig: Any, ax: Any, report: Report, ylabel: str) -> None:
+    """The time axis of a plot over the run (its events marked), its labels and legend."""
+    _mark_events(ax, report)
+    ax.set_xlim(left=0)
+    ax.set_xlabel("seconds since the start of the run")
+    ax.set_ylabel(ylabel)
+    _legend(fig, ax)
+
+
+def _breakdown_size(parts: dict[str, Breakdown]) -> tuple[float, float]:
+    return (12.0, max(2.2, 0.9 + 0.45 * len(parts)))
+
+
+def _breakdown(fig: Any, ax: Any, parts: dict[str, Breakdown]) -> None:
+    names = list(parts)[::-1]  # first at the top
+    ys = range(len(names))
+    left = [0.0] * len(names)
+    for key, label, color in (("delivered", "delivered", _COLORS["delivered"]),
+                              ("lost_registered", "lost while registered", _COLORS["lost"]),
+                              ("lost_reconnect", "lost across a reconnect",
+                               _COLORS["reconnect"]),
+                              ("undetermined", "undetermined", _COLORS["undetermined"])):
+        vals = [float(getattr(parts[n], key)) for n in names]
+        if any(vals):
+            ax.barh(ys, vals, left=left, color=color, label=label, height=0.6)
+            left = [a + b for a, b in zip(left, vals, strict=True)]
+    ax.set_yticks(list(ys), names)
+    ax.set_xlim(left=0)
+    ax.set_xlabel("(message, receiver) pairs")
+    ax.grid(True, axis="x", color="#e5e5e5")
+    _legend(fig, ax)
 
 
 def _plots(report: Report) -> dict[str, str]:
     """Base64 PNGs by section: latency histogram, latency over time, throughput and the
     breakdowns (when there is something to break down)."""
     plt = _pyplot()
+
+    def png(title: str, draw: Callable[[Any, Any, T], None], what: T,
+            size: tuple[float, float] = _WIDE) -> str:
+        # One figure at a time, closed whatever happens: pyplot keeps every open one.
+        fig, ax = _figure(plt, title, size)
+        try:
+            draw(fig, ax, what)
+            return _png(fig)
+        finally:
+            plt.close(fig)
+
     plots = {
-        "latency-histogram": _latency_histogram_png(plt, report),
-        "latency-over-time": _latency_over_time_png(plt, report),
-        "throughput": _throughput_png(plt, report),
+        "latency-histogram": png("Latency distribution", _latency_histogram, report),
+        "latency-over-time": png("Latency over time (by send second)", _latency_over_time,
+                                 report),
+        "throughput": png("Throughput", _throughput, report),
     }
-    if report.by_group:
-        plots["by-group"] = _breakdown_png(plt, "By group (receivers)", report.by_group)
-    if report.by_process:
-        plots["by-process"] = _breakdown_png(plt, "By peer process (receivers)",
-                                             report.by_process)
+    for key, title, parts in (("by-group", "By group (receivers)", report.by_group),
+                              ("by-process", "By peer process (receivers)",
+                               report.by_process)):
+        if parts:
+            plots[key] = png(title, _breakdown, parts, _breakdown_size(parts))
     return plots
 
 

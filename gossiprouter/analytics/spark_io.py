@@ -3,10 +3,12 @@ and the Spark session it runs in.
 
 Paths are local paths by default. Anything with a URI scheme (``hdfs://``, ``s3a://``,
 ``file://`` ...) is handed to Spark and Hadoop as is; small files (the manifest, the report)
-go through Hadoop's FileSystem API then (:class:`HadoopFs`). :class:`RunStore` is what the job
-(:mod:`gossiprouter.analytics.audit`) reads and writes through. :func:`spark_session` starts
+go through Hadoop's FileSystem API then (:class:`HadoopFs`). :class:`RunStore` is what the jobs
+(:mod:`gossiprouter.analytics.audit`, :mod:`gossiprouter.analytics.topics_audit`) read and
+write through. :func:`spark_session` starts
 Spark, embedded as ``local[*]`` unless a master URL is given, kept on loopback for a loopback
-master.
+master; :func:`open_session` is what both jobs (the ROUTE audit and the topics audit) call to
+start or join it, reporting through :class:`Phases`, their progress lines.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import json
 import os
 import re
 import socket
+import time
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlparse
@@ -41,12 +44,16 @@ __all__ = [
     "MASTER_CONNECT_TIMEOUT",
     "AuditInputError",
     "HadoopFs",
+    "Phases",
     "RunStore",
     "SparkStartError",
     "check_run_dir",
+    "ddl",
     "driver_address",
     "local_path",
     "loopback_master",
+    "open_session",
+    "rows",
     "session_settings",
     "spark_session",
 ]
@@ -71,14 +78,12 @@ MASTER_CONNECT_TIMEOUT: Final = 5.0
 LOOPBACK: Final = "127.0.0.1"
 
 
-def _ddl(schema: pa.Schema) -> str:
+def ddl(schema: pa.Schema) -> str:
     # The reader's schema is derived from the writer's, so the two cannot drift apart; giving
     # Spark the schema also spares it inferring one from every file's footer.
     return ", ".join(f"`{f.name}` {_SPARK_TYPES[str(f.type)]}" for f in schema)
 
 
-RECORDS_DDL: Final = _ddl(RECORD_SCHEMA)
-MEMBERSHIP_DDL: Final = _ddl(MEMBERSHIP_SCHEMA)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -372,6 +377,68 @@ def _start_context(master: str, spark_conf: Any,
 
 
 # ---------------------------------------------------------------------------------------------
+# The session an analysis runs in, and its progress lines
+
+
+class Phases:
+    """Progress lines with timings: each phase's start, with the time since the beginning,
+    then one line with the duration of every phase."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+        self.started = time.monotonic()
+        self.done: list[tuple[str, float]] = []
+        self._current: tuple[str, float] | None = None
+
+    def _stamp(self) -> str:
+        return f"[{time.monotonic() - self.started:6.1f} s]"
+
+    def _close(self) -> None:
+        if self._current is not None:
+            name, t = self._current
+            self.done.append((name, time.monotonic() - t))
+            self._current = None
+
+    def start(self, name: str, line: str) -> None:
+        self._close()
+        self._current = (name, time.monotonic())
+        self.say(f"{self._stamp()} {line}")
+
+    def note(self, line: str) -> None:
+        self.say(f"{self._stamp()} {line}")
+
+    def finish(self) -> None:
+        self._close()
+        total = time.monotonic() - self.started
+        self.say(f"{self._stamp()} done: " + ", ".join(
+            f"{name} {d:.1f} s" for name, d in self.done) + f"; total {total:.1f} s")
+
+
+def open_session(spark: SparkSession | None, master: str | None,
+                 conf: Mapping[str, str] | None, spark_log: str | os.PathLike[str] | None,
+                 phases: Phases) -> tuple[SparkSession, bool]:
+    """The session an analysis runs on, and whether it was started here (then the caller
+    stops it at the end). One passed in, or already running in this process
+    (spark_session joins it), belongs to the caller. Says which driver address was chosen."""
+    from pyspark import SparkContext
+
+    own = spark is None and SparkContext._active_spark_context is None
+    if spark is None:
+        phases.start("Spark start", f"starting Spark ({master or DEFAULT_MASTER})…")
+        spark = spark_session(master, conf=conf, log_path=spark_log)
+    chosen = spark.sparkContext.getConf().get("spark.driver.host", "")
+    how = ("loopback master: driver kept on loopback" if chosen == LOOPBACK
+           else "set --conf spark.driver.host=ADDRESS if the executors cannot reach it")
+    phases.note(f"Spark driver at {driver_address(spark)} ({how})")
+    return spark, own
+
+
+def rows(df: DataFrame) -> list[dict[str, Any]]:
+    """Collect ``df`` (a small aggregate) as a list of plain dicts."""
+    return [r.asDict() for r in df.collect()]
+
+
+# ---------------------------------------------------------------------------------------------
 # The run directory, as the job reads and writes it
 
 
@@ -399,20 +466,11 @@ class RunStore:
     def manifest(self, warnings: list[str]) -> dict[str, Any] | None:
         """The run's manifest, or None (with a line in ``warnings``) when it is missing or
         unreadable: the analysis goes on without it."""
-        local = local_path(self.run_dir)
         try:
-            if local is not None:
-                path = local / MANIFEST_FILE
-                if not path.exists():
-                    warnings.append(f"no {MANIFEST_FILE} in the run directory")
-                    return None
-                raw = path.read_bytes()
-            else:
-                uri = join_uri(self.run_uri, MANIFEST_FILE)
-                if not self.fs.exists(uri):
-                    warnings.append(f"no {MANIFEST_FILE} in the run directory")
-                    return None
-                raw = self.fs.read_bytes(uri)
+            raw = self.read_bytes(MANIFEST_FILE)
+            if raw is None:
+                warnings.append(f"no {MANIFEST_FILE} in the run directory")
+                return None
             data = json.loads(raw)
         except (OSError, ValueError) as e:
             warnings.append(f"{MANIFEST_FILE} unreadable: {e}")
@@ -422,14 +480,28 @@ class RunStore:
             return {"value": data}
         return data
 
+    def read_bytes(self, name: str) -> bytes | None:
+        """The small file ``name`` of the run directory (the manifest), None when there is
+        none; OSError when it cannot be read."""
+        local = local_path(self.run_dir)
+        if local is not None:
+            path = local / name
+            return path.read_bytes() if path.exists() else None
+        uri = join_uri(self.run_uri, name)
+        return self.fs.read_bytes(uri) if self.fs.exists(uri) else None
+
+    def table(self, name: str, schema: pa.Schema) -> DataFrame:
+        """The Parquet file or directory ``name`` of the run directory, read with its
+        writer's ``schema``."""
+        return self.spark.read.schema(ddl(schema)).parquet(join_uri(self.run_uri, name))
+
     def timeline(self) -> DataFrame:
         """The membership timeline, with the writer's schema."""
-        return self.spark.read.schema(MEMBERSHIP_DDL).parquet(
-            join_uri(self.run_uri, MEMBERSHIP_FILE))
+        return self.table(MEMBERSHIP_FILE, MEMBERSHIP_SCHEMA)
 
     def records(self) -> DataFrame:
         """Every delivery and send record, with the writer's schema."""
-        return self.spark.read.schema(RECORDS_DDL).parquet(join_uri(self.run_uri, RECORDS_DIR))
+        return self.table(RECORDS_DIR, RECORD_SCHEMA)
 
     def write(self, path: str, data: bytes) -> None:
         """Write ``data`` to ``path`` (a local path or a URI), creating local parents."""

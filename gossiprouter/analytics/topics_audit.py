@@ -6,8 +6,9 @@ publication its **expected receivers**: the subscribers that held, at the send t
 pattern matching the publication's id, within its scope (``local``: the subscribers on
 the publisher's router; ``global``: on every router). Against the deliveries recorded it
 counts, per scope, the deliveries lost, duplicated and unexpected, and the latency
-percentiles, then writes report.json and report.html with the machinery of the ROUTE
-audit (:mod:`gossiprouter.analytics.audit`: Spark session, phases, latency histogram;
+percentiles, then writes report.json and report.html with the machinery it shares with the
+ROUTE audit (:mod:`gossiprouter.analytics.spark_io`: Spark session, progress, run directory;
+:mod:`gossiprouter.analytics.latency`: latency histogram and percentiles;
 :mod:`gossiprouter.analytics.report`: verdict, report files).
 
 **A subscriber changing its patterns is in flux.** The router applies an UNSUBSCRIBE and a
@@ -43,21 +44,20 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from gossiprouter.analytics.audit import (
-    _LOG_STEP,
-    NS_PER_S,
-    _Bucket,
-    _histogram,
-    _latency_from_buckets,
-    _Phases,
-    _rows,
-    open_session,
+from gossiprouter.analytics.audit import NS_PER_S
+from gossiprouter.analytics.latency import (
+    Bucket,
+    bucket,
+    bucket_aggregates,
+    bucket_column,
+    histogram,
+    latency_stats,
+    over_time,
 )
 from gossiprouter.analytics.report import (
     Audit,
     Counts,
     Finding,
-    LatencyPoint,
     LatencyStats,
     Report,
     ScopeBreakdown,
@@ -66,13 +66,11 @@ from gossiprouter.analytics.report import (
 )
 from gossiprouter.analytics.spark_io import (
     AuditInputError,
-    HadoopFs,
-    join_uri,
+    Phases,
+    RunStore,
     local_path,
-    spark_uri,
-)
-from gossiprouter.analytics.spark_io import (
-    _ddl as ddl,
+    open_session,
+    rows,
 )
 from gossiprouter.loadtest.records import MANIFEST_FILE
 from gossiprouter.loadtest.topic_records import (
@@ -88,6 +86,7 @@ from gossiprouter.loadtest.topic_records import (
 from gossiprouter.topics import TopicError, TopicIndex, parse_topic, pattern
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["analyze_topics", "check_topics_run_dir", "match_table", "run_kind"]
@@ -163,7 +162,7 @@ def analyze_topics(
     ``out_dir``. The arguments are those of :func:`gossiprouter.analytics.audit.analyze`
     (the settle window comes from the run's manifest: the load test used it to record
     when a subscription settled)."""
-    phases = _Phases(progress or (lambda _line: None))
+    phases = Phases(progress or (lambda _line: None))
     check_topics_run_dir(run_dir)
     spark, own = open_session(spark, master, conf, spark_log, phases)
     try:
@@ -177,21 +176,22 @@ def analyze_topics(
 
 class _TopicsJob:
     def __init__(self, spark: SparkSession, run_dir: str, out_dir: str, sample: int,
-                 phases: _Phases, allow_loss: bool) -> None:
+                 phases: Phases, allow_loss: bool) -> None:
         self.spark = spark
         self.run_dir = run_dir
         self.out_dir = out_dir
-        self.run_uri = spark_uri(run_dir)
+        self.store = RunStore(spark, run_dir)
         self.sample = max(0, sample)
         self.phases = phases
         self.allow_loss = allow_loss
         self.warnings: list[str] = []
 
     def _manifest(self) -> dict[str, Any]:
-        local = local_path(self.run_dir)
         try:
-            raw = ((local / MANIFEST_FILE).read_bytes() if local is not None
-                   else HadoopFs(self.spark).read_bytes(join_uri(self.run_uri, MANIFEST_FILE)))
+            raw = self.store.read_bytes(MANIFEST_FILE)
+            if raw is None:
+                # The settle window is in it: without it nothing can be audited.
+                raise AuditInputError(f"no {MANIFEST_FILE} in the topics run directory")
             data = json.loads(raw)
         except (OSError, ValueError) as e:
             raise AuditInputError(f"{MANIFEST_FILE} of the topics run unreadable: {e}") from None
@@ -199,17 +199,8 @@ class _TopicsJob:
             raise AuditInputError(f"{MANIFEST_FILE} is not a JSON object")
         return data
 
-    def _write(self, path: str, data: bytes) -> None:
-        local = local_path(path)
-        if local is not None:
-            local.parent.mkdir(parents=True, exist_ok=True)
-            local.write_bytes(data)
-        else:
-            HadoopFs(self.spark).write_bytes(path, data)
-
-    def _read(self, name: str, schema: Any) -> DataFrame:
-        return self.spark.read.schema(ddl(schema)).parquet(
-            join_uri(join_uri(self.run_uri, TOPICS_DIR), name))
+    def _read(self, name: str, schema: pa.Schema) -> DataFrame:
+        return self.store.table(f"{TOPICS_DIR}/{name}", schema)
 
     def run(self) -> Report:
         started = self.phases.started
@@ -235,7 +226,7 @@ class _TopicsJob:
         self.phases.start("report", "writing report…")
         report = self._report(manifest, n_pubs, n_recv, summary, settle)
         report.analysis_s = round(time.monotonic() - started, 3)
-        write_report(report, self.out_dir, self._write)
+        write_report(report, self.out_dir, self.store.write)
         return report
 
     def _pairs(self, pubs: DataFrame, spans: DataFrame, recv: DataFrame) -> DataFrame:
@@ -301,7 +292,7 @@ class _TopicsJob:
 
         col, one = F.col, F.lit(1)
         lat = col("t_recv_ns") - col("t_send_ns")
-        q = F.round(F.log(F.greatest(lat, one)) / F.lit(_LOG_STEP)).cast("int").alias("q")
+        q = bucket_column(lat)
         t0 = manifest.get("t0_ns")
         origin = t0 if isinstance(t0, int) and not isinstance(t0, bool) else int(
             pubs.agg(F.min("t_send_ns")).collect()[0][0])
@@ -316,34 +307,31 @@ class _TopicsJob:
                             & (col("copies") > 1)),
                            ("unexpected", col("category") == "unexpected"),
                            ("in_flux", col("category") == "in_flux")):
-            rows = _rows(flagged.filter(cond).orderBy("t_send_ns", "pub_id", "receiver")
-                         .select(*_SAMPLE_FIELDS).limit(self.sample))
+            picked = rows(flagged.filter(cond).orderBy("t_send_ns", "pub_id", "receiver")
+                           .select(*_SAMPLE_FIELDS).limit(self.sample))
             samples[kind] = [{("t_send_s" if k == "t_send_ns" else k):
                               (None if v is None else round((v - origin) / NS_PER_S, 6))
-                              if k == "t_send_ns" else v for k, v in r.items()} for r in rows]
+                              if k == "t_send_ns" else v for k, v in r.items()} for r in picked]
         delivered = col("category") == "delivered"
         return {
             "origin": origin,
-            "sent": _rows(pubs.groupBy("scope").agg(F.count(one).alias("n"))),
+            "sent": rows(pubs.groupBy("scope").agg(F.count(one).alias("n"))),
             "publishers": pubs.select("publisher").distinct().count(),
-            "categories": _rows(pairs.groupBy("scope", "category").agg(
+            "categories": rows(pairs.groupBy("scope", "category").agg(
                 F.count(one).alias("pairs"), F.sum("copies").alias("copies"),
                 F.count_if(col("copies") > 1).alias("duplicated"),
                 F.sum(F.greatest(col("copies") - 1, F.lit(0))).alias("extra"),
                 F.countDistinct("receiver").alias("receivers"))),
             "receivers": pairs.filter(col("copies") > 0).select("receiver").distinct().count(),
             "orphans": pairs.filter(col("scope").isNull()).count(),
-            "latency": _rows(pairs.filter(delivered).groupBy("scope", q).agg(
-                F.count(one).alias("n"), F.min(lat).alias("lo"), F.max(lat).alias("hi"),
-                F.sum(lat).alias("total"))),
+            "latency": rows(pairs.filter(delivered).groupBy("scope", q)
+                            .agg(*bucket_aggregates(lat))),
             # The same histogram per send second, for the percentiles over time.
-            "latency_s": _rows(pairs.filter(delivered).groupBy(
-                second("t_send_ns").alias("t"), q).agg(
-                F.count(one).alias("n"), F.min(lat).alias("lo"), F.max(lat).alias("hi"),
-                F.sum(lat).alias("total"))),
-            "sends": _rows(pubs.groupBy(second("t_send_ns").alias("t")).agg(
+            "latency_s": rows(pairs.filter(delivered).groupBy(second("t_send_ns").alias("t"), q)
+                              .agg(*bucket_aggregates(lat))),
+            "sends": rows(pubs.groupBy(second("t_send_ns").alias("t")).agg(
                 F.count(one).alias("n"))),
-            "seconds": _rows(pairs.groupBy(
+            "seconds": rows(pairs.groupBy(
                 # Every first copy, audited or not (in flux): what the routers delivered.
                 F.when(col("copies") > 0, second("t_recv_ns")).alias("recv_s"),
                 F.when(col("category") == "lost", second("t_send_ns")).alias("lost_s"),
@@ -375,23 +363,13 @@ class _TopicsJob:
                 b.unexpected += copies
             elif cat == "in_flux":
                 b.in_flux += n
-        hist: dict[str, list[_Bucket]] = {}
+        hist: dict[str, list[Bucket]] = {}
         for r in s["latency"]:
-            hist.setdefault(str(r["scope"]), []).append(_Bucket(
-                int(r["q"]), int(r["n"]), int(r["lo"]), int(r["hi"]), int(r["total"])))
+            hist.setdefault(str(r["scope"]), []).append(bucket(r))
         for scope, bs in hist.items():
-            by_scope[scope].latency = _latency_from_buckets(bs)
+            by_scope[scope].latency = latency_stats(bs)
         every = [b for bs in hist.values() for b in bs]
-        latency: LatencyStats | None = _latency_from_buckets(every)
-        per_second: dict[int, list[_Bucket]] = {}
-        for r in s["latency_s"]:
-            per_second.setdefault(int(r["t"]), []).append(_Bucket(
-                int(r["q"]), int(r["n"]), int(r["lo"]), int(r["hi"]), int(r["total"])))
-        over_time = []
-        for t, bs in sorted(per_second.items()):
-            st = _latency_from_buckets(bs)
-            if st is not None:
-                over_time.append(LatencyPoint(t, st.count, st.p50_ns, st.p99_ns, st.max_ns))
+        latency: LatencyStats | None = latency_stats(every)
 
         if s["orphans"]:
             self.warnings.append(f"{s['orphans']:,} (publication, receiver) pairs received "
@@ -445,9 +423,9 @@ class _TopicsJob:
                           deliveries=received, senders=int(s["publishers"]),
                           receivers=int(s["receivers"]), groups=1),
             audit=audit, latency=latency, latency_by_group={}, latency_by_size={},
-            latency_by_cast={}, latency_histogram=_histogram(every), throughput=throughput,
+            latency_by_cast={}, latency_histogram=histogram(every), throughput=throughput,
             warnings=self.warnings, allow_loss=self.allow_loss, kind=KIND,
-            latency_over_time=over_time,
+            latency_over_time=over_time(s["latency_s"]),
             by_scope={k: v for k, v in by_scope.items() if v.sent or v.expected
                       or v.unexpected or k in _SCOPES},
         )

@@ -94,6 +94,7 @@ __all__ = [
     "RecordWriter",
     "make_msg_id",
     "write_records_table",
+    "write_table",
 ]
 
 RECORDS_DIR: Final = "records"
@@ -156,14 +157,38 @@ def write_records_table(records_dir: str | os.PathLike[str], table: pa.Table, na
         # Cast rather than trust: a column written as int32 instead of int64 would make the
         # reader's fixed schema fail far from the cause.
         table = table.select(RECORD_SCHEMA.names).cast(RECORD_SCHEMA)
-    directory = Path(records_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / name
+    return write_table(records_dir, name, table)
+
+
+def write_table(directory: str | os.PathLike[str], name: str, table: pa.Table) -> Path:
+    """Write ``table`` whole as ``directory/name`` (created if needed), atomically; returns
+    the path. The one writer of a complete file, for ROUTE and topics runs alike."""
+    path = Path(directory) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
     _write_atomically(table, path)
     return path
 
 
-class RecordWriter:
+class _ClosedOnExit:
+    """``with writer as w:`` closes the writer however the block ends (the writers'
+    ``close`` writes what is buffered, so a failing run still leaves its records)."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class RecordWriter(_ClosedOnExit):
     """Buffers record rows of one peer process and writes them as Parquet files in batches.
 
     Each flush writes one new complete file ``records_dir/p{proc}-{token}-{part}.parquet``.
@@ -309,19 +334,8 @@ class RecordWriter:
             self.flush()
             self._closed = True
 
-    def __enter__(self) -> Self:
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-class MembershipWriter:
+class MembershipWriter(_ClosedOnExit):
     """Records the membership timeline of a run into ``RUN_DIR/membership.parquet``.
 
     The timeline is small (a few rows per member), so the whole file is rewritten atomically
@@ -388,14 +402,3 @@ class MembershipWriter:
     def close(self) -> None:
         """Write the timeline (even an empty one)."""
         self.flush()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -42,7 +42,7 @@ from typing import Final
 
 import pyarrow as pa
 
-from gossiprouter.loadtest.records import _write_atomically
+from gossiprouter.loadtest.records import write_table
 
 __all__ = ["DELIVERIES_FILE", "DELIVERY_SCHEMA", "KIND", "PUBLICATIONS_FILE",
            "PUBLICATION_SCHEMA", "SUBSCRIPTIONS_FILE", "SUBSCRIPTION_SCHEMA", "TOPICS_DIR",
@@ -92,8 +92,4 @@ def write_topic_table(run_dir: str | os.PathLike[str], name: str,
     """Write ``RUN_DIR/topics/name`` (one of the three files above) from its columns,
     atomically; returns the path."""
     table = pa.Table.from_pydict(columns, schema=SCHEMAS[name])
-    directory = Path(run_dir) / TOPICS_DIR
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / name
-    _write_atomically(table, path)
-    return path
+    return write_table(Path(run_dir) / TOPICS_DIR, name, table)

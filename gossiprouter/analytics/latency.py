@@ -1,0 +1,130 @@
+"""Latency figures of an audit, from a fine logarithmic histogram: one home for the ROUTE
+audit (:mod:`gossiprouter.analytics.audit`) and the topics audit
+(:mod:`gossiprouter.analytics.topics_audit`).
+
+Latency percentiles come from a fine logarithmic histogram: buckets 0.1 % wide, each with
+its count and exact min, max and sum. The rank of each percentile is exact; its value is
+exact when the bucket holds one distinct value, else interpolated within the bucket (error
+under 0.1 %). Unlike percentile_approx at a high accuracy this costs one cheap
+aggregation, and the same histogram draws the latency plot.
+
+Spark computes the buckets (:func:`bucket_column`, :func:`bucket_aggregates`); the figures
+are made from the collected rows in Python (:func:`bucket`, :func:`latency_stats`,
+:func:`histogram`, :func:`over_time`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from gossiprouter.analytics.report import Histogram, LatencyPoint, LatencyStats
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
+
+__all__ = ["HISTOGRAM_BINS", "LATENCY_PRECISION", "Bucket", "bucket", "bucket_aggregates",
+           "bucket_column", "histogram", "latency_stats", "over_time"]
+
+HISTOGRAM_BINS: Final = 80
+LATENCY_PRECISION: Final = 0.001
+_LOG_STEP: Final = math.log1p(LATENCY_PRECISION)
+# (numerator, denominator) of p50, p90, p99, p99.9: integer arithmetic for exact ranks.
+_PERCENTILE_FRACTIONS: Final = ((1, 2), (9, 10), (99, 100), (999, 1000))
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One bucket of the fine histogram: its index ``q``, count, min, max and sum (ns)."""
+
+    q: int
+    n: int
+    lo: int
+    hi: int
+    total: int
+
+
+def bucket_column(lat: Column) -> Column:
+    """The Spark column ``q``: the fine bucket of the latency ``lat`` (ns)."""
+    from pyspark.sql import functions as F
+
+    one = F.lit(1)
+    return F.round(F.log(F.greatest(lat, one)) / F.lit(_LOG_STEP)).cast("int").alias("q")
+
+
+def bucket_aggregates(lat: Column) -> list[Column]:
+    """The aggregates of one bucket (``n``, ``lo``, ``hi``, ``total``), for a groupBy that
+    includes :func:`bucket_column`; :func:`bucket` reads them back."""
+    from pyspark.sql import functions as F
+
+    return [F.count(F.lit(1)).alias("n"), F.min(lat).alias("lo"), F.max(lat).alias("hi"),
+            F.sum(lat).alias("total")]
+
+
+def bucket(row: Mapping[str, Any]) -> Bucket:
+    """The bucket of a collected row of :func:`bucket_column` and :func:`bucket_aggregates`."""
+    return Bucket(int(row["q"]), int(row["n"]), int(row["lo"]), int(row["hi"]),
+                  int(row["total"]))
+
+
+def latency_stats(buckets: Iterable[Bucket]) -> LatencyStats | None:
+    """Count, min, mean, percentiles and max of the latencies in ``buckets`` (None if none)."""
+    bs = sorted((b for b in buckets if b.n > 0), key=lambda b: b.q)
+    n = sum(b.n for b in bs)
+    if n == 0:
+        return None
+
+    def value_at(rank: int) -> int:  # nearest-rank: the rank-th smallest latency, 1-based
+        seen = 0
+        for b in bs:
+            if seen + b.n >= rank:
+                if b.n == 1 or b.lo == b.hi:
+                    return b.lo
+                return b.lo + round((b.hi - b.lo) * (rank - seen - 1) / (b.n - 1))
+            seen += b.n
+        return bs[-1].hi
+
+    p50, p90, p99, p999 = (value_at(max(1, -(-n * num // den)))
+                           for num, den in _PERCENTILE_FRACTIONS)
+    return LatencyStats(
+        count=n,
+        min_ns=bs[0].lo,
+        mean_ns=sum(b.total for b in bs) / n,
+        p50_ns=p50,
+        p90_ns=p90,
+        p99_ns=p99,
+        p999_ns=p999,
+        max_ns=bs[-1].hi,
+    )
+
+
+def histogram(buckets: Iterable[Bucket]) -> Histogram:
+    """Re-bin the fine buckets into HISTOGRAM_BINS log-spaced bins for the plot."""
+    bs = [b for b in buckets if b.n > 0]
+    if not bs:
+        return Histogram(edges_ns=[], counts=[])
+    lo = math.log10(max(min(b.lo for b in bs), 1))
+    hi = math.log10(max(max(b.hi for b in bs), 1)) + 1e-9
+    width = max(hi - lo, 1e-6) / HISTOGRAM_BINS
+    counts = [0] * HISTOGRAM_BINS
+    for b in bs:
+        i = int((math.log10(max(b.lo, 1)) - lo) / width)
+        counts[min(max(i, 0), HISTOGRAM_BINS - 1)] += b.n
+    return Histogram(edges_ns=[10 ** (lo + i * width) for i in range(HISTOGRAM_BINS + 1)],
+                     counts=counts)
+
+
+def over_time(rows: Iterable[Mapping[str, Any]]) -> list[LatencyPoint]:
+    """The latency of each send second, from rows of the fine histogram grouped by that
+    second (column ``t``) and the bucket: one point per second that had a delivery."""
+    per_second: dict[int, list[Bucket]] = {}
+    for r in rows:
+        per_second.setdefault(int(r["t"]), []).append(bucket(r))
+    points = []
+    for t, bs in sorted(per_second.items()):
+        st = latency_stats(bs)
+        if st is not None:
+            points.append(LatencyPoint(t, st.count, st.p50_ns, st.p99_ns, st.max_ns))
+    return points
