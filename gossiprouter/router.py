@@ -11,6 +11,30 @@
 An in-process member is an entry of kind ``in-process``: it outranks any
 network registration of the same address (a client CONNECT for it gets ERROR
 ``address_in_use``) and receives through a bounded memory channel.
+
+Three ways to run it, all trio's own:
+
+* ``async with Router(config) as router:`` or ``async with open_router(config) as router:``
+  runs it in a nursery for the length of the block (listening when the block starts) and
+  shuts it down gracefully when the block ends;
+* ``address = await nursery.start(router.run)`` runs it in the caller's nursery and returns
+  once it listens; :meth:`Router.shutdown` (or cancelling) ends it.
+
+Errors (the policy; the server's own, for each connection, is in
+:mod:`gossiprouter.server`):
+
+* **A session raises** (a router bug while serving one connection): confined to that
+  connection, which is closed; logged, counted, and every other connection is served on.
+  Nothing reaches the caller.
+* **A listener fails**: opening the port (address in use, no permission) raises
+  :class:`~gossiprouter.server.ListenError` from ``nursery.start(router.run)`` before it
+  returns. In the ``async with`` forms the block runs inside the router's nursery, so this
+  and every other exception leaving it (the block's own, a fatal accept error) comes out
+  in an ExceptionGroup, as from any nursery: catch with ``except* ListenError``.
+* **The caller is cancelled**, or an exception leaves the ``async with`` block: the router
+  stops at once: listeners and every connection close without the graceful
+  ``shutting_down`` notice (that is :meth:`Router.shutdown`, which the end of the block
+  calls), and the exception or cancellation propagates as usual.
 """
 
 from __future__ import annotations
@@ -18,6 +42,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar
@@ -170,29 +195,40 @@ class Router:
         cfg = config or Config()
         self.config = cfg.with_(**overrides) if overrides else cfg
         self.server = Server(self.config)
-        self._nursery_cm: Any = None
-        self._nursery: trio.Nursery | None = None
+        self._context: AbstractAsyncContextManager[Router] | None = None
 
     @property
     def address(self) -> tuple[str, int]:
         assert self.server.address is not None, "router not started"
         return self.server.address
 
+    async def run(
+        self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Serve until :meth:`shutdown` or cancellation: ``address = await
+        nursery.start(router.run)`` returns ``(host, port)`` once listening, and raises
+        :class:`~gossiprouter.server.ListenError` if it cannot listen."""
+        await self.server.serve(task_status=task_status)
+
+    @asynccontextmanager
+    async def _running(self) -> AsyncIterator[Router]:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.run)
+            yield self
+            # Graceful (the nursery waits for it) when the block ends normally; an exception
+            # or a cancellation leaving the block cancels the nursery, stopping it at once.
+            self.server.shutdown()
+
     async def __aenter__(self) -> Router:
-        self._nursery_cm = trio.open_nursery()
-        self._nursery = await self._nursery_cm.__aenter__()
-        try:
-            await self._nursery.start(self.server.serve)
-        except BaseException:
-            await self._nursery_cm.__aexit__(None, None, None)
-            raise
-        return self
+        self._context = self._running()
+        return await self._context.__aenter__()
 
     async def __aexit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> bool | None:
-        self.server.shutdown()
-        return bool(await self._nursery_cm.__aexit__(et, e, tb))
+        # A thin wrapper: the caller's exception goes to the context manager as it came.
+        assert self._context is not None
+        return await self._context.__aexit__(et, e, tb)
 
     async def register(
         self,
@@ -226,3 +262,12 @@ class Router:
 
     def shutdown(self) -> None:
         self.server.shutdown()
+
+
+@asynccontextmanager
+async def open_router(config: Config | None = None, **overrides: Any) -> AsyncIterator[Router]:
+    """``async with open_router(config, **overrides) as router:``: a :class:`Router` (same
+    arguments) running in a nursery for the length of the block; what ``async with
+    Router(...)`` does."""
+    async with Router(config, **overrides)._running() as router:
+        yield router

@@ -95,8 +95,9 @@ from gossiprouter.client.model import (
     _check_addr,
     _check_group,
     _physical,
+    check_options,
     fmt_router,
-    parse_router,
+    parse_routers,
 )
 from gossiprouter.client.streams import EventStream, Watch
 from gossiprouter.protocol import native as wire
@@ -182,34 +183,12 @@ class RouterStub:
         server_hostname: str | None = None,
         on_state: Callable[[StubEvent], None] | None = None,
     ) -> None:
-        if isinstance(routers, str):
-            routers = [r.strip() for r in routers.split(",")]
-        addrs = [parse_router(r) for r in routers]
-        if not addrs:
-            raise ValueError("at least one router is needed")
-        if len(set(addrs)) != len(addrs):
-            raise ValueError("a router is listed twice")
-        if mode not in ("relay", "discovery"):
-            raise ValueError(f"mode {mode!r}: expected 'relay' or 'discovery'")
-        if policy not in ("random", "round-robin"):
-            raise ValueError(f"policy {policy!r}: expected 'random' or 'round-robin'")
-        for name, value in (("connect_timeout", connect_timeout),
-                            ("request_timeout", request_timeout),
-                            ("send_timeout", send_timeout),
-                            ("reconnect_max", reconnect_max)):
-            if not value > 0:
-                raise ValueError(f"{name} must be > 0")
-        for name, value in (("reconnect_initial", reconnect_initial),
-                            ("reconnect_reset", reconnect_reset),
-                            ("heartbeat_interval", heartbeat_interval),
-                            ("heartbeat_timeout", heartbeat_timeout)):
-            if not value >= 0:
-                raise ValueError(f"{name} must be >= 0")
-        if heartbeat_timeout and heartbeat_timeout <= heartbeat_interval:
-            raise ValueError("heartbeat_timeout must be greater than heartbeat_interval")
-        if heartbeat_timeout and not heartbeat_interval:
-            # Without PINGs an idle but healthy connection would look dead.
-            raise ValueError("heartbeat_timeout needs heartbeat_interval > 0")
+        addrs = parse_routers(routers)
+        check_options(mode=mode, policy=policy, connect_timeout=connect_timeout,
+                      request_timeout=request_timeout, send_timeout=send_timeout,
+                      reconnect_initial=reconnect_initial, reconnect_max=reconnect_max,
+                      reconnect_reset=reconnect_reset, heartbeat_interval=heartbeat_interval,
+                      heartbeat_timeout=heartbeat_timeout)
         self.routers: tuple[RouterAddress, ...] = tuple(addrs)
         self.mode: Mode = mode
         self.policy: Policy = policy
@@ -270,6 +249,7 @@ class RouterStub:
         (no router connected in time) if ``wait_connected``. A failing task is recorded in
         ``_failure`` (and ``on_failure`` called), not raised: the caller raises it, outside
         any nursery, as one StubTaskError."""
+        not_started: NotConnectedError | None = None
         try:
             # The stub's tasks live in their own cancel scope: closing the stub must not
             # cancel the application code running in the body of ``async with``.
@@ -281,9 +261,10 @@ class RouterStub:
                         try:
                             await self.wait_connected()
                         except NotConnectedError as e:
-                            self._stop()
-                            return e
-                    task_status.started(self)
+                            not_started = e
+                            self._stop()  # ends the tasks (the scope swallows its cancel)
+                    if not_started is None:
+                        task_status.started(self)
         except* Exception as failure:
             # Network failures never get here (each connection handles its own): a bug.
             self._failure = failure
@@ -292,7 +273,7 @@ class RouterStub:
             on_failure()
         finally:
             self._stop()
-        return None
+        return not_started
 
     def _raise_failure(self) -> None:
         if self._failure is not None:
