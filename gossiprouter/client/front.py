@@ -57,8 +57,6 @@ Errors (the policy; tests/test_client_lifecycle.py checks each point):
 
 from __future__ import annotations
 
-import itertools
-import random
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -213,7 +211,6 @@ class RouterStub:
         self.stats = self._local.stats
         self._links = Links(self, self._slots, self._local, self._emit)
         self._state_streams: list[EventStream[StubEvent]] = []
-        self._rr = itertools.count()  # the round-robin position
         self._scope = trio.CancelScope()  # the stub's tasks: closing cancels them, not the caller
         self._started = False
         self._closed = False
@@ -455,7 +452,7 @@ class RouterStub:
             if refusals:
                 raise refusals[0]
             ok = [lk for lk, r in ch._results.items() if r is None and not lk.dead]
-            return ok if ok and all(lk in ch._results for lk in self._ready()) else []
+            return ok if ok and all(lk in ch._results for lk in self._links.ready()) else []
 
         try:
             if await self._until(trio.current_time() + self.send_timeout, accepted) is None \
@@ -472,7 +469,7 @@ class RouterStub:
 
     def _timeout(self, request: str, group: str) -> StubError:
         """No answer in ``send_timeout``: from a connected router, or no router connected."""
-        if self._ready():
+        if self._links.ready():
             return RequestTimeoutError(
                 f"no answer to {request} {group!r} within {self.send_timeout:g}s")
         return self._not_connected(self.send_timeout)
@@ -501,7 +498,7 @@ class RouterStub:
         """
         self._check_open()
         _check_group(group)
-        links = await self._until(trio.current_time() + self.send_timeout, self._ready)
+        links = await self._until(trio.current_time() + self.send_timeout, self._links.ready)
         if not links:
             raise self._not_connected(self.send_timeout)
         answers: list[wire.Ok | StubError] = []
@@ -527,12 +524,12 @@ class RouterStub:
         self._local.add_watch(w)
         self._wake_registrars()
         def acked() -> bool:
-            ready = self._ready()
+            ready = self._links.ready()
             return bool(ready) and all(group in lk.held.watch_acked for lk in ready)
 
         try:
             if await self._until(trio.current_time() + self.send_timeout, acked) is None \
-                    and not any(group in lk.held.watch_acked for lk in self._ready()):
+                    and not any(group in lk.held.watch_acked for lk in self._links.ready()):
                 raise self._timeout("WATCH", group)
             return w
         except BaseException:
@@ -558,36 +555,19 @@ class RouterStub:
                 # Withdrawn everywhere, like a refused CONNECT.
                 self._wake_registrars()
                 raise err
-            ready = self._registered(ch)
+            ready = self._links.registered(ch)
             return bool(ready) and all(pat in lk.held.sub_acked.get(ch.key, ()) for lk in ready)
 
         if await self._until(trio.current_time() + self.send_timeout, answered) is None \
                 and not any(pat in lk.held.sub_acked.get(ch.key, ()) for lk in
-                            self._registered(ch)):
+                            self._links.registered(ch)):
             ch._patterns.discard(pat)
             self._wake_registrars()
-            if self._registered(ch):
+            if self._links.registered(ch):
                 raise RequestTimeoutError(f"no answer to SUBSCRIBE within {self.send_timeout:g}s")
             raise self._not_connected(self.send_timeout)
 
     # ------------------------------------------------------------------ sending
-
-    def _ready(self) -> list[Connection]:
-        """The CONNECTED connections (every registration answered)."""
-        return [lk for lk in self._links.live() if lk.ready]
-
-    def _registered(self, ch: Channel) -> list[Connection]:
-        return [lk for lk in self._ready() if ch.key in lk.held.registered]
-
-    def _order(self, links: list[Connection]) -> list[Connection]:
-        if len(links) < 2:
-            return links
-        if self.policy == "round-robin":
-            i = next(self._rr) % len(links)
-            return links[i:] + links[:i]
-        links = links[:]
-        random.shuffle(links)
-        return links
 
     async def _send(self, ch: Channel, data: bytes) -> None:
         self._check_open()
@@ -597,8 +577,7 @@ class RouterStub:
             changed = self._local.changed
             if ch._closed:
                 raise ChannelClosedError(f"{ch!r} is closed")
-            candidates = [lk for lk in self._ready() if ch in lk.held.routable]
-            for lk in self._order(candidates):
+            for lk in self._links.carriers(ch, self.policy):
                 if len(data) - 4 > lk.max_frame:
                     raise FrameTooLargeError(
                         f"message of {len(data) - 4} bytes exceeds the router's max_frame "

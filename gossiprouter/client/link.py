@@ -57,6 +57,7 @@ from gossiprouter.client.model import (
     ConnectionState,
     GroupEvent,
     Key,
+    Policy,
     fmt_router,
 )
 from gossiprouter.protocol import native as wire
@@ -72,28 +73,17 @@ Emit = Callable[[RouterSlot, ConnectionState, "str | None", "float | None"], Non
 class LinkSettings(Protocol):
     """The options that shape a connection; :class:`RouterStub` is one (see it for each)."""
 
-    @property
-    def connect_timeout(self) -> float: ...
-    @property
-    def request_timeout(self) -> float: ...
-    @property
-    def reconnect_initial(self) -> float: ...
-    @property
-    def reconnect_max(self) -> float: ...
-    @property
-    def reconnect_reset(self) -> float: ...
-    @property
-    def heartbeat_interval(self) -> float: ...
-    @property
-    def heartbeat_timeout(self) -> float: ...
-    @property
-    def client_name(self) -> str: ...
-    @property
-    def token(self) -> str | None: ...
-    @property
-    def ssl_context(self) -> ssl.SSLContext | None: ...
-    @property
-    def server_hostname(self) -> str | None: ...
+    connect_timeout: float
+    request_timeout: float
+    reconnect_initial: float
+    reconnect_max: float
+    reconnect_reset: float
+    heartbeat_interval: float
+    heartbeat_timeout: float
+    client_name: str
+    token: str | None
+    ssl_context: ssl.SSLContext | None
+    server_hostname: str | None
 
 
 def write_timeout(s: LinkSettings) -> float:
@@ -135,10 +125,30 @@ class Links:
         self.emit = emit
         self._req = itertools.count(1)
         self._nonce = itertools.count(1)
+        self._rr = itertools.count()  # the round-robin position
 
     def live(self) -> list[Connection]:
         """The connections that are up (registered or not yet)."""
         return [t.link for t in self.slots if t.link is not None and not t.link.dead]
+
+    def ready(self) -> list[Connection]:
+        """The CONNECTED connections (the first registration pass answered)."""
+        return [lk for lk in self.live() if lk.ready]
+
+    def registered(self, ch: Channel) -> list[Connection]:
+        """The CONNECTED connections that hold ``ch`` (CONNECT written, not refused)."""
+        return [lk for lk in self.ready() if ch.key in lk.held.registered]
+
+    def carriers(self, ch: Channel, policy: Policy) -> list[Connection]:
+        """The connections that may carry ``ch``'s messages, in the order to try them."""
+        links = [lk for lk in self.ready() if ch in lk.held.routable]
+        if len(links) < 2:
+            return links
+        if policy == "round-robin":
+            i = next(self._rr) % len(links)
+            return links[i:] + links[:i]
+        random.shuffle(links)
+        return links
 
     def next_req(self) -> int:
         return next(self._req)
