@@ -340,7 +340,7 @@ class RouterStub:
         self._local.close_all()
         for s in self._state_streams:
             s._close()
-        self._local.notify_changed()
+        self._links.notify_changed()
 
     @property
     def closed(self) -> bool:
@@ -360,7 +360,7 @@ class RouterStub:
         """Call ``done()`` at every change of connection or registration state until it
         gives a true value (returned) or ``deadline`` passes (None). ``done`` may raise."""
         while True:
-            changed = self._local.changed
+            changed = self._links.changed
             result = done()
             if result:
                 return result
@@ -574,7 +574,7 @@ class RouterStub:
         deadline = trio.current_time() + self.send_timeout
         last_error: str | None = None
         while True:
-            changed = self._local.changed
+            changed = self._links.changed
             if ch._closed:
                 raise ChannelClosedError(f"{ch!r} is closed")
             for lk in self._links.carriers(ch, self.policy):
@@ -615,7 +615,7 @@ class RouterStub:
                 log.exception("on_state callback failed")
         for s in self._state_streams:
             s._put(ev)
-        self._local.notify_changed()
+        self._links.notify_changed()
 
 
 @asynccontextmanager

@@ -126,6 +126,13 @@ class Links:
         self._req = itertools.count(1)
         self._nonce = itertools.count(1)
         self._rr = itertools.count()  # the round-robin position
+        self.changed = trio.Event()
+
+    def notify_changed(self) -> None:
+        """Wake every call waiting for a change of connection or registration state (they
+        re-read the state, then wait on the new :attr:`changed`)."""
+        ev, self.changed = self.changed, trio.Event()
+        ev.set()
 
     def live(self) -> list[Connection]:
         """The connections that are up (registered or not yet)."""
@@ -206,7 +213,7 @@ class Links:
             self.local.presence.forget_router(t.address)
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(link.stream)
-            self.local.notify_changed()
+            self.notify_changed()
 
     async def _reader(self, link: Connection) -> None:
         dec = link.decoder
@@ -281,7 +288,7 @@ class Links:
                 ops = self._plan(link)
                 if ops:
                     await self._run_ops(link, ops)
-                    self.local.notify_changed()
+                    self.notify_changed()
                     continue
                 if not link.ready:
                     link.ready = True

@@ -5,18 +5,17 @@ the watched groups: the desired state every connection's registrar follows) and 
 frames the routers send to them: a ROUTE to the channels of its group or to its destination,
 a PUBLISH to the channels whose patterns match, an EVENT to the group's channels and watches,
 merged over the routers (:mod:`~gossiprouter.client.merge`). It also carries the stub's
-counters and the one signal every waiting call listens to (:meth:`Local.notify_changed`).
+counters.
 
-No sockets and no tasks: a connection's reader (:mod:`~gossiprouter.client.link`) calls the
-``deliver_*`` methods, which never wait, since one reader serves every channel.
+Sans-IO (no trio, no sockets; tested without them in tests/test_client_local.py): a
+connection's reader (:mod:`~gossiprouter.client.link`) calls the ``deliver_*`` methods, which
+never wait, since one reader serves every channel.
 """
 
 from __future__ import annotations
 
 import itertools
 from typing import TYPE_CHECKING
-
-import trio
 
 from gossiprouter.client.merge import Presence, SuspectFilter
 from gossiprouter.client.model import (
@@ -49,13 +48,6 @@ class Local:
         self.suspects = SuspectFilter(SUSPECT_DEDUPE_WINDOW)
         self.stats = StubStats()
         self.seq = itertools.count(1)  # arrival order of messages and events
-        self.changed = trio.Event()
-
-    def notify_changed(self) -> None:
-        """Wake every call waiting for a change of connection or registration state (they
-        re-read the state, then wait on the new :attr:`changed`)."""
-        ev, self.changed = self.changed, trio.Event()
-        ev.set()
 
     # ------------------------------------------------------------------ the desired state
 
