@@ -3,16 +3,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import pytest
-import trio
 
 from gossiprouter.client.channel import Channel
 from gossiprouter.client.local import Local
-from gossiprouter.client.streams import EventStream, Watch
+from gossiprouter.client.streams import Watch
 from gossiprouter.protocol import native as wire
 from gossiprouter.topics import pattern
+from tests.test_stub import buffered
 
 if TYPE_CHECKING:
     from gossiprouter.client.front import RouterStub
@@ -33,15 +33,6 @@ def watch(local: Local, group: str) -> Watch:
     return w
 
 
-def drained(stream: Channel | EventStream[Any]) -> list[Any]:
-    out: list[Any] = []
-    while True:
-        try:
-            out.append(stream.receive_nowait())
-        except trio.WouldBlock:
-            return out
-
-
 def test_route_reaches_the_groups_channels_but_the_sender_or_the_one_destination() -> None:
     local = Local()
     a, b, c = channel(local, "g", b"A"), channel(local, "g", b"B"), channel(local, "h", b"A")
@@ -49,9 +40,9 @@ def test_route_reaches_the_groups_channels_but_the_sender_or_the_one_destination
     local.deliver_route(wire.Route("g", b"A", b"B", b"unicast"))
     local.deliver_route(wire.Route("g", b"Z", b"B", b"to nobody here"))
     local.deliver_route(wire.Route("x", None, b"B", b"no channel in x"))
-    assert [m.payload for m in drained(a)] == [b"unicast"]
-    assert [m.payload for m in drained(b)] == [b"multicast"]
-    assert drained(c) == []  # same address, other group
+    assert [m.payload for m in buffered(a)] == [b"unicast"]
+    assert [m.payload for m in buffered(b)] == [b"multicast"]
+    assert buffered(c) == []  # same address, other group
     assert local.stats.undeliverable == 2
 
 
@@ -63,9 +54,9 @@ def test_publish_reaches_matching_channels_once_and_the_sender_only_with_echo() 
     local.deliver_publish(wire.Publish("g", b"B", "p", "b", ("x", "1"), 0, b"one"))
     local.deliver_publish(wire.Publish("g", b"A", "p", "b", ("x", "2"), 0, b"own"))
     local.deliver_publish(wire.Publish("g", b"A", "p", "b", ("x", "3"), wire.PUB_ECHO, b"echo"))
-    assert [(m.payload, m.topic) for m in drained(a)] == [
+    assert [(m.payload, m.topic) for m in buffered(a)] == [
         (b"one", ("p", "b", ("x", "1"))), (b"echo", ("p", "b", ("x", "3")))]
-    assert drained(b) == []
+    assert buffered(b) == []
     assert local.stats.undeliverable == 1  # "own": its only match is the sender, no echo
 
 
@@ -78,11 +69,11 @@ def test_join_and_leave_are_merged_over_the_routers() -> None:
     local.deliver_event(R2, join, 0.1)  # the second router's report: no news
     local.deliver_event(R1, leave, 0.2)  # still on R2
     local.deliver_event(R2, leave, 0.3)  # gone from every router
-    assert [(e.kind, e.router) for e in drained(w)] == [("join", R1), ("leave", R2)]
-    assert [e.kind for e in drained(ch.events())] == ["join", "leave"]
+    assert [(e.kind, e.router) for e in buffered(w)] == [("join", R1), ("leave", R2)]
+    assert [e.kind for e in buffered(ch.events())] == ["join", "leave"]
     assert local.stats.events_merged == 2
     local.deliver_event(R1, wire.Event("h", "join", b"Y"), 0.4)  # h is not watched
-    assert drained(w) == [] and local.stats.events_merged == 2
+    assert buffered(w) == [] and local.stats.events_merged == 2
 
 
 def test_a_suspect_is_delivered_once_per_window_to_the_other_channels() -> None:
@@ -91,8 +82,8 @@ def test_a_suspect_is_delivered_once_per_window_to_the_other_channels() -> None:
     suspect = wire.Event("g", "suspect", b"X")
     local.deliver_event(R1, suspect, 0.0)
     local.deliver_event(R2, suspect, 0.01)
-    assert [(e.kind, e.member.addr) for e in drained(a.events())] == [("suspect", b"X")]
-    assert drained(x.events()) == []  # not told about itself
+    assert [(e.kind, e.member.addr) for e in buffered(a.events())] == [("suspect", b"X")]
+    assert buffered(x.events()) == []  # not told about itself
     assert local.stats.events_merged == 1
 
 

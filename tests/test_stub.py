@@ -101,15 +101,20 @@ async def eventually(cond: Callable[[], bool], timeout: float = 5.0, what: str =
             await trio.sleep(0.01)
 
 
-async def drain(ch: Channel | EventStream[Any], wait: float = 0.3) -> list[Any]:
-    """Everything buffered after a bounded ``wait`` (the "and nothing else" check)."""
-    await trio.sleep(wait)
+def buffered(ch: Channel | EventStream[Any]) -> list[Any]:
+    """Everything buffered in ``ch`` now, taken out."""
     out: list[Any] = []
     while True:
         try:
             out.append(ch.receive_nowait())
         except trio.WouldBlock:
             return out
+
+
+async def drain(ch: Channel | EventStream[Any], wait: float = 0.3) -> list[Any]:
+    """Everything buffered after a bounded ``wait`` (the "and nothing else" check)."""
+    await trio.sleep(wait)
+    return buffered(ch)
 
 
 async def settle(*stubs: RouterStub) -> None:

@@ -27,16 +27,18 @@ This module ties the pieces together: the options, the life cycle, and the calls
 application makes, which change the desired state (:class:`~gossiprouter.client.local.Local`)
 and wait for the connections (:class:`~gossiprouter.client.link.Links`) to follow it.
 
-Errors (the policy; tests/test_client_lifecycle.py checks each point):
+Errors (the policy; tests/test_client_lifecycle.py checks the last three points, the
+reconnect and failover tests in tests/test_stub*.py the first):
 
 * **A connection to a router fails** (refused, reset, TLS or handshake refused, a write
   blocked, heartbeat silence): never raised by the stub's tasks. That connection closes,
   its state goes RECONNECTING (a :class:`StubEvent` with the reason) and it is retried with
   backoff, for ever. A call that needs a connected router waits up to ``send_timeout`` for
   one and then raises :class:`NotConnectedError` naming every router and why it is down; a
-  request in flight on the lost connection gets :class:`ConnectionLostError` (or, if it
-  can be sent elsewhere, is). A router's ERROR answer raises the typed :class:`RouterError`
-  in the call that made the request.
+  send fails over to another connected router; a request in flight on the lost connection
+  fails with :class:`ConnectionLostError` (``members()`` skips it while another router
+  answers). A router's ERROR answer raises the typed :class:`RouterError` in the call that
+  made the request.
 * **A task of the stub raises** anything else (a bug): the stub closes at once (every
   connection, channel and stream ends; later calls raise :class:`ChannelClosedError`
   naming the failure) and the caller gets one :class:`StubTaskError` whose ``__cause__`` is
