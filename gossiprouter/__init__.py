@@ -2,59 +2,9 @@
 
 from __future__ import annotations
 
+from gossiprouter import client
 from gossiprouter._version import __version__
 from gossiprouter.blocking import BlockingChannel, BlockingRouterStub
-from gossiprouter.stub import (
-    AddressInUseError,
-    Channel,
-    ChannelClosedError,
-    ConnectionLostError,
-    ConnectionState,
-    ForbiddenError,
-    FrameTooLargeError,
-    GroupEvent,
-    LimitError,
-    Member,
-    Message,
-    ModeError,
-    NotConnectedError,
-    NotMemberError,
-    Publication,
-    RequestTimeoutError,
-    RouterError,
-    RouterStatus,
-    RouterStub,
-    StubError,
-    StubEvent,
-    UnknownDestinationError,
-    Watch,
-)
+from gossiprouter.client import *  # noqa: F403  (the client's API, listed once: client.__all__)
 
-__all__ = [
-    "AddressInUseError",
-    "BlockingChannel",
-    "BlockingRouterStub",
-    "Channel",
-    "ChannelClosedError",
-    "ConnectionLostError",
-    "ConnectionState",
-    "ForbiddenError",
-    "FrameTooLargeError",
-    "GroupEvent",
-    "LimitError",
-    "Member",
-    "Message",
-    "ModeError",
-    "NotConnectedError",
-    "NotMemberError",
-    "Publication",
-    "RequestTimeoutError",
-    "RouterError",
-    "RouterStatus",
-    "RouterStub",
-    "StubError",
-    "StubEvent",
-    "UnknownDestinationError",
-    "Watch",
-    "__version__",
-]
+__all__ = [*client.__all__, "BlockingChannel", "BlockingRouterStub", "__version__"]

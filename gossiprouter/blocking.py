@@ -40,20 +40,22 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-async def _receive(stream: EventStream[T] | Channel, timeout: float | None) -> Any:
+async def _within(timeout: float | None, receive: Callable[[], Awaitable[T]]) -> T:
+    """``await receive()``; TimeoutError after ``timeout`` seconds (None: no limit)."""
     if timeout is None:
-        return await stream.receive()
+        return await receive()
     with trio.move_on_after(timeout):
-        return await stream.receive()
+        return await receive()
     raise TimeoutError(f"nothing received within {timeout:g}s")
 
 
-async def _receive_any(chan: Channel, timeout: float | None) -> Message | GroupEvent:
-    if timeout is None:
-        return await chan.receive_any()
-    with trio.move_on_after(timeout):
-        return await chan.receive_any()
-    raise TimeoutError(f"nothing received within {timeout:g}s")
+def _until_closed(receive: Callable[[], T]) -> Iterator[T]:
+    """Iterate over ``receive()`` until the stream or channel is closed."""
+    while True:
+        try:
+            yield receive()
+        except ChannelClosedError:
+            return
 
 
 class _Portal:
@@ -63,18 +65,18 @@ class _Portal:
         self.token: trio.lowlevel.TrioToken | None = None
 
     def run(self, fn: Callable[..., Awaitable[R]], *args: Any) -> R:
-        if self.token is None:
-            raise ChannelClosedError("the BlockingRouterStub is not open")
-        try:
-            return trio.from_thread.run(fn, *args, trio_token=self.token)
-        except trio.RunFinishedError:
-            raise ChannelClosedError("the BlockingRouterStub is closed") from None
+        result: R = self._call(trio.from_thread.run, fn, *args)
+        return result
 
     def run_sync(self, fn: Callable[..., R], *args: Any) -> R:
+        result: R = self._call(trio.from_thread.run_sync, fn, *args)
+        return result
+
+    def _call(self, via: Callable[..., Any], fn: Callable[..., Any], *args: Any) -> Any:
         if self.token is None:
             raise ChannelClosedError("the BlockingRouterStub is not open")
         try:
-            return trio.from_thread.run_sync(fn, *args, trio_token=self.token)
+            return via(fn, *args, trio_token=self.token)
         except trio.RunFinishedError:
             raise ChannelClosedError("the BlockingRouterStub is closed") from None
 
@@ -92,15 +94,11 @@ class BlockingStream(Generic[T]):
 
     def receive(self, timeout: float | None = None) -> T:
         """The next item; TimeoutError after ``timeout`` seconds, ChannelClosedError once closed."""
-        result: T = self._portal.run(_receive, self._stream, timeout)
-        return result
+        item: T = self._portal.run(_within, timeout, self._stream.receive)
+        return item
 
     def __iter__(self) -> Iterator[T]:
-        while True:
-            try:
-                yield self.receive()
-            except ChannelClosedError:
-                return
+        return _until_closed(self.receive)
 
     def close(self) -> None:
         """Stop a :class:`~gossiprouter.stub.Watch` (UNWATCH); other streams just end."""
@@ -165,20 +163,16 @@ class BlockingChannel:
     def receive(self, timeout: float | None = None) -> Message:
         """The next message; TimeoutError after ``timeout`` seconds (None: wait forever),
         ChannelClosedError once the channel is disconnected."""
-        msg: Message = self._portal.run(_receive, self.channel, timeout)
+        msg: Message = self._portal.run(_within, timeout, self.channel.receive)
         return msg
 
     def receive_any(self, timeout: float | None = None) -> Message | GroupEvent:
         """The next message or event, in arrival order (see :meth:`Channel.receive_any`)."""
-        item: Message | GroupEvent = self._portal.run(_receive_any, self.channel, timeout)
+        item: Message | GroupEvent = self._portal.run(_within, timeout, self.channel.receive_any)
         return item
 
     def __iter__(self) -> Iterator[Message]:
-        while True:
-            try:
-                yield self.receive()
-            except ChannelClosedError:
-                return
+        return _until_closed(self.receive)
 
     def events(self) -> BlockingStream[GroupEvent]:
         return self._events

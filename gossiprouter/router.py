@@ -15,6 +15,31 @@ network registration of the same address (a client CONNECT for it gets ERROR
 A Router is a whole router, as ``gossiprouter serve`` runs it: the server and its
 operations hooks (TLS, allow-lists, tokens, metrics; ``router.ops``), built here from one
 config. That is why this module sits above both in docs/architecture.md's layers.
+
+Three ways to run it, all trio's own:
+
+* ``async with Router(config) as router:`` or ``async with open_router(config) as router:``
+  runs it in a nursery for the length of the block (listening when the block starts) and
+  shuts it down gracefully when the block ends;
+* ``address = await nursery.start(router.run)`` runs it in the caller's nursery and returns
+  once it listens; :meth:`Router.shutdown` (or cancelling) ends it.
+
+Errors (the policy; the server's own, for each connection, is in
+:mod:`gossiprouter.server`):
+
+* **A session raises** (a router bug while serving one connection): confined to that
+  connection, which is closed; logged, counted, and every other connection is served on.
+  Nothing reaches the caller.
+* **A listener fails**: opening the port (address in use, no permission) raises
+  :class:`~gossiprouter.server.ListenError`, bare, from ``nursery.start(router.run)`` and
+  from entering the ``async with`` forms (the router's nursery has nothing else running
+  then, so it ends cleanly and the error is raised outside it). Once the block runs, it
+  runs inside the router's nursery: an exception leaving it (the block's own, a fatal
+  accept error) comes out as from any nursery, in an ExceptionGroup.
+* **The caller is cancelled**, or an exception leaves the ``async with`` block: the router
+  stops at once: listeners and every connection close without the graceful
+  ``shutting_down`` notice (that is :meth:`Router.shutdown`, which the end of the block
+  calls), and the exception or cancellation propagates as usual.
 """
 
 from __future__ import annotations
@@ -22,6 +47,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar
@@ -32,7 +58,7 @@ from gossiprouter.config import Config
 from gossiprouter.ops.runtime import Operations
 from gossiprouter.protocol import native as wire
 from gossiprouter.routing import Entry, Kind, RoutingError, is_reserved
-from gossiprouter.server import Server
+from gossiprouter.server import ListenError, Server
 from gossiprouter.sessions.base import Hub
 
 log = logging.getLogger("gossiprouter")
@@ -178,29 +204,50 @@ class Router:
         # wanted (a library installs no signal handler).
         self.ops = Operations(self.config)
         self.server = Server(self.config, hooks=self.ops)
-        self._nursery_cm: Any = None
-        self._nursery: trio.Nursery | None = None
+        self._context: AbstractAsyncContextManager[Router] | None = None
 
     @property
     def address(self) -> tuple[str, int]:
         assert self.server.address is not None, "router not started"
         return self.server.address
 
+    async def run(
+        self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Serve until :meth:`shutdown` or cancellation: ``address = await
+        nursery.start(router.run)`` returns ``(host, port)`` once listening, and raises
+        :class:`~gossiprouter.server.ListenError` if it cannot listen."""
+        await self.server.serve(task_status=task_status)
+
+    @asynccontextmanager
+    async def _running(self) -> AsyncIterator[Router]:
+        failed: ListenError | None = None
+        async with trio.open_nursery() as nursery:
+            try:
+                await nursery.start(self.run)
+            except ListenError as e:
+                # start() raises it bare and nothing else runs in the nursery yet: leave the
+                # nursery cleanly and raise it outside, so the caller gets it bare too.
+                failed = e
+            else:
+                yield self
+                # Graceful (the nursery waits for it) when the block ends normally; an
+                # exception or a cancellation leaving the block cancels the nursery, stopping
+                # it at once.
+                self.server.shutdown()
+        if failed is not None:
+            raise failed
+
     async def __aenter__(self) -> Router:
-        self._nursery_cm = trio.open_nursery()
-        self._nursery = await self._nursery_cm.__aenter__()
-        try:
-            await self._nursery.start(self.server.serve)
-        except BaseException:
-            await self._nursery_cm.__aexit__(None, None, None)
-            raise
-        return self
+        self._context = self._running()
+        return await self._context.__aenter__()
 
     async def __aexit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> bool | None:
-        self.server.shutdown()
-        return bool(await self._nursery_cm.__aexit__(et, e, tb))
+        # A thin wrapper: the caller's exception goes to the context manager as it came.
+        assert self._context is not None
+        return await self._context.__aexit__(et, e, tb)
 
     async def register(
         self,
@@ -234,3 +281,12 @@ class Router:
 
     def shutdown(self) -> None:
         self.server.shutdown()
+
+
+@asynccontextmanager
+async def open_router(config: Config | None = None, **overrides: Any) -> AsyncIterator[Router]:
+    """``async with open_router(config, **overrides) as router:``: a :class:`Router` (same
+    arguments) running in a nursery for the length of the block; what ``async with
+    Router(...)`` does."""
+    async with Router(config, **overrides)._running() as router:
+        yield router

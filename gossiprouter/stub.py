@@ -13,74 +13,22 @@ imports from ``gossiprouter`` (the public API) or from the module that defines t
 
 from __future__ import annotations
 
+from gossiprouter import client
+from gossiprouter.client import *  # noqa: F403  (the public API, listed once: client.__all__)
+
 # Names imported 'as' themselves were public outside __all__; they stay importable here.
-from gossiprouter.client.channel import Channel
 from gossiprouter.client.connection import FOREIGN as FOREIGN
 from gossiprouter.client.connection import describe_error
-from gossiprouter.client.errors import (
-    AddressInUseError,
-    ChannelClosedError,
-    ConnectionLostError,
-    ForbiddenError,
-    FrameTooLargeError,
-    LimitError,
-    ModeError,
-    NotConnectedError,
-    NotMemberError,
-    RequestTimeoutError,
-    RouterError,
-    StubError,
-    UnknownDestinationError,
-)
 from gossiprouter.client.errors import router_error as router_error
-from gossiprouter.client.front import RouterStub
 from gossiprouter.client.model import CLIENT_NAME as CLIENT_NAME
 from gossiprouter.client.model import RECV_SIZE as RECV_SIZE
 from gossiprouter.client.model import SUSPECT_DEDUPE_WINDOW as SUSPECT_DEDUPE_WINDOW
-from gossiprouter.client.model import (
-    ConnectionState,
-    GroupEvent,
-    Member,
-    Message,
-    Publication,
-    RouterStatus,
-    StubEvent,
-    StubStats,
-    parse_router,
-)
 from gossiprouter.client.model import Key as Key
 from gossiprouter.client.model import Mode as Mode
 from gossiprouter.client.model import Physical as Physical
 from gossiprouter.client.model import Policy as Policy
 from gossiprouter.client.model import RouterAddress as RouterAddress
-from gossiprouter.client.streams import EventStream, Watch
+from gossiprouter.client.model import StubStats, parse_router
+from gossiprouter.client.streams import EventStream
 
-__all__ = [
-    "AddressInUseError",
-    "Channel",
-    "ChannelClosedError",
-    "ConnectionLostError",
-    "ConnectionState",
-    "EventStream",
-    "ForbiddenError",
-    "FrameTooLargeError",
-    "GroupEvent",
-    "LimitError",
-    "Member",
-    "Message",
-    "ModeError",
-    "NotConnectedError",
-    "NotMemberError",
-    "Publication",
-    "RequestTimeoutError",
-    "RouterError",
-    "RouterStatus",
-    "RouterStub",
-    "StubError",
-    "StubEvent",
-    "StubStats",
-    "UnknownDestinationError",
-    "Watch",
-    "describe_error",
-    "parse_router",
-]
+__all__ = [*client.__all__, "EventStream", "StubStats", "describe_error", "parse_router"]

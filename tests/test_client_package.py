@@ -39,3 +39,13 @@ def test_star_import_and_package_front_unchanged() -> None:
     for name in stub.__all__:
         assert getattr(stub, name) is not None
     assert gossiprouter.RouterStub is stub.RouterStub
+
+
+def test_the_public_api_is_listed_once_and_offered_everywhere() -> None:
+    # gossiprouter and gossiprouter.stub re-export client.__all__ (the one list), unchanged.
+    from gossiprouter import client
+
+    for name in client.__all__:
+        assert getattr(gossiprouter, name) is getattr(client, name)
+        assert getattr(stub, name) is getattr(client, name)
+    assert set(client.__all__) <= set(gossiprouter.__all__) & set(stub.__all__)

@@ -103,15 +103,34 @@ async def eventually(cond: Callable[[], bool], timeout: float = 5.0, what: str =
             await trio.sleep(0.01)
 
 
-async def drain(ch: Channel | EventStream[Any], wait: float = 0.3) -> list[Any]:
-    """Everything buffered after a bounded ``wait`` (the "and nothing else" check)."""
-    await trio.sleep(wait)
+def buffered(ch: Channel | EventStream[Any]) -> list[Any]:
+    """Everything buffered in ``ch`` now, taken out."""
     out: list[Any] = []
     while True:
         try:
             out.append(ch.receive_nowait())
         except trio.WouldBlock:
             return out
+
+
+async def drain(ch: Channel | EventStream[Any], wait: float = 0.3) -> list[Any]:
+    """Everything buffered after a bounded ``wait`` (the "and nothing else" check)."""
+    await trio.sleep(wait)
+    return buffered(ch)
+
+
+async def settle(*stubs: RouterStub) -> None:
+    """Return once every frame a router routed to ``stubs`` before now is in their buffers.
+
+    A GET_MEMBERS round trip on every connection of each stub: the router answers it behind
+    the frames already queued for that connection, and the stub's reader hands frames on in
+    order. Two passes: the first makes the router read what each stub sent before (and queue
+    the copies), the second brings those copies in. A drain after it counts a late message,
+    which a short sleep would miss.
+    """
+    for _ in range(2):
+        for stub in stubs:
+            await stub.members("settle")
 
 
 def connected(stub: RouterStub, router: tuple[str, int] | None = None) -> bool:
@@ -332,7 +351,8 @@ async def test_suspect_join_and_leave_events(router: Server) -> None:
         assert [(e.kind, e.member.addr) for e in events] == [
             ("join", b"X"), ("leave", b"X"), ("join", b"Y"), ("leave", b"Y")]
         assert events[0].member == Member(b"X", "x", (("10.0.0.9", 7800),))
-        chan_events = [(e.kind, e.member.addr) for e in await drain(chan.events(), 0.05)]
+        await settle(stub)
+        chan_events = [(e.kind, e.member.addr) for e in await drain(chan.events(), 0)]
         # The channel sees the watched group's join/leave and the suspect, in order.
         assert chan_events == [("join", b"X"), ("suspect", b"X"), ("leave", b"X"),
                                ("join", b"Y"), ("leave", b"Y")]
@@ -392,8 +412,11 @@ async def test_full_receive_buffer_drops_the_oldest_and_counts(router: Server) -
         await sender_h.send(b"still flowing")
         with trio.fail_after(3):
             assert (await busy.receive()).payload == b"still flowing"
+        await settle(s1, s2)
+        # Counted after the round trips: a late copy would show in dropped or in the buffer.
         assert idle.dropped == 15
-        assert [m.payload for m in await drain(idle, 0.05)] == [b"%d" % i for i in range(15, 20)]
+        assert [m.payload for m in await drain(idle, 0)] == [b"%d" % i for i in range(15, 20)]
+        assert s1.stats.undeliverable == 0
 
 
 async def test_disconnect_ends_the_stream_and_discovery_mode_cannot_send(router: Server) -> None:

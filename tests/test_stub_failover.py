@@ -86,8 +86,8 @@ async def test_a_write_error_fails_over_to_the_next_router(nursery: trio.Nursery
             RouterStub(routers, **FAST) as s2:
         a = await s1.connect("g", b"A")
         b = await s2.connect("g", b"B")
-        await eventually(lambda: all(lk.ready for lk in s1._links()) and len(s1._links()) == 2)
-        victim = s1._links()[0]  # only the first router's connection breaks
+        await eventually(lambda: len([lk for lk in s1._links.live() if lk.ready]) == 2)
+        victim = s1._links.live()[0]  # only the first router's connection breaks
         real_write = victim.write
 
         async def broken(data: bytes) -> None:

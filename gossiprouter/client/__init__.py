@@ -6,13 +6,80 @@ Read top-down:
   and the values applications see (Member, Message, Publication, events, statuses);
 * :mod:`~gossiprouter.client.streams`: bounded streams (EventStream, Watch);
 * :mod:`~gossiprouter.client.channel`: one logical address in one group (Channel);
-* :mod:`~gossiprouter.client.connection`: one router's I/O (Connection: one live TCP
-  connection; RouterSlot: what the stub keeps about a router across reconnects);
+* :mod:`~gossiprouter.client.connection`: one connection's I/O (open_connection: TCP, TLS,
+  HELLO/WELCOME; Connection: one live connection; RouterSlot: what the stub keeps about a
+  router across reconnects);
 * :mod:`~gossiprouter.client.registrar`: the pure plan of the re-CONNECTs and
   re-SUBSCRIBEs a fresh connection needs;
 * :mod:`~gossiprouter.client.merge`: the pure merge of member lists over several routers;
+* :mod:`~gossiprouter.client.local`: the stub's own side, no I/O: its channels and watches,
+  and the delivery of what the routers send to them;
+* :mod:`~gossiprouter.client.link`: every router's connection kept up: reconnect with
+  backoff, and each connection's reader (with the dispatch of received frames), heartbeat
+  and registrar tasks;
 * :mod:`~gossiprouter.client.tls`: the client's TLS set-up;
-* :mod:`~gossiprouter.client.front`: RouterStub, which runs the tasks and ties them together.
+* :mod:`~gossiprouter.client.front`: RouterStub and open_router_stub: the options, the life
+  cycle and its error policy, the calls applications make.
 
-``gossiprouter.stub`` re-exports the public names from here for older imports.
+The public API is listed once, here (:data:`__all__`); ``gossiprouter`` re-exports it, and
+``gossiprouter.stub`` too, for older imports.
 """
+
+from __future__ import annotations
+
+from gossiprouter.client.channel import Channel
+from gossiprouter.client.errors import (
+    AddressInUseError,
+    ChannelClosedError,
+    ConnectionLostError,
+    ForbiddenError,
+    FrameTooLargeError,
+    LimitError,
+    ModeError,
+    NotConnectedError,
+    NotMemberError,
+    RequestTimeoutError,
+    RouterError,
+    StubError,
+    StubTaskError,
+    UnknownDestinationError,
+)
+from gossiprouter.client.front import RouterStub, open_router_stub
+from gossiprouter.client.model import (
+    ConnectionState,
+    GroupEvent,
+    Member,
+    Message,
+    Publication,
+    RouterStatus,
+    StubEvent,
+)
+from gossiprouter.client.streams import Watch
+
+__all__ = [
+    "AddressInUseError",
+    "Channel",
+    "ChannelClosedError",
+    "ConnectionLostError",
+    "ConnectionState",
+    "ForbiddenError",
+    "FrameTooLargeError",
+    "GroupEvent",
+    "LimitError",
+    "Member",
+    "Message",
+    "ModeError",
+    "NotConnectedError",
+    "NotMemberError",
+    "Publication",
+    "RequestTimeoutError",
+    "RouterError",
+    "RouterStatus",
+    "RouterStub",
+    "StubError",
+    "StubEvent",
+    "StubTaskError",
+    "UnknownDestinationError",
+    "Watch",
+    "open_router_stub",
+]

@@ -101,7 +101,7 @@ class Channel:
                           partition: Sequence[str] = ()) -> None:
         """Stop receiving publications through this pattern (other patterns still apply)."""
         self._patterns.discard(pattern(provider, broadcast, tuple(partition)))
-        self._stub._kick()
+        self._stub._wake_registrars()
         await trio.lowlevel.checkpoint()
 
     @property

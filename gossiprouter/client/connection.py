@@ -10,11 +10,17 @@ from __future__ import annotations
 import logging
 import socket
 import ssl
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import trio
 
-from gossiprouter.client.errors import ConnectionLostError, LinkDown, StubError
+from gossiprouter.client.errors import (
+    ConnectionLostError,
+    LinkDown,
+    NotConnectedError,
+    StubError,
+)
 from gossiprouter.client.model import (
     RECV_SIZE,
     ConnectionState,
@@ -210,7 +216,30 @@ def _peer_error(address: RouterAddress, error: str) -> str:
     return f"{fmt_router(address)}: {error}"
 
 
-# --------------------------------------------------------------------------- the stub
+def not_connected(slots: Sequence[RouterSlot], waited: float | None) -> NotConnectedError:
+    """The error for a caller who found no connected router (after ``waited`` seconds, or at
+    once when None), naming every router that is down and why."""
+    down = [t for t in slots if t.state is not ConnectionState.CONNECTED]
+    why = [_peer_error(t.address, t.last_error or _pending_error(t)) for t in down]
+    if len(down) == 1:
+        msg = why[0] if why[0].startswith("the peer at") else f"cannot reach router at {why[0]}"
+    else:
+        msg = "cannot reach any router (" + "; ".join(why) + ")"
+    if waited is not None and not msg.startswith("the peer at"):
+        msg = f"no router connection within {waited:g}s: {msg}"
+    errors = [t.last_error for t in down if t.last_error]
+    return NotConnectedError(msg, [t.status() for t in slots], errors[-1] if errors else None)
+
+
+def _pending_error(t: RouterSlot) -> str:
+    """Why a router whose first attempt is still under way is not connected."""
+    if t.hello_sent_at is None:
+        return "not connected yet"
+    waited = trio.current_time() - t.hello_sent_at
+    return f"{FOREIGN} (got no reply to HELLO in {waited:.1f}s)"
+
+
+# --------------------------------------------------------------------------- connecting
 
 
 async def open_connection(t: RouterSlot, *, connect_timeout: float,

@@ -90,5 +90,11 @@ class ModeError(StubError):
     """The operation is not available in this stub's mode (e.g. send in discovery mode)."""
 
 
+class StubTaskError(StubError):
+    """A task of the stub failed: a bug, since the tasks handle every network failure
+    themselves. The stub is closed; ``__cause__`` is the ExceptionGroup of what the tasks
+    raised (see the error policy in :mod:`gossiprouter.client.front`)."""
+
+
 class LinkDown(Exception):
     """Internal: the connection a write or request needed is gone."""

@@ -6,7 +6,7 @@ Plain values with no I/O; :mod:`gossiprouter.client.errors` holds the exceptions
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -163,6 +163,47 @@ def parse_router(value: str | tuple[str, int]) -> RouterAddress:
         return parse_hostport(value)
     except ValueError as e:
         raise ValueError(f"router {value!r}: {e}") from None
+
+
+def parse_routers(routers: Sequence[str | tuple[str, int]] | str) -> list[RouterAddress]:
+    """A stub's routers: a list of ``(host, port)`` / ``"host:port"``, or one comma-separated
+    string; at least one, none twice."""
+    if isinstance(routers, str):
+        routers = [r.strip() for r in routers.split(",")]
+    addrs = [parse_router(r) for r in routers]
+    if not addrs:
+        raise ValueError("at least one router is needed")
+    if len(set(addrs)) != len(addrs):
+        raise ValueError("a router is listed twice")
+    return addrs
+
+
+def check_options(*, mode: str, policy: str, connect_timeout: float, request_timeout: float,
+                  send_timeout: float, reconnect_initial: float, reconnect_max: float,
+                  reconnect_reset: float, heartbeat_interval: float,
+                  heartbeat_timeout: float) -> None:
+    """ValueError naming the first of a stub's options that is out of range."""
+    if mode not in ("relay", "discovery"):
+        raise ValueError(f"mode {mode!r}: expected 'relay' or 'discovery'")
+    if policy not in ("random", "round-robin"):
+        raise ValueError(f"policy {policy!r}: expected 'random' or 'round-robin'")
+    for name, value in (("connect_timeout", connect_timeout),
+                        ("request_timeout", request_timeout),
+                        ("send_timeout", send_timeout),
+                        ("reconnect_max", reconnect_max)):
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0")
+    for name, value in (("reconnect_initial", reconnect_initial),
+                        ("reconnect_reset", reconnect_reset),
+                        ("heartbeat_interval", heartbeat_interval),
+                        ("heartbeat_timeout", heartbeat_timeout)):
+        if not value >= 0:
+            raise ValueError(f"{name} must be >= 0")
+    if heartbeat_timeout and heartbeat_timeout <= heartbeat_interval:
+        raise ValueError("heartbeat_timeout must be greater than heartbeat_interval")
+    if heartbeat_timeout and not heartbeat_interval:
+        # Without PINGs an idle but healthy connection would look dead.
+        raise ValueError("heartbeat_timeout needs heartbeat_interval > 0")
 
 
 def fmt_router(router: RouterAddress) -> str:
