@@ -109,3 +109,17 @@ def test_every_error_code_is_documented() -> None:
     assert not undocumented, f"ERROR codes missing from docs/protocol.md §8: {undocumented}"
     stale = documented - codes.keys()
     assert not stale, f"docs/protocol.md §8 lists codes the router never sends: {stale}"
+
+
+def test_the_stub_knows_which_error_codes_close() -> None:
+    """RouterStub's CLOSING_CODES (an unsolicited ERROR after which the router closes the
+    connection: remembered as the reason instead of counted as an async error) are exactly
+    the codes docs/protocol.md §8 marks "closed"."""
+    from gossiprouter.client.model import CLOSING_CODES
+
+    doc = (ROOT / "docs" / "protocol.md").read_text()
+    section = doc[doc.index("## 8. Error codes") :]
+    section = section[: section.index("\n## ", 1)]
+    closing = set(re.findall(r"^\| `([a-z_]+)`[^|]*\| closed \|", section, re.M))
+    assert {"protocol", "slow_consumer", "limit"} <= closing, closing  # the parse works
+    assert set(CLOSING_CODES) == closing

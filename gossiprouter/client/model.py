@@ -31,7 +31,8 @@ SUSPECT_DEDUPE_WINDOW = 5.0
 # Error codes after which the router closes the connection (docs/protocol.md).
 CLOSING_CODES = frozenset({
     "protocol", "frame_too_large", "unsupported_version", "unauthorized", "idle_timeout",
-    "slow_consumer", "shutting_down", "limit",
+    "slow_consumer", "handshake_timeout", "rate_limited", "shutting_down", "limit",
+    "internal_error",
 })
 
 
