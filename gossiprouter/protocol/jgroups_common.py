@@ -28,15 +28,28 @@ import struct
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from gossiprouter.protocol.errors import ProtocolError
 
 __all__ = [
+    "CACHE_MAX",
+    "CLOSED",
+    "CONTROL",
     "DEFAULT_MAX_FRAME",
+    "ERROR",
+    "HELD",
+    "LENGTHS_MAX",
+    "OVERSIZED",
+    "PARTIAL",
+    "RUN",
+    "U32",
     "V2",
     "V5",
     "AddressKind",
     "Buffer",
+    "HeaderCache",
+    "Item",
     "JAddress",
     "NeedMore",
     "Reader",
@@ -623,3 +636,81 @@ def write_addresses(addrs: Sequence[JAddress] | None) -> bytes:
     if len(addrs) > 0x7FFF:
         raise ProtocolError(f"too many addresses for one list: {len(addrs)}")
     return _I16.pack(len(addrs)) + b"".join(a.raw for a in addrs)
+
+
+# --------------------------------------------------------------------------- scanning
+
+#: Reads a big-endian u32 (frame and payload lengths) in the scanners' hot loops.
+U32 = struct.Struct(">I").unpack_from
+
+# A scanner's header cache is cleared when it grows past this: one entry per (group,
+# destination, sender) a client sends to is plenty for clusters of hundreds of members, and a
+# client cycling through made-up destinations must not grow the router's memory without bound.
+CACHE_MAX = 1024
+# Distinct header lengths remembered per scanner (each is one slice and dict lookup to try).
+LENGTHS_MAX = 16
+
+# What the scanners (``jgroups5.Scanner``, ``jgroups2.Scanner``) yield: one tuple
+# ``(kind, start, end, count, head, frames)`` per item of a received chunk, in order.
+#: ``count`` whole MESSAGEs, ``data[start:end]``, all with the header ``head`` (the parsed
+#: header from the scanner's cache); ``frames`` is their bytes in the receivers' wire form.
+RUN = 0
+#: One frame (5.x: ``data[start:end]``, for the full decoder) or one decoded object (2.12:
+#: ``head`` is the event, ``end`` where it stopped) that is not a plain MESSAGE. The scanner
+#: reads its ``max_frame`` again afterwards, so the handler may change it.
+CONTROL = 1
+#: A frame above ``max_frame`` starts at ``start`` and ends at ``end`` (possibly past the chunk:
+#: the scan then stops); ``count`` is the size to report. The scan goes on after it.
+OVERSIZED = 2
+#: The chunk ends inside the frame at ``start``, which needs ``end - start`` bytes in all;
+#: ``count`` is 1 when that length covers the whole frame (it can be skipped unbuffered), 0 when
+#: only the next header field is known (2.12). Last item.
+PARTIAL = 3
+#: 2.12: the decoder holds an incomplete object of ``count`` bytes until the next chunk. Last.
+HELD = 4
+#: 5.x: the peer's graceful close marker (the length -5) at ``start``. Last item.
+CLOSED = 5
+#: The stream is unusable: ``head`` is the ProtocolError. Last item.
+ERROR = 6
+
+#: One scanner item, as above.
+Item = tuple[int, int, int, int, Any, bytes]
+
+
+_R = TypeVar("_R")
+
+
+class HeaderCache(Generic[_R]):
+    """The part of the JGroups scanners that remembers MESSAGE headers.
+
+    ``routes`` maps the exact header bytes of a MESSAGE (type byte included) to what the
+    scanner parsed from them; ``lengths`` holds the distinct header lengths seen, so that a
+    known header costs one slice and one dict lookup per length tried, whatever address classes
+    it holds. ``max_frame`` is the connection's current limit on one frame (raised by
+    :meth:`registered`; read again after every CONTROL item).
+    """
+
+    def __init__(self, prefix: str, max_frame: int) -> None:
+        self.prefix = prefix
+        self.max_frame = max_frame
+        self.routes: dict[bytes, _R] = {}
+        self.lengths: list[int] = []
+
+    def registered(self, max_frame: int) -> None:
+        """The connection registered its first member: frames up to ``max_frame`` are taken
+        from now on (called by the session while it handles a CONTROL item)."""
+        self.max_frame = max_frame
+
+    def remember(self, header: bytes, route: _R) -> None:
+        """Cache ``route`` for ``header`` (bounded by CACHE_MAX and LENGTHS_MAX)."""
+        routes = self.routes
+        lengths = self.lengths
+        if len(routes) >= CACHE_MAX:
+            routes.clear()
+            lengths.clear()
+        routes[header] = route
+        n = len(header)
+        if n not in lengths:
+            if len(lengths) >= LENGTHS_MAX:
+                lengths.pop(0)
+            lengths.append(n)

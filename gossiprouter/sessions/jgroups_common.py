@@ -18,26 +18,17 @@ registration, clean removal, the routing of one message, and rate-limited loggin
 from __future__ import annotations
 
 import logging
-import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.protocol.jgroups_common import JAddress
+from gossiprouter.protocol.jgroups_common import CACHE_MAX, Item, JAddress
 from gossiprouter.routing import Entry, Kind, Notice, Physical, RoutingError
 from gossiprouter.sessions.base import Hub, Session
 
 log = logging.getLogger("gossiprouter")
 
-#: Reads a big-endian u32 (frame and payload lengths) in the hot loops.
-U32 = struct.Struct(">I").unpack_from
-
-# A per-connection header cache is cleared when it grows past this: one entry per (group,
-# destination) a client sends to is plenty for clusters of hundreds of members, and a client
-# cycling through made-up destinations must not grow the router's memory without bound.
-CACHE_MAX = 1024
-# Distinct header lengths remembered per connection (see the sessions' hot loops).
-LENGTHS_MAX = 16
 # At most one log line per this many seconds per connection and kind of problem.
 LOG_INTERVAL = 1.0
 # How long after a member's clean leave its connection's trailing frames from it are still
@@ -99,16 +90,30 @@ def wire_physical(entry: Entry, version: int) -> tuple[JAddress, ...] | None:
     return tuple(out) or None
 
 
+class Scanner(Protocol):
+    """What the sessions need of a codec's scanner (``jgroups5.Scanner``, ``jgroups2.Scanner``)."""
+
+    max_frame: int
+
+    def __init__(self, prefix: str, max_frame: int) -> None: ...
+
+    def registered(self, max_frame: int) -> None: ...
+
+    def scan(self, data: bytes) -> Iterator[Item]: ...
+
+
 class JGroupsSession(Session):
     """The version-independent part of the JGroups sessions.
 
-    Subclasses set :attr:`protocol`, :attr:`prefix` and :attr:`version`, and implement
-    ``on_data``, ``event_frame`` (membership events, encoded once per event by the hub) and
+    Subclasses set :attr:`protocol`, :attr:`prefix`, :attr:`version` and
+    :attr:`scanner_class`, and implement ``on_data`` (the routing decisions on what the
+    scanner finds), ``event_frame`` (membership events, encoded once per event by the hub) and
     ``farewell``.
     """
 
     prefix = "jgroups?:"
     version = 0
+    scanner_class: ClassVar[type[Scanner]]
 
     def __init__(self, hub: Hub, peer: str) -> None:
         super().__init__(hub, peer)
@@ -116,7 +121,7 @@ class JGroupsSession(Session):
         # Until the connection registers a member it is not trusted with more than
         # preauth_max_frame (a message before that is dropped as not_member anyway); then
         # jgroups_max_frame, above which a message is skipped, never buffered (_oversized).
-        self.max_frame = cfg.preauth_max_frame
+        self.scanner = self.scanner_class(self.prefix, cfg.preauth_max_frame)
         self.registered = False
         # Bytes of a skipped frame still to come (see _skip_through).
         self._skip = 0
@@ -169,11 +174,11 @@ class JGroupsSession(Session):
                 "JGroups retransmits it; further ones on this connection are logged at debug)",
                 self, n, why, reason)
 
-    def _after_leave(self, group: str, key: bytes | None) -> bool:
-        """True for a frame from ``key`` (None: any address; 2.12 messages carry no sender)
-        that this connection unregistered from ``group`` less than AFTER_LEAVE ago: it is
-        routed, as the Java router does, counted and logged at debug only (a clean 5.x TUNNEL
-        leave sends UNICAST3 ACKs after its UNREGISTER)."""
+    def _after_leave(self, group: str, key: bytes | None, count: int = 1) -> bool:
+        """True for ``count`` frames from ``key`` (None: any address; 2.12 messages carry no
+        sender) that this connection unregistered from ``group`` less than AFTER_LEAVE ago:
+        they are routed, as the Java router does, counted and logged at debug only (a clean
+        5.x TUNNEL leave sends UNICAST3 ACKs after its UNREGISTER)."""
         left = self._left
         if not left:
             return False
@@ -184,15 +189,16 @@ class JGroupsSession(Session):
         else:
             ok = any(g == group and now - t < AFTER_LEAVE for (g, _), t in left.items())
         if ok:
-            self.count_in("after_leave")
+            self.count_in("after_leave", count)
             log.debug("%r: routing a frame sent to %r just after its sender left", self, group)
         return ok
 
-    def count_in(self, name: str) -> None:
-        """Count a control frame received (metrics by type; MESSAGE counts as ``routed``)."""
+    def count_in(self, name: str, count: int = 1) -> None:
+        """Count ``count`` frames received (control frames by type; MESSAGE counts as
+        ``routed``)."""
         fin = self.hub.counters.frames_in
         key = f"{self.protocol}_{name}"
-        fin[key] = fin.get(key, 0) + 1
+        fin[key] = fin.get(key, 0) + count
 
     def fail(self, e: ProtocolError) -> None:
         """A protocol violation the stream cannot survive: close this connection."""
@@ -227,7 +233,7 @@ class JGroupsSession(Session):
             self.hub.log_membership("joined", entry, self)
         if not self.registered:
             self.registered = True
-            self.max_frame = self.hub.config.jgroups_max_frame
+            self.scanner.registered(self.hub.config.jgroups_max_frame)
         self._left.pop((full, addr.key), None)
         return held, notices
 
