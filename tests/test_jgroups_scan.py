@@ -1,12 +1,13 @@
 """The JGroups scanners (``jgroups5.Scanner``, ``jgroups2.Scanner``) against naive references.
 
-The scanners cut received chunks into runs of same-header MESSAGEs and other items, with
-header caches and bulk counting of same-size frames. These property tests feed random mixes of
-headers, sizes, control frames, bad and oversized frames, split at random points, and check
-that the items match, frame by frame and byte for byte, what a naive reference finds by
-decoding the whole stream one frame at a time with the codec's full decoder; and that runs are
-maximal (two runs in a row of one chunk never share a header). The end-to-end tests check the
-sessions on top: every receiver gets exactly the bytes a naive router would have queued.
+The scanners cut received chunks into runs of same-header MESSAGEs (handed to a callback) and
+other items, with header caches and bulk counting of same-size frames. These property tests
+feed random mixes of headers, sizes, control frames, bad and oversized frames, split at random
+points, and check that the items match, frame by frame and byte for byte, what a naive
+reference finds by decoding the whole stream one frame at a time with the codec's full
+decoder; and that runs are maximal (two runs in a row of one chunk never share a header). The
+end-to-end tests check the sessions on top: every receiver gets exactly the bytes a naive
+router would have queued.
 """
 
 from __future__ import annotations
@@ -32,10 +33,8 @@ from gossiprouter.protocol.jgroups_common import (
     LENGTHS_MAX,
     OVERSIZED,
     PARTIAL,
-    RUN,
     V2,
     V5,
-    Item,
     JAddress,
 )
 from gossiprouter.sessions.base import Hub
@@ -121,11 +120,37 @@ def _reference5(stream: bytes) -> list[tuple[Any, ...]]:
     return out
 
 
+RUN = -1  # what _drive reports for a run: (RUN, head, frames, count)
+
+
+def _items_while(scanner: j5.Scanner | j2.Scanner, data: bytes
+                 ) -> Iterator[tuple[Any, ...]]:
+    """Everything the scanner reports for ``data``, runs (``(RUN, head, frames, count)``)
+    included, in stream order, one at a time: the caller acts on each before the next is
+    read."""
+    runs: list[tuple[Any, ...]] = []
+
+    def on_run(head: Any, frames: bytes, count: int) -> bool:
+        runs.append((RUN, head, frames, count))
+        return False
+
+    for item in scanner.scan(data, on_run):
+        yield from runs
+        runs.clear()
+        yield item
+    yield from runs
+
+
+def _items(scanner: j5.Scanner | j2.Scanner, data: bytes) -> list[tuple[Any, ...]]:
+    """Everything the scanner reports for ``data``, runs included, in stream order."""
+    return list(_items_while(scanner, data))
+
+
 def _drive(scanner: j5.Scanner | j2.Scanner, stream: bytes, cuts: list[int]
-           ) -> Iterator[tuple[bytes, Item]]:
+           ) -> Iterator[tuple[bytes, tuple[Any, ...]]]:
     """Feed ``stream`` in the pieces ``cuts`` makes, as the sessions do: the start of a frame
     the chunk does not complete is kept for the next one, the rest of an oversized frame is
-    skipped. Yields (the data scanned, item)."""
+    skipped. Yields (the data scanned, item or run)."""
     rest = b""
     skip = 0
     prev = 0
@@ -140,13 +165,13 @@ def _drive(scanner: j5.Scanner | j2.Scanner, stream: bytes, cuts: list[int]
         rest = b""
         if not data:
             continue
-        for item in scanner.scan(data):
+        for item in _items(scanner, data):
             yield data, item
-            kind, start, end = item[0], item[1], item[2]
+            kind = item[0]
             if kind == PARTIAL:
-                rest = data[start:]
-            elif kind == OVERSIZED and end > len(data):
-                skip = end - len(data)
+                rest = data[item[1] :]
+            elif kind == OVERSIZED and item[2] > len(data):
+                skip = item[2] - len(data)
     assert not rest and not skip
 
 
@@ -171,23 +196,24 @@ def test_jgroups5_scanner_matches_the_reference(
     expect = _reference5(stream)
     got: list[tuple[Any, ...]] = []
     scanner = j5.Scanner("jgroups5:", MAX)
-    last_run: tuple[bytes, bytes] | None = None  # (data scanned, header) of the previous item
-    for data, (kind, start, end, count, head, frames) in _drive(scanner, stream,
-                                                                _cuts(draw, len(stream))):
+    last_run: tuple[bytes, Any] | None = None  # (data scanned, header) of the previous run
+    for data, item in _drive(scanner, stream, _cuts(draw, len(stream))):
+        kind = item[0]
         if kind == RUN:
-            assert frames == data[start:end]
-            hdr = data[start + 4 : start + 4 + head[0]]
+            _, head, frames, count = item
+            hdr = frames[4 : 4 + head[0]]
             for f in _frames5(frames, count):
                 assert f[4:].startswith(hdr)  # one header for the whole run
                 got.append(("msg", f, head[1:]))
-            # Maximal: the previous item of this chunk was not a run with the same header.
-            assert last_run is None or last_run[0] is not data or last_run[1] != hdr
-            last_run = (data, hdr)
+            # Maximal: the previous item of this chunk was not a run with the same header
+            # (the same header bytes are the same cached header).
+            assert last_run is None or last_run[0] is not data or last_run[1] is not head
+            last_run = (data, head)
             continue
         last_run = None
+        _, start, end, count, head = item
         if kind == CONTROL:
-            assert frames == data[start:end]
-            got.append(("control", frames))
+            got.append(("control", data[start:end]))
         elif kind == OVERSIZED:
             got.append(("oversized", count))
         else:
@@ -197,10 +223,10 @@ def test_jgroups5_scanner_matches_the_reference(
 
 def test_jgroups5_scanner_close_marker_and_negative_lengths() -> None:
     msg = j5.message("g", None, _a(0, V5), b"x")
-    items = list(j5.Scanner("p:", MAX).scan(msg + j5.CLOSE_MARKER + msg))
+    items = _items(j5.Scanner("p:", MAX), msg + j5.CLOSE_MARKER + msg)
     assert [i[0] for i in items] == [RUN, CLOSED]  # nothing after the marker
     assert items[1][1:3] == (len(msg), len(msg) + 4)
-    items = list(j5.Scanner("p:", MAX).scan(msg + b"\xff\xff\xff\xfe" + msg))
+    items = _items(j5.Scanner("p:", MAX), msg + b"\xff\xff\xff\xfe" + msg)
     assert [i[0] for i in items] == [RUN, ERROR]
     err = items[1][4]
     assert isinstance(err, ProtocolError) and str(err) == "negative frame length -2"
@@ -212,21 +238,36 @@ def test_jgroups5_scanner_reads_max_frame_again_after_a_control_frame() -> None:
     big = j5.message("g", None, _a(0, V5), bytes(500))
     scanner = j5.Scanner("p:", MAX)
     kinds = []
-    for kind, *_ in scanner.scan(j5.register("g", _a(0, V5), "n", None) + big):
-        kinds.append(kind)
-        if kind == CONTROL:
+    for item in _items_while(scanner, j5.register("g", _a(0, V5), "n", None) + big):
+        kinds.append(item[0])
+        if item[0] == CONTROL:
             scanner.registered(1000)
     assert kinds == [CONTROL, RUN]
-    assert [i[0] for i in j5.Scanner("p:", MAX).scan(big)] == [OVERSIZED]
+    assert [i[0] for i in _items(j5.Scanner("p:", MAX), big)] == [OVERSIZED]
+
+
+def test_scanners_stop_when_the_run_callback_says_so() -> None:
+    """The session's connection closed while routing a run: nothing after it is read."""
+    for scanner, msg, other in (
+            (j5.Scanner("p:", MAX), j5.message("g", None, _a(0, V5), b"x"), j5.heartbeat()),
+            (j2.Scanner("p:", MAX), j2.message("g", None, b"x"), j2.ping())):
+        seen: list[int] = []
+
+        def stop(head: Any, frames: bytes, count: int, seen: list[int] = seen) -> bool:
+            seen.append(count)
+            return True
+
+        assert list(scanner.scan(msg * 3 + other + msg, stop)) == []
+        assert seen == [3]
 
 
 def test_jgroups5_header_cache_is_bounded() -> None:
     scanner = j5.Scanner("p:", MAX)
     for i in range(CACHE_MAX + 5):
-        list(scanner.scan(j5.message("g", _a(i, V5), _a(0, V5), b"x")))
+        _items(scanner, j5.message("g", _a(i, V5), _a(0, V5), b"x"))
     assert 0 < len(scanner.routes) <= CACHE_MAX
     for i in range(LENGTHS_MAX + 3):  # group names of new lengths: new header lengths
-        list(scanner.scan(j5.message("g" * (i + 1), None, _a(0, V5), b"x")))
+        _items(scanner, j5.message("g" * (i + 1), None, _a(0, V5), b"x"))
     assert len(scanner.lengths) == LENGTHS_MAX
 
 
@@ -291,21 +332,22 @@ def test_jgroups2_scanner_matches_the_reference(
     scanner = j2.Scanner("jgroups2:", MAX)
     scanner.registered(MAX)  # oversized messages are skipped, not refused
     got: list[tuple[Any, ...]] = []
-    last_run: tuple[bytes, bytes] | None = None
+    last_run: tuple[bytes, Any] | None = None
     want = iter(expect)
-    for data, (kind, start, _end, count, head, frames) in _drive(scanner, stream,
-                                                                _cuts(draw, len(stream))):
+    for data, item in _drive(scanner, stream, _cuts(draw, len(stream))):
+        kind = item[0]
         if kind == RUN:
-            hdr = data[start : start + head[0]]
+            _, head, frames, count = item
             ref = [next(want) for _ in range(count)]
             # One header for the run, and the re-wrapped bytes of each of its messages.
             assert {r[:3] for r in ref} == {("msg", head[1], head[2])}
             assert frames == b"".join(r[3] for r in ref)
             got += ref
-            assert last_run is None or last_run[0] is not data or last_run[1] != hdr
-            last_run = (data, hdr)
+            assert last_run is None or last_run[0] is not data or last_run[1] is not head
+            last_run = (data, head)
             continue
         last_run = None
+        _, _, _, count, head = item
         if kind == CONTROL:
             got.append(("control", head))
         elif kind == OVERSIZED:
@@ -320,21 +362,21 @@ def test_jgroups2_scanner_matches_the_reference(
 
 def test_jgroups2_scanner_refuses_an_oversized_message_before_registration() -> None:
     big = j2.message("g", None, bytes(MAX))
-    items = list(j2.Scanner("p:", MAX).scan(big))
+    items = _items(j2.Scanner("p:", MAX), big)
     assert [(i[0], i[4].code) for i in items] == [(ERROR, "frame_too_large")]
     scanner = j2.Scanner("p:", MAX)
     scanner.registered(MAX)
-    assert [(i[0], i[3]) for i in scanner.scan(big)] == [(OVERSIZED, len(big))]
+    assert [(i[0], i[3]) for i in _items(scanner, big)] == [(OVERSIZED, len(big))]
 
 
 def test_jgroups2_scanner_holds_an_incomplete_object_across_chunks() -> None:
     get = j2.gossip_get("a-group-name")
     msg = j2.message("g", None, b"x")
     scanner = j2.Scanner("p:", MAX)
-    items = list(scanner.scan(msg + get[:5]))
+    items = _items(scanner, msg + get[:5])
     assert [i[0] for i in items] == [RUN, HELD]
     assert items[1][3] == 5 and scanner.holding
-    items = list(scanner.scan(get[5:] + msg))
+    items = _items(scanner, get[5:] + msg)
     assert [i[0] for i in items] == [CONTROL, RUN]
     assert items[0][4] == j2.GossipGet("a-group-name") and items[0][2] == len(get) - 5
     assert not scanner.holding
@@ -343,12 +385,12 @@ def test_jgroups2_scanner_holds_an_incomplete_object_across_chunks() -> None:
 def test_jgroups2_scanner_partial_header_and_body() -> None:
     msg = j2.message("g", None, b"0123456789")
     scanner = j2.Scanner("p:", MAX)
-    list(scanner.scan(msg))  # the header is known now
+    _items(scanner, msg)  # the header is known now
     # Cut in the payload: the whole message's length is known, it may be skipped (count 1).
-    assert list(scanner.scan(msg[:-3]))[-1][:4] == (PARTIAL, 0, len(msg), 1)
+    assert _items(scanner, msg[:-3]) == [(PARTIAL, 0, len(msg), 1, None)]
     # Cut in the payload length: only the bytes up to it are known (count 0).
     hlen = len(msg) - 14
-    assert list(scanner.scan(msg[: hlen + 2]))[-1][:4] == (PARTIAL, 0, hlen + 4, 0)
+    assert _items(scanner, msg[: hlen + 2]) == [(PARTIAL, 0, hlen + 4, 0, None)]
 
 
 # --------------------------------------------------------------------------- end to end

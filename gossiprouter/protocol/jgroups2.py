@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
@@ -38,7 +38,6 @@ from gossiprouter.protocol.jgroups_common import (
     HELD,
     OVERSIZED,
     PARTIAL,
-    RUN,
     U32,
     V2,
     Buffer,
@@ -419,7 +418,7 @@ class Scanner(HeaderCache[Route]):
     tuples. A MESSAGE header (type, group, destination, logical name, member and physical lists,
     the buffer's presence byte) is parsed once, when first seen, and then found in the cache by
     its exact bytes; on a hit only the payload length is read. Consecutive MESSAGEs with
-    byte-identical headers form one ``RUN``, re-wrapped into one bytes object for the receivers.
+    byte-identical headers form one run, re-wrapped into one bytes object for the receivers.
     2.12 objects are not length-framed, so anything else goes through the validating
     :class:`Decoder` here, which finds where it ends: a ``CONTROL`` item carries the decoded
     event, an object the chunk does not complete stays in that decoder (``HELD``) until the next
@@ -448,12 +447,14 @@ class Scanner(HeaderCache[Route]):
         """Forget a held incomplete object (the connection is closing)."""
         self._dec = None
 
-    def scan(self, data: bytes) -> Iterator[Item]:
-        """The items of ``data``, in order: the rest of a held object first, if any.
+    def scan(self, data: bytes, on_run: Callable[[Route, bytes, int], bool]) -> Iterator[Item]:
+        """The items of ``data``, in order, the rest of a held object first, if any; its runs
+        of MESSAGEs go to ``on_run`` (see ``jgroups_common``).
 
-        Stops after a ``PARTIAL``, ``HELD`` or ``ERROR`` item, and after an ``OVERSIZED`` one
-        that ends past the chunk. The caller may stop iterating at any item (``end`` is where
-        to resume) and may call :meth:`registered` while handling a ``CONTROL`` item.
+        Stops when ``on_run`` returns True, after a ``PARTIAL``, ``HELD`` or ``ERROR`` item,
+        and after an ``OVERSIZED`` one that ends past the chunk. The caller may stop iterating at
+        any item (``end`` is where to resume) and may call :meth:`registered` while handling a
+        ``CONTROL`` item.
         """
         size = len(data)
         pos = 0
@@ -464,25 +465,24 @@ class Scanner(HeaderCache[Route]):
                 ev = dec.next_event()
             except ProtocolError as e:
                 self._dec = None
-                yield ERROR, 0, size, 0, e, b""
+                yield ERROR, 0, size, 0, e
                 return
             if ev is None:
-                yield HELD, 0, size, dec.buffered, None, b""
+                yield HELD, 0, size, dec.buffered, None
                 return
             self._dec = None
             # The object ended inside ``data``: what the decoder still holds is the rest.
             pos = size - dec.buffered
-            yield CONTROL, 0, pos, 0, ev, b""
+            yield CONTROL, 0, pos, 0, ev
         routes = self.routes
         lengths = self.lengths
         max_frame = self.max_frame
         u32 = U32
-        # The current run: its header bytes, their length, the parsed header, where the run
-        # starts, and the (length + payload) part of each message.
+        # The current run: its header bytes, their length, the parsed header, and the
+        # (length + payload) part of each message.
         run_hdr = b""
         hlen = 0
         run: Route = (0, "", None, b"")
-        run_start = 0
         parts: list[bytes] = []
         while pos < size:
             if parts and data.startswith(run_hdr, pos):
@@ -506,8 +506,9 @@ class Scanner(HeaderCache[Route]):
                         continue
             if parts:
                 head = run[3]
-                yield (RUN, run_start, pos, len(parts), run,
-                       head + head.join(parts) if len(parts) > 1 else head + parts[0])
+                if on_run(run, head + head.join(parts) if len(parts) > 1 else head + parts[0],
+                          len(parts)):
+                    return
                 parts = []
             if data[pos] == MESSAGE:
                 hit: Route | int | None = None
@@ -520,31 +521,30 @@ class Scanner(HeaderCache[Route]):
                 if isinstance(hit, tuple):
                     p = pos + hit[0]
                     if p + 4 > size:
-                        yield PARTIAL, pos, p + 4, 0, None, b""
+                        yield PARTIAL, pos, p + 4, 0, None
                         return
                     n = u32(data, p)[0]
                     end = p + 4 + n
                     if n and end - pos <= max_frame:
                         if end > size:
-                            yield PARTIAL, pos, end, 1, None, b""
+                            yield PARTIAL, pos, end, 1, None
                             return
                         run = hit
                         hlen = hit[0]
                         run_hdr = data[pos:p]
-                        run_start = pos
                         parts.append(data[p:end])
                         pos = end
                         continue
                     if n and self.skip_oversized:
                         # The buffer's length is known: the message streams past unbuffered
                         # and the stream stays in sync.
-                        yield OVERSIZED, pos, end, end - pos, None, b""
+                        yield OVERSIZED, pos, end, end - pos, None
                         if end > size:
                             return
                         pos = end
                         continue
                 elif hit:  # the header itself is incomplete: it needs ``hit`` bytes
-                    yield PARTIAL, pos, pos + hit, 0, None, b""
+                    yield PARTIAL, pos, pos + hit, 0, None
                     return
             dec = Decoder(max_frame)
             fed = pos
@@ -559,20 +559,20 @@ class Scanner(HeaderCache[Route]):
                         break
                     if fed >= size:
                         self._dec = dec
-                        yield HELD, pos, size, dec.buffered, None, b""
+                        yield HELD, pos, size, dec.buffered, None
                         return
                     window *= 4
             except ProtocolError as e:
-                yield ERROR, pos, size, 0, e, b""
+                yield ERROR, pos, size, 0, e
                 return
             end = fed - dec.buffered
-            yield CONTROL, pos, end, 0, ev, b""
+            yield CONTROL, pos, end, 0, ev
             max_frame = self.max_frame  # raised by the first CONNECT
             pos = end
         if parts:
             head = run[3]
-            yield (RUN, run_start, pos, len(parts), run,
-                   head + head.join(parts) if len(parts) > 1 else head + parts[0])
+            on_run(run, head + head.join(parts) if len(parts) > 1 else head + parts[0],
+                   len(parts))
 
     def _learn(self, data: bytes, pos: int, size: int, max_frame: int) -> Route | int:
         """Parse the header of the MESSAGE at ``pos`` and cache it.

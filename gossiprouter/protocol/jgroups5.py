@@ -22,7 +22,7 @@ Byte layouts are documented in the reference notes, section 2.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from gossiprouter.protocol.errors import ProtocolError
@@ -33,7 +33,6 @@ from gossiprouter.protocol.jgroups_common import (
     ERROR,
     OVERSIZED,
     PARTIAL,
-    RUN,
     U32,
     V5,
     Buffer,
@@ -367,12 +366,14 @@ class Scanner(HeaderCache[Route]):
     a run (the sender check, routing), an oversized or partial frame, is the caller's policy.
     """
 
-    def scan(self, data: bytes) -> Iterator[Item]:
-        """The items of ``data``, a chunk that starts on a frame boundary, in order.
+    def scan(self, data: bytes, on_run: Callable[[Route, bytes, int], bool]) -> Iterator[Item]:
+        """The items of ``data``, a chunk that starts on a frame boundary, in order; its runs
+        of MESSAGEs go to ``on_run`` (see ``jgroups_common``).
 
-        Stops after a ``PARTIAL``, ``CLOSED`` or ``ERROR`` item, and after an ``OVERSIZED`` one
-        that ends past the chunk. The caller may stop iterating at any item (``end`` is where
-        to resume) and may call :meth:`registered` while handling a ``CONTROL`` item.
+        Stops when ``on_run`` returns True, after a ``PARTIAL``, ``CLOSED`` or ``ERROR`` item,
+        and after an ``OVERSIZED`` one that ends past the chunk. The caller may stop iterating at
+        any item (``end`` is where to resume) and may call :meth:`registered` while handling a
+        ``CONTROL`` item.
         """
         size = len(data)
         routes = self.routes
@@ -384,7 +385,7 @@ class Scanner(HeaderCache[Route]):
         # parsed header, where the run starts and how many frames it has.
         run_hdr = b""
         hlen = 0
-        run: Route | None = None
+        run: Route = (0, "", None, ("", b""))
         run_start = run_n = 0
         while size - pos >= 4:
             n = u32(data, pos)[0]
@@ -402,17 +403,18 @@ class Scanner(HeaderCache[Route]):
                         pos = end
                     continue
             if run_n:
-                yield RUN, run_start, pos, run_n, run, data[run_start:pos]
+                if on_run(run, data[run_start:pos], run_n):
+                    return
                 run_n = 0
             if n >= _NEGATIVE:
                 if n == _CLOSE:
-                    yield CLOSED, pos, pos + 4, 0, None, b""
+                    yield CLOSED, pos, pos + 4, 0, None
                 else:
                     err = ProtocolError(f"negative frame length {n - (1 << 32)}")
-                    yield ERROR, pos, pos + 4, 0, err, b""
+                    yield ERROR, pos, pos + 4, 0, err
                 return
             if n > max_frame:
-                yield OVERSIZED, pos, end, n, None, b""
+                yield OVERSIZED, pos, end, n, None
                 if end > size:
                     return
                 pos = end
@@ -438,15 +440,15 @@ class Scanner(HeaderCache[Route]):
                         run_n = 1
                         pos = end
                         continue
-            yield CONTROL, pos, end, 0, None, data[pos:end]
+            yield CONTROL, pos, end, 0, None
             max_frame = self.max_frame  # raised by the first REGISTER
             pos = end
-        if run_n:
-            yield RUN, run_start, pos, run_n, run, data[run_start:pos]
+        if run_n and on_run(run, data[run_start:pos], run_n):
+            return
         if pos < size:
             # The whole frame once its length is known; else just the length prefix.
             need = 4 + u32(data, pos)[0] if size - pos >= 4 else 4
-            yield PARTIAL, pos, pos + need, 1, None, b""
+            yield PARTIAL, pos, pos + need, 1, None
 
     def _learn(self, data: bytes, body: int, end: int) -> Route | None:
         """Parse and cache the header of the MESSAGE frame ``data[body:end]``; None when it does

@@ -42,7 +42,6 @@ __all__ = [
     "LENGTHS_MAX",
     "OVERSIZED",
     "PARTIAL",
-    "RUN",
     "U32",
     "V2",
     "V5",
@@ -650,11 +649,12 @@ CACHE_MAX = 1024
 # Distinct header lengths remembered per scanner (each is one slice and dict lookup to try).
 LENGTHS_MAX = 16
 
-# What the scanners (``jgroups5.Scanner``, ``jgroups2.Scanner``) yield: one tuple
-# ``(kind, start, end, count, head, frames)`` per item of a received chunk, in order.
-#: ``count`` whole MESSAGEs, ``data[start:end]``, all with the header ``head`` (the parsed
-#: header from the scanner's cache); ``frames`` is their bytes in the receivers' wire form.
-RUN = 0
+# What the scanners (``jgroups5.Scanner``, ``jgroups2.Scanner``) report. A run of MESSAGEs goes to
+# the caller's ``on_run(head, frames, count)`` callback, called in stream order: ``count`` whole
+# MESSAGEs, all with the header ``head`` (the parsed header from the scanner's cache), and
+# ``frames`` their bytes in the receivers' wire form; it returns True to stop the scan. Runs are
+# the hot path, where a call is cheaper than a generator's yield and resume. Everything else is
+# yielded as one tuple ``(kind, start, end, count, head)``, in stream order:
 #: One frame (5.x: ``data[start:end]``, for the full decoder) or one decoded object (2.12:
 #: ``head`` is the event, ``end`` where it stopped) that is not a plain MESSAGE. The scanner
 #: reads its ``max_frame`` again afterwards, so the handler may change it.
@@ -674,8 +674,7 @@ CLOSED = 5
 ERROR = 6
 
 #: One scanner item, as above.
-Item = tuple[int, int, int, int, Any, bytes]
-
+Item = tuple[int, int, int, int, Any]
 
 _R = TypeVar("_R")
 

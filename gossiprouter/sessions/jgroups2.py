@@ -51,6 +51,10 @@ class JGroups2Session(JGroupsSession):
         super().__init__(hub, peer)
         # table group -> a (group, addr) this connection registered there (the sender check)
         self._witness: dict[str, tuple[str, bytes]] = {}
+        # Groups where this connection was found to have a member, during on_data (only this
+        # connection's own CONNECT/DISCONNECT/CLOSE can change that, so it is reset after every
+        # other object).
+        self._member_of: set[str] = set()
 
     # ------------------------------------------------------------------ the hot loop
 
@@ -68,18 +72,9 @@ class JGroups2Session(JGroupsSession):
                 return
             data = resumed
         ob = self.outbox
-        # Groups where this connection was found to have a member, during this call (only
-        # this connection's own CONNECT/DISCONNECT/CLOSE can change that, so it is reset
-        # after every other object).
-        member_of: set[str] = set()
-        for kind, start, end, count, head, frames in scanner.scan(data):
-            if not kind:  # RUN, the common case: one test
-                group = head[1]
-                if group in member_of or self._is_member(group, member_of, count):
-                    self.route(group, head[2], frames, count)
-                    if ob.closed:
-                        return
-            elif kind == CONTROL:
+        self._member_of.clear()
+        for kind, start, end, count, head in scanner.scan(data, self._run):
+            if kind == CONTROL:
                 if self._held:  # the object completed a held one: its bytes are released
                     self._reserve(0)
                 self._handle(head)
@@ -89,7 +84,7 @@ class JGroups2Session(JGroupsSession):
                 if self.paused:  # budget or turn spent: resume later
                     self.keep(data, end)
                     return
-                member_of.clear()
+                self._member_of.clear()
             elif kind == OVERSIZED:
                 # Above jgroups_max_frame, after a CONNECT (before, the scanner's decoder
                 # refuses it): skipped as it streams past, the stream stays in sync.
@@ -109,6 +104,16 @@ class JGroups2Session(JGroupsSession):
             else:  # ERROR: the stream is unusable
                 self._reserve(0)
                 self.fail(head)
+
+    def _run(self, head: j2.Route, frames: bytes, count: int) -> bool:
+        """A run of ``count`` MESSAGEs with one header, re-wrapped, from the scanner: the
+        membership check, then the route. True (stop scanning) when that closed this
+        connection."""
+        group = head[1]
+        if group in self._member_of or self._is_member(group, self._member_of, count):
+            self.route(group, head[2], frames, count)
+            return self.outbox.closed
+        return False
 
     def _is_member(self, group: str, known: set[str] | None = None, count: int = 1) -> bool:
         """True when this connection registered at least one address in table ``group``

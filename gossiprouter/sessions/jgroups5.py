@@ -21,6 +21,7 @@ policies for oversized, partial and closing frames.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol.errors import ProtocolError
@@ -41,6 +42,12 @@ class JGroups5Session(JGroupsSession):
     prefix = "jgroups5:"
     version = V5
     scanner_class = j5.Scanner
+    scanner: j5.Scanner
+
+    def __init__(self, hub: Hub, peer: str) -> None:
+        super().__init__(hub, peer)
+        # This connection's registrations during on_data (the sender check of _run).
+        self._regs: Mapping[tuple[str, bytes], Entry] = {}
 
     # ------------------------------------------------------------------ the hot loop
 
@@ -58,22 +65,17 @@ class JGroups5Session(JGroupsSession):
         ob = self.outbox
         # This connection's registrations, for the sender check; a new dict may appear only
         # through this connection's own REGISTER, so it is fetched again after control frames.
-        regs = self.hub.table.registrations(self)
-        for kind, start, end, count, head, frames in self.scanner.scan(data):
-            if not kind:  # RUN, the common case: one test
-                if head[3] in regs or self._is_member(head[1], head[3], count):
-                    self.route(head[1], head[2], frames, count)
-                    if ob.closed:
-                        return
-            elif kind == CONTROL:
-                self._frame(frames)
+        self._regs = self.hub.table.registrations(self)
+        for kind, start, end, count, head in self.scanner.scan(data, self._run):
+            if kind == CONTROL:
+                self._frame(data[start:end])
                 self.spend_control()
                 if ob.closed:
                     return
                 if self.paused:  # budget or turn spent: resume later
                     self.keep(data, end)
                     return
-                regs = self.hub.table.registrations(self)
+                self._regs = self.hub.table.registrations(self)
             elif kind == OVERSIZED:
                 if not self.registered:
                     # Refused on the prefix, nothing buffered: before its first registration
@@ -95,6 +97,14 @@ class JGroups5Session(JGroupsSession):
                 self._close_marker()
             else:  # ERROR: a negative length other than the close marker
                 self.fail(head)
+
+    def _run(self, head: j5.Route, frames: bytes, count: int) -> bool:
+        """A run of ``count`` MESSAGEs with one header, from the scanner: the sender check,
+        then the route. True (stop scanning) when that closed this connection."""
+        if head[3] in self._regs or self._is_member(head[1], head[3], count):
+            self.route(head[1], head[2], frames, count)
+            return self.outbox.closed
+        return False
 
     def _is_member(self, group: str, reg: tuple[str, bytes] | None, count: int = 1) -> bool:
         """The sender must be registered in the group on this connection (JGroups routes

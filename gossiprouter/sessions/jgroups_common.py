@@ -18,9 +18,9 @@ registration, clean removal, the routing of one message, and rate-limited loggin
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from gossiprouter.protocol.errors import ProtocolError
 from gossiprouter.protocol.jgroups_common import CACHE_MAX, Item, JAddress
@@ -99,7 +99,7 @@ class Scanner(Protocol):
 
     def registered(self, max_frame: int) -> None: ...
 
-    def scan(self, data: bytes) -> Iterator[Item]: ...
+    def scan(self, data: bytes, on_run: Callable[[Any, bytes, int], bool]) -> Iterator[Item]: ...
 
 
 class JGroupsSession(Session):
