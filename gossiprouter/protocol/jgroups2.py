@@ -46,6 +46,7 @@ from gossiprouter.protocol.jgroups_common import (
     JAddress,
     NeedMore,
     Reader,
+    StreamBuffer,
     encode_utf,
     read_address,
     read_addresses,
@@ -266,27 +267,13 @@ def _read_member(r: Reader) -> Member:
 _E = TypeVar("_E", ServerEvent, ClientEvent)
 
 
-class _StreamDecoder(Generic[_E]):
-    """Buffering and retry logic shared by both directions."""
+class _StreamDecoder(StreamBuffer, Generic[_E]):
+    """Retry logic shared by both directions."""
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
-        if max_frame <= 0:
-            raise ValueError("max_frame must be positive")
-        self.max_frame = max_frame
-        self._buf = bytearray()
-        self._pos = 0  # start of the first unparsed object
+        super().__init__(max_frame)
         self._need = 0  # buffer length required before a retry can succeed
         self._base = 0  # stream offset of self._buf[0]
-        self._error: ProtocolError | None = None
-
-    def feed(self, data: Buffer) -> None:
-        """Append bytes received from the socket."""
-        self._buf += data
-
-    @property
-    def buffered(self) -> int:
-        """Bytes received but not yet returned as an event (a partial object at EOF)."""
-        return len(self._buf) - self._pos
 
     def next_event(self) -> _E | None:
         """The next complete event, or None until more bytes are fed.
@@ -294,8 +281,7 @@ class _StreamDecoder(Generic[_E]):
         Raises ProtocolError on bad input; the stream is then unusable and every later call
         raises again.
         """
-        if self._error is not None:
-            raise ProtocolError(f"stream unusable after: {self._error}", self._error.code)
+        self._check()
         if len(self._buf) < self._need or self._pos == len(self._buf):
             self._compact()
             return None
@@ -321,10 +307,9 @@ class _StreamDecoder(Generic[_E]):
 
     def _compact(self) -> None:
         if self._pos:
-            del self._buf[: self._pos]
             self._need = max(0, self._need - self._pos)
             self._base += self._pos
-            self._pos = 0
+            super()._compact()
 
     def _parse(self, r: Reader) -> _E:
         raise NotImplementedError
@@ -450,11 +435,6 @@ class Scanner(HeaderCache[Route]):
     def scan(self, data: bytes, on_run: Callable[[Route, bytes, int], bool]) -> Iterator[Item]:
         """The items of ``data``, in order, the rest of a held object first, if any; its runs
         of MESSAGEs go to ``on_run`` (see ``jgroups_common``).
-
-        Stops when ``on_run`` returns True, after a ``PARTIAL``, ``HELD`` or ``ERROR`` item,
-        and after an ``OVERSIZED`` one that ends past the chunk. The caller may stop iterating at
-        any item (``end`` is where to resume) and may call :meth:`registered` while handling a
-        ``CONTROL`` item.
         """
         size = len(data)
         pos = 0
@@ -606,16 +586,11 @@ class Scanner(HeaderCache[Route]):
 
 
 def _v2(addr: JAddress | None) -> bytes:
-    if addr is not None and addr.version != V2:
-        raise ValueError(f"address {addr} is encoded for wire version {addr.version}, not 2")
-    return write_address(addr)
+    return write_address(addr, V2)
 
 
 def _v2_list(addrs: Sequence[JAddress] | None) -> bytes:
-    if addrs is not None:
-        for a in addrs:
-            _v2(a)
-    return write_addresses(addrs)
+    return write_addresses(addrs, V2)
 
 
 def encode_gossip_data(

@@ -29,7 +29,6 @@ from gossiprouter.protocol.errors import ProtocolError
 from gossiprouter.protocol.jgroups_common import (
     CLOSED,
     CONTROL,
-    DEFAULT_MAX_FRAME,
     ERROR,
     OVERSIZED,
     PARTIAL,
@@ -41,6 +40,7 @@ from gossiprouter.protocol.jgroups_common import (
     JAddress,
     NeedMore,
     Reader,
+    StreamBuffer,
     copy_bytes,
     encode_utf,
     read_address,
@@ -274,7 +274,7 @@ def _parse_body(buf: bytearray, start: int, end: int) -> Event:
     return MembersReply(group, members, t == GET_MBRS_RSP_LAST)
 
 
-class Decoder:
+class Decoder(StreamBuffer):
     """Length-framed GossipData decoder, for either direction.
 
     :meth:`feed` bytes as they arrive (split anywhere); call :meth:`next_event` until it returns
@@ -283,27 +283,9 @@ class Decoder:
     that, and later calls raise again. A bad body only yields :class:`Malformed`.
     """
 
-    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
-        if max_frame <= 0:
-            raise ValueError("max_frame must be positive")
-        self.max_frame = max_frame
-        self._buf = bytearray()
-        self._pos = 0  # start of the first unparsed frame
-        self._error: ProtocolError | None = None
-
-    def feed(self, data: Buffer) -> None:
-        """Append bytes received from the socket."""
-        self._buf += data
-
-    @property
-    def buffered(self) -> int:
-        """Bytes received but not yet returned as an event (a partial frame at EOF)."""
-        return len(self._buf) - self._pos
-
     def next_event(self) -> Event | None:
         """The next event, or None until more bytes are fed."""
-        if self._error is not None:
-            raise ProtocolError(f"stream unusable after: {self._error}", self._error.code)
+        self._check()
         buf = self._buf
         pos = self._pos
         avail = len(buf) - pos
@@ -336,11 +318,6 @@ class Decoder:
         except ProtocolError as e:
             return Malformed(str(e), n)
 
-    def _compact(self) -> None:
-        if self._pos:
-            del self._buf[: self._pos]
-            self._pos = 0
-
 
 # --------------------------------------------------------------------------- scanning
 
@@ -369,11 +346,6 @@ class Scanner(HeaderCache[Route]):
     def scan(self, data: bytes, on_run: Callable[[Route, bytes, int], bool]) -> Iterator[Item]:
         """The items of ``data``, a chunk that starts on a frame boundary, in order; its runs
         of MESSAGEs go to ``on_run`` (see ``jgroups_common``).
-
-        Stops when ``on_run`` returns True, after a ``PARTIAL``, ``CLOSED`` or ``ERROR`` item,
-        and after an ``OVERSIZED`` one that ends past the chunk. The caller may stop iterating at
-        any item (``end`` is where to resume) and may call :meth:`registered` while handling a
-        ``CONTROL`` item.
         """
         size = len(data)
         routes = self.routes
@@ -474,9 +446,7 @@ class Scanner(HeaderCache[Route]):
 
 
 def _v5(addr: JAddress | None) -> bytes:
-    if addr is not None and addr.version != V5:
-        raise ValueError(f"address {addr} is encoded for wire version {addr.version}, not 5")
-    return write_address(addr)
+    return write_address(addr, V5)
 
 
 def _frame(parts: list[bytes]) -> bytes:

@@ -52,6 +52,7 @@ __all__ = [
     "JAddress",
     "NeedMore",
     "Reader",
+    "StreamBuffer",
     "copy_bytes",
     "decode_utf",
     "encode_utf",
@@ -319,6 +320,14 @@ _IP_PREFIX = b"ip:"
 _MILLIS_PREFIX = b"ms:"
 _SITE_MASTER_TAG = b"sm"
 
+# Per wire version: the address classes written with their own flag value (besides the UUID of
+# the hot path, and _OTHER: a magic number follows), and the magic numbers.
+_KINDS: dict[int, tuple[dict[int, AddressKind], dict[int, AddressKind]]] = {
+    V2: ({_IP_ADDR_V2: AddressKind.IP}, _MAGIC_V2),
+    V5: ({_IP_ADDR_V5: AddressKind.IP, _SITE_UUID_V5: AddressKind.SITE_UUID,
+          _SITE_MASTER_V5: AddressKind.SITE_MASTER}, _MAGIC_V5),
+}
+
 
 @dataclass(frozen=True, slots=True, repr=False)
 class JAddress:
@@ -575,26 +584,17 @@ def read_address(r: Reader, version: int) -> JAddress | None:
                 _interned.clear()
             addr = _interned[raw] = JAddress(raw[9:17] + raw[1:9], raw, AddressKind.UUID, version)
         return addr
-    if version == V2:
-        if flags == _IP_ADDR_V2:
-            kind = AddressKind.IP
-        elif flags == _OTHER:
-            kind = _magic(r, _MAGIC_V2)
-        else:
-            raise ProtocolError(f"bad address flags {flags:#04x}")
-    elif version == V5:
-        if flags == _IP_ADDR_V5:
-            kind = AddressKind.IP
-        elif flags == _SITE_UUID_V5:
-            kind = AddressKind.SITE_UUID
-        elif flags == _SITE_MASTER_V5:
-            kind = AddressKind.SITE_MASTER
-        elif flags == _OTHER:
-            kind = _magic(r, _MAGIC_V5)
-        else:
-            raise ProtocolError(f"bad address flags {flags:#04x}")
-    else:
+    tables = _KINDS.get(version)
+    if tables is None:
         raise ValueError(f"unknown wire version {version}")
+    by_flags, by_magic = tables
+    if flags == _OTHER:
+        kind = _magic(r, by_magic)
+    else:
+        found = by_flags.get(flags)
+        if found is None:
+            raise ProtocolError(f"bad address flags {flags:#04x}")
+        kind = found
     key = _read_body(r, kind, version)
     return JAddress(key, r.slice(start, r.pos), kind, version)
 
@@ -623,18 +623,68 @@ def read_addresses(r: Reader, version: int) -> tuple[JAddress, ...] | None:
     return tuple(out)
 
 
-def write_address(addr: JAddress | None) -> bytes:
-    """``Util.writeAddress``: the address's raw bytes, or ``01`` for null."""
-    return b"\x01" if addr is None else addr.raw
+def write_address(addr: JAddress | None, version: int | None = None) -> bytes:
+    """``Util.writeAddress``: the address's raw bytes, or ``01`` for null.
+
+    With ``version``, an address encoded for another wire version is refused (ValueError): the
+    encoders of one codec must not emit the other's bytes.
+    """
+    if addr is None:
+        return b"\x01"
+    if version is not None and addr.version != version:
+        raise ValueError(
+            f"address {addr} is encoded for wire version {addr.version}, not {version}")
+    return addr.raw
 
 
-def write_addresses(addrs: Sequence[JAddress] | None) -> bytes:
-    """``Util.writeAddresses``: short count (``FFFF`` for null), then the addresses."""
+def write_addresses(addrs: Sequence[JAddress] | None, version: int | None = None) -> bytes:
+    """``Util.writeAddresses``: short count (``FFFF`` for null), then the addresses (each
+    checked against ``version`` as :func:`write_address` does)."""
     if addrs is None:
         return b"\xff\xff"
-    if len(addrs) > 0x7FFF:
-        raise ProtocolError(f"too many addresses for one list: {len(addrs)}")
-    return _I16.pack(len(addrs)) + b"".join(a.raw for a in addrs)
+    parts = [write_address(a, version) for a in addrs]
+    if len(parts) > 0x7FFF:
+        raise ProtocolError(f"too many addresses for one list: {len(parts)}")
+    return _I16.pack(len(parts)) + b"".join(parts)
+
+
+# --------------------------------------------------------------------------- decoders
+
+
+class StreamBuffer:
+    """The receive buffer of both JGroups stream decoders (``jgroups2``, ``jgroups5``).
+
+    Bytes are :meth:`feed`-ed as they arrive and parsed from ``_pos``; once a parse error made
+    the stream unusable (``_error``), every later :meth:`_check` raises it again.
+    """
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        if max_frame <= 0:
+            raise ValueError("max_frame must be positive")
+        self.max_frame = max_frame
+        self._buf = bytearray()
+        self._pos = 0  # start of the first unparsed object or frame
+        self._error: ProtocolError | None = None
+
+    def feed(self, data: Buffer) -> None:
+        """Append bytes received from the socket."""
+        self._buf += data
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as an event (a partial object at EOF)."""
+        return len(self._buf) - self._pos
+
+    def _check(self) -> None:
+        """Raise again the error that made the stream unusable, if any."""
+        if self._error is not None:
+            raise ProtocolError(f"stream unusable after: {self._error}", self._error.code)
+
+    def _compact(self) -> None:
+        """Drop the bytes already parsed."""
+        if self._pos:
+            del self._buf[: self._pos]
+            self._pos = 0
 
 
 # --------------------------------------------------------------------------- scanning
@@ -649,12 +699,16 @@ CACHE_MAX = 1024
 # Distinct header lengths remembered per scanner (each is one slice and dict lookup to try).
 LENGTHS_MAX = 16
 
-# What the scanners (``jgroups5.Scanner``, ``jgroups2.Scanner``) report. A run of MESSAGEs goes to
+# What the scanners (``jgroups5.Scanner``, ``jgroups2.Scanner``) report, from their method
+# ``scan(data, on_run)``. A run of MESSAGEs goes to
 # the caller's ``on_run(head, frames, count)`` callback, called in stream order: ``count`` whole
 # MESSAGEs, all with the header ``head`` (the parsed header from the scanner's cache), and
 # ``frames`` their bytes in the receivers' wire form; it returns True to stop the scan. Runs are
 # the hot path, where a call is cheaper than a generator's yield and resume. Everything else is
-# yielded as one tuple ``(kind, start, end, count, head)``, in stream order:
+# yielded as one tuple ``(kind, start, end, count, head)``, in stream order. The scan stops when
+# ``on_run`` returns True and after the items marked "last" below. The caller may stop iterating
+# at any item (``end`` is where to resume) and may call ``registered`` while it handles a
+# CONTROL item.
 #: One frame (5.x: ``data[start:end]``, for the full decoder) or one decoded object (2.12:
 #: ``head`` is the event, ``end`` where it stopped) that is not a plain MESSAGE. The scanner
 #: reads its ``max_frame`` again afterwards, so the handler may change it.

@@ -60,42 +60,29 @@ class JGroups2Session(JGroupsSession):
 
     def on_data(self, data: bytes, now: float) -> None:
         """Process one received chunk: every complete object in it, in order."""
-        self.last_recv = self.now = now
-        if self._skip:
-            data = self._skip_through(data)
-            if not data:
-                return
         scanner = self.scanner
-        if not scanner.holding:  # else the chunk continues the object the scanner holds
-            resumed = self._complete(data)
-            if resumed is None:
-                return
-            data = resumed
-        ob = self.outbox
+        # Unless the scanner holds an incomplete object, which this chunk continues.
+        chunk = self._start(data, now, carried=not scanner.holding)
+        if chunk is None:
+            return
+        data = chunk
         self._member_of.clear()
         for kind, start, end, count, head in scanner.scan(data, self._run):
             if kind == CONTROL:
                 if self._held:  # the object completed a held one: its bytes are released
                     self._reserve(0)
                 self._handle(head)
-                self.spend_control()
-                if ob.closed:
-                    return
-                if self.paused:  # budget or turn spent: resume later
-                    self.keep(data, end)
+                if self._after_control(data, end):
                     return
                 self._member_of.clear()
             elif kind == OVERSIZED:
                 # Above jgroups_max_frame, after a CONNECT (before, the scanner's decoder
                 # refuses it): skipped as it streams past, the stream stays in sync.
-                self._oversized(count, "frame_too_large")
-                if end > len(data):
-                    self._skip = end - len(data)
+                self._skip_frame(data, end, count, "frame_too_large")
             elif kind == PARTIAL:
                 if not self._carry(data, start, end - start):
                     if count:  # a message body of known length: skipped unbuffered
-                        self._oversized(end - start, "partial_frames_budget")
-                        self._skip = end - len(data)
+                        self._skip_frame(data, end, end - start, "partial_frames_budget")
                     else:
                         self._no_budget()
             elif kind == HELD:

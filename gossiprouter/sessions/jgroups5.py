@@ -42,7 +42,6 @@ class JGroups5Session(JGroupsSession):
     prefix = "jgroups5:"
     version = V5
     scanner_class = j5.Scanner
-    scanner: j5.Scanner
 
     def __init__(self, hub: Hub, peer: str) -> None:
         super().__init__(hub, peer)
@@ -53,27 +52,17 @@ class JGroups5Session(JGroupsSession):
 
     def on_data(self, data: bytes, now: float) -> None:
         """Process one received chunk: every complete frame in it, in order."""
-        self.last_recv = self.now = now
-        if self._skip:
-            data = self._skip_through(data)
-            if not data:
-                return
-        resumed = self._complete(data)
-        if resumed is None:
+        chunk = self._start(data, now)
+        if chunk is None:
             return
-        data = resumed
-        ob = self.outbox
+        data = chunk
         # This connection's registrations, for the sender check; a new dict may appear only
         # through this connection's own REGISTER, so it is fetched again after control frames.
         self._regs = self.hub.table.registrations(self)
         for kind, start, end, count, head in self.scanner.scan(data, self._run):
             if kind == CONTROL:
                 self._frame(data[start:end])
-                self.spend_control()
-                if ob.closed:
-                    return
-                if self.paused:  # budget or turn spent: resume later
-                    self.keep(data, end)
+                if self._after_control(data, end):
                     return
                 self._regs = self.hub.table.registrations(self)
             elif kind == OVERSIZED:
@@ -85,14 +74,11 @@ class JGroups5Session(JGroupsSession):
                         f"{self.scanner.max_frame}", code="frame_too_large"))
                     return
                 # Skipped as it streams past: the stream stays in sync, the member connected.
-                self._oversized(count, "frame_too_large")
-                if end > len(data):
-                    self._skip = end - len(data)
+                self._skip_frame(data, end, count, "frame_too_large")
             elif kind == PARTIAL:
                 if not self._carry(data, start, end - start):
                     # No room in the router-wide budget: skipped like an oversized frame.
-                    self._oversized(end - start - 4, "partial_frames_budget")
-                    self._skip = end - len(data)
+                    self._skip_frame(data, end, end - start - 4, "partial_frames_budget")
             elif kind == CLOSED:
                 self._close_marker()
             else:  # ERROR: a negative length other than the close marker

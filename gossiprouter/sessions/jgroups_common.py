@@ -148,6 +148,38 @@ class JGroupsSession(Session):
         self._logged_at[kind] = self.now
         log.warning("%r: " + msg, self, *args)
 
+    # ------------------------------------------------------------------ on_data's steps
+
+    def _start(self, data: bytes, now: float, carried: bool = True) -> bytes | None:
+        """Where on_data starts, once per chunk: the clock; the rest of a skipped frame is
+        dropped; with ``carried``, a frame started in an earlier chunk is completed first
+        (``_complete``). None when nothing is left to scan."""
+        self.last_recv = self.now = now
+        if self._skip:
+            data = self._skip_through(data)
+            if not data:
+                return None
+        return self._complete(data) if carried else data
+
+    def _after_control(self, data: bytes, end: int) -> bool:
+        """A control frame ending at ``end`` was handled: charge it. True when the scan must
+        stop: the connection closed, or its budget or turn is spent (the rest of ``data`` is
+        kept for later)."""
+        self.spend_control()
+        if self.outbox.closed:
+            return True
+        if self.paused:
+            self.keep(data, end)
+            return True
+        return False
+
+    def _skip_frame(self, data: bytes, end: int, n: int, reason: str) -> None:
+        """Skip a frame of ``n`` bytes that ends at ``end``, possibly past ``data``: the rest
+        streams past unbuffered (``_oversized`` says why)."""
+        self._oversized(n, reason)
+        if end > len(data):
+            self._skip = end - len(data)
+
     def _skip_through(self, data: bytes) -> bytes:
         """What is left of ``data`` after the rest of a skipped frame (per chunk, not per
         frame): the frame streams past without being buffered."""
