@@ -15,6 +15,8 @@ what to expect (:meth:`ClientDecoder.expect_connect_reply`,
 
 * :class:`Decoder`: what the router reads (client -> router).
 * :class:`ClientDecoder`: what a client reads (router -> client).
+* :class:`Scanner`: the router's zero-copy reader of a client's stream, runs of MESSAGEs with
+  one header and the other objects, decoded (the sessions' hot loop builds on it).
 * Encoders for both directions, and :func:`encode` for any event.
 
 Since nothing delimits objects, a parse error leaves the stream unusable; decoders raise

@@ -14,6 +14,8 @@ GossipData body is::
 * MESSAGE, the hot path, only has its header parsed (group, dest, sender); the event carries the
   exact frame bytes (``raw``, length prefix included) to be forwarded unchanged. HEARTBEAT too
   carries its frame, to be echoed.
+* :class:`Scanner`: the router's zero-copy reader of a client's frames, runs of MESSAGEs with
+  one header and the other frames (the sessions' hot loop builds on it).
 * Encoders for every frame type, and :func:`encode` for any event.
 
 Byte layouts are documented in the reference notes, section 2.

@@ -15,6 +15,9 @@ strings (``writeUTF``), and its own address encoding (``Util.writeAddress``). Th
 * :func:`read_address` / :func:`read_addresses` / :func:`write_address` /
   :func:`write_addresses` for both wire versions (``version=2`` for 2.12, ``version=5`` for
   3.6.5+ including 5.x).
+* :class:`StreamBuffer`: the receive buffer of both stream decoders.
+* What the two scanners share (the router's zero-copy readers, ``jgroups2.Scanner`` and
+  ``jgroups5.Scanner``): the kinds of item they report, :class:`HeaderCache` and its bounds.
 
 Everything that is not valid input raises :class:`~gossiprouter.protocol.errors.ProtocolError`.
 """

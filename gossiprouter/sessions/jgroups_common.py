@@ -12,7 +12,8 @@ otherwise (provisioned in the config file) are rendered from their key and ``(ho
 pairs when possible (:func:`wire_address`, :func:`wire_physical`).
 
 :class:`JGroupsSession` holds the parts of a session that do not depend on the wire version:
-registration, clean removal, the routing of one message, and rate-limited logging.
+registration, clean removal, the routing of one message, the steps of ``on_data`` around the
+codec's scanner, and rate-limited logging.
 """
 
 from __future__ import annotations
@@ -322,7 +323,8 @@ class JGroupsSession(Session):
         """Deliver ``count`` whole frames (``frames``, already in the receivers' wire form) from
         this connection to ``dest`` (a routing key; None = every member, the sender included).
 
-        The hot path's second half: it reads the table the way ``resolve_unicast`` /
+        Called once per run of MESSAGEs the scanner finds (``_run``) and for a MESSAGE the full
+        decoder handled. It reads the table the way ``resolve_unicast`` /
         ``resolve_multicast(include_sender=True)`` do, without their call overhead, and queues
         straight on the receiver's outbox, falling back to :meth:`Carrier.push` (the
         slow-consumer policy) only when the frame does not fit.
