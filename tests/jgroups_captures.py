@@ -18,8 +18,10 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import pytest
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from gossiprouter.protocol.jgroups_common import V2, V5, JAddress
@@ -104,6 +106,53 @@ def one_byte_pieces(data: bytes) -> Iterator[bytes]:
     """``data`` as 1-byte segments."""
     for i in range(len(data)):
         yield data[i : i + 1]
+
+
+# --------------------------------------------------------------------------- decoding helpers
+
+#: The codec property tests' settings.
+EXAMPLES = settings(max_examples=200, deadline=None)
+
+class EventDecoder(Protocol):
+    """A codec's stream decoder (``jgroups2.Decoder``/``ClientDecoder``, ``jgroups5.Decoder``)."""
+
+    def feed(self, data: bytes) -> None: ...
+
+    def next_event(self) -> object: ...
+
+    @property
+    def buffered(self) -> int: ...
+
+
+def h(text: str) -> bytes:
+    """Bytes written as spaced hex, as in the reference notes."""
+    return bytes.fromhex(text)
+
+
+def decode_all(dec: EventDecoder, data: bytes) -> list[Any]:
+    """Feed ``data``; every event the decoder then has (typed by the caller)."""
+    dec.feed(data)
+    out: list[Any] = []
+    while (ev := dec.next_event()) is not None:
+        out.append(ev)
+    return out
+
+
+def decode_pieces(dec: EventDecoder, data: bytes, cuts: list[int]) -> list[Any]:
+    """Feed ``data`` cut at ``cuts`` (see :func:`split_at`); every event, in order."""
+    out: list[Any] = []
+    for piece in split_at(data, cuts):
+        out += decode_all(dec, piece)
+    return out
+
+
+def assert_split_anywhere(
+    dec: EventDecoder, encode: Callable[[Any], bytes], events: list[Any], cuts: list[int]
+) -> None:
+    """``events``, encoded back to back and cut at ``cuts``, decode to themselves, and nothing
+    is left in the decoder."""
+    assert decode_pieces(dec, b"".join(encode(e) for e in events), cuts) == events
+    assert dec.buffered == 0
 
 
 # --------------------------------------------------------------------------- shared test values

@@ -334,25 +334,16 @@ def test_wrong_version_or_port() -> None:
         read_address(Reader(b"\x04"), 4)
 
 
-def _parses_to_its_key(built: Built, version: int) -> JAddress:
-    raw, key = built
+@pytest.mark.parametrize("version", [V2, V5])
+@EXAMPLES
+@given(st.data())
+def test_any_address_parses_to_its_key(version: int, data: st.DataObject) -> None:
+    raw, key = data.draw(built_address_v2() if version == V2 else built_address_v5())
     a = JAddress.parse(raw, version=version)
     assert a is not None
     assert a.raw == raw and a.key == key and a.version == version
+    assert write_address(a) == write_address(a, version) == raw
     str(a)
-    return a
-
-
-@EXAMPLES
-@given(built_address_v2())
-def test_any_v2_address_parses_to_its_key(built: Built) -> None:
-    assert write_address(_parses_to_its_key(built, V2)) == built[0]
-
-
-@EXAMPLES
-@given(built_address_v5())
-def test_any_v5_address_parses_to_its_key(built: Built) -> None:
-    _parses_to_its_key(built, V5)
 
 
 @EXAMPLES

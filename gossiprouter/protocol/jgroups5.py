@@ -14,6 +14,8 @@ GossipData body is::
 * MESSAGE, the hot path, only has its header parsed (group, dest, sender); the event carries the
   exact frame bytes (``raw``, length prefix included) to be forwarded unchanged. HEARTBEAT too
   carries its frame, to be echoed.
+* :class:`Scanner`: the router's zero-copy reader of a client's frames, runs of MESSAGEs with
+  one header and the other frames (the sessions' hot loop builds on it).
 * Encoders for every frame type, and :func:`encode` for any event.
 
 Byte layouts are documented in the reference notes, section 2.
@@ -22,17 +24,25 @@ Byte layouts are documented in the reference notes, section 2.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from gossiprouter.protocol.errors import ProtocolError
 from gossiprouter.protocol.jgroups_common import (
-    DEFAULT_MAX_FRAME,
+    CLOSED,
+    CONTROL,
+    ERROR,
+    OVERSIZED,
+    PARTIAL,
+    U32,
     V5,
     Buffer,
+    HeaderCache,
+    Item,
     JAddress,
     NeedMore,
     Reader,
+    StreamBuffer,
     copy_bytes,
     encode_utf,
     read_address,
@@ -41,6 +51,7 @@ from gossiprouter.protocol.jgroups_common import (
     write_addresses,
     write_string,
 )
+from gossiprouter.protocol.scan import same_frames
 
 __all__ = [
     "ALL_GROUPS",
@@ -63,6 +74,8 @@ __all__ = [
     "MembersReply",
     "Message",
     "Register",
+    "Route",
+    "Scanner",
     "Suspect",
     "Unregister",
     "close_marker",
@@ -263,7 +276,7 @@ def _parse_body(buf: bytearray, start: int, end: int) -> Event:
     return MembersReply(group, members, t == GET_MBRS_RSP_LAST)
 
 
-class Decoder:
+class Decoder(StreamBuffer):
     """Length-framed GossipData decoder, for either direction.
 
     :meth:`feed` bytes as they arrive (split anywhere); call :meth:`next_event` until it returns
@@ -272,27 +285,9 @@ class Decoder:
     that, and later calls raise again. A bad body only yields :class:`Malformed`.
     """
 
-    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
-        if max_frame <= 0:
-            raise ValueError("max_frame must be positive")
-        self.max_frame = max_frame
-        self._buf = bytearray()
-        self._pos = 0  # start of the first unparsed frame
-        self._error: ProtocolError | None = None
-
-    def feed(self, data: Buffer) -> None:
-        """Append bytes received from the socket."""
-        self._buf += data
-
-    @property
-    def buffered(self) -> int:
-        """Bytes received but not yet returned as an event (a partial frame at EOF)."""
-        return len(self._buf) - self._pos
-
     def next_event(self) -> Event | None:
         """The next event, or None until more bytes are fed."""
-        if self._error is not None:
-            raise ProtocolError(f"stream unusable after: {self._error}", self._error.code)
+        self._check()
         buf = self._buf
         pos = self._pos
         avail = len(buf) - pos
@@ -325,19 +320,135 @@ class Decoder:
         except ProtocolError as e:
             return Malformed(str(e), n)
 
-    def _compact(self) -> None:
-        if self._pos:
-            del self._buf[: self._pos]
-            self._pos = 0
+
+# --------------------------------------------------------------------------- scanning
+
+#: A MESSAGE header as the scanner parsed it: (header length, ``prefix`` + group, destination key
+#: or None for the whole group, (``prefix`` + group, sender key): the registration the router's
+#: sender check looks for).
+Route = tuple[int, str, bytes | None, tuple[str, bytes]]
+
+_CLOSE = int.from_bytes(CLOSE_MARKER, "big")  # the length -5 read as unsigned
+_NEGATIVE = 0x80000000
+
+
+class Scanner(HeaderCache[Route]):
+    """The router's zero-copy reader of a 5.x connection: runs of MESSAGEs, and the rest.
+
+    :meth:`scan` cuts a received chunk into :data:`~gossiprouter.protocol.jgroups_common.Item`
+    tuples without copying a payload: consecutive MESSAGE frames with byte-identical headers
+    (type, group, destination, sender) and a payload length that ends the frame exactly form one
+    ``RUN``, forwarded as one slice, length prefixes included; anything else is a ``CONTROL``
+    frame for the validating :class:`Decoder`. A header is parsed once, when first seen, and then
+    found in the cache by its exact bytes, whatever address classes it holds (UUID,
+    ExtendedUUID, SiteUUID...). Pure: it knows no routing table, session or I/O; what to do with
+    a run (the sender check, routing), an oversized or partial frame, is the caller's policy.
+    """
+
+    def scan(self, data: bytes, on_run: Callable[[Route, bytes, int], bool]) -> Iterator[Item]:
+        """The items of ``data``, a chunk that starts on a frame boundary, in order; its runs
+        of MESSAGEs go to ``on_run`` (see ``jgroups_common``).
+        """
+        size = len(data)
+        routes = self.routes
+        lengths = self.lengths
+        max_frame = self.max_frame
+        u32 = U32
+        pos = 0
+        # The current run: its header bytes (after the length prefix), their length, the
+        # parsed header, where the run starts and how many frames it has.
+        run_hdr = b""
+        hlen = 0
+        run: Route = (0, "", None, ("", b""))
+        run_start = run_n = 0
+        while size - pos >= 4:
+            n = u32(data, pos)[0]
+            end = pos + 4 + n
+            if run_n and n <= max_frame and end <= size and data.startswith(run_hdr, pos + 4):
+                q = pos + 4 + hlen
+                if q + 4 <= end and q + 4 + u32(data, q)[0] == end:
+                    if data[end : end + 4] == data[pos : pos + 4]:
+                        # The next frame has the same length: count the bulk at C speed.
+                        k = same_frames(data, pos, end - pos, 8 + hlen, size)
+                        run_n += k
+                        pos += k * (end - pos)
+                    else:
+                        run_n += 1
+                        pos = end
+                    continue
+            if run_n:
+                if on_run(run, data[run_start:pos], run_n):
+                    return
+                run_n = 0
+            if n >= _NEGATIVE:
+                if n == _CLOSE:
+                    yield CLOSED, pos, pos + 4, 0, None
+                else:
+                    err = ProtocolError(f"negative frame length {n - (1 << 32)}")
+                    yield ERROR, pos, pos + 4, 0, err
+                return
+            if n > max_frame:
+                yield OVERSIZED, pos, end, n, None
+                if end > size:
+                    return
+                pos = end
+                continue
+            if end > size:
+                break
+            body = pos + 4
+            if n and data[body] == MESSAGE:
+                hit: Route | None = None
+                for length in lengths:
+                    hit = routes.get(data[body : body + length])
+                    if hit is not None:
+                        break
+                if hit is None:
+                    hit = self._learn(data, body, end)
+                if hit is not None:
+                    q = body + hit[0]
+                    if q + 4 <= end and q + 4 + u32(data, q)[0] == end:
+                        run = hit
+                        hlen = hit[0]
+                        run_hdr = data[body:q]
+                        run_start = pos
+                        run_n = 1
+                        pos = end
+                        continue
+            yield CONTROL, pos, end, 0, None
+            max_frame = self.max_frame  # raised by the first REGISTER
+            pos = end
+        if run_n and on_run(run, data[run_start:pos], run_n):
+            return
+        if pos < size:
+            # The whole frame once its length is known; else just the length prefix.
+            need = 4 + u32(data, pos)[0] if size - pos >= 4 else 4
+            yield PARTIAL, pos, pos + need, 1, None
+
+    def _learn(self, data: bytes, body: int, end: int) -> Route | None:
+        """Parse and cache the header of the MESSAGE frame ``data[body:end]``; None when it does
+        not parse or has no group or sender (the full decoder then deals with the frame)."""
+        r = Reader(data, body, end)
+        try:
+            r.u8()  # the type, 4
+            group = r.string()
+            dest = read_address(r, V5)
+            sender = read_address(r, V5)
+        except (NeedMore, ProtocolError):
+            return None
+        if group is None or sender is None:
+            return None
+        full = self.prefix + group
+        route: Route = (r.pos - body, full, None if dest is None else dest.key,
+                        (full, sender.key))
+        self.remember(data[body : r.pos], route)
+        return route
 
 
 # --------------------------------------------------------------------------- encoding
 
 
 def _v5(addr: JAddress | None) -> bytes:
-    if addr is not None and addr.version != V5:
-        raise ValueError(f"address {addr} is encoded for wire version {addr.version}, not 5")
-    return write_address(addr)
+    return write_address(addr, V5)
 
 
 def _frame(parts: list[bytes]) -> bytes:

@@ -15,6 +15,9 @@ strings (``writeUTF``), and its own address encoding (``Util.writeAddress``). Th
 * :func:`read_address` / :func:`read_addresses` / :func:`write_address` /
   :func:`write_addresses` for both wire versions (``version=2`` for 2.12, ``version=5`` for
   3.6.5+ including 5.x).
+* :class:`StreamBuffer`: the receive buffer of both stream decoders.
+* What the two scanners share (the router's zero-copy readers, ``jgroups2.Scanner`` and
+  ``jgroups5.Scanner``): the kinds of item they report, :class:`HeaderCache` and its bounds.
 
 Everything that is not valid input raises :class:`~gossiprouter.protocol.errors.ProtocolError`.
 """
@@ -28,18 +31,31 @@ import struct
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from gossiprouter.protocol.errors import ProtocolError
 
 __all__ = [
+    "CACHE_MAX",
+    "CLOSED",
+    "CONTROL",
     "DEFAULT_MAX_FRAME",
+    "ERROR",
+    "HELD",
+    "LENGTHS_MAX",
+    "OVERSIZED",
+    "PARTIAL",
+    "U32",
     "V2",
     "V5",
     "AddressKind",
     "Buffer",
+    "HeaderCache",
+    "Item",
     "JAddress",
     "NeedMore",
     "Reader",
+    "StreamBuffer",
     "copy_bytes",
     "decode_utf",
     "encode_utf",
@@ -307,6 +323,14 @@ _IP_PREFIX = b"ip:"
 _MILLIS_PREFIX = b"ms:"
 _SITE_MASTER_TAG = b"sm"
 
+# Per wire version: the address classes written with their own flag value (besides the UUID of
+# the hot path, and _OTHER: a magic number follows), and the magic numbers.
+_KINDS: dict[int, tuple[dict[int, AddressKind], dict[int, AddressKind]]] = {
+    V2: ({_IP_ADDR_V2: AddressKind.IP}, _MAGIC_V2),
+    V5: ({_IP_ADDR_V5: AddressKind.IP, _SITE_UUID_V5: AddressKind.SITE_UUID,
+          _SITE_MASTER_V5: AddressKind.SITE_MASTER}, _MAGIC_V5),
+}
+
 
 @dataclass(frozen=True, slots=True, repr=False)
 class JAddress:
@@ -563,26 +587,17 @@ def read_address(r: Reader, version: int) -> JAddress | None:
                 _interned.clear()
             addr = _interned[raw] = JAddress(raw[9:17] + raw[1:9], raw, AddressKind.UUID, version)
         return addr
-    if version == V2:
-        if flags == _IP_ADDR_V2:
-            kind = AddressKind.IP
-        elif flags == _OTHER:
-            kind = _magic(r, _MAGIC_V2)
-        else:
-            raise ProtocolError(f"bad address flags {flags:#04x}")
-    elif version == V5:
-        if flags == _IP_ADDR_V5:
-            kind = AddressKind.IP
-        elif flags == _SITE_UUID_V5:
-            kind = AddressKind.SITE_UUID
-        elif flags == _SITE_MASTER_V5:
-            kind = AddressKind.SITE_MASTER
-        elif flags == _OTHER:
-            kind = _magic(r, _MAGIC_V5)
-        else:
-            raise ProtocolError(f"bad address flags {flags:#04x}")
-    else:
+    tables = _KINDS.get(version)
+    if tables is None:
         raise ValueError(f"unknown wire version {version}")
+    by_flags, by_magic = tables
+    if flags == _OTHER:
+        kind = _magic(r, by_magic)
+    else:
+        found = by_flags.get(flags)
+        if found is None:
+            raise ProtocolError(f"bad address flags {flags:#04x}")
+        kind = found
     key = _read_body(r, kind, version)
     return JAddress(key, r.slice(start, r.pos), kind, version)
 
@@ -611,15 +626,147 @@ def read_addresses(r: Reader, version: int) -> tuple[JAddress, ...] | None:
     return tuple(out)
 
 
-def write_address(addr: JAddress | None) -> bytes:
-    """``Util.writeAddress``: the address's raw bytes, or ``01`` for null."""
-    return b"\x01" if addr is None else addr.raw
+def write_address(addr: JAddress | None, version: int | None = None) -> bytes:
+    """``Util.writeAddress``: the address's raw bytes, or ``01`` for null.
+
+    With ``version``, an address encoded for another wire version is refused (ValueError): the
+    encoders of one codec must not emit the other's bytes.
+    """
+    if addr is None:
+        return b"\x01"
+    if version is not None and addr.version != version:
+        raise ValueError(
+            f"address {addr} is encoded for wire version {addr.version}, not {version}")
+    return addr.raw
 
 
-def write_addresses(addrs: Sequence[JAddress] | None) -> bytes:
-    """``Util.writeAddresses``: short count (``FFFF`` for null), then the addresses."""
+def write_addresses(addrs: Sequence[JAddress] | None, version: int | None = None) -> bytes:
+    """``Util.writeAddresses``: short count (``FFFF`` for null), then the addresses (each
+    checked against ``version`` as :func:`write_address` does)."""
     if addrs is None:
         return b"\xff\xff"
-    if len(addrs) > 0x7FFF:
-        raise ProtocolError(f"too many addresses for one list: {len(addrs)}")
-    return _I16.pack(len(addrs)) + b"".join(a.raw for a in addrs)
+    parts = [write_address(a, version) for a in addrs]
+    if len(parts) > 0x7FFF:
+        raise ProtocolError(f"too many addresses for one list: {len(parts)}")
+    return _I16.pack(len(parts)) + b"".join(parts)
+
+
+# --------------------------------------------------------------------------- decoders
+
+
+class StreamBuffer:
+    """The receive buffer of both JGroups stream decoders (``jgroups2``, ``jgroups5``).
+
+    Bytes are :meth:`feed`-ed as they arrive and parsed from ``_pos``; once a parse error made
+    the stream unusable (``_error``), every later :meth:`_check` raises it again.
+    """
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        if max_frame <= 0:
+            raise ValueError("max_frame must be positive")
+        self.max_frame = max_frame
+        self._buf = bytearray()
+        self._pos = 0  # start of the first unparsed object or frame
+        self._error: ProtocolError | None = None
+
+    def feed(self, data: Buffer) -> None:
+        """Append bytes received from the socket."""
+        self._buf += data
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as an event (a partial object at EOF)."""
+        return len(self._buf) - self._pos
+
+    def _check(self) -> None:
+        """Raise again the error that made the stream unusable, if any."""
+        if self._error is not None:
+            raise ProtocolError(f"stream unusable after: {self._error}", self._error.code)
+
+    def _compact(self) -> None:
+        """Drop the bytes already parsed."""
+        if self._pos:
+            del self._buf[: self._pos]
+            self._pos = 0
+
+
+# --------------------------------------------------------------------------- scanning
+
+#: Reads a big-endian u32 (frame and payload lengths) in the scanners' hot loops.
+U32 = struct.Struct(">I").unpack_from
+
+# A scanner's header cache is cleared when it grows past this: one entry per (group,
+# destination, sender) a client sends to is plenty for clusters of hundreds of members, and a
+# client cycling through made-up destinations must not grow the router's memory without bound.
+CACHE_MAX = 1024
+# Distinct header lengths remembered per scanner (each is one slice and dict lookup to try).
+LENGTHS_MAX = 16
+
+# What the scanners (``jgroups5.Scanner``, ``jgroups2.Scanner``) report, from their method
+# ``scan(data, on_run)``. A run of MESSAGEs goes to
+# the caller's ``on_run(head, frames, count)`` callback, called in stream order: ``count`` whole
+# MESSAGEs, all with the header ``head`` (the parsed header from the scanner's cache), and
+# ``frames`` their bytes in the receivers' wire form; it returns True to stop the scan. Runs are
+# the hot path, where a call is cheaper than a generator's yield and resume. Everything else is
+# yielded as one tuple ``(kind, start, end, count, head)``, in stream order. The scan stops when
+# ``on_run`` returns True and after the items marked "last" below. The caller may stop iterating
+# at any item (``end`` is where to resume) and may call ``registered`` while it handles a
+# CONTROL item.
+#: One frame (5.x: ``data[start:end]``, for the full decoder) or one decoded object (2.12:
+#: ``head`` is the event, ``end`` where it stopped) that is not a plain MESSAGE. The scanner
+#: reads its ``max_frame`` again afterwards, so the handler may change it.
+CONTROL = 1
+#: A frame above ``max_frame`` starts at ``start`` and ends at ``end`` (possibly past the chunk:
+#: the scan then stops); ``count`` is the size to report. The scan goes on after it.
+OVERSIZED = 2
+#: The chunk ends inside the frame at ``start``, which needs ``end - start`` bytes in all;
+#: ``count`` is 1 when that length covers the whole frame (it can be skipped unbuffered), 0 when
+#: only the next header field is known (2.12). Last item.
+PARTIAL = 3
+#: 2.12: the decoder holds an incomplete object of ``count`` bytes until the next chunk. Last.
+HELD = 4
+#: 5.x: the peer's graceful close marker (the length -5) at ``start``. Last item.
+CLOSED = 5
+#: The stream is unusable: ``head`` is the ProtocolError. Last item.
+ERROR = 6
+
+#: One scanner item, as above.
+Item = tuple[int, int, int, int, Any]
+
+_R = TypeVar("_R")
+
+
+class HeaderCache(Generic[_R]):
+    """The part of the JGroups scanners that remembers MESSAGE headers.
+
+    ``routes`` maps the exact header bytes of a MESSAGE (type byte included) to what the
+    scanner parsed from them; ``lengths`` holds the distinct header lengths seen, so that a
+    known header costs one slice and one dict lookup per length tried, whatever address classes
+    it holds. ``max_frame`` is the connection's current limit on one frame (raised by
+    :meth:`registered`; read again after every CONTROL item).
+    """
+
+    def __init__(self, prefix: str, max_frame: int) -> None:
+        self.prefix = prefix
+        self.max_frame = max_frame
+        self.routes: dict[bytes, _R] = {}
+        self.lengths: list[int] = []
+
+    def registered(self, max_frame: int) -> None:
+        """The connection registered its first member: frames up to ``max_frame`` are taken
+        from now on (called by the session while it handles a CONTROL item)."""
+        self.max_frame = max_frame
+
+    def remember(self, header: bytes, route: _R) -> None:
+        """Cache ``route`` for ``header`` (bounded by CACHE_MAX and LENGTHS_MAX)."""
+        routes = self.routes
+        lengths = self.lengths
+        if len(routes) >= CACHE_MAX:
+            routes.clear()
+            lengths.clear()
+        routes[header] = route
+        n = len(header)
+        if n not in lengths:
+            if len(lengths) >= LENGTHS_MAX:
+                lengths.pop(0)
+            lengths.append(n)

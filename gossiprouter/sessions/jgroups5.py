@@ -9,43 +9,30 @@ RouterStub survives only one router-side close, and JGroups retransmits what is 
 the connection's first REGISTER the limit is ``preauth_max_frame`` and a longer prefix closes
 the connection. The length ``-5`` is the peer's graceful close.
 
-:meth:`JGroups5Session.on_data` is the hot loop. MESSAGE frames are forwarded as the exact bytes
-received, length prefix included. Their header (type, group, destination, sender) is looked up,
-as the exact header bytes, in a per-connection cache filled the first time a header is seen, so
-a known header costs one slice and one dict lookup whatever address classes it holds (UUID,
-ExtendedUUID, SiteUUID...). Consecutive MESSAGE frames with byte-identical headers form a *run*,
-forwarded as one slice of the received chunk shared by every receiver. Every other frame goes
-through the codec's full decoder (:class:`gossiprouter.protocol.jgroups5.Decoder`).
+:meth:`JGroups5Session.on_data` is the hot loop; the parsing is the codec's
+:class:`gossiprouter.protocol.jgroups5.Scanner`, which cuts each chunk into runs of MESSAGE
+frames with byte-identical headers (forwarded as one slice of the received chunk, length
+prefixes included, shared by every receiver) and other frames. What is left here are the
+decisions: the sender check and the route of each run, the full decoder
+(:class:`gossiprouter.protocol.jgroups5.Decoder`) and handling of each other frame, and the
+policies for oversized, partial and closing frames.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.protocol.jgroups_common import V5, JAddress, NeedMore, Reader, read_address
-from gossiprouter.protocol.scan import same_frames
+from gossiprouter.protocol.jgroups_common import CLOSED, CONTROL, OVERSIZED, PARTIAL, V5, JAddress
 from gossiprouter.routing import Entry
 from gossiprouter.sessions.base import Hub
-from gossiprouter.sessions.jgroups_common import (
-    CACHE_MAX,
-    LENGTHS_MAX,
-    U32,
-    JGroupsSession,
-    wire_address,
-    wire_physical,
-)
+from gossiprouter.sessions.jgroups_common import JGroupsSession, wire_address, wire_physical
 
 log = logging.getLogger("gossiprouter")
 
-_MESSAGE = j5.MESSAGE
-_CLOSE = 0xFFFFFFFB  # the length -5 read as unsigned
-_NEGATIVE = 0x80000000
 ALL_GROUPS = j5.ALL_GROUPS
-# A MESSAGE header: (header length, table group, destination key or None, (group, sender key)
-# as the routing table's registration key, for the sender check).
-_Route = tuple[int, str, bytes | None, tuple[str, bytes]]
 
 
 class JGroups5Session(JGroupsSession):
@@ -54,164 +41,67 @@ class JGroups5Session(JGroupsSession):
     protocol = "jgroups5"
     prefix = "jgroups5:"
     version = V5
+    scanner_class = j5.Scanner
 
     def __init__(self, hub: Hub, peer: str) -> None:
         super().__init__(hub, peer)
-        self._routes: dict[bytes, _Route] = {}
-        self._lengths: list[int] = []
+        # This connection's registrations during on_data (the sender check of _run).
+        self._regs: Mapping[tuple[str, bytes], Entry] = {}
 
     # ------------------------------------------------------------------ the hot loop
 
     def on_data(self, data: bytes, now: float) -> None:
         """Process one received chunk: every complete frame in it, in order."""
-        self.last_recv = self.now = now
-        if self._skip:
-            data = self._skip_through(data)
-            if not data:
-                return
-        resumed = self._complete(data)
-        if resumed is None:
+        chunk = self._start(data, now)
+        if chunk is None:
             return
-        data = resumed
-        size = len(data)
-        ob = self.outbox
-        routes = self._routes
-        lengths = self._lengths
-        max_frame = self.max_frame
-        u32 = U32
-        pos = 0
-        # The current run of MESSAGE frames with one header: the header bytes (after the
-        # length prefix), its length, its route, where the run starts, how many frames.
-        run_hdr = b""
-        hlen = 0
-        run: _Route | None = None
-        run_start = run_n = 0
+        data = chunk
         # This connection's registrations, for the sender check; a new dict may appear only
-        # through this connection's own REGISTER, so it is fetched again after other frames.
-        regs = self.hub.table.registrations(self)
-        while size - pos >= 4:
-            n = u32(data, pos)[0]
-            end = pos + 4 + n
-            if run_n and n <= max_frame and end <= size and data.startswith(run_hdr, pos + 4):
-                q = pos + 4 + hlen
-                if q + 4 <= end and q + 4 + u32(data, q)[0] == end:
-                    if data[end : end + 4] == data[pos : pos + 4]:
-                        # The next frame has the same length: count the bulk at C speed.
-                        k = same_frames(data, pos, end - pos, 8 + hlen, size)
-                        run_n += k
-                        pos += k * (end - pos)
-                    else:
-                        run_n += 1
-                        pos = end
-                    continue
-            if run_n:
-                assert run is not None
-                self.route(run[1], run[2], data[run_start:pos], run_n)
-                run_n = 0
-                if ob.closed:
+        # through this connection's own REGISTER, so it is fetched again after control frames.
+        self._regs = self.hub.table.registrations(self)
+        for kind, start, end, count, head in self.scanner.scan(data, self._run):
+            if kind == CONTROL:
+                self._frame(data[start:end])
+                if self._after_control(data, end):
                     return
-            if n >= _NEGATIVE:
-                if n == _CLOSE:
-                    self._close_marker()
-                else:
-                    self.fail(ProtocolError(f"negative frame length {n - (1 << 32)}"))
-                return
-            if n > max_frame:
+                self._regs = self.hub.table.registrations(self)
+            elif kind == OVERSIZED:
                 if not self.registered:
                     # Refused on the prefix, nothing buffered: before its first registration
                     # there is no member to keep in sync with.
                     self.fail(ProtocolError(
-                        f"frame length {n} before any REGISTER exceeds preauth_max_frame "
-                        f"{max_frame}", code="frame_too_large"))
+                        f"frame length {count} before any REGISTER exceeds preauth_max_frame "
+                        f"{self.scanner.max_frame}", code="frame_too_large"))
                     return
                 # Skipped as it streams past: the stream stays in sync, the member connected.
-                self._oversized(n, "frame_too_large")
-                if end > size:
-                    self._skip = end - size
-                    return
-                pos = end
-                continue
-            if end > size:
-                break
-            body = pos + 4
-            if n and data[body] == _MESSAGE:
-                hit: _Route | None = None
-                for length in lengths:
-                    hit = routes.get(data[body : body + length])
-                    if hit is not None:
-                        break
-                if hit is None:
-                    hit = self._learn(data, body, end)
-                if hit is not None:
-                    q = body + hit[0]
-                    if q + 4 <= end and q + 4 + u32(data, q)[0] == end:
-                        if hit[3] in regs or self._is_member(hit[1], hit[3]):
-                            run = hit
-                            hlen = hit[0]
-                            run_hdr = data[body:q]
-                            run_start = pos
-                            run_n = 1
-                        pos = end
-                        continue
-            self._frame(data[pos:end])
-            self.spend_control()
-            if ob.closed:
-                return
-            if self.paused:  # budget or turn spent: resume later
-                self.keep(data, end)
-                return
-            regs = self.hub.table.registrations(self)
-            max_frame = self.max_frame  # raised by the first REGISTER
-            pos = end
-        if run_n:
-            assert run is not None
-            self.route(run[1], run[2], data[run_start:pos], run_n)
-            if ob.closed:
-                return
-        if pos < size:
-            # The whole frame once its length is known; else just the length prefix.
-            need = 4 + u32(data, pos)[0] if size - pos >= 4 else 4
-            if not self._carry(data, pos, need):
-                # No room in the router-wide budget: skipped like an oversized frame.
-                self._oversized(need - 4, "partial_frames_budget")
-                self._skip = need - (size - pos)
+                self._skip_frame(data, end, count, "frame_too_large")
+            elif kind == PARTIAL:
+                if not self._carry(data, start, end - start):
+                    # No room in the router-wide budget: skipped like an oversized frame.
+                    self._skip_frame(data, end, end - start - 4, "partial_frames_budget")
+            elif kind == CLOSED:
+                self._close_marker()
+            else:  # ERROR: a negative length other than the close marker
+                self.fail(head)
 
-    def _learn(self, data: bytes, body: int, end: int) -> _Route | None:
-        """Parse and cache the header of the MESSAGE frame ``data[body:end]``; None when it does
-        not parse or has no group or sender (the full decoder then deals with the frame)."""
-        r = Reader(data, body, end)
-        try:
-            r.u8()  # the type, 4
-            group = r.string()
-            dest = read_address(r, V5)
-            sender = read_address(r, V5)
-        except (NeedMore, ProtocolError):
-            return None
-        if group is None or sender is None:
-            return None
-        full = self.prefix + group
-        length = r.pos - body
-        route: _Route = (length, full, None if dest is None else dest.key, (full, sender.key))
-        routes = self._routes
-        if len(routes) >= CACHE_MAX:
-            routes.clear()
-            self._lengths.clear()
-        routes[data[body : r.pos]] = route
-        if length not in self._lengths:
-            if len(self._lengths) >= LENGTHS_MAX:
-                self._lengths.pop(0)
-            self._lengths.append(length)
-        return route
+    def _run(self, head: j5.Route, frames: bytes, count: int) -> bool:
+        """A run of ``count`` MESSAGEs with one header, from the scanner: the sender check,
+        then the route. True (stop scanning) when that closed this connection."""
+        if head[3] in self._regs or self._is_member(head[1], head[3], count):
+            self.route(head[1], head[2], frames, count)
+            return self.outbox.closed
+        return False
 
-    def _is_member(self, group: str, reg: tuple[str, bytes] | None) -> bool:
+    def _is_member(self, group: str, reg: tuple[str, bytes] | None, count: int = 1) -> bool:
         """The sender must be registered in the group on this connection (JGroups routes
-        anything; a frame from an unregistered sender is dropped and counted). ``reg`` is the
-        (table group, sender key) registration, None for a frame without a sender."""
+        anything; ``count`` frames from an unregistered sender are dropped and counted).
+        ``reg`` is the (table group, sender key) registration, None for a frame without a
+        sender."""
         if reg is not None and reg in self.hub.table.registrations(self):
             return True
-        if reg is not None and self._after_leave(*reg):
+        if reg is not None and self._after_leave(*reg, count):
             return True
-        self.hub.counters.drop("not_member")
+        self.hub.counters.drop("not_member", count)
         self.warn_limited("not_member", "MESSAGE to %r dropped: its sender is not registered "
                           "there on this connection", group)
         return False
@@ -220,7 +110,7 @@ class JGroups5Session(JGroupsSession):
 
     def _frame(self, frame: bytes) -> None:
         """One complete frame that is not a plain MESSAGE: the full decoder."""
-        dec = j5.Decoder(self.max_frame)
+        dec = j5.Decoder(self.scanner.max_frame)
         dec.feed(frame)
         try:
             ev = dec.next_event()
@@ -267,7 +157,7 @@ class JGroups5Session(JGroupsSession):
                 self._get_members(group)
             case j5.Malformed(reason, body_len):
                 self._malformed(f"{reason} ({body_len} bytes)")
-            case j5.CloseMarker():  # not reached: on_data handles the -5 length itself
+            case j5.CloseMarker():  # not reached: the scanner reports the -5 length itself
                 self._close_marker()
             case _:
                 # GET_MBRS_RSP, SUSPECT...: router -> client frames; a client has no business

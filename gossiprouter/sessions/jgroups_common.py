@@ -12,32 +12,24 @@ otherwise (provisioned in the config file) are rendered from their key and ``(ho
 pairs when possible (:func:`wire_address`, :func:`wire_physical`).
 
 :class:`JGroupsSession` holds the parts of a session that do not depend on the wire version:
-registration, clean removal, the routing of one message, and rate-limited logging.
+registration, clean removal, the routing of one message, the steps of ``on_data`` around the
+codec's scanner, and rate-limited logging.
 """
 
 from __future__ import annotations
 
 import logging
-import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
 
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.protocol.jgroups_common import JAddress
+from gossiprouter.protocol.jgroups_common import CACHE_MAX, Item, JAddress
 from gossiprouter.routing import Entry, Kind, Notice, Physical, RoutingError
 from gossiprouter.sessions.base import Hub, Session
 
 log = logging.getLogger("gossiprouter")
 
-#: Reads a big-endian u32 (frame and payload lengths) in the hot loops.
-U32 = struct.Struct(">I").unpack_from
-
-# A per-connection header cache is cleared when it grows past this: one entry per (group,
-# destination) a client sends to is plenty for clusters of hundreds of members, and a client
-# cycling through made-up destinations must not grow the router's memory without bound.
-CACHE_MAX = 1024
-# Distinct header lengths remembered per connection (see the sessions' hot loops).
-LENGTHS_MAX = 16
 # At most one log line per this many seconds per connection and kind of problem.
 LOG_INTERVAL = 1.0
 # How long after a member's clean leave its connection's trailing frames from it are still
@@ -99,16 +91,30 @@ def wire_physical(entry: Entry, version: int) -> tuple[JAddress, ...] | None:
     return tuple(out) or None
 
 
+class Scanner(Protocol):
+    """What the sessions need of a codec's scanner (``jgroups5.Scanner``, ``jgroups2.Scanner``)."""
+
+    max_frame: int
+
+    def __init__(self, prefix: str, max_frame: int) -> None: ...
+
+    def registered(self, max_frame: int) -> None: ...
+
+    def scan(self, data: bytes, on_run: Callable[[Any, bytes, int], bool]) -> Iterator[Item]: ...
+
+
 class JGroupsSession(Session):
     """The version-independent part of the JGroups sessions.
 
-    Subclasses set :attr:`protocol`, :attr:`prefix` and :attr:`version`, and implement
-    ``on_data``, ``event_frame`` (membership events, encoded once per event by the hub) and
+    Subclasses set :attr:`protocol`, :attr:`prefix`, :attr:`version` and
+    :attr:`scanner_class`, and implement ``on_data`` (the routing decisions on what the
+    scanner finds), ``event_frame`` (membership events, encoded once per event by the hub) and
     ``farewell``.
     """
 
     prefix = "jgroups?:"
     version = 0
+    scanner_class: ClassVar[type[Scanner]]
 
     def __init__(self, hub: Hub, peer: str) -> None:
         super().__init__(hub, peer)
@@ -116,7 +122,7 @@ class JGroupsSession(Session):
         # Until the connection registers a member it is not trusted with more than
         # preauth_max_frame (a message before that is dropped as not_member anyway); then
         # jgroups_max_frame, above which a message is skipped, never buffered (_oversized).
-        self.max_frame = cfg.preauth_max_frame
+        self.scanner = self.scanner_class(self.prefix, cfg.preauth_max_frame)
         self.registered = False
         # Bytes of a skipped frame still to come (see _skip_through).
         self._skip = 0
@@ -142,6 +148,38 @@ class JGroupsSession(Session):
             return
         self._logged_at[kind] = self.now
         log.warning("%r: " + msg, self, *args)
+
+    # ------------------------------------------------------------------ on_data's steps
+
+    def _start(self, data: bytes, now: float, carried: bool = True) -> bytes | None:
+        """Where on_data starts, once per chunk: the clock; the rest of a skipped frame is
+        dropped; with ``carried``, a frame started in an earlier chunk is completed first
+        (``_complete``). None when nothing is left to scan."""
+        self.last_recv = self.now = now
+        if self._skip:
+            data = self._skip_through(data)
+            if not data:
+                return None
+        return self._complete(data) if carried else data
+
+    def _after_control(self, data: bytes, end: int) -> bool:
+        """A control frame ending at ``end`` was handled: charge it. True when the scan must
+        stop: the connection closed, or its budget or turn is spent (the rest of ``data`` is
+        kept for later)."""
+        self.spend_control()
+        if self.outbox.closed:
+            return True
+        if self.paused:
+            self.keep(data, end)
+            return True
+        return False
+
+    def _skip_frame(self, data: bytes, end: int, n: int, reason: str) -> None:
+        """Skip a frame of ``n`` bytes that ends at ``end``, possibly past ``data``: the rest
+        streams past unbuffered (``_oversized`` says why)."""
+        self._oversized(n, reason)
+        if end > len(data):
+            self._skip = end - len(data)
 
     def _skip_through(self, data: bytes) -> bytes:
         """What is left of ``data`` after the rest of a skipped frame (per chunk, not per
@@ -169,11 +207,11 @@ class JGroupsSession(Session):
                 "JGroups retransmits it; further ones on this connection are logged at debug)",
                 self, n, why, reason)
 
-    def _after_leave(self, group: str, key: bytes | None) -> bool:
-        """True for a frame from ``key`` (None: any address; 2.12 messages carry no sender)
-        that this connection unregistered from ``group`` less than AFTER_LEAVE ago: it is
-        routed, as the Java router does, counted and logged at debug only (a clean 5.x TUNNEL
-        leave sends UNICAST3 ACKs after its UNREGISTER)."""
+    def _after_leave(self, group: str, key: bytes | None, count: int = 1) -> bool:
+        """True for ``count`` frames from ``key`` (None: any address; 2.12 messages carry no
+        sender) that this connection unregistered from ``group`` less than AFTER_LEAVE ago:
+        they are routed, as the Java router does, counted and logged at debug only (a clean
+        5.x TUNNEL leave sends UNICAST3 ACKs after its UNREGISTER)."""
         left = self._left
         if not left:
             return False
@@ -184,15 +222,16 @@ class JGroupsSession(Session):
         else:
             ok = any(g == group and now - t < AFTER_LEAVE for (g, _), t in left.items())
         if ok:
-            self.count_in("after_leave")
+            self.count_in("after_leave", count)
             log.debug("%r: routing a frame sent to %r just after its sender left", self, group)
         return ok
 
-    def count_in(self, name: str) -> None:
-        """Count a control frame received (metrics by type; MESSAGE counts as ``routed``)."""
+    def count_in(self, name: str, count: int = 1) -> None:
+        """Count ``count`` frames received (control frames by type; MESSAGE counts as
+        ``routed``)."""
         fin = self.hub.counters.frames_in
         key = f"{self.protocol}_{name}"
-        fin[key] = fin.get(key, 0) + 1
+        fin[key] = fin.get(key, 0) + count
 
     def fail(self, e: ProtocolError) -> None:
         """A protocol violation the stream cannot survive: close this connection."""
@@ -227,7 +266,7 @@ class JGroupsSession(Session):
             self.hub.log_membership("joined", entry, self)
         if not self.registered:
             self.registered = True
-            self.max_frame = self.hub.config.jgroups_max_frame
+            self.scanner.registered(self.hub.config.jgroups_max_frame)
         self._left.pop((full, addr.key), None)
         return held, notices
 
@@ -284,7 +323,8 @@ class JGroupsSession(Session):
         """Deliver ``count`` whole frames (``frames``, already in the receivers' wire form) from
         this connection to ``dest`` (a routing key; None = every member, the sender included).
 
-        The hot path's second half: it reads the table the way ``resolve_unicast`` /
+        Called once per run of MESSAGEs the scanner finds (``_run``) and for a MESSAGE the full
+        decoder handled. It reads the table the way ``resolve_unicast`` /
         ``resolve_multicast(include_sender=True)`` do, without their call overhead, and queues
         straight on the receiver's outbox, falling back to :meth:`Carrier.push` (the
         slow-consumer policy) only when the frame does not fit.
