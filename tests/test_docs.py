@@ -109,3 +109,14 @@ def test_every_error_code_is_documented() -> None:
     assert not undocumented, f"ERROR codes missing from docs/protocol.md §8: {undocumented}"
     stale = documented - codes.keys()
     assert not stale, f"docs/protocol.md §8 lists codes the router never sends: {stale}"
+
+
+def test_metric_label_codes_are_the_documented_codes() -> None:
+    """The close reasons and refusal codes metrics label by (ERROR_CODES; anything else is
+    "other") are exactly docs/protocol.md §8's codes: a new code gets its own label."""
+    from gossiprouter.protocol.errors import ERROR_CODES
+
+    doc = (ROOT / "docs" / "protocol.md").read_text()
+    section = doc[doc.index("## 8. Error codes") :]
+    section = section[: section.index("\n## ", 1)]
+    assert set(re.findall(r"^\| `([a-z_]+)`", section, re.M)) == ERROR_CODES

@@ -18,6 +18,7 @@ from gossiprouter.addresses import parse_addr
 from gossiprouter.ops.logs import JsonFormatter
 from gossiprouter.protocol import native as wire
 from gossiprouter.server import Server
+from gossiprouter.sessions.base import Counters
 from tests.conftest import RouterFactory, ops_of
 from tests.ops_client import OpsClient, assert_closed, http_get
 
@@ -282,3 +283,15 @@ def test_json_formatter_extra_fields() -> None:
     assert out["peer"] == "1.2.3.4:5" and out["reason"] == "network"
     assert "args" not in out and "msg" not in out
     assert os.linesep not in JsonFormatter().format(rec)
+
+
+def test_close_and_refusal_labels_are_bounded() -> None:
+    """Only the router's own codes become label values; the peer's ends are not closes."""
+    c = Counters()
+    for reason in ("idle_timeout", "made up by someone", "eof", "write failed", "close",
+                   "close_marker", ""):
+        c.closed(reason)
+    c.refused("too_long")
+    c.refused("x" * 100)
+    assert c.closes == {"idle_timeout": 1, "other": 1}
+    assert c.refusals == {"too_long": 1, "other": 1}
