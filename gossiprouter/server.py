@@ -171,6 +171,8 @@ class Connection:
         # The whole handshake (TLS, preamble, HELLO or the first JGroups frame) must be done
         # by then (the reaper enforces it once the session exists).
         self.handshake_deadline = math.inf
+        # Why the router closed it before it had a session (a session's outbox says it after).
+        self.close_reason = ""
 
 
 class Server:
@@ -362,6 +364,10 @@ class Server:
             with conn.scope:
                 await self._run(conn)
         finally:
+            # Every admitted connection ends here, once: the one place its close is counted
+            # (by reason; Counters.closed leaves out the peer's own ends).
+            s = conn.session
+            self.hub.counters.closed(conn.close_reason if s is None else s.outbox.close_reason)
             self.connections.discard(conn)
             left = self._per_ip.pop(ip) - 1
             if left:
@@ -405,9 +411,11 @@ class Server:
         if handshake.cancelled_caught:
             log.info("closing %s: handshake not done within %.1fs (no protocol preamble)",
                      conn.peer, cfg.handshake_timeout)
+            conn.close_reason = "handshake_timeout"
             return
         if isinstance(verdict, str):
             log.info("closing %s: %s", conn.peer, verdict)
+            conn.close_reason = "protocol"
             return
         assert verdict is not None
         # Per-protocol allow-list; may wait (failed authentications from this address).
@@ -418,12 +426,14 @@ class Server:
             log.info("closing %s: handshake not done within %.1fs (held back after "
                      "failed authentications from its address)", conn.peer,
                      cfg.handshake_timeout)
+            conn.close_reason = "handshake_timeout"
             return
         factory = self.factories.get(verdict.protocol)
         session = None if factory is None else factory(self.hub, conn.peer, first)
         if session is None:
             log.info("closing %s: %s protocol is not served on this port", conn.peer,
                      verdict.protocol)
+            conn.close_reason = "protocol"
             return
         conn.session = session
         now = trio.current_time()

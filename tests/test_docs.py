@@ -43,6 +43,17 @@ def test_operations_options_table_is_current() -> None:
         "docs/operations.md options table is stale; replace it with:\n" + options_markdown())
 
 
+def test_metric_label_codes_are_the_documented_codes() -> None:
+    """The close reasons and refusal codes metrics label by (ERROR_CODES; anything else is
+    "other") are exactly docs/protocol.md §8's codes: a new code gets its own label."""
+    from gossiprouter.protocol.errors import ERROR_CODES
+
+    doc = (ROOT / "docs" / "protocol.md").read_text()
+    section = doc[doc.index("## 8. Error codes") :]
+    section = section[: section.index("\n## ", 1)]
+    assert set(re.findall(r"^\| `([a-z_]+)`", section, re.M)) == ERROR_CODES
+
+
 # Where the router sends an ERROR, and which argument is its code: RoutingError(code, msg),
 # encode_error(req, code, msg), Session._error(req, code, msg), Session.close(code, msg),
 # Session.farewell(code, msg), and ProtocolError(msg, code=...) (code "protocol" by default).

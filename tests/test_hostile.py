@@ -275,6 +275,8 @@ async def test_j2_name_that_cannot_be_written_back_is_refused(
         assert (await bad.connect("g", uuid(2, V2), "fine", [ip(7802, V2)])).ok
         assert sorted(m.name or "" for m in await honest.gossip_get("g")) == ["fine", "honest"]
     assert server.hub.counters.drops["refused_registration"] == 1
+    # By code, for metric refusals{code} (the native CONNECT of the same kind counts there too).
+    assert server.hub.counters.refusals == {"too_long": 1}
     assert server.hub.counters.internal_errors == 0
     await still_serving(server)
 
@@ -315,6 +317,7 @@ async def test_j5_group_too_long_for_the_all_groups_reply_is_refused(
         assert isinstance(listed, wire.Ok) and [m.name for m in listed.members or ()] == [
             "honest"]
     assert server.hub.counters.drops["refused_registration"] == 3
+    assert server.hub.counters.refusals == {"too_long": 3}
     assert any("refused" in r.getMessage() and "cannot be written back" in r.getMessage()
                for r in caplog.records)
     await still_serving(server)

@@ -18,8 +18,9 @@ from gossiprouter.addresses import parse_addr
 from gossiprouter.ops.logs import JsonFormatter
 from gossiprouter.protocol import native as wire
 from gossiprouter.server import Server
+from gossiprouter.sessions.base import Counters
 from tests.conftest import RouterFactory, ops_of
-from tests.ops_client import OpsClient, http_get
+from tests.ops_client import OpsClient, assert_closed, http_get
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -91,7 +92,68 @@ async def test_metrics_move_with_traffic(start_router: RouterFactory) -> None:
     # No per-address or per-group label anywhere.
     for _, labels in s:
         assert {k for k, _ in labels} <= {"protocol", "type", "reason", "kind", "what",
-                                          "result", "version", "router_id"}
+                                          "result", "version", "router_id", "code"}
+
+
+def closes(samples: Samples) -> dict[str, float]:
+    """gossiprouter_connections_closed_total by reason, the zeros left out."""
+    return {dict(labels)["reason"]: n for (name, labels), n in samples.items()
+            if name == "gossiprouter_connections_closed_total" and n}
+
+
+async def wait_no_connections(server: Server) -> Samples:
+    """Scrape until no client connection is open (each one's close is counted by then)."""
+    with trio.fail_after(10):
+        while True:
+            s = await scrape(server)
+            if sum(n for (name, _), n in s.items() if name == "gossiprouter_connections") == 0:
+                return s
+            await trio.sleep(0.02)
+
+
+async def test_handshake_timeouts_counted_by_reason(start_router: RouterFactory) -> None:
+    """Both handshake timeouts, before the protocol is known (no session: nothing sent) and
+    after the preamble without HELLO (ERROR handshake_timeout), are router closes with reason
+    handshake_timeout; a client that closes itself is not counted."""
+    server = await start_router(metrics="127.0.0.1:0", handshake_timeout=0.3)
+    assert server.address is not None
+    silent = await trio.open_tcp_stream(*server.address)
+    no_hello = await OpsClient.open(*server.address, hello=False)
+    frames = await no_hello.recv_until_closed(timeout=10)
+    assert frames == [wire.Error(None, "handshake_timeout", "handshake not done within 0.3s")]
+    await assert_closed(silent, timeout=10)
+    polite = await OpsClient.to(server)
+    await polite.aclose()
+    s = await wait_no_connections(server)
+    assert closes(s) == {"handshake_timeout": 2}
+    await silent.aclose()
+    await no_hello.aclose()
+
+
+async def test_idle_close_counted(start_router: RouterFactory) -> None:
+    server = await start_router(metrics="127.0.0.1:0", idle_timeout=0.3)
+    c = await OpsClient.to(server)
+    assert await c.connect("g", b"A") == wire.Ok(1)
+    frames = await c.recv_until_closed(timeout=10)
+    assert isinstance(frames[-1], wire.Error) and frames[-1].code == "idle_timeout"
+    s = await wait_no_connections(server)
+    assert closes(s) == {"idle_timeout": 1}
+    assert v(s, "gossiprouter_connections_closed_total", reason="other") == 0
+    await c.aclose()
+
+
+async def test_too_long_connect_counted_as_refusal(start_router: RouterFactory) -> None:
+    """A CONNECT refused too_long counts in refusals (the connection stays open, no close)."""
+    server = await start_router(metrics="127.0.0.1:0", max_name_bytes=16)
+    c = await OpsClient.to(server)
+    reply = await c.connect("g", b"A", "n" * 17)
+    assert isinstance(reply, wire.Error) and reply.code == "too_long", reply
+    assert await c.connect("g", b"A", "short") == wire.Ok(2)  # still open and usable
+    s = await scrape(server)
+    assert v(s, "gossiprouter_refusals_total", code="too_long") == 1
+    assert v(s, "gossiprouter_refusals_total", code="other") == 0
+    assert closes(s) == {}
+    await c.aclose()
 
 
 async def test_groups_view_matches_get_members(start_router: RouterFactory) -> None:
@@ -221,3 +283,15 @@ def test_json_formatter_extra_fields() -> None:
     assert out["peer"] == "1.2.3.4:5" and out["reason"] == "network"
     assert "args" not in out and "msg" not in out
     assert os.linesep not in JsonFormatter().format(rec)
+
+
+def test_close_and_refusal_labels_are_bounded() -> None:
+    """Only the router's own codes become label values; the peer's ends are not closes."""
+    c = Counters()
+    for reason in ("idle_timeout", "made up by someone", "eof", "write failed", "close",
+                   "close_marker", ""):
+        c.closed(reason)
+    c.refused("too_long")
+    c.refused("x" * 100)
+    assert c.closes == {"idle_timeout": 1, "other": 1}
+    assert c.refusals == {"too_long": 1, "other": 1}

@@ -25,12 +25,17 @@ from prometheus_client.registry import Collector
 from gossiprouter import snapshot
 from gossiprouter._version import __version__
 from gossiprouter.ops.access import PROTOCOLS
+from gossiprouter.protocol.errors import ERROR_CODES
 
 if TYPE_CHECKING:
     from gossiprouter.bridge import Bridge
     from gossiprouter.ops.runtime import Operations
     from gossiprouter.routing import Stats
     from gossiprouter.snapshot import RouterView
+
+# The label values of closes and refusals (Counters.closed / refused map anything else to
+# "other"): every one is always exported, so rate() works from the first scrape.
+CODE_LABELS = (*sorted(ERROR_CODES), "other")
 
 # The exposition format every Prometheus version reads (our names need no escaping).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -176,6 +181,23 @@ class RouterCollector(Collector):
                        "Unexpected exceptions (router bugs) contained: each closed the one "
                        "connection it happened on, or was logged by the task it happened in.",
                        c.internal_errors)
+        cm = CounterMetricFamily(
+            "gossiprouter_connections_closed",
+            "Connections the router closed, by reason: the ERROR code it closed with "
+            "(handshake_timeout, idle_timeout, slow_consumer, rate_limited, protocol, ...), "
+            "'other' for any other reason. Closes by the peer are not counted.",
+            labels=["reason"])
+        for code in CODE_LABELS:
+            cm.add_metric([code], c.closes.get(code, 0))
+        yield cm
+        cm = CounterMetricFamily(
+            "gossiprouter_refusals",
+            "Requests refused with the connection kept open, by code: native ERRORs "
+            "(too_long, limit, forbidden, not_member, ...), JGroups registrations refused.",
+            labels=["code"])
+        for code in CODE_LABELS:
+            cm.add_metric([code], c.refusals.get(code, 0))
+        yield cm
         # --- hostile clients (issue 12): fairness, budgets, deadlines
         yield _counter("gossiprouter_turns_cut",
                        "Times a connection's reader let others run before finishing what it "

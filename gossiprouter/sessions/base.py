@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 from gossiprouter.protocol import jgroups2 as _j2
 from gossiprouter.protocol import jgroups5 as _j5
 from gossiprouter.protocol import native as _native
+from gossiprouter.protocol.errors import ERROR_CODES
 from gossiprouter.protocol.jgroups_common import JAddress
 from gossiprouter.routing import (
     RESERVED_PREFIXES,
@@ -54,6 +55,11 @@ class Authority(Protocol):
         """May ``identity`` CONNECT to, list or WATCH ``group``?"""
         ...
 
+
+# Outbox close reasons that record the peer's end, not a decision of the router: EOF, a
+# socket that failed under the writer, the JGroups goodbyes (2.12 CLOSE, 5.x close marker).
+# Every other reason is the router's and is counted (Counters.closed).
+PEER_CLOSES = frozenset({"eof", "write failed", "close", "close_marker"})
 
 # Control frames one connection may have handled per turn of the event loop, before the
 # server lets every other connection run (see Session.spend_control).
@@ -267,9 +273,28 @@ class Counters:
     rate_limited: int = 0
     # Receivers whose socket took nothing for write_timeout with data queued.
     write_timeouts: int = 0
+    # Connections the router closed, by reason, and requests it refused (the connection
+    # kept), by code: keys are ERROR_CODES or "other" (see closed / refused).
+    closes: dict[str, int] = field(default_factory=dict)
+    refusals: dict[str, int] = field(default_factory=dict)
 
     def drop(self, reason: str, n: int = 1) -> None:
         self.drops[reason] = self.drops.get(reason, 0) + n
+
+    def closed(self, reason: str) -> None:
+        """A connection ended with ``reason`` (its outbox's close reason, or the server's for
+        one closed before it had a session). Called once per connection, by the server when
+        the connection is over; the peer's own ends (PEER_CLOSES, or no reason) are not
+        counted."""
+        if reason and reason not in PEER_CLOSES:
+            key = reason if reason in ERROR_CODES else "other"
+            self.closes[key] = self.closes.get(key, 0) + 1
+
+    def refused(self, code: str) -> None:
+        """A request refused with ``code``, the connection kept (native ERROR, JGroups
+        registration refused)."""
+        key = code if code in ERROR_CODES else "other"
+        self.refusals[key] = self.refusals.get(key, 0) + 1
 
 
 class Session:

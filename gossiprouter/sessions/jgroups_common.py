@@ -259,6 +259,7 @@ class JGroupsSession(Session):
             )
         except RoutingError as e:
             self.hub.counters.drop("refused_registration")
+            self.hub.counters.refused(e.code)
             self.warn_limited("register", "registration of %s in %r refused: %s (%s)",
                               addr, full, e.message, e.code)
             return None

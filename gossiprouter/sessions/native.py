@@ -464,6 +464,9 @@ class NativeSession(Session):
             self.outbox.push(wire.encode(frame))
 
     def _error(self, req: int | None, code: str, message: str) -> None:
+        """Refuse a request (the connection stays open): the one place native refusals are
+        answered, so the one place they are counted (metric refusals, by code)."""
+        self.hub.counters.refused(code)
         self._reply(wire.Error(req, code, message))
 
     def _fail(self, e: ProtocolError) -> None:
