@@ -100,9 +100,16 @@ class Disconnect:
 
 
 @dataclass(frozen=True, slots=True)
-class GetMembers:
+class GroupRequest:
+    """The fields of the requests about one group: GET_MEMBERS, WATCH, UNWATCH."""
+
     req: int
     group: str
+
+
+@dataclass(frozen=True, slots=True)
+class GetMembers(GroupRequest):
+    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,20 +167,19 @@ class Event:
 
 
 @dataclass(frozen=True, slots=True)
-class Watch:
-    req: int
-    group: str
+class Watch(GroupRequest):
+    pass
 
 
 @dataclass(frozen=True, slots=True)
-class Unwatch:
-    req: int
-    group: str
+class Unwatch(GroupRequest):
+    pass
 
 
 @dataclass(frozen=True, slots=True)
-class Subscribe:
-    """Subscribe the member ``addr`` of ``group`` to a pattern (see gossiprouter.topics)."""
+class TopicRequest:
+    """The fields of SUBSCRIBE and UNSUBSCRIBE: the member ``addr`` of ``group`` and a
+    pattern (see gossiprouter.topics)."""
 
     req: int
     group: str
@@ -184,13 +190,13 @@ class Subscribe:
 
 
 @dataclass(frozen=True, slots=True)
-class Unsubscribe:
-    req: int
-    group: str
-    addr: bytes
-    provider: str
-    broadcast: str
-    partition: tuple[str, ...]
+class Subscribe(TopicRequest):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribe(TopicRequest):
+    pass
 
 
 # PUBLISH flags
