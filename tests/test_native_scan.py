@@ -274,10 +274,14 @@ def test_invalid_route_headers_are_malformed() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.sampled_from([b"aaaa", b"aaab", b"baaa"]), min_size=1, max_size=80),
-       st.integers(0, 4))
-def test_same_frames_matches_a_frame_by_frame_count(frames: list[bytes], plen: int) -> None:
-    data = b"".join(frames) + b"zz"  # a partial frame after them
+@given(st.lists(st.tuples(st.sampled_from([b"aaaa", b"aaab", b"baaa"]), st.integers(1, 40)),
+                min_size=1, max_size=8),
+       st.integers(0, 4), st.binary(max_size=3))
+def test_same_frames_matches_a_frame_by_frame_count(runs: list[tuple[bytes, int]], plen: int,
+                                                    tail: bytes) -> None:
+    """Runs shorter and longer than the first round, and chunks ending with a cut frame."""
+    frames = [f for f, n in runs for _ in range(n)]
+    data = b"".join(frames) + tail
     k = 1
     while k < len(frames) and frames[k][:plen] == frames[0][:plen]:
         k += 1

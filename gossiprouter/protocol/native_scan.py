@@ -8,8 +8,8 @@ session, no I/O. The session (``gossiprouter.sessions.native``) decides what hap
 item; every frame that is not relayed byte for byte goes, whole, to the validating decoder
 (:func:`gossiprouter.protocol.native.frame_from_body`).
 
-An item is a tuple ``(kind, start, end, count, head)``; ``data[start:end]`` is always whole
-frames, length prefixes included:
+An item is a tuple ``(kind, start, end, count, head)``; for the first four kinds
+``data[start:end]`` is whole frames, length prefixes included:
 
 * ``RUN``: ``count`` ROUTE frames with byte-identical headers; ``head`` is their
   :data:`RouteHeader` ``(group, dest, sender)``, checked as the decoder would (UTF-8 group of

@@ -27,34 +27,37 @@ def same_frames(data: bytes, pos: int, step: int, plen: int, size: int) -> int:
     Equal prefixes (header and payload length) make equally valid frames of the same route, so
     a bulk of equal-size messages needs no Python loop per frame: the j-th byte of every frame
     is one strided slice, and ``lstrip`` counts how many of them match, both at C speed.
-    The next and the last frames are compared whole first; unless the last one matches, the
-    first round covers :data:`FIRST_ROUND` frames, and the rest of the chunk only if they all
-    match: frames of one size but alternating headers (several senders) then cost a comparison
-    or two each, not a pass over the chunk.
+    The last frame is compared whole first: if it matches, one round covers every frame, else
+    (after comparing the next frame whole) the first round covers :data:`FIRST_ROUND` frames,
+    and the rest only if they all match: frames of one size but alternating headers (several
+    senders) then cost a comparison or two each, not a pass over the rest of the chunk.
     """
     total = (size - pos) // step
     if total <= 1:
         return 1
     prefix = data[pos : pos + plen]
-    if not data.startswith(prefix, pos + step):
+    if data.startswith(prefix, pos + (total - 1) * step):
+        want = total  # the last frame matches: most likely one bulk, counted in one round
+    elif not data.startswith(prefix, pos + step):
         return 1
-    k = 2  # frames known to match
-    # When the last frame matches too, the whole chunk is most likely one bulk: one round.
-    want = total if data.startswith(prefix, pos + (total - 1) * step) else FIRST_ROUND
+    else:
+        want = FIRST_ROUND
+    k = 1  # frames known to match
     while k < total:
-        hi = min(want, total)
-        first = pos + k * step
-        good = hi - k  # of the frames k .. hi-1, how many match so far
+        hi = want if want < total else total
+        # The columns start at frame k - 1, which matches: its byte is every column's model.
+        first = pos + (k - 1) * step
+        good = hi - k + 1  # of the frames k - 1 .. hi - 1, how many match so far
         span = (good - 1) * step + 1
         for j in range(plen):
             col = data[first + j : first + j + span : step]
-            rest = len(col.lstrip(data[pos + j : pos + j + 1]))
+            rest = len(col.lstrip(col[:1]))
             if rest:
                 good = len(col) - rest
-                if not good:
+                if good == 1:
                     return k
                 span = (good - 1) * step + 1
-        k += good
+        k += good - 1
         if k < hi:
             return k
         want = total

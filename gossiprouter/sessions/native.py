@@ -18,6 +18,7 @@ from gossiprouter.protocol.errors import ProtocolError
 from gossiprouter.protocol.native_scan import (
     CONTROL,
     MALFORMED,
+    PARTIAL,
     PUBLICATIONS,
     RUN,
     TOO_LARGE,
@@ -125,8 +126,9 @@ class NativeSession(Session):
                     f"frame of {n} bytes before HELLO was accepted exceeds preauth_max_frame "
                     f"{max_frame}", code="frame_too_large"))
                 return
-            elif not self._carry(data, item[1], item[3]):  # PARTIAL: the last item
-                # Native frames cannot be skipped without telling the client it lost one.
+            elif item[0] == PARTIAL and not self._carry(data, item[1], item[3]):
+                # The cut frame at the end does not fit the router-wide budget. Native frames
+                # cannot be skipped without telling the client it lost one.
                 self.hub.counters.drop("partial_frames_budget")
                 self._fail(ProtocolError(
                     "the router's partial_frames_budget is in use; retry later", code="limit"))
