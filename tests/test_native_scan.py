@@ -237,9 +237,22 @@ def test_max_frame_applies_inside_a_run() -> None:
     small = wire.encode_route("g", b"R", b"S", b"x" * 10)
     big = wire.encode_route("g", b"R", b"S", b"x" * 200)
     scanner = NativeScanner(100, relay=True)
-    items = list(scanner.scan(small + big))
-    assert [i[0] for i in items] == [RUN, TOO_LARGE]
-    assert items[1][1:4] == (len(small), len(small) + len(big), len(big) - 4)
+    items = list(scanner.scan(small * 20 + big))
+    assert [i[0] for i in items] == [RUN] * len(items[:-1]) + [TOO_LARGE]
+    assert sum(i[3] for i in items[:-1]) == 20
+    assert items[-1][1:4] == (20 * len(small), 20 * len(small) + len(big), len(big) - 4)
+
+
+def test_runs_longer_than_max_frame_cover_every_frame() -> None:
+    """With a max_frame below the chunk's size, runs are cut every max_frame bytes or so (each
+    frame then checked against it) and go on: every frame is still relayed, in order."""
+    frames = [wire.encode_route("g", b"R", b"S", b"x" * (i % 7)) for i in range(200)]
+    data = b"".join(frames)
+    items = list(NativeScanner(100, relay=True).scan(data))
+    assert {i[0] for i in items} == {RUN}
+    assert [f for i in items for f in _frames(data, i[1], i[2])] == frames
+    assert sum(i[3] for i in items) == 200
+    assert len(items) < len(frames) / 2  # runs, not single frames
 
 
 def test_settings_change_after_a_control_frame() -> None:

@@ -114,16 +114,18 @@ class NativeScanner:
         unpack = _LEN.unpack_from
         find = self._routes.find
         # The current run: its header bytes ("" = none), where its frames' payloads start
-        # (from the length prefix on), its parsed header, where it starts, how many frames.
+        # (from the length prefix on), where its frames must end, its parsed header, where it
+        # starts, how many frames. Ending within max_frame + 4 bytes of the run's start keeps
+        # every frame within max_frame without a check per frame; a longer run (only with a
+        # max_frame below the chunk's size) is cut there and goes on as a new run.
         run_hdr = b""
-        hl = 0
+        hl = lim = 0
         route: RouteHeader = ("", None, b"")
         run_start = run_n = 0
         while size - pos >= 4:
             n = unpack(data, pos)[0]
             end = pos + 4 + n
-            if (run_hdr and end <= size and n <= max_frame
-                    and data.startswith(run_hdr, pos + 4, end)):
+            if run_hdr and end <= lim and data.startswith(run_hdr, pos + 4, end):
                 # Same header as the run: the frame is valid if its payload is one bin value
                 # ending with the frame. (A frame too short for its bin header cannot pass the
                 # length check, and one cut by the end of the chunk raises.)
@@ -165,6 +167,9 @@ class NativeScanner:
                 break
             body = pos + 4
             if relay and n > 2 and data[body] == _ROUTE0 and data[body + 1] == _ROUTE1:
+                lim = pos + 4 + max_frame
+                if lim > size:
+                    lim = size
                 # A remembered header starts a run with no frame yet: the check above then
                 # takes this frame too. If it fails (run_hdr still set, run_n 0), the frame is
                 # parsed in full below for a precise error.
