@@ -1,9 +1,10 @@
-"""The hot loop (NativeSession.on_data) against a frame-by-frame reference.
+"""The hot loop (NativeSession.on_data) end to end, against a frame-by-frame reference.
 
-Runs of same-header frames are routed in bulk and same-size runs are checked
-column-wise; this property test feeds random mixes of headers, sizes,
-encodings, PINGs and split points and checks every receiver gets exactly the
-bytes a naive frame-by-frame router would have queued for it.
+The scanner's cutting of chunks into runs is tested against a naive frame splitter in
+test_native_scan.py; this property test checks the whole path, the session's routing
+decisions included: random mixes of headers, senders (one not registered), sizes,
+encodings, PINGs and split points, and every receiver gets exactly the bytes a naive
+frame-by-frame router would have queued for it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def _route_bin32(group: str, dest: bytes | None, sender: bytes, payload: bytes) 
     """A valid ROUTE with a non-minimal (bin32) payload header."""
     import msgpack
 
-    head: bytes = msgpack.packb([wire.T.ROUTE, group, dest, sender], use_bin_type=True)
+    head: bytes = msgpack.packb([wire.FrameType.ROUTE, group, dest, sender], use_bin_type=True)
     body = b"\x95" + head[1:] + b"\xc6" + struct.pack(">I", len(payload)) + payload
     return struct.pack(">I", len(body)) + body
 
@@ -31,7 +32,7 @@ def _route_bin32(group: str, dest: bytes | None, sender: bytes, payload: bytes) 
 frame_specs = st.tuples(
     st.sampled_from(["g", "h"]),                       # group
     st.sampled_from([None, b"R1", b"R2", b"S2"]),      # dest
-    st.sampled_from([b"S1", b"S2"]),                   # sender
+    st.sampled_from([b"S1", b"S2", b"S3"]),            # sender (S3 not registered)
     st.sampled_from([0, 1, 5, 100, 255, 256, 300]),    # payload size
     st.booleans(),                                     # non-minimal encoding
     st.booleans(),                                     # a PING after it
@@ -54,12 +55,18 @@ def test_bulk_routing_matches_reference(
         hub.table.connect(r1, grp, b"R1")
         hub.table.connect(r2, grp, b"R2")
     stream = b""
+    refused = 0
     expect: dict[str, bytes] = {"sender": b"", "r1": b"", "r2": b""}
     for i, (grp, dest, snd, size, odd, ping) in enumerate(specs):
         payload = bytes([i % 256]) * size
         f = (_route_bin32 if odd else wire.encode_route)(grp, dest, snd, payload)
         stream += f
-        if dest is None:
+        if snd == b"S3":
+            # One ERROR per refused frame, in order with the rest, whatever the runs.
+            expect["sender"] += wire.encode_error(
+                None, "not_member", f"sender is not registered in {grp!r} on this connection")
+            refused += 1
+        elif dest is None:
             # Multicast: one copy per other carrier; the sender's connection also
             # carries the other S address, so it gets its copy too.
             for k in expect:
@@ -78,20 +85,45 @@ def test_bulk_routing_matches_reference(
         prev = c
     got = {s.peer: b"".join(s.outbox.take()) for s in (sender, r1, r2)}
     assert got == expect
-    assert hub.counters.routed == len(specs)
+    assert hub.counters.routed == len(specs) - refused
 
 
-def test_same_size_run_stops_at_a_different_header() -> None:
+def _session_with_members() -> tuple[Hub, NativeSession, NativeSession]:
     hub = Hub(Config(port=0))
     s = NativeSession(hub, "s")
     s.on_data(wire.encode(wire.Hello((1,), "t")), 0.0)
     s.outbox.take()
-    a, b = NativeSession(hub, "a"), NativeSession(hub, "b")
+    r = NativeSession(hub, "r")
     hub.table.connect(s, "g", b"S")
-    hub.table.connect(a, "g", b"A")
-    hub.table.connect(b, "g", b"B")
-    to_a = wire.encode_route("g", b"A", b"S", b"x" * 10)
-    to_b = wire.encode_route("g", b"B", b"S", b"x" * 10)  # same size, differs in one byte
-    s.on_data(to_a * 50 + to_b + to_a * 3, 0.0)
-    assert b"".join(a.outbox.take()) == to_a * 53
-    assert b"".join(b.outbox.take()) == to_b
+    hub.table.connect(r, "g", b"R")
+    return hub, s, r
+
+
+def _errors(s: NativeSession) -> list[wire.Frame]:
+    d = wire.Decoder()
+    d.feed(b"".join(s.outbox.take()))
+    return d.frames()
+
+
+def test_a_run_from_an_unregistered_sender_is_refused_frame_by_frame() -> None:
+    hub, s, r = _session_with_members()
+    stranger = wire.encode_route("g", b"R", b"X", b"x" * 10)
+    ok = wire.encode_route("g", b"R", b"S", b"y" * 10)
+    s.on_data(stranger * 5 + ok, 0.0)
+    assert b"".join(r.outbox.take()) == ok
+    errors = _errors(s)
+    assert [(e.code, e.message) for e in errors if isinstance(e, wire.Error)] == [
+        ("not_member", "sender is not registered in 'g' on this connection")] * 5
+    assert len(errors) == 5 and hub.counters.routed == 1
+
+
+def test_unknown_destination_is_answered_once_a_second_per_group() -> None:
+    hub, s, _ = _session_with_members()
+    lost = wire.encode_route("g", b"nobody", b"S", b"x")
+    other = wire.encode_route("g", b"R", b"S", b"x")
+    s.on_data(lost + other + lost, 10.0)  # two runs to nobody within the same second
+    s.on_data(lost, 10.5)
+    assert [e.code for e in _errors(s) if isinstance(e, wire.Error)] == ["unknown_destination"]
+    s.on_data(lost, 11.0)  # a second after the last answer: answered again
+    assert [e.code for e in _errors(s) if isinstance(e, wire.Error)] == ["unknown_destination"]
+    assert hub.counters.drops["unknown_destination"] == 4

@@ -253,7 +253,7 @@ def test_jgroups5_header_cache_is_bounded() -> None:
     scanner = j5.Scanner("p:", MAX)
     for i in range(CACHE_MAX + 5):
         _items(scanner, j5.message("g", _a(i, V5), _a(0, V5), b"x"))
-    assert 0 < len(scanner.routes) <= CACHE_MAX
+    assert 0 < len(scanner.entries) <= CACHE_MAX
     for i in range(LENGTHS_MAX + 3):  # group names of new lengths: new header lengths
         _items(scanner, j5.message("g" * (i + 1), None, _a(0, V5), b"x"))
     assert len(scanner.lengths) == LENGTHS_MAX

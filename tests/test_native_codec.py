@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
+from gossiprouter.protocol.native_scan import route_header
 
 groups = st.text(min_size=1, max_size=40).filter(lambda g: len(g.encode()) <= wire.MAX_GROUP)
 addrs = st.binary(min_size=0, max_size=wire.MAX_ADDR)
@@ -117,7 +118,7 @@ def test_oversize_length_refused_before_allocation() -> None:
 
 
 def test_max_frame_boundary() -> None:
-    body = msgpack.packb([wire.T.PING, 1])
+    body = msgpack.packb([wire.FrameType.PING, 1])
     d = wire.Decoder(max_frame=len(body))
     d.feed(struct.pack(">I", len(body)) + body)
     assert d.frames() == [wire.Ping(1)]
@@ -130,15 +131,15 @@ def test_max_frame_boundary() -> None:
 @pytest.mark.parametrize(
     ("value", "why"),
     [
-        ([wire.T.CONNECT, 1, "", b"a", None, []], "empty"),
-        ([wire.T.CONNECT, 1, "g", b"a" * 256, None, []], "longer than 255"),
-        ([wire.T.CONNECT, 1, "g" * 1025, b"a", None, []], "longer than 1024"),
-        ([wire.T.CONNECT, 1, "g", "a", None, []], "binary"),
-        ([wire.T.CONNECT, 1, "g", b"a", None], "takes 5 fields"),
-        ([wire.T.ROUTE, "g", None, b"a", "text"], "binary"),
+        ([wire.FrameType.CONNECT, 1, "", b"a", None, []], "empty"),
+        ([wire.FrameType.CONNECT, 1, "g", b"a" * 256, None, []], "longer than 255"),
+        ([wire.FrameType.CONNECT, 1, "g" * 1025, b"a", None, []], "longer than 1024"),
+        ([wire.FrameType.CONNECT, 1, "g", "a", None, []], "binary"),
+        ([wire.FrameType.CONNECT, 1, "g", b"a", None], "takes 5 fields"),
+        ([wire.FrameType.ROUTE, "g", None, b"a", "text"], "binary"),
         ([99, 1], "unknown frame type"),
         ({"type": 1}, "array"),
-        ([wire.T.EVENT, "g", "boom", b"a", None, []], "event kind"),
+        ([wire.FrameType.EVENT, "g", "boom", b"a", None, []], "event kind"),
     ],
 )
 def test_invalid_frames_name_the_problem(value: object, why: str) -> None:
@@ -147,7 +148,7 @@ def test_invalid_frames_name_the_problem(value: object, why: str) -> None:
 
 
 def test_invalid_utf8_group() -> None:
-    body = b"\x93" + bytes([wire.T.GET_MEMBERS]) + b"\x01" + b"\xa2\xff\xfe"
+    body = b"\x93" + bytes([wire.FrameType.GET_MEMBERS]) + b"\x01" + b"\xa2\xff\xfe"
     with pytest.raises(ProtocolError):
         wire.frame_from_body(body)
 
@@ -158,7 +159,7 @@ def test_route_header_matches_full_decoder(
     group: str, dest: bytes | None, sender: bytes, payload: bytes
 ) -> None:
     frame = wire.encode_route(group, dest, sender, payload)
-    g, d, s, hlen = wire.route_header(frame, 4, len(frame))
+    g, d, s, hlen = route_header(frame, 4, len(frame))
     assert (g.decode(), d, s) == (group, dest, sender)
     assert frame[4 + hlen :].endswith(payload)
     assert wire.frame_from_body(frame[4:]) == wire.Route(group, dest, sender, payload)
@@ -167,7 +168,7 @@ def test_route_header_matches_full_decoder(
 def test_route_header_rejects_trailing_bytes() -> None:
     frame = wire.encode_route("g", None, b"a", b"x") + b"!"
     with pytest.raises(ProtocolError):
-        wire.route_header(frame, 4, len(frame))
+        route_header(frame, 4, len(frame))
 
 
 def test_docs_example_bytes() -> None:

@@ -79,7 +79,7 @@ CELLS = [(role, state, t) for role in Role for state in State for t in FRAMES]
 
 
 def test_the_frame_types_are_the_wire_types() -> None:
-    assert sorted(wire_name(t) for t in FRAMES) == sorted(t.name for t in wire.T)
+    assert sorted(wire_name(t) for t in FRAMES) == sorted(t.name for t in wire.FrameType)
 
 
 @pytest.mark.parametrize(("role", "state", "t"), CELLS,
@@ -155,7 +155,7 @@ def test_refusals_name_the_cause(role: Role, state: State, t: type[wire.Frame],
 
 def _docs_table() -> str:
     """The table of docs/protocol.md §12, rendered from TRANSITIONS."""
-    order = sorted(FRAMES, key=lambda t: wire.T[wire_name(t)])
+    order = sorted(FRAMES, key=lambda t: wire.FrameType[wire_name(t)])
 
     def cell(role: Role, state: State) -> str:
         moves = TRANSITIONS[role][state]

@@ -101,7 +101,7 @@ async def test_malformed_frame_closes_only_that_connection(router: Server) -> No
     await a.connect("g", b"A")
     await b.connect("g", b"B")
     await bad.connect("g", b"BAD")
-    body = msgpack.packb([wire.T.CONNECT, 7, "g"])  # too few fields
+    body = msgpack.packb([wire.FrameType.CONNECT, 7, "g"])  # too few fields
     await bad.send_raw(struct.pack(">I", len(body)) + body)
     rest = await bad.recv_until_closed()
     assert isinstance(rest[-1], wire.Error) and rest[-1].code == "protocol"

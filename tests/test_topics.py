@@ -296,12 +296,15 @@ def test_encode_publish_is_the_publish_frame() -> None:
     assert f.scope == "global"
 
 
+PUB, SUB = wire.FrameType.PUBLISH, wire.FrameType.SUBSCRIBE
+
+
 @pytest.mark.parametrize(("fields", "message"), [
-    ([wire.T.PUBLISH, "g", b"A", "p", "b", ["eu"], 0, "text"], "payload must be binary"),
-    ([wire.T.PUBLISH, "g", b"A", "p", "b", ["eu"], 256, b""], "flags out of range"),
-    ([wire.T.PUBLISH, "g", b"A", "p", "b", [1], 0, b""], "partition elements"),
-    ([wire.T.SUBSCRIBE, 1, "g", b"A", "p", "b"], "takes 6 fields"),
-    ([wire.T.SUBSCRIBE, 1, "g", b"A", "p", 7, []], "broadcast must be a string"),
+    ([PUB, "g", b"A", "p", "b", ["eu"], 0, "text"], "payload must be binary"),
+    ([PUB, "g", b"A", "p", "b", ["eu"], 256, b""], "flags out of range"),
+    ([PUB, "g", b"A", "p", "b", [1], 0, b""], "partition elements"),
+    ([SUB, 1, "g", b"A", "p", "b"], "takes 6 fields"),
+    ([SUB, 1, "g", b"A", "p", 7, []], "broadcast must be a string"),
 ])
 def test_malformed_topic_frames(fields: list[object], message: str) -> None:
     with pytest.raises(ProtocolError, match=message):

@@ -112,7 +112,8 @@ async def test_topic_errors_keep_the_connection_open(router: Server) -> None:
 async def test_malformed_topic_frames_are_protocol_errors(router: Server) -> None:
     assert router.address is not None
     a = await NativeClient.open(*router.address)
-    await a.send_raw(wire._frame(wire._packb([wire.T.SUBSCRIBE, 1, G, b"A", "p", "b", "eu"])))
+    fields = [wire.FrameType.SUBSCRIBE, 1, G, b"A", "p", "b", "eu"]  # partition not a list
+    await a.send_raw(wire._frame(wire._packb(fields)))
     frames = await a.recv_until_closed()
     assert isinstance(frames[-1], wire.Error) and frames[-1].code == "protocol"
     assert "partition" in frames[-1].message

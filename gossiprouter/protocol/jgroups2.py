@@ -43,11 +43,11 @@ from gossiprouter.protocol.jgroups_common import (
     U32,
     V2,
     Buffer,
-    HeaderCache,
     Item,
     JAddress,
     NeedMore,
     Reader,
+    ScannerBase,
     StreamBuffer,
     encode_utf,
     read_address,
@@ -398,7 +398,7 @@ _DECODER = 0
 _FIRST_WINDOW = 256
 
 
-class Scanner(HeaderCache[Route]):
+class Scanner(ScannerBase[Route]):
     """The router's zero-copy reader of a 2.12 connection: runs of MESSAGEs, and the rest.
 
     :meth:`scan` cuts a received chunk into :data:`~gossiprouter.protocol.jgroups_common.Item`
@@ -456,7 +456,7 @@ class Scanner(HeaderCache[Route]):
             # The object ended inside ``data``: what the decoder still holds is the rest.
             pos = size - dec.buffered
             yield CONTROL, 0, pos, 0, ev
-        routes = self.routes
+        routes = self.entries
         lengths = self.lengths
         max_frame = self.max_frame
         u32 = U32
@@ -580,7 +580,7 @@ class Scanner(HeaderCache[Route]):
             return _DECODER
         route: Route = (r.pos - pos, self.prefix + group, None if dest is None else dest.key,
                         message_to_client(dest, b"")[:-4])
-        self.remember(data[pos : r.pos], route)
+        self.add(data[pos : r.pos], route)
         return route
 
 

@@ -37,11 +37,11 @@ from gossiprouter.protocol.jgroups_common import (
     U32,
     V5,
     Buffer,
-    HeaderCache,
     Item,
     JAddress,
     NeedMore,
     Reader,
+    ScannerBase,
     StreamBuffer,
     copy_bytes,
     encode_utf,
@@ -332,7 +332,7 @@ _CLOSE = int.from_bytes(CLOSE_MARKER, "big")  # the length -5 read as unsigned
 _NEGATIVE = 0x80000000
 
 
-class Scanner(HeaderCache[Route]):
+class Scanner(ScannerBase[Route]):
     """The router's zero-copy reader of a 5.x connection: runs of MESSAGEs, and the rest.
 
     :meth:`scan` cuts a received chunk into :data:`~gossiprouter.protocol.jgroups_common.Item`
@@ -350,7 +350,7 @@ class Scanner(HeaderCache[Route]):
         of MESSAGEs go to ``on_run`` (see ``jgroups_common``).
         """
         size = len(data)
-        routes = self.routes
+        routes = self.entries
         lengths = self.lengths
         max_frame = self.max_frame
         u32 = U32
@@ -440,7 +440,7 @@ class Scanner(HeaderCache[Route]):
         full = self.prefix + group
         route: Route = (r.pos - body, full, None if dest is None else dest.key,
                         (full, sender.key))
-        self.remember(data[body : r.pos], route)
+        self.add(data[body : r.pos], route)
         return route
 
 

@@ -17,7 +17,8 @@ strings (``writeUTF``), and its own address encoding (``Util.writeAddress``). Th
   3.6.5+ including 5.x).
 * :class:`StreamBuffer`: the receive buffer of both stream decoders.
 * What the two scanners share (the router's zero-copy readers, ``jgroups2.Scanner`` and
-  ``jgroups5.Scanner``): the kinds of item they report, :class:`HeaderCache` and its bounds.
+  ``jgroups5.Scanner``): the kinds of item they report, :class:`ScannerBase` (on
+  protocol/scan.py's ``HeaderCache``) and its bounds.
 
 Everything that is not valid input raises :class:`~gossiprouter.protocol.errors.ProtocolError`.
 """
@@ -31,9 +32,10 @@ import struct
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from gossiprouter.protocol.errors import ProtocolError
+from gossiprouter.protocol.scan import HeaderCache
 
 __all__ = [
     "CACHE_MAX",
@@ -50,11 +52,11 @@ __all__ = [
     "V5",
     "AddressKind",
     "Buffer",
-    "HeaderCache",
     "Item",
     "JAddress",
     "NeedMore",
     "Reader",
+    "ScannerBase",
     "StreamBuffer",
     "copy_bytes",
     "decode_utf",
@@ -736,37 +738,20 @@ Item = tuple[int, int, int, int, Any]
 _R = TypeVar("_R")
 
 
-class HeaderCache(Generic[_R]):
-    """The part of the JGroups scanners that remembers MESSAGE headers.
-
-    ``routes`` maps the exact header bytes of a MESSAGE (type byte included) to what the
-    scanner parsed from them; ``lengths`` holds the distinct header lengths seen, so that a
-    known header costs one slice and one dict lookup per length tried, whatever address classes
-    it holds. ``max_frame`` is the connection's current limit on one frame (raised by
+class ScannerBase(HeaderCache[_R]):
+    """What both JGroups scanners share: the MESSAGE header cache (:class:`HeaderCache` of
+    protocol/scan.py, bounded by CACHE_MAX and LENGTHS_MAX: the exact header bytes, type byte
+    included, to what the scanner parsed from them), the namespace ``prefix`` of the groups,
+    and ``max_frame``, the connection's current limit on one frame (raised by
     :meth:`registered`; read again after every CONTROL item).
     """
 
     def __init__(self, prefix: str, max_frame: int) -> None:
+        super().__init__(CACHE_MAX, LENGTHS_MAX)
         self.prefix = prefix
         self.max_frame = max_frame
-        self.routes: dict[bytes, _R] = {}
-        self.lengths: list[int] = []
 
     def registered(self, max_frame: int) -> None:
         """The connection registered its first member: frames up to ``max_frame`` are taken
         from now on (called by the session while it handles a CONTROL item)."""
         self.max_frame = max_frame
-
-    def remember(self, header: bytes, route: _R) -> None:
-        """Cache ``route`` for ``header`` (bounded by CACHE_MAX and LENGTHS_MAX)."""
-        routes = self.routes
-        lengths = self.lengths
-        if len(routes) >= CACHE_MAX:
-            routes.clear()
-            lengths.clear()
-        routes[header] = route
-        n = len(header)
-        if n not in lengths:
-            if len(lengths) >= LENGTHS_MAX:
-                lengths.pop(0)
-            lengths.append(n)

@@ -10,9 +10,9 @@ Two ways in:
 * :class:`Decoder` turns bytes (split anywhere) into frame objects, checking
   every field. Clients and tests use it; the router uses it for everything
   but the hot ROUTE path.
-* :func:`route_header` reads just the header of a ROUTE body (group, dest,
-  sender) without touching the payload, for the router's relay loop, which
-  forwards ROUTE frames byte for byte.
+* :mod:`gossiprouter.protocol.native_scan` cuts received bytes into runs of
+  ROUTE (and PUBLISH) frames with one header, without touching the payloads,
+  for the router's relay loop, which forwards them byte for byte.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import msgpack
 from gossiprouter.protocol.errors import ProtocolError
 
 PREAMBLE = b"GRTR"
-VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 DEFAULT_MAX_FRAME = 8 * 1024 * 1024
 MAX_ADDR = 255
@@ -40,7 +39,7 @@ OK_OVERHEAD = 32
 _LEN = struct.Struct(">I")
 
 
-class T(IntEnum):
+class FrameType(IntEnum):
     """Frame type codes (the first element of every frame)."""
 
     HELLO = 1
@@ -61,6 +60,11 @@ class T(IntEnum):
     UNSUBSCRIBE = 21
     PUBLISH = 22
 
+
+# How encode() starts a ROUTE / PUBLISH body: a fixarray of 5 / 8 fields, then the type. The
+# router's scanner (native_scan.py) recognises the frames it relays from these two bytes.
+ROUTE_START = (0x95, int(FrameType.ROUTE))
+PUBLISH_START = (0x98, int(FrameType.PUBLISH))
 
 Physical = tuple[tuple[str, int], ...]
 
@@ -96,9 +100,16 @@ class Disconnect:
 
 
 @dataclass(frozen=True, slots=True)
-class GetMembers:
+class GroupRequest:
+    """The fields of the requests about one group: GET_MEMBERS, WATCH, UNWATCH."""
+
     req: int
     group: str
+
+
+@dataclass(frozen=True, slots=True)
+class GetMembers(GroupRequest):
+    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,20 +167,19 @@ class Event:
 
 
 @dataclass(frozen=True, slots=True)
-class Watch:
-    req: int
-    group: str
+class Watch(GroupRequest):
+    pass
 
 
 @dataclass(frozen=True, slots=True)
-class Unwatch:
-    req: int
-    group: str
+class Unwatch(GroupRequest):
+    pass
 
 
 @dataclass(frozen=True, slots=True)
-class Subscribe:
-    """Subscribe the member ``addr`` of ``group`` to a pattern (see gossiprouter.topics)."""
+class TopicRequest:
+    """The fields of SUBSCRIBE and UNSUBSCRIBE: the member ``addr`` of ``group`` and a
+    pattern (see gossiprouter.topics)."""
 
     req: int
     group: str
@@ -180,13 +190,13 @@ class Subscribe:
 
 
 @dataclass(frozen=True, slots=True)
-class Unsubscribe:
-    req: int
-    group: str
-    addr: bytes
-    provider: str
-    broadcast: str
-    partition: tuple[str, ...]
+class Subscribe(TopicRequest):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribe(TopicRequest):
+    pass
 
 
 # PUBLISH flags
@@ -241,56 +251,57 @@ def encode(frame: Frame) -> bytes:
 
 def encode_route(group: str, dest: bytes | None, sender: bytes, payload: bytes) -> bytes:
     """The hot client path: encode a ROUTE without building a :class:`Route`."""
-    return _frame(_packb([T.ROUTE, group, dest, sender, payload]))
+    return _frame(_packb([FrameType.ROUTE, group, dest, sender, payload]))
 
 
 def _fields(frame: Frame) -> list[Any]:
     match frame:
         case Route(group, dest, sender, payload):
-            return [T.ROUTE, group, dest, sender, payload]
+            return [FrameType.ROUTE, group, dest, sender, payload]
         case Hello(versions, client, token):
-            return [T.HELLO, list(versions), client, token]
+            return [FrameType.HELLO, list(versions), client, token]
         case Welcome(version, router_id, settings):
-            return [T.WELCOME, version, router_id, settings]
+            return [FrameType.WELCOME, version, router_id, settings]
         case Connect(req, group, addr, name, physical):
-            return [T.CONNECT, req, group, addr, name, _phys(physical)]
+            return [FrameType.CONNECT, req, group, addr, name, _phys(physical)]
         case Disconnect(req, group, addr):
-            return [T.DISCONNECT, req, group, addr]
+            return [FrameType.DISCONNECT, req, group, addr]
         case GetMembers(req, group):
-            return [T.GET_MEMBERS, req, group]
+            return [FrameType.GET_MEMBERS, req, group]
         case Ok(req, members, more):
             result = (
                 None
                 if members is None
                 else [[m.addr, m.name, _phys(m.physical)] for m in members]
             )
-            return [T.OK, req, result, True] if more else [T.OK, req, result]
+            return [FrameType.OK, req, result, True] if more else [FrameType.OK, req, result]
         case Error(req, code, message):
-            return [T.ERROR, req, code, message]
+            return [FrameType.ERROR, req, code, message]
         case Ping(nonce):
-            return [T.PING, nonce]
+            return [FrameType.PING, nonce]
         case Pong(nonce):
-            return [T.PONG, nonce]
+            return [FrameType.PONG, nonce]
         case Event(group, kind, addr, name, physical):
-            return [T.EVENT, group, kind, addr, name, _phys(physical)]
+            return [FrameType.EVENT, group, kind, addr, name, _phys(physical)]
         case Watch(req, group):
-            return [T.WATCH, req, group]
+            return [FrameType.WATCH, req, group]
         case Unwatch(req, group):
-            return [T.UNWATCH, req, group]
+            return [FrameType.UNWATCH, req, group]
         case Subscribe(req, group, addr, provider, broadcast, partition):
-            return [T.SUBSCRIBE, req, group, addr, provider, broadcast, list(partition)]
+            return [FrameType.SUBSCRIBE, req, group, addr, provider, broadcast, list(partition)]
         case Unsubscribe(req, group, addr, provider, broadcast, partition):
-            return [T.UNSUBSCRIBE, req, group, addr, provider, broadcast, list(partition)]
+            return [FrameType.UNSUBSCRIBE, req, group, addr, provider, broadcast, list(partition)]
         case Publish(group, sender, provider, broadcast, partition, flags, payload):
-            return [T.PUBLISH, group, sender, provider, broadcast, list(partition), flags, payload]
+            return [FrameType.PUBLISH, group, sender, provider, broadcast, list(partition),
+                    flags, payload]
     raise TypeError(f"not a frame: {frame!r}")  # pragma: no cover - exhaustive above
 
 
 def encode_publish(group: str, sender: bytes, provider: str, broadcast: str,
                    partition: tuple[str, ...] | list[str], flags: int, payload: bytes) -> bytes:
     """A PUBLISH frame without building a :class:`Publish` (client and bridge paths)."""
-    return _frame(_packb([T.PUBLISH, group, sender, provider, broadcast, list(partition), flags,
-                          payload]))
+    return _frame(_packb([FrameType.PUBLISH, group, sender, provider, broadcast,
+                          list(partition), flags, payload]))
 
 
 def encode_error(req: int | None, code: str, message: str) -> bytes:
@@ -314,7 +325,7 @@ def encode_members(req: int, members: Sequence[MemberInfo], max_frame: int) -> l
     Registration refuses a member that would not fit alone (:func:`member_problem`), so every
     part holds at least one member.
     """
-    head = _packb(T.OK) + _packb(req)
+    head = _packb(FrameType.OK) + _packb(req)
     packed = [_packb([m.addr, m.name, _phys(m.physical)]) for m in members]
     room = max_frame - OK_OVERHEAD
     frames: list[bytes] = []
@@ -457,36 +468,36 @@ def frame_from_body(body: bytes | memoryview) -> Frame:
     if type(t) is not int:
         raise _bad("frame type must be an integer")
     match t:
-        case T.ROUTE:
+        case FrameType.ROUTE:
             _arity(a, 5, "ROUTE")
             dest = None if a[2] is None else _addr(a[2], "dest")
             payload = a[4]
             if type(payload) is not bytes:
                 raise _bad("payload must be binary")
             return Route(_group(a[1]), dest, _addr(a[3], "sender"), payload)
-        case T.HELLO:
+        case FrameType.HELLO:
             _arity(a, 4, "HELLO")
             if type(a[1]) is not list or not a[1]:
                 raise _bad("HELLO versions must be a non-empty list")
             versions = tuple(_int(v, "version") for v in a[1])
             return Hello(versions, _str(a[2], "client"), _opt_str(a[3], "token"))
-        case T.WELCOME:
+        case FrameType.WELCOME:
             _arity(a, 4, "WELCOME")
             if type(a[3]) is not dict:
                 raise _bad("WELCOME settings must be a map")
             return Welcome(_int(a[1], "version"), _str(a[2], "router_id"), a[3])
-        case T.CONNECT:
+        case FrameType.CONNECT:
             _arity(a, 6, "CONNECT")
             return Connect(
                 _req(a[1]), _group(a[2]), _addr(a[3]), _opt_str(a[4], "name"), _physical(a[5])
             )
-        case T.DISCONNECT:
+        case FrameType.DISCONNECT:
             _arity(a, 4, "DISCONNECT")
             return Disconnect(_req(a[1]), _group(a[2]), _addr(a[3]))
-        case T.GET_MEMBERS:
+        case FrameType.GET_MEMBERS:
             _arity(a, 3, "GET_MEMBERS")
             return GetMembers(_req(a[1]), _group(a[2]))
-        case T.OK:
+        case FrameType.OK:
             if len(a) != 4:
                 _arity(a, 3, "OK")
             more = len(a) == 4 and a[3] is True
@@ -499,33 +510,33 @@ def frame_from_body(body: bytes | memoryview) -> Frame:
             if type(a[2]) is not list:
                 raise _bad("OK result must be nil or a member list")
             return Ok(_req(a[1]), tuple(_member(m) for m in a[2]), more)
-        case T.ERROR:
+        case FrameType.ERROR:
             _arity(a, 4, "ERROR")
             req = None if a[1] is None else _req(a[1])
             return Error(req, _str(a[2], "code"), _str(a[3], "message"))
-        case T.PING:
+        case FrameType.PING:
             _arity(a, 2, "PING")
             return Ping(_int(a[1], "nonce"))
-        case T.PONG:
+        case FrameType.PONG:
             _arity(a, 2, "PONG")
             return Pong(_int(a[1], "nonce"))
-        case T.EVENT:
+        case FrameType.EVENT:
             _arity(a, 6, "EVENT")
             kind = _str(a[2], "kind")
             if kind not in EVENT_KINDS:
                 raise _bad(f"unknown event kind {kind!r}")
             return Event(_group(a[1]), kind, _addr(a[3]), _opt_str(a[4], "name"), _physical(a[5]))
-        case T.WATCH:
+        case FrameType.WATCH:
             _arity(a, 3, "WATCH")
             return Watch(_req(a[1]), _group(a[2]))
-        case T.UNWATCH:
+        case FrameType.UNWATCH:
             _arity(a, 3, "UNWATCH")
             return Unwatch(_req(a[1]), _group(a[2]))
-        case T.SUBSCRIBE:
+        case FrameType.SUBSCRIBE:
             return Subscribe(*_topic_request(a, "SUBSCRIBE"))
-        case T.UNSUBSCRIBE:
+        case FrameType.UNSUBSCRIBE:
             return Unsubscribe(*_topic_request(a, "UNSUBSCRIBE"))
-        case T.PUBLISH:
+        case FrameType.PUBLISH:
             _arity(a, 8, "PUBLISH")
             flags = _int(a[6], "flags")
             if not 0 <= flags <= 255:
@@ -591,64 +602,3 @@ class Decoder:
         while (f := self.next_frame()) is not None:
             out.append(f)
         return out
-
-
-# --------------------------------------------------------------------------- ROUTE fast path
-
-
-def _read_str_or_bin(b: bytes | bytearray | memoryview, i: int, end: int) -> tuple[int, int]:
-    """Return (start, stop) of a msgpack str or bin value at ``i``; -1 start for nil."""
-    t = b[i]
-    if 0xA0 <= t <= 0xBF:
-        start, ln = i + 1, t & 0x1F
-    elif t == 0xC4 or t == 0xD9:
-        start, ln = i + 2, b[i + 1]
-    elif t == 0xC5 or t == 0xDA:
-        start, ln = i + 3, (b[i + 1] << 8) | b[i + 2]
-    elif t == 0xC6 or t == 0xDB:
-        start = i + 5
-        ln = (b[i + 1] << 24) | (b[i + 2] << 16) | (b[i + 3] << 8) | b[i + 4]
-    elif t == 0xC0:
-        return -1, i + 1
-    else:
-        raise _bad("bad field in ROUTE header")
-    stop = start + ln
-    if stop > end:
-        raise _bad("truncated ROUTE header")
-    return start, stop
-
-
-def route_header(
-    buf: bytes | bytearray, start: int, end: int
-) -> tuple[bytes, bytes | None, bytes, int]:
-    """Parse the header of the ROUTE body ``buf[start:end]`` without copying the payload.
-
-    Returns ``(group_utf8, dest, sender, header_len)``; ``header_len`` is the
-    length of everything before the payload (so the header bytes can serve as
-    a cache key). Raises :class:`ProtocolError` if the body is not a ROUTE of
-    the expected shape; the router then falls back to :func:`frame_from_body`
-    for a precise message.
-    """
-    try:
-        if buf[start] != 0x95 or buf[start + 1] != T.ROUTE:
-            raise _bad("not a ROUTE")
-        i = start + 2
-        if buf[i] not in (0xD9, 0xDA) and not 0xA0 <= buf[i] <= 0xBF:
-            raise _bad("group must be a string")
-        gs, ge = _read_str_or_bin(buf, i, end)
-        ds, de = _read_str_or_bin(buf, ge, end)
-        if ds >= 0 and buf[ge] not in (0xC4, 0xC5, 0xC6):
-            raise _bad("dest must be binary")
-        if buf[de] not in (0xC4, 0xC5, 0xC6):
-            raise _bad("sender must be binary")
-        ss, se = _read_str_or_bin(buf, de, end)
-        if buf[se] not in (0xC4, 0xC5, 0xC6):
-            raise _bad("payload must be binary")
-        _, pe = _read_str_or_bin(buf, se, end)
-        if pe != end:
-            raise _bad("trailing bytes after ROUTE payload")
-    except IndexError:
-        raise _bad("truncated ROUTE") from None
-    group = bytes(buf[gs:ge])
-    dest = None if ds < 0 else bytes(buf[ds:de])
-    return group, dest, bytes(buf[ss:se]), se - start

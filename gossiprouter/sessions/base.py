@@ -311,6 +311,9 @@ class Session:
         self.outbox = Outbox(cfg.outbound_queue_bytes, cfg.outbound_queue_frames,
                              cfg.slow_consumer_policy, hub.congestion)
         self.last_recv = 0.0
+        # The clock (trio.current_time()) of the chunk being handled, as given to on_data: what
+        # the session's rate limits (one error or log line a second...) measure time with.
+        self.now = 0.0
         # The start of a frame not yet complete, and how many bytes it needs.
         self._rest = bytearray()
         self._need = 0

@@ -1,32 +1,37 @@
 """The native protocol session: GRTR frames in, routing decisions and queued bytes out.
 
 :meth:`NativeSession.on_data` is the router's hot loop: one received chunk in,
-bytes queued on the receivers' outboxes out, no I/O. ROUTE frames are
-recognised from their first two body bytes and forwarded as the exact bytes
-received (one bytes object shared by every receiver of a multicast); every
-other frame goes through the full, validating decoder.
+bytes queued on the receivers' outboxes out, no I/O. The connection's
+:class:`~gossiprouter.protocol.native_scan.NativeScanner` cuts the chunk into runs of
+ROUTE (or PUBLISH) frames with one header and single control frames; the session makes one
+routing decision per run and forwards the run as the exact bytes received (one bytes object
+shared by every receiver of a multicast). Control frames go through the full, validating
+decoder.
 """
 
 from __future__ import annotations
 
 import logging
-import struct
 
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
+from gossiprouter.protocol.native_scan import (
+    CONTROL,
+    MALFORMED,
+    PARTIAL,
+    PUBLICATIONS,
+    RUN,
+    TOO_LARGE,
+    NativeScanner,
+    RouteHeader,
+)
 from gossiprouter.protocol.native_state import NativeState, Role, State
-from gossiprouter.protocol.scan import same_frames
 from gossiprouter.routing import Carrier, Entry, RoutingError, RoutingTable, is_reserved
 from gossiprouter.sessions.base import Hub, Session
 from gossiprouter.topics import TopicError, TopicId, pattern, topic_id
 
 log = logging.getLogger("gossiprouter")
 
-_LEN = struct.Struct(">I")
-_ROUTE0, _ROUTE1 = 0x95, int(wire.T.ROUTE)
-_PUB0, _PUB1 = 0x98, int(wire.T.PUBLISH)  # fixarray of 8, PUBLISH
-_EVENT_KINDS = frozenset(wire.EVENT_KINDS)
-_Route = tuple[str, bytes | None, bytes]  # group, dest, sender
 # Requests naming a group that authentication (tokens' group patterns) may forbid.
 _GROUP_REQUESTS = (wire.Connect, wire.GetMembers, wire.Watch, wire.Subscribe, wire.Unsubscribe)
 
@@ -79,152 +84,78 @@ class NativeSession(Session):
         self.identity = identity
         # Largest frame accepted: small until the HELLO is accepted (a HELLO is tiny, and an
         # unauthenticated client must not make the router buffer megabytes), then max_frame.
-        self.max_in = hub.config.preauth_max_frame
-        # header bytes (group, dest, sender) -> (group, dest, sender) for the ROUTE fast path
-        self._route_cache: dict[bytes, _Route] = {}
+        # ROUTE and PUBLISH are relayed on the fast path only after HELLO as well.
+        self.scanner = NativeScanner(hub.config.preauth_max_frame)
         self._unknown_dest_at: dict[str, float] = {}
-        self._now = 0.0
 
     # ------------------------------------------------------------------ the hot loop
 
     def on_data(self, data: bytes, now: float) -> None:
         """Process one received chunk: every complete frame in it, in order.
 
-        The router's hot loop. Consecutive ROUTE frames whose headers (group,
-        dest, sender) are byte-identical form a *run*: the first frame of a
-        run is parsed and checked, the following ones only compared with its
-        header bytes (one C-level ``startswith``) and their payload length
-        checked; the whole run is then routed once, as one slice of the
-        received bytes shared by every receiver. Anything else goes through
-        the validating decoder.
+        The router's hot loop: the scanner says where the runs and the control frames are
+        (``gossiprouter.protocol.native_scan``); the session decides, once per run, who
+        receives it, and handles each control frame. It stops where the connection closes or
+        its control budget is spent (the rest is kept for ``on_data(b"")``).
         """
-        self.last_recv = self._now = now
+        self.last_recv = self.now = now
         resumed = self._complete(data)
         if resumed is None:
             return
         data = resumed
-        size = len(data)
-        max_frame = self.max_in
-        unpack = _LEN.unpack_from
         ob = self.outbox
-        pos = 0
-        run_hdr = b""  # header bytes of the current run ("" = no run)
-        run_route: _Route | None = None
-        run_start = run_n = 0
-        while size - pos >= 4:
-            n = unpack(data, pos)[0]
-            end = pos + 4 + n
-            body = pos + 4
-            if run_hdr and end <= size and data.startswith(run_hdr, body, end):
-                # Same header as the previous frame: check the payload's bin length.
-                p = body + len(run_hdr)
-                if p < end:
-                    m = data[p]
-                    if m == 0xC4:
-                        plen = p + 2
-                        ok = plen + data[p + 1] == end
-                    elif m == 0xC5:
-                        plen = p + 3
-                        ok = plen + ((data[p + 1] << 8) | data[p + 2]) == end
-                    elif m == 0xC6:
-                        plen = p + 5
-                        ok = plen + unpack(data, p + 1)[0] == end
-                    else:
-                        ok = False
-                    if ok:
-                        # Frames of the same size with the same prefix (length,
-                        # header, payload length) follow each other in bulk.
-                        if data[end : end + 4] == data[pos:body]:
-                            k = same_frames(data, pos, end - pos, plen - pos, size)
-                            run_n += k
-                            pos += k * (end - pos)
-                        else:
-                            run_n += 1
-                            pos = end
-                        continue
-            if run_n:
-                assert run_route is not None
-                self._forward(run_route, data[run_start:pos], run_n)
-                run_hdr, run_n = b"", 0
-                if ob.closed:
+        for item in self.scanner.scan(data):
+            if item[0] == RUN:
+                self._route(item[4], data[item[1] : item[2]], item[3])
+            elif item[0] == PUBLICATIONS:
+                start, end, count = item[1], item[2], item[3]
+                self._publish(item[4], data[start:end], count, (end - start) // count)
+            elif item[0] == CONTROL:
+                end = item[2]
+                try:
+                    frame = wire.frame_from_body(data[item[1] + 4 : end])
+                except ProtocolError as e:
+                    self._fail(e)
                     return
-            if n > max_frame:
+                self._control(frame)
+                self.spend_control()
+                if self.paused and not ob.closed:  # budget or turn spent: resume later
+                    self.keep(data, end)
+                    return
+            elif item[0] == MALFORMED:
+                self._fail(item[4])
+                return
+            elif item[0] == TOO_LARGE:
+                n, max_frame = item[3], self.scanner.max_frame
                 self._fail(ProtocolError(
                     f"frame of {n} bytes exceeds max_frame {max_frame}" if self.ready else
                     f"frame of {n} bytes before HELLO was accepted exceeds preauth_max_frame "
                     f"{max_frame}", code="frame_too_large"))
                 return
-            if end > size:
-                break
-            if n > 2 and data[body] == _ROUTE0 and data[body + 1] == _ROUTE1 and self.ready:
-                found = self._lookup(data, body, end)
-                if found is not None:
-                    run_hdr, run_route = found
-                    run_start, run_n = pos, 1
-            elif n > 2 and data[body] == _PUB0 and data[body + 1] == _PUB1 and self.ready:
-                end = self._publish_run(data, pos, end, size)
-            else:
-                try:
-                    frame = wire.frame_from_body(data[body:end])
-                except ProtocolError as e:
-                    self._fail(e)
-                    return
-                self._control(frame)
-                max_frame = self.max_in  # raised by HELLO
-                self.spend_control()
-                if self.paused and not ob.closed:  # budget or turn spent: resume later
-                    self.keep(data, end)
-                    return
+            elif item[0] == PARTIAL and not self._carry(data, item[1], item[3]):
+                # The cut frame at the end does not fit the router-wide budget. Native frames
+                # cannot be skipped without telling the client it lost one.
+                self.hub.counters.drop("partial_frames_budget")
+                self._fail(ProtocolError(
+                    "the router's partial_frames_budget is in use; retry later", code="limit"))
             if ob.closed:
                 return
-            pos = end
-        if run_n:
-            assert run_route is not None
-            self._forward(run_route, data[run_start:pos], run_n)
-        if pos < size and not self._carry(
-                data, pos, 4 + unpack(data, pos)[0] if size - pos >= 4 else 4):
-            # Native frames cannot be skipped without telling the client it lost one.
-            self.hub.counters.drop("partial_frames_budget")
-            self._fail(ProtocolError(
-                "the router's partial_frames_budget is in use; retry later", code="limit"))
 
-    def _lookup(self, data: bytes, body: int, end: int) -> tuple[bytes, _Route] | None:
-        """Parse and check a ROUTE header; None (after answering the error) if it is refused."""
-        try:
-            group_b, dest, sender, hlen = wire.route_header(data, body, end)
-            hdr = data[body : body + hlen]
-            route = self._route_cache.get(hdr)
-            if route is None:
-                group = group_b.decode()
-                if not group or len(group_b) > wire.MAX_GROUP:
-                    raise ProtocolError("group must be 1 to 1024 bytes of UTF-8")
-                if len(sender) > wire.MAX_ADDR or (dest is not None and len(dest) > wire.MAX_ADDR):
-                    raise ProtocolError("address longer than 255 bytes")
-                if len(self._route_cache) > 4096:
-                    self._route_cache.clear()
-                route = self._route_cache[hdr] = (group, dest, sender)
-        except ProtocolError as err:
-            self._fail(err)
-            return None
-        except UnicodeDecodeError:
-            self._fail(ProtocolError("group is not UTF-8"))
-            return None
+    def _route(self, route: RouteHeader, frames: bytes, count: int) -> None:
+        """Deliver ``count`` whole ROUTE frames (``frames``) with the header ``route``, or
+        answer each of them ``not_member`` if its sender is not registered here."""
         group, dest, sender = route
         if not self.hub.table.holds(self, group, sender):
-            self._error(None, "not_member",
-                        f"sender is not registered in {group!r} on this connection")
-            return None
-        return hdr, route
-
-    def _forward(self, route: _Route, frames: bytes, count: int) -> None:
-        """Deliver ``count`` whole ROUTE frames (``frames``) with the same header."""
-        group, dest, sender = route
+            for _ in range(count):
+                self._error(None, "not_member",
+                            f"sender is not registered in {group!r} on this connection")
+            return
         if not self.hub.forward(self, group, dest, sender, frames, count):
             # Unknown destination: tell the client, at most once a second per group.
             assert dest is not None
             last = self._unknown_dest_at.get(group, -1e9)
-            if self._now - last >= 1.0:
-                self._unknown_dest_at[group] = self._now
+            if self.now - last >= 1.0:
+                self._unknown_dest_at[group] = self.now
                 self._error(None, "unknown_destination",
                             f"no member {dest.hex()} in {group!r}; dropped")
 
@@ -289,13 +220,10 @@ class NativeSession(Session):
                 self._subscription(f)
             case wire.Publish():
                 self._publish(f)
-            case wire.Route():
-                # Only reached when the fast path did not recognise the encoding
-                # (e.g. a non-minimal msgpack array header); route it the same way.
-                frame = wire.encode(f)
-                found = self._lookup(frame, 4, len(frame))
-                if found is not None:
-                    self._forward(found[1], frame, 1)
+            case wire.Route(group, dest, sender):
+                # Only reached when the scanner did not recognise the encoding (e.g. a
+                # non-minimal msgpack array header): relayed re-encoded, else the same way.
+                self._route((group, dest, sender), wire.encode(f), 1)
 
     def _hello(self, f: wire.Hello) -> None:
         common = set(f.versions) & set(wire.SUPPORTED_VERSIONS)
@@ -313,7 +241,7 @@ class NativeSession(Session):
                 return
             self.identity = identity
         cfg = self.hub.config
-        self.max_in = cfg.max_frame
+        self.scanner.max_frame = cfg.max_frame
         self._reply(wire.Welcome(max(common), cfg.name, {
             "max_frame": cfg.max_frame,
             "heartbeat_ms": int(cfg.heartbeat_interval * 1000),
@@ -362,32 +290,6 @@ class NativeSession(Session):
             self._error(f.req, e.code, e.message)
             return
         self._reply(wire.Ok(f.req))
-
-    def _publish_run(self, data: bytes, pos: int, end: int, size: int) -> int:
-        """Handle the PUBLISH frame at ``data[pos:end]`` and every following frame of the
-        same size and header (group, sender, id, flags, payload length): one validation,
-        one match and one push per receiving connection for the whole run, as for ROUTE.
-        Returns where the run ends."""
-        try:
-            f = wire.frame_from_body(data[pos + 4 : end])
-        except ProtocolError as e:
-            self._fail(e)
-            return end
-        assert isinstance(f, wire.Publish)
-        plen = len(f.payload)
-        bin_hdr, marker = (2, 0xC4) if plen < 0x100 else (3, 0xC5) if plen < 0x10000 else (5, 0xC6)
-        step = end - pos
-        prefix = step - plen  # length prefix, header and the payload's bin header
-        k = 1
-        # Only a minimally encoded payload length makes the prefix a fixed-size header.
-        if end + step <= size and data[pos + prefix - bin_hdr] == marker:
-            k = same_frames(data, pos, step, prefix, size)
-        if k == 1:
-            self._publish(f, data[pos:end])
-            return end
-        run_end = pos + k * step
-        self._publish(f, data[pos:run_end], k, step)
-        return run_end
 
     def _publish(self, f: wire.Publish, frames: bytes | None = None, count: int = 1,
                  step: int = 0) -> None:
@@ -444,8 +346,9 @@ class NativeSession(Session):
         self._sync()
 
     def _sync(self) -> None:
-        """Keep the hot loop's ``ready`` equal to ``proto.state is State.OPEN``."""
-        self.ready = self.proto.state is State.OPEN
+        """Keep the hot loop's ``ready`` (and the scanner's ``relay``: ROUTE and PUBLISH on
+        the fast path) equal to ``proto.state is State.OPEN``."""
+        self.ready = self.scanner.relay = self.proto.state is State.OPEN
 
     def _may_send(self, t: type[wire.Frame]) -> bool:
         """Whether to queue a frame of type ``t`` of this connection's own (WELCOME, OK,
