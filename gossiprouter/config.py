@@ -144,6 +144,10 @@ OPTIONS: tuple[Option, ...] = (
            "level-triggered epoll (fewer task switches and epoll re-arms per message under light "
            "load); off: one reader task per connection. TLS connections always use their own "
            "reader."),
+    Option("coalesce_writes", bool, True,
+           "With the dispatcher: hold the direct sends of one dispatcher wake-up and write "
+           "what it routed to each receiver in one send when it ends (fewer system calls "
+           "when several messages of one wake-up go to one receiver, as in fan-out)."),
     Option("router_id", str, "",
            "Name announced in WELCOME (default: gossiprouter@HOST:PORT)."),
     Option("log_level", str, "info", "Log level.",
@@ -312,6 +316,7 @@ class Config:
     backlog: int = 1024
     direct_send: bool = True
     dispatcher: bool = True
+    coalesce_writes: bool = True
     router_id: str = ""
     log_level: str = "info"
     log_format: str = "text"

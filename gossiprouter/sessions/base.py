@@ -46,6 +46,13 @@ def _nothing() -> None:
 # server lets every other connection run (see Session.spend_control).
 TURN_CONTROLS = 64
 
+# Bytes one receiver may have held back in a WriteBatch before they are written at once,
+# before the end of the round: the batch must not grow a healthy receiver's queue towards its
+# bounds (outbound_queue_bytes) or its high-water mark (which pauses senders).
+BATCH_HOLD_BYTES = 256 * 1024
+# What one direct send writes at most; more is left to the writer task, in order.
+DIRECT_BATCH = 1 << 20
+
 
 class Outbox:
     """A connection's outbound queue, bounded in bytes and in frames.
@@ -58,6 +65,7 @@ class Outbox:
     """
 
     __slots__ = (
+        "batch",
         "busy",
         "chunks",
         "close_reason",
@@ -66,6 +74,7 @@ class Outbox:
         "direct",
         "dropped",
         "flagged",
+        "held",
         "hwm",
         "last_progress",
         "max_bytes",
@@ -77,7 +86,8 @@ class Outbox:
     )
 
     def __init__(
-        self, max_bytes: int, max_frames: int, policy: str, congestion: Congestion | None = None
+        self, max_bytes: int, max_frames: int, policy: str, congestion: Congestion | None = None,
+        batch: WriteBatch | None = None,
     ) -> None:
         self.chunks: list[bytes] = []
         self.nbytes = 0
@@ -100,6 +110,10 @@ class Outbox:
         self.busy = False
         self.wake: Callable[[], None] = _nothing
         self.on_close: Callable[[], None] = _nothing
+        # While batch is open (a dispatcher round), a frame for an idle receiver is held in
+        # chunks (held: this outbox is on the batch's list) and written when the round ends.
+        self.batch = batch or WriteBatch()
+        self.held = False
 
     def push(self, data: bytes) -> bool:
         """Queue ``data``; False if it was not queued (dropped, or closing).
@@ -108,11 +122,21 @@ class Outbox:
         offered to ``direct`` (a non-blocking send set by the server): most
         of the time the socket takes them all and no writer task needs to
         wake up, which is most of a light-loaded router's cost per message.
+        While a :class:`WriteBatch` is open the send is held until it closes, so that what
+        one round routes to this receiver goes out in one send.
         """
         if self.closed:
             return False
         chunks = self.chunks
         if not chunks and self.direct is not None and not self.busy:
+            batch = self.batch
+            if batch.open:
+                chunks.append(data)
+                self.nbytes = len(data)
+                if not self.held:
+                    self.held = True
+                    batch.held.append(self)
+                return True
             try:
                 sent = self.direct(data)
             except OSError:
@@ -127,6 +151,15 @@ class Outbox:
                 self.wake()
                 return True
         n = self.nbytes + len(data)
+        if self.held:
+            # Held for the batch: an idle receiver, where these frames would have been sent
+            # at once; the queue's bounds are not its business, only how much is held.
+            chunks.append(data)
+            self.nbytes = n
+            if n >= BATCH_HOLD_BYTES:
+                self.held = False  # the batch's flush skips it: the writer has the rest
+                self.send_queued()
+            return True
         # An empty queue takes one frame whatever its size: a JGroups frame may be larger than
         # half the queue bound (jgroups_max_frame), and it must not be dropped for every
         # receiver that is merely not idle at that instant.
@@ -139,6 +172,43 @@ class Outbox:
         elif n > self.hwm:
             self.congestion.hit(self)
         return True
+
+    def flush(self) -> None:
+        """Write what is queued (:meth:`send_queued`), or while a batch is open and the
+        writer idle, hold it for the batch's single send (it may get more this round)."""
+        if (self.batch.open and self.chunks and not self.busy and self.direct is not None
+                and not self.closed):
+            if not self.held:
+                self.held = True
+                self.batch.held.append(self)
+            return
+        self.send_queued()
+
+    def send_queued(self) -> None:
+        """Write what is queued with one direct send when the writer is idle (what the socket
+        does not take, and anything beyond DIRECT_BATCH, goes to the writer, in order);
+        otherwise wake the writer. Nothing to do when closed (close() woke the writer)."""
+        chunks = self.chunks
+        if self.closed or not chunks:
+            return
+        direct = self.direct
+        if self.busy or direct is None:  # the writer is sending, or must (TLS)
+            self.wake()
+            return
+        if self.nbytes > DIRECT_BATCH:
+            self.wake()
+            return
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self.chunks = []
+        self.nbytes = 0
+        try:
+            sent = direct(data)
+        except OSError:
+            sent = 0  # the writer will meet the error and close the connection
+        if sent < len(data):
+            self.chunks.append(data[sent:] if sent else data)
+            self.nbytes = len(data) - sent
+            self.wake()
 
     def take(self, limit: int = 1 << 20) -> list[bytes]:
         """The oldest queued chunks, about ``limit`` bytes (at least one chunk), in order."""
@@ -187,6 +257,41 @@ class Outbox:
         self.close_reason = reason
         self.wake()
         self.on_close()
+
+
+class WriteBatch:
+    """Coalesces a dispatcher round's sends per receiver (after NATS's ``flushClients``).
+
+    Under medium load one wake-up of the dispatcher may route several messages to the same
+    receiver (several senders into one group): with a direct send each, that is a system call
+    (and a wake-up of the receiving client) per message. While the batch is open, a push to an
+    idle receiver is queued instead and the receiver put on the batch's list; :meth:`close`
+    writes each listed receiver's frames in one send, in the order they were pushed. A
+    receiver that had a queue already (its writer busy) is not held: its frames queue behind
+    the others as without the batch, under the queue's bounds and slow-consumer policy.
+    """
+
+    __slots__ = ("held", "merged", "open")
+
+    def __init__(self) -> None:
+        self.open = False
+        self.held: list[Outbox] = []
+        # For tests and profiles: pushes that shared a send with an earlier one of the round.
+        self.merged = 0
+
+    def close(self) -> None:
+        """End of the round: write what each held receiver got, one send each."""
+        self.open = False
+        held = self.held
+        if not held:
+            return
+        self.held = []
+        for ob in held:
+            if ob.held:
+                ob.held = False
+                if ob.chunks and not ob.closed:
+                    self.merged += len(ob.chunks) - 1
+                    ob.send_queued()
 
 
 class Congestion:
@@ -271,7 +376,7 @@ class Session:
         self.peer = peer
         cfg = hub.config
         self.outbox = Outbox(cfg.outbound_queue_bytes, cfg.outbound_queue_frames,
-                             cfg.slow_consumer_policy, hub.congestion)
+                             cfg.slow_consumer_policy, hub.congestion, hub.batch)
         self.last_recv = 0.0
         # The start of a frame not yet complete, and how many bytes it needs.
         self._rest = bytearray()
@@ -460,6 +565,8 @@ class Hub:
         self.table.limits.subscriptions_per_member = config.subscriptions_per_member
         self.counters = Counters()
         self.congestion = Congestion()
+        # Opened by the dispatcher around each round when coalesce_writes is on.
+        self.batch = WriteBatch()
         # Set by the server to defer notice delivery (see deliver()).
         self.defer: Callable[[], None] | None = None
         self.pending: list[Notice] = []
