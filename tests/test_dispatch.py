@@ -440,19 +440,27 @@ def test_batch_holds_only_idle_receivers_queue_bounds_unchanged() -> None:
 
 
 def test_batch_writes_a_receiver_early_past_the_hold_limit() -> None:
-    """Held bytes never grow towards the queue's high-water mark: past BATCH_HOLD_BYTES the
-    receiver's frames are written during the round, and the round's end adds nothing."""
+    """Held bytes never grow towards the queue's high-water mark: a push that would take the
+    held bytes to BATCH_HOLD_BYTES first writes what is held, then is held itself; a push of
+    BATCH_HOLD_BYTES or more is never held (nor copied into a join with others)."""
     batch = WriteBatch()
     w = Wire()
     ob = _receiver(batch, w, max_bytes=4 * BATCH_HOLD_BYTES)
-    big = b"q" * (BATCH_HOLD_BYTES // 2)
+    half = b"q" * (BATCH_HOLD_BYTES // 2)
     batch.open = True
-    ob.push(big)
-    ob.push(big)
-    assert w.sends == [big + big] and ob.chunks == [] and not ob.held
+    ob.push(b"a")
+    ob.push(half)
+    assert w.sends == [] and ob.nbytes == len(half) + 1
+    ob.push(half)  # would reach the limit: the held bytes go now, this one is held
+    assert w.sends == [b"a" + half] and ob.chunks == [half] and ob.held
+    big = b"B" * BATCH_HOLD_BYTES
+    ob.push(big)  # written after what is held, in order, and not held
+    assert w.sends == [b"a" + half, half, big] and ob.chunks == [] and not ob.held
+    ob.push(big)  # an idle receiver: a large push goes out at once
+    assert w.sends[-1] == big and not ob.held
     assert not ob.congestion.pending
     batch.close()
-    assert w.sends == [big + big]
+    assert w.sends == [b"a" + half, half, big, big] and batch.merged == 0
 
 
 def test_batch_skips_a_receiver_closed_during_the_round() -> None:

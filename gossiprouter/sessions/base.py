@@ -48,7 +48,8 @@ TURN_CONTROLS = 64
 
 # Bytes one receiver may have held back in a WriteBatch before they are written at once,
 # before the end of the round: the batch must not grow a healthy receiver's queue towards its
-# bounds (outbound_queue_bytes) or its high-water mark (which pauses senders).
+# bounds (outbound_queue_bytes) or its high-water mark (which pauses senders). A push of this
+# size or more is never held (one send per push costs little next to its bytes).
 BATCH_HOLD_BYTES = 256 * 1024
 # What one direct send writes at most; more is left to the writer task, in order.
 DIRECT_BATCH = 1 << 20
@@ -130,7 +131,7 @@ class Outbox:
         chunks = self.chunks
         if not chunks and self.direct is not None and not self.busy:
             batch = self.batch
-            if batch.open:
+            if batch.open and len(data) < BATCH_HOLD_BYTES:
                 chunks.append(data)
                 self.nbytes = len(data)
                 if not self.held:
@@ -154,12 +155,16 @@ class Outbox:
         if self.held:
             # Held for the batch: an idle receiver, where these frames would have been sent
             # at once; the queue's bounds are not its business, only how much is held.
-            chunks.append(data)
-            self.nbytes = n
-            if n >= BATCH_HOLD_BYTES:
-                self.held = False  # the batch's flush skips it: the writer has the rest
-                self.send_queued()
-            return True
+            if n < BATCH_HOLD_BYTES:
+                chunks.append(data)
+                self.nbytes = n
+                return True
+            # Past the hold limit: what is held goes out now, then this push as without
+            # a batch (held again if small and the socket took everything). Large pushes are
+            # never joined to others: copying them would cost more than the saved send.
+            self.held = False
+            self.send_queued()
+            return self.push(data)
         # An empty queue takes one frame whatever its size: a JGroups frame may be larger than
         # half the queue bound (jgroups_max_frame), and it must not be dropped for every
         # receiver that is merely not idle at that instant.
