@@ -15,7 +15,7 @@ from gossiprouter.client.tls import client_context
 from gossiprouter.dispatch import END, READ, Dispatcher
 from gossiprouter.protocol import native as wire
 from gossiprouter.server import Server
-from gossiprouter.sessions.base import BATCH_HOLD_BYTES, Outbox, WriteBatch
+from gossiprouter.sessions.base import BATCH_HOLD_BYTES, BATCH_MAX_PUSH, Outbox, WriteBatch
 from tests.conftest import RouterFactory
 from tests.nclient import NativeClient
 from tests.ops_client import OpsClient
@@ -442,25 +442,27 @@ def test_batch_holds_only_idle_receivers_queue_bounds_unchanged() -> None:
 def test_batch_writes_a_receiver_early_past_the_hold_limit() -> None:
     """Held bytes never grow towards the queue's high-water mark: a push that would take the
     held bytes to BATCH_HOLD_BYTES first writes what is held, then is held itself; a push of
-    BATCH_HOLD_BYTES or more is never held (nor copied into a join with others)."""
+    BATCH_MAX_PUSH or more is never held (nor copied into a join with others)."""
     batch = WriteBatch()
     w = Wire()
     ob = _receiver(batch, w, max_bytes=4 * BATCH_HOLD_BYTES)
-    half = b"q" * (BATCH_HOLD_BYTES // 2)
+    part = b"q" * (BATCH_MAX_PUSH - 1)
     batch.open = True
     ob.push(b"a")
-    ob.push(half)
-    assert w.sends == [] and ob.nbytes == len(half) + 1
-    ob.push(half)  # would reach the limit: the held bytes go now, this one is held
-    assert w.sends == [b"a" + half] and ob.chunks == [half] and ob.held
-    big = b"B" * BATCH_HOLD_BYTES
+    for _ in range(BATCH_HOLD_BYTES // len(part)):
+        ob.push(part)
+    held = b"a" + part * (BATCH_HOLD_BYTES // len(part))
+    assert w.sends == [] and ob.nbytes == len(held)
+    ob.push(part)  # would reach the limit: the held bytes go now, this one is held
+    assert w.sends == [held] and ob.chunks == [part] and ob.held
+    big = b"B" * BATCH_MAX_PUSH
     ob.push(big)  # written after what is held, in order, and not held
-    assert w.sends == [b"a" + half, half, big] and ob.chunks == [] and not ob.held
+    assert w.sends == [held, part, big] and ob.chunks == [] and not ob.held
     ob.push(big)  # an idle receiver: a large push goes out at once
     assert w.sends[-1] == big and not ob.held
     assert not ob.congestion.pending
     batch.close()
-    assert w.sends == [b"a" + half, half, big, big] and batch.merged == 0
+    assert w.sends == [held, part, big, big] and batch.merged == 0
 
 
 def test_batch_skips_a_receiver_closed_during_the_round() -> None:
