@@ -273,11 +273,13 @@ class WriteBatch:
 
     Under medium load one wake-up of the dispatcher may route several messages to the same
     receiver (several senders into one group): with a direct send each, that is a system call
-    (and a wake-up of the receiving client) per message. While the batch is open, a push to an
-    idle receiver is queued instead and the receiver put on the batch's list; :meth:`close`
-    writes each listed receiver's frames in one send, in the order they were pushed. A
-    receiver that had a queue already (its writer busy) is not held: its frames queue behind
-    the others as without the batch, under the queue's bounds and slow-consumer policy.
+    (and a wake-up of the receiving client) per message. While the batch is open, a small push
+    (under BATCH_MAX_PUSH) to an idle receiver is queued instead and the receiver put on the
+    batch's list; :meth:`close` writes each listed receiver's frames in one send, in the order
+    they were pushed (earlier if its held bytes would reach BATCH_HOLD_BYTES). A receiver that
+    had a queue already (its writer busy) is not held: its frames queue behind the others as
+    without the batch, under the queue's bounds and slow-consumer policy. Opened by the
+    dispatcher when the option ``coalesce_writes`` is on (docs/performance.md, Light load).
     """
 
     __slots__ = ("held", "merged", "open")
