@@ -118,6 +118,9 @@ class Case:
     def title(self) -> str:
         if self.kind == "unicast":
             return f"unicast {PAIRS} pairs, {self.size} B"
+        if self.kind == "fanout" and self.rate:
+            return (f"fan-out 1→{FANOUT_MEMBERS - 1}, {FANOUT_SENDERS} senders, "
+                    f"{self.rate * (FANOUT_MEMBERS - 1):,} deliveries/s, {self.size} B")
         if self.kind == "fanout":
             return f"fan-out 1→{FANOUT_MEMBERS - 1}, {FANOUT_SENDERS} senders, {self.size} B"
         if self.kind == "paced":
@@ -131,6 +134,9 @@ CASES = (
     Case("fanout-100", "fanout", 100),
     Case("fanout-1000", "fanout", 1000),
     Case("paced-100", "paced", 100, rate=10_000),
+    # Medium-load fan-out (issue 16's second row): 2 senders x 1,144 msg/s into a group of 8,
+    # 16,016 deliveries/s; several messages of one wake-up may go to the same receiver.
+    Case("fanout-paced", "fanout", 100, rate=2_288),
     Case("idle-5000", "idle", 100, rate=1_000, idle=5_000),
     Case("idle-10000", "idle", 100, rate=1_000, idle=10_000),
 )
@@ -188,7 +194,7 @@ class Router:
     """One router process on 127.0.0.1:port; SIGKILLed on stop (each run uses a fresh one)."""
 
     def __init__(self, kind: str, port: int, log: Path, jgroups5: str | None = None,
-                 gr_args: Sequence[str] = ()) -> None:
+                 gr_args: Sequence[str] = (), tree: Path = REPO) -> None:
         self.kind = kind
         self.port = port
         if kind == "java":
@@ -205,8 +211,10 @@ class Router:
             cmd = [sys.executable, "-m", "gossiprouter", "serve", "--host", "127.0.0.1",
                    "--port", str(port), "--log-level", "warning", *gr_args]
         with open(log, "ab") as out:
+            # gossiprouter runs from ``tree`` (python -m puts the working directory first on
+            # sys.path): --variant-tree measures another checkout against this one.
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                         cwd=REPO, preexec_fn=_die_with_parent)
+                                         cwd=tree, preexec_fn=_die_with_parent)
         _CHILDREN.append(self.proc)
         wait_listening(port, self.proc)
 
@@ -453,7 +461,7 @@ class Member:
 def layout(case: Case) -> list[Member]:
     """The active members of a case, senders first."""
     if case.kind == "fanout":
-        senders = [Member(k, k, None, 0) for k in range(FANOUT_SENDERS)]
+        senders = [Member(k, k, None, case.rate // FANOUT_SENDERS) for k in range(FANOUT_SENDERS)]
         receivers = [Member(k, None, None, 0) for k in range(FANOUT_SENDERS, FANOUT_MEMBERS)]
         return senders + receivers
     per_sender = case.rate // PAIRS
@@ -484,12 +492,14 @@ def loader_configs(case: Case, proto: Proto, port: int, nloaders: int,
     rlen = len(delivered[0])
     if any(len(f) != rlen for f in delivered):
         raise AssertionError("delivered frames of one case must have one length")
-    common = 0
-    while common < min(16, rlen) and len({f[common] for f in delivered}) == 1:
-        common += 1
-    check = delivered[0][:max(common, 1)].hex()
     pay_off = rlen - case.size  # the payload is the last field in both protocols
     timed = case.rate > 0
+    # The checked prefix: what every delivered frame shares, short of a paced sender's stamp.
+    limit = min(16, rlen, pay_off if timed else rlen)
+    common = 0
+    while common < limit and len({f[common] for f in delivered}) == 1:
+        common += 1
+    check = delivered[0][:max(common, 1)].hex()
     configs: list[list[str]] = [
         [f"port {port}", f"deadline {deadline:.0f}", "connect_threads 4"] for _ in range(nloaders)
     ]
@@ -590,14 +600,14 @@ def percentile(hist: dict[int, int], q: float) -> float | None:
 
 def run_one(case: Case, router_kind: str, run: int, seconds: float, warmup: float,
             nloaders: int, tmp: Path, jgroups5: str | None = None,
-            gr_args: Sequence[str] = ()) -> RunResult:
+            gr_args: Sequence[str] = (), tree: Path = REPO) -> RunResult:
     proto = proto_for(router_kind)
     port = free_port()
     t_setup = time.monotonic()
     deadline = 120 + warmup + seconds + case.idle / 100
     configs = loader_configs(case, proto, port, nloaders, deadline)
     tag = f"{case.name}-{router_kind}-{run}"
-    router = Router(router_kind, port, tmp / f"router-{tag}.log", jgroups5, gr_args)
+    router = Router(router_kind, port, tmp / f"router-{tag}.log", jgroups5, gr_args, tree)
     loaders: list[Loader] = []
     try:
         for n, lines in enumerate(configs):
@@ -840,6 +850,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--variant", default="", metavar="ARGS",
                     help="also run every gossiprouter router with these extra options "
                          "(columns marked 'variant'), alternating with the plain ones")
+    ap.add_argument("--variant-tree", type=Path, default=None, metavar="DIR",
+                    help="run the variant's gossiprouter from this source tree (e.g. an older "
+                         "commit unpacked with git archive), with --variant's options if any")
     ap.add_argument("--jgroups5", metavar="CLASSPATH",
                     help="a local JGroups 5.x build (jar or classes directory, ':'-separated): "
                          "adds the Java 5.x GossipRouter (java5) and gossiprouter over the 5.x "
@@ -856,6 +869,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.runs, args.seconds, args.warmup = 1, 1.0, 0.5
     if args.runs < 1 or args.seconds <= 0 or args.loaders < 1 or args.warmup < 0:
         ap.error("--runs and --loaders must be >= 1, --seconds > 0, --warmup >= 0")
+    if args.variant_tree is not None:
+        if not (args.variant_tree / "gossiprouter" / "__main__.py").is_file():
+            ap.error(f"--variant-tree: no gossiprouter package in {args.variant_tree}")
+        args.variant_tree = args.variant_tree.resolve()
+    else:
+        args.variant_tree = REPO
     if args.routers is None:
         args.routers = list(ROUTERS) + (list(ROUTERS5) if args.jgroups5 else [])
     if "java5" in args.routers and not args.jgroups5:
@@ -882,11 +901,13 @@ def run_all(cases: Sequence[Case], routers: Sequence[str], args: argparse.Namesp
             for run in range(1, args.runs + 1):
                 for r in routers:
                     i += 1
+                    variant = r.endswith(VARIANT)
                     try:
                         res = run_one(case, r, run, args.seconds, args.warmup, args.loaders, tmp,
                                       args.jgroups5,
                                       args.gr_args.split() + (args.variant.split()
-                                                              if r.endswith(VARIANT) else []))
+                                                              if variant else []),
+                                      args.variant_tree if variant else REPO)
                     except (RuntimeError, TimeoutError, OSError) as e:
                         print(f"[{i}/{total}] {case.name} run {run} {r}: FAILED: {e}",
                               flush=True)
@@ -907,7 +928,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in ROUTERS + ROUTERS5:
         if r in args.routers:
             routers.append(r)
-            if args.variant and r in RATIO_BASE:
+            if (args.variant or args.variant_tree != REPO) and r in RATIO_BASE:
                 routers.append(r + VARIANT)
     if "java" in routers and not JAR.exists():
         print(f"no {JAR}: install libjgroups-java (scripts/setup does)", file=sys.stderr)
@@ -956,7 +977,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "cases": [asdict(c) for c in cases],
                          "java_router_opts": list(JAVA_ROUTER_OPTS),
                          "loader_opts": list(LOADER_OPTS), "jgroups5": args.jgroups5,
-                         "gr_args": args.gr_args, "variant": args.variant},
+                         "gr_args": args.gr_args, "variant": args.variant,
+                         "variant_tree": str(args.variant_tree)},
             "medians": summary,
             "runs": [asdict(r) for r in results],
         }, indent=2))

@@ -14,7 +14,11 @@ and the scheduler's bookkeeping. Here instead:
   ``recv_size`` bytes (the fairness slice: what a connection has beyond it waits for the next
   round, level-triggered epoll reports it again), ``session.on_data`` and, through the outboxes,
   the direct sends as with the reader tasks. The next round starts only after the dispatcher
-  has waited on trio again, which is a checkpoint, so other tasks run between rounds.
+  has waited on trio again, which is a checkpoint, so other tasks run between rounds;
+* with a :class:`Batch` (the hub's WriteBatch, option ``coalesce_writes``), a round with more
+  than one ready connection holds its direct sends and writes what it routed to each receiver
+  in one send when it ends (NATS's ``flushClients``): several senders into one group share a
+  system call per receiver. A round with one ready connection sends as it routes.
 
 What a received chunk does to its session is not decided here: the dispatcher hands every
 chunk to the connection's ``Feeder`` (gossiprouter.server), the same object the connection's
@@ -61,6 +65,14 @@ class Feed(Protocol):
 F = TypeVar("F", bound=Feed)
 
 
+class Batch(Protocol):
+    """Held sends, written when a round ends (gossiprouter.sessions.base.WriteBatch)."""
+
+    open: bool
+
+    def close(self) -> None: ...
+
+
 class _Slot:
     """One registered connection."""
 
@@ -77,8 +89,11 @@ class _Slot:
 class Dispatcher:
     """Reads every registered connection from one task (:meth:`run`)."""
 
-    def __init__(self, recv_size: int) -> None:
+    def __init__(self, recv_size: int, batch: Batch | None = None) -> None:
         self.recv_size = recv_size
+        # Opened around each round: what the round routes to one receiver goes out in one
+        # send when the round ends (None: a direct send per push).
+        self.batch = batch
         self._epoll = select.epoll()
         self._slots: dict[int, _Slot] = {}
         # One receive buffer for every connection, each read copied out at its own size.
@@ -152,6 +167,19 @@ class Dispatcher:
     # ------------------------------------------------------------------ inside a round
 
     def _round(self, events: list[tuple[int, int]]) -> None:
+        batch = self.batch
+        if batch is None or len(events) == 1:
+            # One ready connection (most rounds under light load): its chunk is usually one
+            # message, so holding its sends would only delay them.
+            self._read(events)
+            return
+        batch.open = True
+        try:
+            self._read(events)
+        finally:
+            batch.close()
+
+    def _read(self, events: list[tuple[int, int]]) -> None:
         slots = self._slots
         view = self._view
         for fd, _ in events:

@@ -77,3 +77,33 @@ def test_missing_jgroups5_path_is_a_usage_error(capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit):
         bench.parse_args(["--jgroups5", "/nonexistent/jgroups-5.jar"])
     assert "no such file or directory: /nonexistent/jgroups-5.jar" in capsys.readouterr().err
+
+
+def test_variant_tree_must_hold_gossiprouter(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--variant-tree", str(tmp_path)])
+    assert f"no gossiprouter package in {tmp_path}" in capsys.readouterr().err
+    (tmp_path / "gossiprouter").mkdir()
+    (tmp_path / "gossiprouter" / "__main__.py").write_text("")
+    assert bench.parse_args(["--variant-tree", str(tmp_path)]).variant_tree == tmp_path
+    assert bench.parse_args([]).variant_tree == bench.REPO
+
+
+def test_paced_fanout_case_paces_both_senders_and_checks_no_stamp() -> None:
+    """fanout-paced: 2 senders at half the rate each into the group of 8, latency stamps in
+    the payload, and the checked prefix of a delivered frame stops short of the stamp (with
+    the 2.12 protocol a multicast's header is shorter than the 16 bytes checked otherwise)."""
+    case = next(c for c in bench.CASES if c.name == "fanout-paced")
+    members = bench.layout(case)
+    senders = [m for m in members if m.sender_id is not None]
+    assert len(members) == bench.FANOUT_MEMBERS and len(senders) == bench.FANOUT_SENDERS
+    assert all(m.rate == case.rate // bench.FANOUT_SENDERS and m.dest is None for m in senders)
+    assert f"{case.rate * (bench.FANOUT_MEMBERS - 1):,} deliveries/s" in case.title
+    for proto in (bench.JGroups212(), bench.Native()):
+        configs = bench.loader_configs(case, proto, 1, 2, 60)
+        words = dict(w.split("=", 1) for line in configs[0] if line.startswith("member")
+                     for w in line.split()[1:] if "=" in w)
+        pay_off = int(words["rlen"]) - case.size
+        assert int(words["tsoff"]) == pay_off
+        assert len(bytes.fromhex(words["check"])) <= pay_off

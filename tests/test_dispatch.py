@@ -3,6 +3,7 @@ session, and the server's use of it on real 127.0.0.1 connections."""
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -15,7 +16,7 @@ from gossiprouter.client.tls import client_context
 from gossiprouter.dispatch import END, READ, Dispatcher
 from gossiprouter.protocol import native as wire
 from gossiprouter.server import Server
-from gossiprouter.sessions.base import Outbox
+from gossiprouter.sessions.base import BATCH_HOLD_BYTES, BATCH_MAX_PUSH, Outbox, WriteBatch
 from tests.conftest import RouterFactory
 from tests.hostile import (
     FLOOD_BUDGET,
@@ -347,3 +348,182 @@ async def test_write_deadline_counts_from_the_wake_up(start_router: RouterFactor
         await router._reap(0, 0.5)
     assert not session.outbox.closed and router.hub.counters.write_timeouts == 0
     assert await b.recv() == wire.Route("g", b"B", b"A", b"late")
+
+
+# ------------------------------------------------------------------ coalesced writes
+# While a dispatcher round runs, the hub's WriteBatch is open: a push to an idle receiver is
+# held and each receiver's frames go out in one send when the round ends.
+
+
+class Wire:
+    """A receiver's direct send that records what it was given and takes at most ``take``."""
+
+    def __init__(self, take: int = 1 << 30) -> None:
+        self.sends: list[bytes] = []
+        self.take = take
+        self.wakes = 0
+
+    def send(self, data: bytes) -> int:
+        self.sends.append(bytes(data))
+        return min(len(data), self.take)
+
+    def wake(self) -> None:
+        self.wakes += 1
+
+
+def _receiver(batch: WriteBatch, wire_: Wire, max_bytes: int = 1 << 20,
+              policy: str = "drop") -> Outbox:
+    ob = Outbox(max_bytes, 1000, policy, batch=batch)
+    ob.direct = wire_.send
+    ob.wake = wire_.wake
+    return ob
+
+
+def test_batch_sends_once_per_receiver_in_push_order() -> None:
+    batch = WriteBatch()
+    w1, w2 = Wire(), Wire()
+    ob1, ob2 = _receiver(batch, w1), _receiver(batch, w2)
+    batch.open = True
+    assert ob1.push(b"a0") and ob2.push(b"c0") and ob1.push(b"b0") and ob1.push(b"a1")
+    assert w1.sends == [] and w2.sends == []  # nothing written during the round
+    batch.close()
+    assert w1.sends == [b"a0b0a1"] and w2.sends == [b"c0"]
+    assert batch.merged == 2 and not batch.open and not ob1.held
+    assert ob1.chunks == [] and ob1.nbytes == 0 and w1.wakes == 0  # no writer task needed
+    ob1.push(b"after")  # the batch is closed: a direct send again
+    assert w1.sends == [b"a0b0a1", b"after"]
+
+
+def test_batch_partial_send_leaves_the_rest_to_the_writer_in_order() -> None:
+    batch = WriteBatch()
+    w = Wire(take=3)
+    ob = _receiver(batch, w)
+    batch.open = True
+    ob.push(b"abcd")
+    ob.push(b"efgh")
+    batch.close()
+    assert w.sends == [b"abcdefgh"]
+    assert ob.chunks == [b"defgh"] and ob.nbytes == 5 and w.wakes == 1
+    ob.push(b"ij")  # queued behind the rest, as for any receiver with a queue
+    assert ob.chunks == [b"defgh", b"ij"] and w.sends == [b"abcdefgh"]
+
+
+def test_batch_holds_only_idle_receivers_queue_bounds_unchanged() -> None:
+    """A receiver whose writer already has a queue is not held: its pushes meet the queue's
+    bounds (and the slow-consumer policy) exactly as without a batch."""
+    batch = WriteBatch()
+    w = Wire()
+    ob = _receiver(batch, w, max_bytes=10)
+    ob.chunks, ob.nbytes = [b"x" * 8], 8  # queued for the writer before the round
+    batch.open = True
+    assert not ob.push(b"y" * 5)  # 13 > 10: refused, the caller applies the policy
+    assert ob.push(b"z")
+    batch.close()
+    assert batch.held == [] and not ob.held and w.sends == []
+    assert ob.chunks == [b"x" * 8, b"z"]
+
+
+def test_batch_writes_a_receiver_early_past_the_hold_limit() -> None:
+    """Held bytes never grow towards the queue's high-water mark: a push that would take the
+    held bytes to BATCH_HOLD_BYTES first writes what is held, then is held itself; a push of
+    BATCH_MAX_PUSH or more is never held (nor copied into a join with others)."""
+    batch = WriteBatch()
+    w = Wire()
+    ob = _receiver(batch, w, max_bytes=4 * BATCH_HOLD_BYTES)
+    part = b"q" * (BATCH_MAX_PUSH - 1)
+    batch.open = True
+    ob.push(b"a")
+    for _ in range(BATCH_HOLD_BYTES // len(part)):
+        ob.push(part)
+    held = b"a" + part * (BATCH_HOLD_BYTES // len(part))
+    assert w.sends == [] and ob.nbytes == len(held)
+    ob.push(part)  # would reach the limit: the held bytes go now, this one is held
+    assert w.sends == [held] and ob.chunks == [part] and ob.held
+    big = b"B" * BATCH_MAX_PUSH
+    ob.push(big)  # written after what is held, in order, and not held
+    assert w.sends == [held, part, big] and ob.chunks == [] and not ob.held
+    ob.push(big)  # an idle receiver: a large push goes out at once
+    assert w.sends[-1] == big and not ob.held
+    assert not ob.congestion.pending
+    batch.close()
+    assert w.sends == [held, part, big, big] and batch.merged == 0
+
+
+def test_batch_skips_a_receiver_closed_during_the_round() -> None:
+    batch = WriteBatch()
+    w = Wire()
+    ob = _receiver(batch, w)
+    batch.open = True
+    ob.push(b"frame")
+    ob.close("slow_consumer", b"bye", discard=True)  # wakes the writer for the farewell
+    batch.close()
+    assert w.sends == [] and ob.chunks == [b"bye"] and w.wakes == 1
+
+
+async def test_dispatcher_round_coalesces_sends_to_one_receiver(nursery: trio.Nursery) -> None:
+    """Two connections ready in one round both route to one receiver: one send."""
+    batch = WriteBatch()
+    d = Dispatcher(64, batch)
+    await nursery.start(d.run)
+    w = Wire()
+    target = _receiver(batch, w)
+
+    held: list[bool] = []
+
+    class Router(Recorder):
+        def feed(self, data: bytes) -> int:
+            super().feed(data)
+            held.append(batch.open)
+            target.push(self.name.encode() + data)
+            return READ
+
+    log: list[tuple[str, bytes]] = []
+    (ra, wa), (rb, wb) = _pair(), _pair()
+    nursery.start_soon(d.serve, ra, Router("a", log), Settler())
+    nursery.start_soon(d.serve, rb, Router("b", log), Settler())
+    await _until(lambda: len(d) == 2, "both registered")
+    wakeups = d.wakeups
+    wa.send(b"1")  # both readable before the dispatcher's next round
+    wb.send(b"2")
+    await _until(lambda: len(log) == 2, "both read")
+    assert d.wakeups == wakeups + 1
+    assert len(w.sends) == 1 and sorted([w.sends[0][:2], w.sends[0][2:]]) == [b"a1", b"b2"]
+    assert w.sends[0] == b"".join(n.encode() + x for n, x in log)  # in routing order
+    assert batch.merged == 1 and not batch.open and held == [True, True]
+    # A round with one ready connection holds nothing (its chunk is usually one message).
+    wa.send(b"3")
+    await _until(lambda: len(log) == 3, "read")
+    assert held[2] is False and w.sends[1:] == [b"a3"] and batch.merged == 1
+    for s in (ra, wa, rb, wb):
+        s.close()
+
+
+@pytest.mark.parametrize("coalesce", [True, False])
+async def test_server_coalesces_a_rounds_multicasts_per_receiver(
+        start_router: RouterFactory, coalesce: bool) -> None:
+    """Two members multicast in the same round: the third member gets both in one send when
+    coalesce_writes is on; every frame arrives, each sender's in order, either way."""
+    router: Server = await start_router(dispatcher=True, coalesce_writes=coalesce)
+    assert router.address is not None
+    a, b, r = [await NativeClient.open(*router.address) for _ in range(3)]
+    try:
+        for c, addr in ((a, b"A"), (b, b"B"), (r, b"R")):
+            await c.connect("g", addr)
+        await _until(lambda: len(router.dispatcher) == 3, "all on the dispatcher")
+        batch = router.hub.batch
+        rounds = 0
+        for i in range(20):
+            merged = batch.merged
+            # Written without a checkpoint in between: one dispatcher round reads both.
+            os.write(a.raw.socket.fileno(), wire.encode(wire.Route("g", None, b"A", b"a%d" % i)))
+            os.write(b.raw.socket.fileno(), wire.encode(wire.Route("g", None, b"B", b"b%d" % i)))
+            got = {await r.recv(), await r.recv()}
+            assert got == {wire.Route("g", None, b"A", b"a%d" % i),
+                           wire.Route("g", None, b"B", b"b%d" % i)}
+            assert await a.recv() == wire.Route("g", None, b"B", b"b%d" % i)
+            assert await b.recv() == wire.Route("g", None, b"A", b"a%d" % i)
+            rounds += batch.merged - merged
+        assert rounds == (20 if coalesce else 0)
+    finally:
+        for c in (a, b, r):
+            await c.aclose()
