@@ -178,3 +178,18 @@ def test_docs_example_bytes() -> None:
             == "0000000e960301a464656d6fc40141a14190")
     assert (wire.encode(wire.Route("demo", None, b"A", b"hi")).hex()
             == "0000000f9506a464656d6fc0c40141c4026869")
+
+
+def test_renamed_names_still_work_with_a_deprecation_warning() -> None:
+    """protocol.native.T and route_header were renamed/moved by issue 14; the old names keep
+    working, with a DeprecationWarning naming the new ones."""
+    import pytest
+
+    from gossiprouter.protocol import native, native_scan
+
+    with pytest.warns(DeprecationWarning, match="FrameType"):
+        assert native.T is native.FrameType  # type: ignore[attr-defined]
+    with pytest.warns(DeprecationWarning, match="native_scan.route_header"):
+        assert native.route_header is native_scan.route_header  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError):
+        native.no_such_name  # type: ignore[attr-defined]  # noqa: B018

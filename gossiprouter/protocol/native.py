@@ -21,7 +21,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
@@ -602,3 +602,25 @@ class Decoder:
         while (f := self.next_frame()) is not None:
             out.append(f)
         return out
+
+
+# Hidden from mypy: a module __getattr__ would make every misspelt name here type-check.
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> object:
+        """Deprecated names, kept working with a DeprecationWarning (issue 14 renamed and moved
+        them): ``T`` is :class:`FrameType`; ``route_header`` lives in ``protocol.native_scan``."""
+        import warnings
+
+        if name == "T":
+            warnings.warn("gossiprouter.protocol.native.T is deprecated: use FrameType",
+                          DeprecationWarning, stacklevel=2)
+            return FrameType
+        if name == "route_header":
+            warnings.warn("gossiprouter.protocol.native.route_header is deprecated: use "
+                          "gossiprouter.protocol.native_scan.route_header",
+                          DeprecationWarning, stacklevel=2)
+            from gossiprouter.protocol import native_scan
+
+            return native_scan.route_header
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
