@@ -181,23 +181,17 @@ class RouterCollector(Collector):
                        "Unexpected exceptions (router bugs) contained: each closed the one "
                        "connection it happened on, or was logged by the task it happened in.",
                        c.internal_errors)
-        cm = CounterMetricFamily(
+        yield _by_code(
             "gossiprouter_connections_closed",
             "Connections the router closed, by reason: the ERROR code it closed with "
             "(handshake_timeout, idle_timeout, slow_consumer, rate_limited, protocol, ...), "
             "'other' for any other reason. Closes by the peer are not counted.",
-            labels=["reason"])
-        for code in CODE_LABELS:
-            cm.add_metric([code], c.closes.get(code, 0))
-        yield cm
-        cm = CounterMetricFamily(
+            "reason", c.closes)
+        yield _by_code(
             "gossiprouter_refusals",
             "Requests refused with the connection kept open, by code: native ERRORs "
             "(too_long, limit, forbidden, not_member, ...), JGroups registrations refused.",
-            labels=["code"])
-        for code in CODE_LABELS:
-            cm.add_metric([code], c.refusals.get(code, 0))
-        yield cm
+            "code", c.refusals)
         # --- hostile clients (issue 12): fairness, budgets, deadlines
         yield _counter("gossiprouter_turns_cut",
                        "Times a connection's reader let others run before finishing what it "
@@ -281,6 +275,15 @@ def topic_metrics(st: Stats, members: snapshot.Membership,
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
+
+
+def _by_code(name: str, doc: str, label: str, counts: dict[str, int]) -> CounterMetricFamily:
+    """A counter family with one series per ERROR code (CODE_LABELS, a fixed set: a client
+    cannot create label values), zero where nothing was counted yet."""
+    family = CounterMetricFamily(name, doc, labels=[label])
+    for code in CODE_LABELS:
+        family.add_metric([code], counts.get(code, 0))
+    return family
 
 
 class Metrics:
