@@ -149,6 +149,14 @@ OPTIONS: tuple[Option, ...] = (
            "sends of small messages and write what it routed to each receiver in one send when "
            "it ends (fewer system calls in fan-out under medium load; adds the wake-up's "
            "processing time to the first messages' latency). See docs/performance.md."),
+    Option("fast_path", str, "auto",
+           "The compiled fast path (gossiprouter._relay, built by scripts/setup): a relay "
+           "thread reads plain-TCP connections (native, JGroups 2.12 and 5.x) and relays their "
+           "routed frames in C, repeating the routing decisions Python made, without the GIL "
+           "(less CPU and latency per message under light load; docs/performance.md). 'auto': "
+           "on when "
+           "built (the environment variable GOSSIPROUTER_FAST_PATH=on/off overrides it); 'on': "
+           "required; 'off': the pure-Python path.", choices=("auto", "on", "off")),
     Option("router_id", str, "",
            "Name announced in WELCOME (default: gossiprouter@HOST:PORT)."),
     Option("log_level", str, "info", "Log level.",
@@ -318,6 +326,7 @@ class Config:
     direct_send: bool = True
     dispatcher: bool = True
     coalesce_writes: bool = False
+    fast_path: str = "auto"
     router_id: str = ""
     log_level: str = "info"
     log_format: str = "text"

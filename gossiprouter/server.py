@@ -48,6 +48,7 @@ from gossiprouter.addresses import format_hostport
 from gossiprouter.bridge import Bridge
 from gossiprouter.config import Config, ConfigError
 from gossiprouter.dispatch import END, READ, Dispatcher
+from gossiprouter.fastpath import FastPath, wanted
 from gossiprouter.hooks import ByteStream, NoHooks, ServerHooks, needs_hooks
 from gossiprouter.protocol import native as wire
 from gossiprouter.ratelog import RateLimitedLog
@@ -217,6 +218,9 @@ class Server:
         # Reads established plain-TCP connections from one task (gossiprouter.dispatch).
         self.dispatcher = Dispatcher(RECV_SIZE,
                                      self.hub.batch if config.coalesce_writes else None)
+        # The compiled fast path (gossiprouter.fastpath), when built and not switched off: its
+        # thread reads and writes the plain-TCP connections past their handshake.
+        self.fast = FastPath(self.hub) if wanted(config) else None
         # The MQTT federation bridge (docs/topics.md), checked here so a bad option fails start.
         self.bridge = Bridge(self.hub, config) if config.bridge else None
 
@@ -258,6 +262,8 @@ class Server:
                 nursery.start_soon(self._notifier)
                 if cfg.dispatcher:
                     await nursery.start(self.dispatcher.run)
+                if self.fast is not None:
+                    await nursery.start(self.fast.run)
                 await nursery.start(self.hooks.serve, self.view())
                 if self.bridge is not None:
                     nursery.start_soon(self.bridge.run)
@@ -374,6 +380,8 @@ class Server:
             if left:
                 self._per_ip[ip] = left
             if conn.session is not None:
+                if self.fast is not None:  # the relay thread forgets it before the close
+                    self.fast.close(conn.session)
                 conn.session.outbox.direct = None  # never write to a closed socket
                 try:
                     self._forget(conn.session)
@@ -454,6 +462,8 @@ class Server:
             if raw is not None:
                 counters = self.hub.counters
                 send = raw.send
+                if self.fast is not None:  # through the relay thread while it writes too
+                    send = self.fast.open(session, raw, send)
 
                 def direct(data: bytes) -> int:
                     n: int = send(data)
@@ -534,6 +544,10 @@ class Server:
         del data
         stream = conn.stream
         if self.config.dispatcher and isinstance(stream, trio.SocketStream):
+            fast = self.fast
+            if fast is not None and fast.reads(session):
+                await fast.serve(session, feeder, self._settle)
+                return
             raw = getattr(stream.socket, "_sock", None)
             if raw is not None:
                 await self.dispatcher.serve(raw, feeder, self._settle)
@@ -725,6 +739,7 @@ class Server:
 
     async def _reap(self, idle: float, write_timeout: float) -> None:
         """One round of the reaper, then sleep until the next thing to reap."""
+        self.hub.sync()  # what the relay thread received counts for the idle timeout
         now = trio.current_time()
         wake = now + 1.0
         for conn in list(self.connections):

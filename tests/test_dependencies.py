@@ -38,6 +38,9 @@ LAYERS: dict[str, str] = {
     "gossiprouter.sessions": "sessions",
     "gossiprouter.server": "server",
     "gossiprouter.dispatch": "server",  # the read path, split out of server.py (issue 14)
+    # The compiled fast path's Python half and its C relay thread (issue 16): server I/O.
+    "gossiprouter.fastpath": "server",
+    "gossiprouter._relay": "server",
     "gossiprouter.hooks": "server",  # what the server calls (ServerHooks), ops implements
     "gossiprouter.snapshot": "server",  # read-only views of a running router, for ops
     "gossiprouter.bridge": "server",  # the MQTT federation bridge: I/O beside the server's

@@ -232,7 +232,8 @@ async def test_cancelled_serve_unregisters(nursery: trio.Nursery) -> None:
 @pytest.mark.parametrize("on", [True, False])
 async def test_server_reads_plain_tcp_through_dispatcher_when_on(
         start_router: RouterFactory, on: bool) -> None:
-    router: Server = await start_router(dispatcher=on)
+    # The pure-Python dispatcher (the compiled fast path reads these itself: test_fastpath).
+    router: Server = await start_router(dispatcher=on, fast_path="off")
     assert router.address is not None
     a = await NativeClient.open(*router.address)
     b = await NativeClient.open(*router.address)
@@ -257,15 +258,16 @@ async def test_server_reads_plain_tcp_through_dispatcher_when_on(
 
 # ------------------------------------------------------------------ fairness and containment
 # The socket suites (tests/test_hostile_fairness.py, tests/test_hostile.py) run with whatever
-# read path the conftest option --dispatcher selects (default: on); these tests pin the
-# dispatcher on and check that what they attack was read by it, and that the waits (turns,
-# control budget) went through the hand-back to the connection's task.
+# read path the conftest option --dispatcher selects (default: on) and the fast path as the
+# environment says (scripts/test runs both); these tests pin the pure-Python dispatcher on and
+# check that what they attack was read by it, and that the waits (turns, control budget) went
+# through the hand-back to the connection's task (the same for the fast path: test_fastpath).
 
 
 async def test_pipelined_pings_take_turns_on_the_dispatcher(start_router: RouterFactory) -> None:
     """The pipeline (one read) is fed in turns: the dispatcher hands the flooder back for a
     checkpoint, the honest pair is served meanwhile, and every PONG arrives."""
-    router = await start_router(dispatcher=True, control_rate=0)
+    router = await start_router(dispatcher=True, control_rate=0, fast_path="off")
     d = router.dispatcher
     pipeline = pipelined_pings(router, 5000)
 
@@ -280,7 +282,7 @@ async def test_pipelined_pings_take_turns_on_the_dispatcher(start_router: Router
 
 async def test_control_flood_throttled_then_closed_on_the_dispatcher(
         start_router: RouterFactory) -> None:
-    router = await start_router(dispatcher=True, **FLOOD_BUDGET)
+    router = await start_router(dispatcher=True, fast_path="off", **FLOOD_BUDGET)
     frame = wire.encode(wire.Ping(3))
     await throttled_then_closed(router, lambda: native_control_flood(router, frame))
     assert router.dispatcher.handbacks > 0 and router.dispatcher.reads > 0
@@ -503,7 +505,8 @@ async def test_server_coalesces_a_rounds_multicasts_per_receiver(
         start_router: RouterFactory, coalesce: bool) -> None:
     """Two members multicast in the same round: the third member gets both in one send when
     coalesce_writes is on; every frame arrives, each sender's in order, either way."""
-    router: Server = await start_router(dispatcher=True, coalesce_writes=coalesce)
+    router: Server = await start_router(dispatcher=True, coalesce_writes=coalesce,
+                                        fast_path="off")
     assert router.address is not None
     a, b, r = [await NativeClient.open(*router.address) for _ in range(3)]
     try:

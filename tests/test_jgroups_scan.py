@@ -196,7 +196,7 @@ def _check(scanner: j5.Scanner | j2.Scanner, stream: bytes, cuts: list[int],
                 assert frames.startswith(hdr, pos + skip)
                 q = pos + skip + len(hdr)
                 end = q + 4 + int.from_bytes(frames[q : q + 4], "big")
-                got.append(("msg", head[1:], frames[pos:end]))
+                got.append(("msg", head[1:4], frames[pos:end]))
                 pos = end
             assert pos == len(frames)
         elif kind == CONTROL:

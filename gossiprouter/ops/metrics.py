@@ -59,6 +59,7 @@ class RouterCollector(Collector):
 
     async def refresh(self) -> None:
         """Take the snapshots :meth:`collect` reads (they yield to the loop as they go)."""
+        self.view.hub.sync()  # what the compiled fast path relayed, into the counters
         self.connections = await self.view.census()
         self.membership = await snapshot.membership(self.view.hub.table)
 

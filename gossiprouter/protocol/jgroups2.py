@@ -387,8 +387,9 @@ class ClientDecoder(_StreamDecoder[ClientEvent]):
 
 #: A MESSAGE header as the scanner parsed it: (header length, ``prefix`` + group, destination key
 #: or None for the whole group, the re-wrapped message's first bytes up to and including the
-#: buffer's presence byte: group null, as 2.12 does, the destination as received).
-Route = tuple[int, str, bytes | None, bytes]
+#: buffer's presence byte: group null, as 2.12 does, the destination as received; the header's
+#: exact bytes as received, the cache key (the compiled fast path learns routes by it).
+Route = tuple[int, str, bytes | None, bytes, bytes]
 
 # _learn's answer for an object that is not a MESSAGE with a group and a buffer, or does not
 # parse: the full decoder handles it (or refuses it).
@@ -464,7 +465,7 @@ class Scanner(ScannerBase[Route]):
         # (length + payload) part of each message.
         run_hdr = b""
         hlen = 0
-        run: Route = (0, "", None, b"")
+        run: Route = (0, "", None, b"", b"")
         parts: list[bytes] = []
         while pos < size:
             if parts and data.startswith(run_hdr, pos):
@@ -578,9 +579,10 @@ class Scanner(ScannerBase[Route]):
             return _DECODER
         if group is None or not has_buffer:
             return _DECODER
+        key = data[pos : r.pos]
         route: Route = (r.pos - pos, self.prefix + group, None if dest is None else dest.key,
-                        message_to_client(dest, b"")[:-4])
-        self.add(data[pos : r.pos], route)
+                        message_to_client(dest, b"")[:-4], key)
+        self.add(key, route)
         return route
 
 

@@ -325,8 +325,9 @@ class Decoder(StreamBuffer):
 
 #: A MESSAGE header as the scanner parsed it: (header length, ``prefix`` + group, destination key
 #: or None for the whole group, (``prefix`` + group, sender key): the registration the router's
-#: sender check looks for).
-Route = tuple[int, str, bytes | None, tuple[str, bytes]]
+#: sender check looks for, the header's exact bytes: the cache key, by which the compiled fast
+#: path learns routes).
+Route = tuple[int, str, bytes | None, tuple[str, bytes], bytes]
 
 _CLOSE = int.from_bytes(CLOSE_MARKER, "big")  # the length -5 read as unsigned
 _NEGATIVE = 0x80000000
@@ -359,7 +360,7 @@ class Scanner(ScannerBase[Route]):
         # parsed header, where the run starts and how many frames it has.
         run_hdr = b""
         hlen = 0
-        run: Route = (0, "", None, ("", b""))
+        run: Route = (0, "", None, ("", b""), b"")
         run_start = run_n = 0
         while size - pos >= 4:
             n = u32(data, pos)[0]
@@ -438,9 +439,10 @@ class Scanner(ScannerBase[Route]):
         if group is None or sender is None:
             return None
         full = self.prefix + group
+        key = data[body : r.pos]
         route: Route = (r.pos - body, full, None if dest is None else dest.key,
-                        (full, sender.key))
-        self.add(data[body : r.pos], route)
+                        (full, sender.key), key)
+        self.add(key, route)
         return route
 
 

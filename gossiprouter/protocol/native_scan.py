@@ -100,6 +100,12 @@ class NativeScanner:
         self._routes: HeaderCache[tuple[bytes, RouteHeader]] = HeaderCache(
             ROUTE_CACHE_MAX, ROUTE_LENGTHS_MAX)
 
+    def header(self, data: bytes, body: int) -> bytes | None:
+        """The exact bytes of the remembered ROUTE header that the frame body at ``body``
+        starts with (a RUN's frames were all found or learned by it), or None."""
+        hit = self._routes.find(data, body)
+        return None if hit is None else hit[0]
+
     def scan(self, data: bytes, pos: int = 0) -> Iterator[Item]:
         """The items of ``data[pos:]``, in order (see the module docstring).
 

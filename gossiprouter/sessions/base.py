@@ -38,8 +38,26 @@ if TYPE_CHECKING:
 log = logging.getLogger("gossiprouter")
 
 
+def _no_bytes() -> bytes:
+    return b""
+
+
 def _nothing() -> None:
     pass
+
+
+class FastRoutes(Protocol):
+    """What the sessions tell the compiled fast path (gossiprouter.fastpath.FastPath): the
+    routing decision just made for a run of routed frames, for its thread to repeat on the
+    next frames with the same header until the routing table changes."""
+
+    def learn_native(self, session: Session, route: tuple[str, bytes | None, bytes],
+                     frames: bytes) -> None: ...
+
+    def learn_jgroups(self, session: Session, group: str, dest: bytes | None, key: bytes,
+                      out: bytes, skip: int) -> None: ...
+
+    def collect(self) -> None: ...
 
 
 class Authority(Protocol):
@@ -105,6 +123,7 @@ class Outbox:
         "nbytes",
         "on_close",
         "policy",
+        "reclaim",
         "wake",
     )
 
@@ -137,6 +156,10 @@ class Outbox:
         # chunks (held: this outbox is on the batch's list) and written when the round ends.
         self.batch = batch or WriteBatch()
         self.held = False
+        # Set by the compiled fast path while it writes this connection (gossiprouter.fastpath):
+        # takes back the bytes its thread holds for the socket, which go before anything queued
+        # here, and stops its writes.
+        self.reclaim: Callable[[], bytes] = _no_bytes
 
     def push(self, data: bytes) -> bool:
         """Queue ``data``; False if it was not queued (dropped, or closing).
@@ -269,12 +292,18 @@ class Outbox:
         self.direct = None
         self.wake = _nothing
         self.on_close = _nothing
+        self.reclaim = _no_bytes
 
     def close(self, reason: str, farewell: bytes = b"", *, discard: bool = False) -> None:
         """Stop accepting frames; queue ``farewell`` last; ask for the connection to close."""
         if self.closed:
             return
         self.direct = None
+        pending = self.reclaim()
+        self.reclaim = _no_bytes
+        if pending and not discard:
+            self.chunks.insert(0, pending)
+            self.nbytes += len(pending)
         if discard:
             self.chunks = []
             self.nbytes = 0
@@ -446,6 +475,15 @@ class Session:
         # Past the handshake: the first control frame was handled (for the native protocol
         # that is HELLO, as anything else first closes the connection).
         self.established = False
+        # The compiled fast path (gossiprouter.fastpath): this connection's id in the relay
+        # thread (None: not known to it), and whether the thread writes it now.
+        self.fast_id: int | None = None
+        self.fast_attached = False
+
+    @property
+    def holding(self) -> bool:
+        """The start of a frame is kept for the next chunk: that chunk continues it."""
+        return bool(self._rest)
 
     def __repr__(self) -> str:
         return f"<{self.protocol} {self.peer}>"
@@ -574,6 +612,12 @@ class Session:
             ob.dropped += count
             self.hub.counters.drop("slow_consumer", count)
             return
+        self.overflowed()
+
+    def overflowed(self) -> None:
+        """The outbound queue is full and the policy is ``disconnect``: close as a slow
+        consumer, discarding what is queued (also called by the compiled fast path)."""
+        ob = self.outbox
         self.hub.counters.slow_consumer_disconnects += 1
         log.warning(
             "closing %r: slow consumer (%d bytes / %d frames queued, limits %d / %d)",
@@ -625,9 +669,18 @@ class Hub:
         # Native-protocol tokens: set by the server from its hooks (gossiprouter.ops when
         # tokens_file is configured); None: HELLO needs no token.
         self.auth: Authority | None = None
+        # The compiled fast path, when the server runs it (gossiprouter.fastpath): the sessions
+        # tell it the routing decisions it may repeat on its own.
+        self.fast: FastRoutes | None = None
         for p in config.provisioned:
             self.table.connect(None, p.group, p.addr, p.name, p.physical,
                                kind=Kind.PROVISIONED, sticky=True)
+
+    def sync(self) -> None:
+        """Bring the counters up to date with what the compiled fast path relayed (read them
+        after this; the operations layer does)."""
+        if self.fast is not None:
+            self.fast.collect()
 
     def check_registration(self, group: str, addr: bytes, name: str | None, physical: Physical,
                            wire: object) -> None:

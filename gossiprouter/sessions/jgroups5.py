@@ -89,6 +89,10 @@ class JGroups5Session(JGroupsSession):
         then the route. True (stop scanning) when that closed this connection."""
         if head[3] in self._regs or self._is_member(head[1], head[3], count):
             self.route(head[1], head[2], frames, count)
+            fast = self.hub.fast
+            if fast is not None and self.fast_id is not None:
+                # The compiled fast path repeats it: the frames as received, to the same.
+                fast.learn_jgroups(self, head[1], head[2], head[4], b"", 0)
             return self.outbox.closed
         return False
 

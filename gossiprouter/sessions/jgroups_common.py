@@ -135,6 +135,12 @@ class JGroupsSession(Session):
         # (table group, address key) -> when this connection unregistered it (AFTER_LEAVE).
         self._left: dict[tuple[str, bytes], float] = {}
 
+    @property
+    def holding(self) -> bool:
+        """The next chunk continues something: a frame kept, a skipped one, or an object
+        the scanner's decoder holds."""
+        return bool(self._rest) or self._skip > 0 or getattr(self.scanner, "holding", False)
+
     # ------------------------------------------------------------------ helpers
 
     def warn_limited(self, kind: str, msg: str, *args: object) -> None:

@@ -150,7 +150,11 @@ class NativeSession(Session):
                 self._error(None, "not_member",
                             f"sender is not registered in {group!r} on this connection")
             return
-        if not self.hub.forward(self, group, dest, sender, frames, count):
+        if self.hub.forward(self, group, dest, sender, frames, count):
+            fast = self.hub.fast
+            if fast is not None and self.fast_id is not None:
+                fast.learn_native(self, route, frames)  # the compiled fast path repeats it
+        else:
             # Unknown destination: tell the client, at most once a second per group.
             assert dest is not None
             last = self._unknown_dest_at.get(group, -1e9)

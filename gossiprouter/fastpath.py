@@ -1,0 +1,443 @@
+"""The compiled fast path's Python half: the relay thread (gossiprouter._relay) in the server.
+
+Under light load a message is one wake-up, and the pure-Python dispatcher
+(gossiprouter.dispatch) pays trio's wake-up and the interpreter for each; the kernel's share
+is about half (docs/performance.md, "Light load"). With the fast path an OS thread written in
+C (``gossiprouter/_relay.c``, built by ``scripts/setup``) does the wait, the read and the send
+of routed frames for plain-TCP connections of all three protocols, without the GIL. Python
+keeps every decision:
+
+* **Reading.** :meth:`FastPath.serve` replaces the dispatcher's ``serve`` for those
+  connections. The thread reads them; a frame whose header Python has learned (below) it
+  relays itself; anything else (control frames, a header not learned yet, an oversized or cut
+  frame) ends its reading of that connection and comes back here as an *upcall*, which the
+  dispatcher task hands to the connection's :class:`~gossiprouter.server.Feeder` exactly as
+  the pure-Python dispatcher would; then the thread reads on. So a connection's frames are
+  handled in order, and every waiting, budget, pause and error rule is the Feeder's as before.
+* **Learning.** After a session routed a run of frames (``NativeSession._route``,
+  ``JGroups2Session._run``, ``JGroups5Session._run``) it calls :meth:`learn_native` /
+  :meth:`learn_jgroups`, which hand the
+  thread that decision (the header's exact bytes, the receivers) when it can be repeated: every
+  receiver is written by the thread (below) and none is in reconnect grace. The routing table
+  calls :meth:`RoutingTable.changed` before every change of who receives what, which makes the
+  thread forget every decision, under its mutex: a decision is never used after the change
+  that made it stale.
+* **Writing.** Every plain-TCP connection, whatever its protocol, is *attached* while its
+  outbox is idle: its bytes go out through the thread's mutex (the outbox's direct send calls
+  ``Relay.send``), so a frame relayed by the thread and one sent by Python never interleave.
+  What a socket does not take at once goes back to the outbox (EVICT upcall, or at once for
+  Python's own send), whose writer task, bounds and slow-consumer policy carry on as without
+  the fast path; the connection is attached again when its outbox is idle.
+
+Where the thread does less than Python: it applies the queue bound in bytes
+(``outbound_queue_bytes``) to what it holds for an evicted receiver, with the connection's
+slow-consumer policy (``drop`` counts it, ``disconnect`` closes through
+:meth:`Session.overflowed`), but not the frame-count bound and not the congestion pause
+(Congestion), which are for Python's queues. Counters it keeps are folded into the hub's by
+:meth:`collect` (the reaper, and the operations layer before it reads them).
+
+``fast_path`` (option): ``auto`` (default) uses it when the extension is built, ``on``
+requires it, ``off`` never uses it. The environment variable ``GOSSIPROUTER_FAST_PATH``
+(``on``/``off``) overrides ``auto``: ``scripts/test`` runs the suite both ways with it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, TypeVar
+
+import trio
+
+from gossiprouter.config import Config, ConfigError
+from gossiprouter.dispatch import END, READ, Feed
+
+if TYPE_CHECKING:
+    from gossiprouter.routing import Carrier
+    from gossiprouter.sessions.base import Hub, Session
+
+ENV = "GOSSIPROUTER_FAST_PATH"
+
+F = TypeVar("F", bound=Feed)
+
+
+def _load() -> ModuleType | None:
+    try:
+        return importlib.import_module("gossiprouter._relay")
+    except ImportError:
+        return None
+
+
+_relay = _load()
+
+
+def available() -> bool:
+    """The extension is built (``scripts/setup`` builds it; a pip install builds it when a C
+    compiler is there)."""
+    return _relay is not None
+
+
+def wanted(config: Config) -> bool:
+    """Whether a server with ``config`` runs the fast path; ConfigError when it must and
+    cannot."""
+    mode = config.fast_path
+    if mode == "auto":
+        env = os.environ.get(ENV, "").strip().lower()
+        if env in ("on", "off"):
+            mode = env
+        elif env not in ("", "auto"):
+            raise ConfigError(f"{ENV}={env!r}: expected on, off or auto")
+    if mode == "off":
+        return False
+    if not (config.dispatcher and config.direct_send):
+        if mode == "on":
+            raise ConfigError("fast_path on needs dispatcher and direct_send (one is off)")
+        return False
+    if _relay is None:
+        if mode == "on":
+            raise ConfigError(
+                "fast_path on: the compiled extension gossiprouter._relay is not built "
+                "(run scripts/setup, which needs a C compiler and the Python headers; or set "
+                "fast-path auto to run without it)")
+        return False
+    return True
+
+
+class _Slot:
+    __slots__ = ("feeder", "lot", "outcome", "session")
+
+    def __init__(self, feeder: Feed, session: Session) -> None:
+        self.feeder = feeder
+        self.session = session
+        self.lot = trio.lowlevel.ParkingLot()
+        self.outcome: int | BaseException = READ
+
+
+class FastPath:
+    """The relay thread and what the server and the sessions ask of it."""
+
+    def __init__(self, hub: Hub) -> None:
+        assert _relay is not None, "check available() first"
+        self.mod = _relay
+        self.relay = _relay.Relay()
+        self.hub = hub
+        # Connections the thread knows (open .. close), by id.
+        self._sessions: dict[int, Session] = {}
+        # Connections it reads now for their task, parked in serve().
+        self._slots: dict[int, _Slot] = {}
+        self._running = False
+        # For tests and profiles: upcalls handled, routes learned, connections handed back to
+        # their task for a wait (a spent turn or control budget, back-pressure).
+        self.upcalls = 0
+        self.learned = 0
+        self.handbacks = 0
+        hub.fast = self
+        hub.table.changed = self.relay.invalidate
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    # ------------------------------------------------------------------ the task
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The task that handles the thread's upcalls: ``await nursery.start(fast.run)``."""
+        relay = self.relay
+        fd = relay.fileno()
+        relay.start()
+        self._running = True
+        task_status.started()
+        try:
+            while True:
+                await trio.lowlevel.wait_readable(fd)
+                self._upcalls(relay.upcalls())
+        finally:
+            self._running = False
+            relay.stop()
+            for cid, slot in list(self._slots.items()):
+                relay.unread(cid)
+                self._handback(cid, slot, END)
+            self.hub.table.changed = _unchanged
+            self.collect()
+
+    def _upcalls(self, items: list[tuple[int, int, bytes]]) -> None:
+        mod = self.mod
+        slots = self._slots
+        for cid, kind, data in items:
+            self.upcalls += 1
+            if kind == mod.EVICT:
+                s = self._sessions.get(cid)
+                if s is not None:
+                    self._reclaim(s)
+                continue
+            if kind == mod.SLOW:
+                s = self._sessions.get(cid)
+                if s is not None and not s.outbox.closed:
+                    self.collect()
+                    s.overflowed()
+                continue
+            slot = slots.get(cid)
+            if slot is None:  # its connection is closing: nobody reads it any more
+                continue
+            feeder = slot.feeder
+            if kind == mod.DATA:
+                if feeder.closed:
+                    self._handback(cid, slot, END)
+                    continue
+                try:
+                    step = feeder.feed(data)
+                except Exception as e:  # raised in the connection's task, not here
+                    self._handback(cid, slot, e)
+                    continue
+                if step == READ:
+                    self.relay.read(cid, slot.session.holding)
+                else:
+                    self._handback(cid, slot, step)
+            elif kind == mod.EOF:
+                try:
+                    feeder.eof()
+                except Exception as e:
+                    self._handback(cid, slot, e)
+                    continue
+                self._handback(cid, slot, END)
+            else:  # a read failed (reset): as trio's BrokenResourceError ends a reader
+                self._handback(cid, slot, END)
+
+    def _handback(self, cid: int, slot: _Slot, outcome: int | BaseException) -> None:
+        if self._slots.get(cid) is slot:
+            del self._slots[cid]
+        if not isinstance(outcome, BaseException) and outcome not in (READ, END):
+            self.handbacks += 1
+        slot.outcome = outcome
+        slot.lot.unpark_all()
+
+    # ------------------------------------------------------------------ connections
+
+    def open(self, session: Session, sock: socket.socket, direct: Callable[[bytes], int]
+             ) -> Callable[[bytes], int]:
+        """Make ``session``'s plain-TCP connection known to the thread; returns the outbox's
+        direct send, which goes through the thread while it writes the connection."""
+        mod = self.mod
+        kind = {"native": mod.NATIVE, "jgroups2": mod.JG2, "jgroups5": mod.JG5}.get(
+            session.protocol, 0)
+        ob = session.outbox
+        cid: int = self.relay.open(sock.fileno(), kind, ob.max_bytes, ob.policy == "drop")
+        session.fast_id = cid
+        self._sessions[cid] = session
+        self.attach(session)
+        relay_send = self.relay.send
+
+        def send(data: bytes) -> int:
+            if not session.fast_attached:
+                return direct(data)
+            try:
+                n: int = relay_send(cid, data)
+            except OSError:
+                session.fast_attached = False  # detached; the writer meets the error
+                ob.reclaim = _no_bytes
+                raise
+            if n == -1:  # the thread holds bytes for it: they go first, then ``data``
+                self._reclaim(session)
+                return 0
+            if n == -2:
+                session.fast_attached = False
+                ob.reclaim = _no_bytes
+                return direct(data)
+            if n < len(data):  # the socket is full: the outbox's writer takes over
+                session.fast_attached = False
+                ob.reclaim = _no_bytes
+            return n
+
+        return send
+
+    def attach(self, session: Session) -> bool:
+        """Let the thread write ``session``'s connection, if its outbox is idle."""
+        if session.fast_attached:
+            return True
+        ob = session.outbox
+        cid = session.fast_id
+        if cid is None or ob.closed or ob.chunks or ob.busy:
+            return False
+        if not self.relay.attach(cid):
+            return False
+        session.fast_attached = True
+        ob.reclaim = lambda: self._take(session)
+        return True
+
+    def _take(self, session: Session) -> bytes:
+        """The bytes the thread holds for ``session`` (which it stops writing)."""
+        session.fast_attached = False
+        session.outbox.reclaim = _no_bytes
+        cid = session.fast_id
+        if cid is None:
+            return b""
+        data: bytes = self.relay.take(cid)
+        return data
+
+    def _reclaim(self, session: Session) -> None:
+        """The thread could not write everything to ``session``: its outbox takes over
+        (the held bytes first) and its writer task writes them."""
+        ob = session.outbox
+        if not session.fast_attached:
+            return
+        pending = self._take(session)
+        if pending and not ob.closed:
+            ob.chunks.insert(0, pending)
+            ob.nbytes += len(pending)
+            ob.wake()
+
+    def close(self, session: Session) -> None:
+        """The connection is over (before its socket is closed)."""
+        cid = session.fast_id
+        if cid is None:
+            return
+        self.collect()
+        session.fast_id = None
+        session.fast_attached = False
+        session.outbox.reclaim = _no_bytes
+        self._sessions.pop(cid, None)
+        self.relay.close(cid)
+
+    def reads(self, session: Session) -> bool:
+        """The thread can read this session's frames (every protocol it knows: native, JGroups
+        2.12 and 5.x)."""
+        return session.fast_id is not None and session.protocol in _READS
+
+    async def serve(self, session: Session, feeder: F,
+                    settle: Callable[[F, int], Awaitable[bool]]) -> None:
+        """Like :meth:`gossiprouter.dispatch.Dispatcher.serve`, with the thread reading."""
+        if not self._running:
+            raise RuntimeError("the fast path's task is not running")
+        cid = session.fast_id
+        assert cid is not None
+        slot = _Slot(feeder, session)
+        self.attach(session)
+        while not feeder.closed:
+            slot.outcome = READ
+            self._slots[cid] = slot
+            self.relay.read(cid, session.holding)
+            try:
+                await slot.lot.park()
+            finally:
+                if self._slots.get(cid) is slot:  # cancelled while the thread reads it
+                    del self._slots[cid]
+                    self.relay.unread(cid)
+            outcome = slot.outcome
+            if isinstance(outcome, BaseException):
+                raise outcome
+            if outcome == END or not await settle(feeder, outcome) or not self._running:
+                return
+
+    # ------------------------------------------------------------------ learning
+
+    def _ids(self, targets: tuple[Carrier, ...]) -> list[int] | None:
+        ids = []
+        for t in targets:
+            s: Session = t  # type: ignore[assignment]  # carriers here are sessions
+            cid = getattr(s, "fast_id", None)
+            if cid is None or not self.attach(s):
+                return None
+            ids.append(cid)
+        return ids
+
+    def learn_native(self, session: Session, route: tuple[str, bytes | None, bytes],
+                     frames: bytes) -> None:
+        """``NativeSession._route`` delivered ``frames`` (a RUN) with ``route``."""
+        key = session.scanner.header(frames, 4)  # type: ignore[attr-defined]
+        if key is None:
+            return
+        group, dest, _sender = route
+        table = self.hub.table
+        g = table.groups.get(group)
+        if g is None or g.graced:
+            return
+        if dest is None:
+            targets = table.resolve_multicast(group, session)
+        else:
+            e = g.entries.get(dest)
+            c = None if e is None else e.carrier
+            if c is None:
+                return
+            targets = (c,)
+        ids = self._ids(targets)
+        if ids is not None and self.relay.learn(
+                session.fast_id, key, b"", 0,
+                session.scanner.max_frame, ids):  # type: ignore[attr-defined]
+            self.learned += 1
+
+    def learn_jgroups(self, session: Session, group: str, dest: bytes | None, key: bytes,
+                      out: bytes, skip: int) -> None:
+        """A JGroups session routed a run of MESSAGEs whose header is ``key`` to ``dest`` of
+        table ``group`` (None: every member, the sender included): the thread sends each such
+        frame as ``out`` followed by its bytes from ``skip`` on (2.12: the header re-wrapped;
+        5.x: the frame as received)."""
+        g = self.hub.table.groups.get(group)
+        if g is None or g.graced:
+            return
+        if dest is None:
+            targets = g.targets()
+        else:
+            e = g.entries.get(dest)
+            if e is None or not e.carriers:
+                return
+            targets = (e.carriers[-1],)
+        ids = self._ids(targets)
+        if ids is not None and self.relay.learn(
+                session.fast_id, key, out, skip,
+                session.scanner.max_frame, ids):  # type: ignore[attr-defined]
+            self.learned += 1
+
+    # ------------------------------------------------------------------ counters
+
+    def collect(self) -> None:
+        """Fold what the thread relayed since the last call into the hub's counters and the
+        sessions' ``last_recv`` (the idle timeout's clock)."""
+        rows, now_ns = self.relay.collect()
+        if not rows:
+            return
+        counters = self.hub.counters
+        # The thread's clock is CLOCK_MONOTONIC, trio's is time.perf_counter() plus an offset
+        # (the same clock on Linux): ages carry over exactly.
+        trio_now = _trio_now()
+        sessions = self._sessions
+        for cid, bytes_in, frames, delivered, bytes_out, writes, drops, last_ns in rows:
+            counters.bytes_in += bytes_in
+            counters.routed += frames
+            counters.delivered += delivered
+            counters.bytes_out += bytes_out
+            counters.writes += writes
+            s = sessions.get(cid)
+            if drops:
+                counters.drop("slow_consumer", drops)
+                if s is not None:
+                    s.outbox.dropped += drops
+            if s is not None and last_ns and trio_now is not None:
+                seen = trio_now - (now_ns - last_ns) / 1e9
+                if seen > s.last_recv:
+                    s.last_recv = seen
+
+    def info(self) -> dict[str, int]:
+        """The thread's own counters (rounds, upcalls, routes...), for tests and profiles."""
+        d: dict[str, int] = self.relay.info()
+        return d
+
+
+_READS = frozenset({"native", "jgroups2", "jgroups5"})
+
+
+def _trio_now() -> float | None:
+    try:
+        return trio.current_time()
+    except RuntimeError:  # outside trio (a test folding counters by hand)
+        return None
+
+
+def _no_bytes() -> bytes:
+    return b""
+
+
+def _unchanged() -> None:
+    pass
+

@@ -1,0 +1,389 @@
+"""The compiled fast path (gossiprouter.fastpath, gossiprouter/_relay.c; issue 16).
+
+Every test here starts its router with ``fast_path="on"``, which does not depend on the
+environment: in the suite's second pass (GOSSIPROUTER_FAST_PATH=off, the pure-Python path)
+these still test the thread, and a machine without the extension fails them with the reason
+(the ConfigError), never skips them.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from collections.abc import Awaitable, Callable
+
+import pytest
+import trio
+
+from gossiprouter import fastpath
+from gossiprouter.config import Config, ConfigError
+from gossiprouter.fastpath import FastPath
+from gossiprouter.ops.runtime import Operations
+from gossiprouter.protocol import jgroups2 as j2
+from gossiprouter.protocol import jgroups5 as j5
+from gossiprouter.protocol import native as wire
+from gossiprouter.server import Server
+from tests.hostile import (
+    FLOOD_BUDGET,
+    Honest,
+    during,
+    native_control_flood,
+    pipelined_pings,
+    throttled_then_closed,
+)
+from tests.jgroups_clients import J2Client, J5Client, uuid
+from tests.nclient import NativeClient
+
+Start = Callable[..., Awaitable[Server]]
+
+
+def fast_of(router: Server) -> FastPath:
+    assert router.fast is not None, "the fast path is not running"
+    return router.fast
+
+
+async def read_exactly(c: NativeClient, n: int, timeout: float = 5.0) -> bytes:
+    """``n`` raw bytes from ``c``'s socket (what the router wrote, byte for byte)."""
+    got = b""
+    with trio.fail_after(timeout):
+        while len(got) < n:
+            got += await c.stream.receive_some(n - len(got))
+    return got
+
+
+async def round_trip(c: NativeClient, nonce: int) -> None:
+    """PING/PONG: everything ``c`` sent before was handled by the router."""
+    await c.send(wire.Ping(nonce))
+    while True:
+        f = await c.recv()
+        if f == wire.Pong(nonce):
+            return
+
+
+async def test_routed_frames_are_relayed_by_the_thread_byte_for_byte(start_router: Start
+                                                                    ) -> None:
+    router = await start_router(fast_path="on")
+    fast = fast_of(router)
+    a, b, c = await NativeClient.several(router, 3)
+    for cl, addr in ((a, b"A"), (b, b"B"), (c, b"C")):
+        assert await cl.connect("g", addr) == wire.Ok(1)
+    await round_trip(a, 1)
+    before = fast.upcalls
+    # A non-minimal but valid encoding (bin32 payload): relayed as received, not re-encoded.
+    uni = [struct.pack(">I", 15 + len(p)) + b"\x95\x06\xa1g\xc4\x01B\xc4\x01A\xc6"
+           + struct.pack(">I", len(p)) + p for p in (b"u%03d" % i for i in range(300))]
+    multi = [wire.encode(wire.Route("g", None, b"A", b"m%03d" % i)) for i in range(300)]
+    for f in uni:
+        await a.send_raw(f)
+    for f in multi:
+        await a.send_raw(f)
+    assert await read_exactly(b, sum(map(len, uni + multi))) == b"".join(uni + multi)
+    assert await read_exactly(c, sum(map(len, multi))) == b"".join(multi)
+    # The first frame of each header went up to Python, which taught the thread the route;
+    # the other 598 never reached the interpreter.
+    assert fast.upcalls - before <= 4, fast.upcalls - before
+    assert fast.learned >= 2
+    router.hub.sync()
+    assert router.hub.counters.routed == 600
+    assert router.hub.counters.delivered == 300 + 2 * 300
+
+
+async def test_membership_changes_are_seen_by_the_next_frame(start_router: Start) -> None:
+    router = await start_router(fast_path="on")
+    a, b, c = await NativeClient.several(router, 3)
+    for cl, addr in ((a, b"A"), (b, b"B"), (c, b"C")):
+        await cl.connect("g", addr)
+    await a.send(wire.Route("g", None, b"A", b"one"))
+    assert await b.recv() == wire.Route("g", None, b"A", b"one")
+    assert await c.recv() == wire.Route("g", None, b"A", b"one")
+    # C leaves: the thread's learned multicast must not reach it any more.
+    assert await c.request(wire.Disconnect(c.req(), "g", b"C")) == wire.Ok(2)
+    await a.send(wire.Route("g", None, b"A", b"two"))
+    assert await b.recv() == wire.Route("g", None, b"A", b"two")
+    await round_trip(c, 7)  # c got nothing before its PONG
+    # B's connection goes; B registers again on a new one: the unicast follows it.
+    await a.send(wire.Route("g", b"B", b"A", b"to-b-1"))
+    assert await b.recv() == wire.Route("g", b"B", b"A", b"to-b-1")
+    await b.stream.aclose()
+    b2 = await NativeClient.to(router)
+    with trio.fail_after(5):
+        while await b2.connect("g", b"B") != wire.Ok(1):  # until the old connection is gone
+            await trio.sleep(0.01)
+            b2 = await NativeClient.to(router)
+    await a.send(wire.Route("g", b"B", b"A", b"to-b-2"))
+    assert await b2.recv() == wire.Route("g", b"B", b"A", b"to-b-2")
+    # C joins again: multicasts reach it again.
+    await c.connect("g", b"C")
+    await a.send(wire.Route("g", None, b"A", b"three"))
+    assert await c.recv() == wire.Route("g", None, b"A", b"three")
+    assert await b2.recv() == wire.Route("g", None, b"A", b"three")
+
+
+def _script(rng: random.Random) -> list[bytes]:
+    """A sender's frames: routes to B, C, the group, an unknown member and a group it is not
+    in, PINGs, and a leave and join of one of its addresses, in a random order."""
+    frames: list[bytes] = []
+    for i in range(400):
+        k = rng.randrange(10)
+        payload = bytes(rng.randrange(256) for _ in range(rng.choice((0, 1, 5, 200, 3000))))
+        if k < 3:
+            frames.append(wire.encode(wire.Route("g", b"B", b"A", payload)))
+        elif k < 5:
+            frames.append(wire.encode(wire.Route("g", b"C", b"A2", payload)))
+        elif k < 7:
+            frames.append(wire.encode(wire.Route("g", None, rng.choice((b"A", b"A2")), payload)))
+        elif k == 7:
+            frames.append(wire.encode(wire.Ping(i)))
+        elif k == 8:
+            frames.append(wire.encode(wire.Route("h", None, b"A", payload)))  # not a member
+        elif rng.random() < 0.5:
+            frames.append(wire.encode(wire.Disconnect(10_000 + i, "g", b"A2")))
+            frames.append(wire.encode(wire.Connect(20_000 + i, "g", b"A2", None, ())))
+        else:
+            frames.append(wire.encode(wire.Route("g", b"nobody", b"A", payload)))
+    return frames
+
+
+async def _run_script(router: Server, seed: int) -> dict[str, bytes]:
+    """Play ``_script(seed)`` from one client, cut at random points, against ``router``;
+    what each client received, byte for byte."""
+    rng = random.Random(seed)
+    a, b, c = await NativeClient.several(router, 3)
+    await a.connect("g", b"A")
+    await a.connect("g", b"A2")
+    await b.connect("g", b"B")
+    await c.connect("g", b"C")
+    stream = b"".join(_script(rng)) + wire.encode(wire.Route("g", None, b"A", b"END"))
+    end = wire.encode(wire.Route("g", None, b"A", b"END"))
+    pos = 0
+    while pos < len(stream):
+        n = rng.choice((1, 7, 100, 1500, 20_000))
+        await a.send_raw(stream[pos : pos + n])
+        pos += n
+        if rng.random() < 0.3:
+            await trio.sleep(0.002)  # a separate read, often
+    out: dict[str, bytes] = {}
+    for name, cl in (("B", b), ("C", c)):
+        got = b""
+        with trio.fail_after(10):
+            while not got.endswith(end):
+                got += await cl.stream.receive_some(65536)
+        out[name] = got
+    await a.send(wire.Ping(999_999))
+    got = b""
+    pong = wire.encode(wire.Pong(999_999))
+    with trio.fail_after(10):
+        while not got.endswith(pong):
+            got += await a.stream.receive_some(65536)
+    out["A"] = got
+    for cl in (a, b, c):
+        await cl.stream.aclose()
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_same_bytes_as_the_pure_python_path(start_router: Start, seed: int) -> None:
+    """Differential: the same sender stream, cut differently into reads, gives every receiver
+    exactly the bytes the pure-Python path gives it (and the sender the same replies)."""
+    fast = await start_router(fast_path="on")
+    slow = await start_router(fast_path="off")
+    assert slow.fast is None
+    want = await _run_script(slow, seed)
+    got = await _run_script(fast, seed)
+    assert fast_of(fast).learned > 0
+    for name in want:
+        assert got[name] == want[name], name
+
+
+async def test_a_frame_cut_between_reads_is_held_by_the_thread(start_router: Start) -> None:
+    router = await start_router(fast_path="on")
+    fast = fast_of(router)
+    a, b = await NativeClient.several(router, 2)
+    await a.connect("g", b"A")
+    await b.connect("g", b"B")
+    await a.send(wire.Route("g", b"B", b"A", b"learn"))
+    assert await b.recv() == wire.Route("g", b"B", b"A", b"learn")
+    before = fast.upcalls
+    frame = wire.encode(wire.Route("g", b"B", b"A", b"x" * 5000))
+    for cut in (2, 10, 4000):  # in the length prefix, in the header, in the payload
+        await a.send_raw(frame[:cut])
+        await trio.sleep(0.05)
+        await a.send_raw(frame[cut:])
+        assert await read_exactly(b, len(frame)) == frame
+    assert fast.upcalls == before
+
+
+async def test_jgroups2_messages_are_relayed_by_the_thread(start_router: Start) -> None:
+    router = await start_router(fast_path="on")
+    fast = fast_of(router)
+    assert router.address is not None
+    x = await J2Client.open(*router.address)
+    y = await J2Client.open(*router.address)
+    await x.connect("cluster", uuid(1, 2), "x")
+    await y.connect("cluster", uuid(2, 2), "y")
+    await x.round_trip()
+    await y.round_trip()
+    before = fast.upcalls
+    for i in range(200):
+        await x.message("cluster", uuid(2, 2), b"u%03d" % i)
+    for i in range(200):
+        await x.message("cluster", None, b"m%03d" % i)
+    got_y: list[bytes] = []
+    with trio.fail_after(10):
+        while len(got_y) < 400:
+            ev = await y.recv()
+            if isinstance(ev, j2.Message):
+                got_y.append(bytes(ev.payload))
+    assert got_y == [b"u%03d" % i for i in range(200)] + [b"m%03d" % i for i in range(200)]
+    got_x: list[bytes] = []  # 2.12 semantics: the sender gets its own multicasts back
+    with trio.fail_after(10):
+        while len(got_x) < 200:
+            ev = await x.recv()
+            if isinstance(ev, j2.Message):
+                got_x.append(bytes(ev.payload))
+    assert got_x == [b"m%03d" % i for i in range(200)]
+    assert fast.upcalls - before <= 4
+    router.hub.sync()
+    assert router.hub.counters.routed == 400
+
+
+async def test_jgroups5_messages_are_relayed_by_the_thread_as_received(start_router: Start
+                                                                      ) -> None:
+    router = await start_router(fast_path="on")
+    fast = fast_of(router)
+    assert router.address is not None
+    x = await J5Client.open(*router.address)
+    y = await J5Client.open(*router.address)
+    await x.register("cluster", uuid(1, 5), "x")
+    await y.register("cluster", uuid(2, 5), "y")
+    await x.sync()
+    await y.sync()
+    before = fast.upcalls
+    sent = []
+    for i in range(200):
+        sent.append(await x.message("cluster", uuid(2, 5), uuid(1, 5), b"u%03d" % i))
+    for i in range(200):
+        sent.append(await x.message("cluster", None, uuid(1, 5), b"m%03d" % i))
+    got: list[bytes] = []
+    with trio.fail_after(10):
+        while len(got) < 400:
+            ev = await y.recv()
+            if isinstance(ev, j5.Message):
+                got.append(ev.raw)
+    assert got == sent  # byte for byte, in order
+    echoed = 0  # JGroups semantics: the sender gets its own multicasts back
+    with trio.fail_after(10):
+        while echoed < 200:
+            if isinstance(await x.recv(), j5.Message):
+                echoed += 1
+    assert fast.upcalls - before <= 4
+    router.hub.sync()
+    assert router.hub.counters.routed == 400
+
+
+async def test_traffic_relayed_by_the_thread_counts_for_the_idle_timeout(start_router: Start
+                                                                       ) -> None:
+    router = await start_router(fast_path="on", idle_timeout=0.6)
+    a, b = await NativeClient.several(router, 2)
+    await a.connect("g", b"A")
+    await b.connect("g", b"B")
+    # Only routed frames for 2 s: the thread relays them all after the first of each; if
+    # their reception did not reach the reaper, both would be closed after 0.6 s.
+    for i in range(20):
+        await a.send(wire.Route("g", b"B", b"A", b"%d" % i))
+        await b.send(wire.Route("g", b"A", b"B", b"%d" % i))
+        assert await b.recv() == wire.Route("g", b"B", b"A", b"%d" % i)
+        assert await a.recv() == wire.Route("g", b"A", b"B", b"%d" % i)
+        await trio.sleep(0.1)
+    assert fast_of(router).learned >= 2
+    router.hub.sync()
+    assert router.hub.counters.closes.get("idle_timeout", 0) == 0
+    # ...and the timeout still works once nothing comes.
+    with trio.fail_after(5):
+        f = await a.recv(timeout=5)
+    assert isinstance(f, wire.Error) and f.code == "idle_timeout"
+
+
+async def test_a_receiver_that_stops_reading_is_closed_as_a_slow_consumer(start_router: Start
+                                                                         ) -> None:
+    router = await start_router(fast_path="on", max_frame=4096, outbound_queue_bytes=8192)
+    a, b, c = await NativeClient.several(router, 3)
+    for cl, addr in ((a, b"A"), (b, b"B"), (c, b"C")):
+        await cl.connect("g", addr)
+    frame = wire.encode(wire.Route("g", None, b"A", b"z" * 3000))
+    # B never reads. C reads everything. Bounded: at most 40 MB offered.
+    got_c = 0
+
+    async def drain_c() -> None:
+        nonlocal got_c
+        while True:
+            data = await c.stream.receive_some(1 << 20)
+            if not data:
+                return
+            got_c += len(data)
+
+    sent = 0
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(drain_c)
+        with trio.fail_after(30):
+            while router.hub.counters.slow_consumer_disconnects == 0 and sent < 13_000:
+                await a.send_raw(frame * 10)
+                sent += 10
+        await round_trip(a, 5)  # A is still served
+        with trio.fail_after(10):
+            while got_c < sent * len(frame):
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert router.hub.counters.slow_consumer_disconnects == 1
+    assert got_c == sent * len(frame)  # C lost nothing
+
+
+async def test_fast_path_on_needs_the_extension(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fastpath, "_relay", None)
+    cfg = Config(host="127.0.0.1", port=0, fast_path="on")
+    with pytest.raises(ConfigError, match=r"gossiprouter\._relay is not built"):
+        Server(cfg, hooks=Operations(cfg))
+    auto = Config(host="127.0.0.1", port=0)
+    assert Server(auto, hooks=Operations(auto)).fast is None  # auto: runs without it
+
+
+async def test_the_environment_switches_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = Config(host="127.0.0.1", port=0)
+    monkeypatch.setenv(fastpath.ENV, "off")
+    assert Server(cfg, hooks=Operations(cfg)).fast is None
+    monkeypatch.setenv(fastpath.ENV, "on")
+    assert Server(cfg, hooks=Operations(cfg)).fast is not None
+    monkeypatch.setenv(fastpath.ENV, "maybe")
+    with pytest.raises(ConfigError, match="GOSSIPROUTER_FAST_PATH"):
+        Server(cfg, hooks=Operations(cfg))
+    # An explicit setting wins over the environment.
+    monkeypatch.setenv(fastpath.ENV, "on")
+    off = Config(host="127.0.0.1", port=0, fast_path="off")
+    assert Server(off, hooks=Operations(off)).fast is None
+
+
+# ------------------------------------------------------------------ fairness, as without it
+# What the thread cannot relay goes to the connection's Feeder, whose turns and control
+# budget apply unchanged: the same attacks as tests/test_dispatch.py's, read by the thread.
+
+
+async def test_pipelined_pings_take_turns_with_the_fast_path(start_router: Start) -> None:
+    router = await start_router(fast_path="on", control_rate=0)
+    fast = fast_of(router)
+    pipeline = pipelined_pings(router, 5000)
+
+    async def attack(honest: Honest) -> None:
+        upcalls = fast.upcalls
+        await pipeline(honest)
+        assert fast.upcalls > upcalls
+
+    await during(router, attack)
+    assert router.hub.counters.turns_cut > 0 and fast.handbacks > 0
+
+
+async def test_control_flood_throttled_then_closed_with_the_fast_path(start_router: Start
+                                                                     ) -> None:
+    router = await start_router(fast_path="on", **FLOOD_BUDGET)
+    frame = wire.encode(wire.Ping(3))
+    await throttled_then_closed(router, lambda: native_control_flood(router, frame))
+    assert fast_of(router).handbacks > 0
