@@ -97,7 +97,7 @@ typedef struct {
     size_t rlen, rcap;
     uint8_t *pend;
     size_t plen, pcap;
-    route_t routes[MAX_ROUTES];
+    route_t *routes; /* MAX_ROUTES, allocated at the first learn (idle connections have none) */
     int nroutes;
     int last_hit;
     uint64_t epoch;
@@ -568,6 +568,7 @@ static void stop_thread(Relay *self) {
 
 static void free_conn(conn_t *c) {
     free_routes(c);
+    free(c->routes);
     free(c->rbuf);
     free(c->pend);
     free(c);
@@ -861,7 +862,12 @@ static PyObject *Relay_learn(Relay *self, PyObject *args) {
             }
         }
         if (c->nroutes == MAX_ROUTES) free_routes(c);
-        route_t *rt = &c->routes[c->nroutes];
+        if (c->routes == NULL) c->routes = malloc(sizeof(route_t) * MAX_ROUTES);
+        route_t *rt = c->routes ? &c->routes[c->nroutes] : NULL;
+        if (rt == NULL) {
+            ok = 0;
+            goto done;
+        }
         rt->key = malloc((size_t)key.len);
         rt->out = malloc(out.len ? (size_t)out.len : 1);
         if (rt->key == NULL || rt->out == NULL) {
@@ -882,6 +888,7 @@ static PyObject *Relay_learn(Relay *self, PyObject *args) {
             c->nroutes++;
         }
     }
+done:
     pthread_mutex_unlock(&self->mu);
     free(ids);
     PyBuffer_Release(&key);
