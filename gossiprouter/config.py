@@ -148,7 +148,9 @@ OPTIONS: tuple[Option, ...] = (
            "With the dispatcher: when one wake-up reads several connections, hold its direct "
            "sends of small messages and write what it routed to each receiver in one send when "
            "it ends (fewer system calls in fan-out under medium load; adds the wake-up's "
-           "processing time to the first messages' latency). See docs/performance.md."),
+           "processing time to the first messages' latency). See docs/performance.md. Not used "
+           "by the compiled fast path, which writes what one read routes to a receiver in one "
+           "send."),
     Option("fast_path", str, "auto",
            "The compiled fast path (gossiprouter._relay, built by scripts/setup): a relay "
            "thread reads plain-TCP connections (native, JGroups 2.12 and 5.x) and relays their "

@@ -38,12 +38,15 @@ slow-consumer policy (``drop`` counts it, ``disconnect`` closes through
 
 ``fast_path`` (option): ``auto`` (default) uses it when the extension is built, ``on``
 requires it, ``off`` never uses it. The environment variable ``GOSSIPROUTER_FAST_PATH``
-(``on``/``off``) overrides ``auto``: ``scripts/test`` runs the suite both ways with it.
+(``on``/``off``) overrides ``auto``: ``scripts/test`` runs the suite both ways with it (``on``
+there requires the extension, but a config with ``dispatcher`` or ``direct_send`` off still
+runs without the fast path, which is built on both).
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import socket
 from collections.abc import Awaitable, Callable
@@ -60,6 +63,8 @@ if TYPE_CHECKING:
     from gossiprouter.sessions.base import Hub, Session
 
 ENV = "GOSSIPROUTER_FAST_PATH"
+
+log = logging.getLogger("gossiprouter")
 
 F = TypeVar("F", bound=Feed)
 
@@ -83,27 +88,37 @@ def available() -> bool:
 def wanted(config: Config) -> bool:
     """Whether a server with ``config`` runs the fast path; ConfigError when it must and
     cannot."""
+    return status(config)[0]
+
+
+def status(config: Config) -> tuple[bool, str]:
+    """(whether a server with ``config`` runs the fast path, why: for the start-up line);
+    ConfigError when it must and cannot."""
     mode = config.fast_path
+    why = "option fast_path"
+    env = ""
     if mode == "auto":
         env = os.environ.get(ENV, "").strip().lower()
         if env in ("on", "off"):
-            mode = env
+            mode, why = env, f"{ENV}={env}"
         elif env not in ("", "auto"):
             raise ConfigError(f"{ENV}={env!r}: expected on, off or auto")
     if mode == "off":
-        return False
+        return False, f"off ({why})"
     if not (config.dispatcher and config.direct_send):
-        if mode == "on":
+        # The fast path is the dispatcher's read path with direct sends: a config that turns
+        # either off explicitly wins over the environment (the suite's tests of those paths).
+        if mode == "on" and not env:
             raise ConfigError("fast_path on needs dispatcher and direct_send (one is off)")
-        return False
+        return False, "off (dispatcher or direct_send is off)"
     if _relay is None:
         if mode == "on":
             raise ConfigError(
                 "fast_path on: the compiled extension gossiprouter._relay is not built "
                 "(run scripts/setup, which needs a C compiler and the Python headers; or set "
                 "fast-path auto to run without it)")
-        return False
-    return True
+        return False, "off (gossiprouter._relay is not built: run scripts/setup)"
+    return True, "on (compiled relay thread)"
 
 
 class _Slot:
@@ -132,6 +147,7 @@ class FastPath:
         # For tests and profiles: upcalls handled, routes learned, connections handed back to
         # their task for a wait (a spent turn or control budget, back-pressure).
         self.upcalls = 0
+        self.by_kind = [0] * 5  # upcalls by kind: DATA, EOF, ERROR, EVICT, SLOW
         self.learned = 0
         self.handbacks = 0
         hub.fast = self
@@ -161,12 +177,16 @@ class FastPath:
                 self._handback(cid, slot, END)
             self.hub.table.changed = _unchanged
             self.collect()
+            c = self.hub.counters
+            log.info("fast path: the relay thread relayed %d of %d routed frames (%d upcalls, "
+                     "%d routes learned)", c.fast_relayed, c.routed, self.upcalls, self.learned)
 
     def _upcalls(self, items: list[tuple[int, int, bytes]]) -> None:
         mod = self.mod
         slots = self._slots
         for cid, kind, data in items:
             self.upcalls += 1
+            self.by_kind[kind] += 1
             if kind == mod.EVICT:
                 s = self._sessions.get(cid)
                 if s is not None:
@@ -405,6 +425,7 @@ class FastPath:
         for cid, bytes_in, frames, delivered, bytes_out, writes, drops, last_ns in rows:
             counters.bytes_in += bytes_in
             counters.routed += frames
+            counters.fast_relayed += frames
             counters.delivered += delivered
             counters.bytes_out += bytes_out
             counters.writes += writes

@@ -48,7 +48,7 @@ from gossiprouter.addresses import format_hostport
 from gossiprouter.bridge import Bridge
 from gossiprouter.config import Config, ConfigError
 from gossiprouter.dispatch import END, READ, Dispatcher
-from gossiprouter.fastpath import FastPath, wanted
+from gossiprouter.fastpath import FastPath, status
 from gossiprouter.hooks import ByteStream, NoHooks, ServerHooks, needs_hooks
 from gossiprouter.protocol import native as wire
 from gossiprouter.ratelog import RateLimitedLog
@@ -220,7 +220,8 @@ class Server:
                                      self.hub.batch if config.coalesce_writes else None)
         # The compiled fast path (gossiprouter.fastpath), when built and not switched off: its
         # thread reads and writes the plain-TCP connections past their handshake.
-        self.fast = FastPath(self.hub) if wanted(config) else None
+        fast, self._fast_status = status(config)
+        self.fast = FastPath(self.hub) if fast else None
         # The MQTT federation bridge (docs/topics.md), checked here so a bad option fails start.
         self.bridge = Bridge(self.hub, config) if config.bridge else None
 
@@ -255,7 +256,8 @@ class Server:
             raise ListenError(cfg.host, cfg.port, e) from e
         sockname = listener.socket.getsockname()
         self.address = (sockname[0], sockname[1])
-        log.info("listening on %s:%d (native, JGroups 2.12 and 5.x on one port)", *self.address)
+        log.info("listening on %s:%d (native, JGroups 2.12 and 5.x on one port); fast path: %s",
+                 *self.address, self._fast_status)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._reaper)

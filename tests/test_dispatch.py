@@ -292,7 +292,7 @@ async def test_exception_contained_on_the_dispatcher(
         start_router: RouterFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """An exception from a session read by the dispatcher closes only that connection
     (ERROR internal_error), and the dispatcher task reads on for everyone else."""
-    router = await start_router(dispatcher=True)
+    router = await start_router(dispatcher=True, fast_path="off")
     async with honest_traffic(router):
         await trio.sleep(0.05)
         monkeypatch.setattr(wire, "encode_members", _boom)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import struct
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import pytest
 import trio
@@ -33,6 +34,8 @@ from tests.hostile import (
 )
 from tests.jgroups_clients import J2Client, J5Client, uuid
 from tests.nclient import NativeClient
+from tests.test_hostile import _boom, honest_traffic, still_serving
+from tests.test_ops_metrics import scrape, v
 
 Start = Callable[..., Awaitable[Server]]
 
@@ -213,6 +216,19 @@ async def test_a_frame_cut_between_reads_is_held_by_the_thread(start_router: Sta
     assert fast.upcalls == before
 
 
+E = TypeVar("E")
+
+
+async def gather(client: J2Client | J5Client, kind: type[E], n: int, out: list[E]) -> None:
+    """Read ``client`` until it got ``n`` events of ``kind`` (concurrently with the sender:
+    receivers that keep reading are never evicted to Python)."""
+    with trio.fail_after(10):
+        while len(out) < n:
+            ev = await client.recv()
+            if isinstance(ev, kind):
+                out.append(ev)
+
+
 async def test_jgroups2_messages_are_relayed_by_the_thread(start_router: Start) -> None:
     router = await start_router(fast_path="on")
     fast = fast_of(router)
@@ -224,25 +240,20 @@ async def test_jgroups2_messages_are_relayed_by_the_thread(start_router: Start) 
     await x.round_trip()
     await y.round_trip()
     before = fast.upcalls
-    for i in range(200):
-        await x.message("cluster", uuid(2, 2), b"u%03d" % i)
-    for i in range(200):
-        await x.message("cluster", None, b"m%03d" % i)
-    got_y: list[bytes] = []
-    with trio.fail_after(10):
-        while len(got_y) < 400:
-            ev = await y.recv()
-            if isinstance(ev, j2.Message):
-                got_y.append(bytes(ev.payload))
-    assert got_y == [b"u%03d" % i for i in range(200)] + [b"m%03d" % i for i in range(200)]
-    got_x: list[bytes] = []  # 2.12 semantics: the sender gets its own multicasts back
-    with trio.fail_after(10):
-        while len(got_x) < 200:
-            ev = await x.recv()
-            if isinstance(ev, j2.Message):
-                got_x.append(bytes(ev.payload))
-    assert got_x == [b"m%03d" % i for i in range(200)]
-    assert fast.upcalls - before <= 4
+    got_x: list[j2.Message] = []
+    got_y: list[j2.Message] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(gather, y, j2.Message, 400, got_y)
+        # 2.12 semantics: the sender gets its own multicasts back.
+        nursery.start_soon(gather, x, j2.Message, 200, got_x)
+        for i in range(200):
+            await x.message("cluster", uuid(2, 2), b"u%03d" % i)
+        for i in range(200):
+            await x.message("cluster", None, b"m%03d" % i)
+    assert [bytes(m.payload) for m in got_y] == (
+        [b"u%03d" % i for i in range(200)] + [b"m%03d" % i for i in range(200)])
+    assert [bytes(m.payload) for m in got_x] == [b"m%03d" % i for i in range(200)]
+    assert fast.upcalls - before <= 4, (fast.by_kind, fast.learned, fast.info())
     router.hub.sync()
     assert router.hub.counters.routed == 400
 
@@ -260,23 +271,19 @@ async def test_jgroups5_messages_are_relayed_by_the_thread_as_received(start_rou
     await y.sync()
     before = fast.upcalls
     sent = []
-    for i in range(200):
-        sent.append(await x.message("cluster", uuid(2, 5), uuid(1, 5), b"u%03d" % i))
-    for i in range(200):
-        sent.append(await x.message("cluster", None, uuid(1, 5), b"m%03d" % i))
-    got: list[bytes] = []
-    with trio.fail_after(10):
-        while len(got) < 400:
-            ev = await y.recv()
-            if isinstance(ev, j5.Message):
-                got.append(ev.raw)
-    assert got == sent  # byte for byte, in order
-    echoed = 0  # JGroups semantics: the sender gets its own multicasts back
-    with trio.fail_after(10):
-        while echoed < 200:
-            if isinstance(await x.recv(), j5.Message):
-                echoed += 1
-    assert fast.upcalls - before <= 4
+    got_x: list[j5.Message] = []
+    got_y: list[j5.Message] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(gather, y, j5.Message, 400, got_y)
+        # JGroups semantics: the sender gets its own multicasts back.
+        nursery.start_soon(gather, x, j5.Message, 200, got_x)
+        for i in range(200):
+            sent.append(await x.message("cluster", uuid(2, 5), uuid(1, 5), b"u%03d" % i))
+        for i in range(200):
+            sent.append(await x.message("cluster", None, uuid(1, 5), b"m%03d" % i))
+    assert [m.raw for m in got_y] == sent  # byte for byte, in order
+    assert [m.raw for m in got_x] == sent[200:]
+    assert fast.upcalls - before <= 4, (fast.by_kind, fast.learned, fast.info())
     router.hub.sync()
     assert router.hub.counters.routed == 400
 
@@ -340,6 +347,7 @@ async def test_a_receiver_that_stops_reading_is_closed_as_a_slow_consumer(start_
 
 async def test_fast_path_on_needs_the_extension(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fastpath, "_relay", None)
+    monkeypatch.delenv(fastpath.ENV, raising=False)
     cfg = Config(host="127.0.0.1", port=0, fast_path="on")
     with pytest.raises(ConfigError, match=r"gossiprouter\._relay is not built"):
         Server(cfg, hooks=Operations(cfg))
@@ -353,6 +361,13 @@ async def test_the_environment_switches_auto(monkeypatch: pytest.MonkeyPatch) ->
     assert Server(cfg, hooks=Operations(cfg)).fast is None
     monkeypatch.setenv(fastpath.ENV, "on")
     assert Server(cfg, hooks=Operations(cfg)).fast is not None
+    # ...but not with the dispatcher or direct sends switched off in the config (the suite's
+    # tests of those paths), while the option itself refuses that.
+    nodisp = Config(host="127.0.0.1", port=0, dispatcher=False)
+    assert Server(nodisp, hooks=Operations(nodisp)).fast is None
+    bad = Config(host="127.0.0.1", port=0, dispatcher=False, fast_path="on")
+    with pytest.raises(ConfigError, match="needs dispatcher and direct_send"):
+        Server(bad, hooks=Operations(bad))
     monkeypatch.setenv(fastpath.ENV, "maybe")
     with pytest.raises(ConfigError, match="GOSSIPROUTER_FAST_PATH"):
         Server(cfg, hooks=Operations(cfg))
@@ -387,3 +402,57 @@ async def test_control_flood_throttled_then_closed_with_the_fast_path(start_rout
     frame = wire.encode(wire.Ping(3))
     await throttled_then_closed(router, lambda: native_control_flood(router, frame))
     assert fast_of(router).handbacks > 0
+
+
+async def test_metrics_count_what_the_thread_relayed(start_router: Start) -> None:
+    """The operations layer folds the thread's counters in before it reads them: a scrape
+    right after the traffic counts every frame (nothing here calls hub.sync)."""
+    router = await start_router(fast_path="on", metrics="127.0.0.1:0")
+    a, b = await NativeClient.several(router, 2)
+    await a.connect("g", b"A")
+    await b.connect("g", b"B")
+    for i in range(50):
+        await a.send(wire.Route("g", b"B", b"A", b"%d" % i))
+    for i in range(50):
+        assert await b.recv() == wire.Route("g", b"B", b"A", b"%d" % i)
+    samples = await scrape(router)
+    assert v(samples, "gossiprouter_frames_in_total", type="route") == 50
+    assert v(samples, "gossiprouter_frames_out_total", type="route") == 50
+    assert v(samples, "gossiprouter_fast_path_relayed_frames_total") >= 49
+
+
+async def test_the_start_up_line_says_whether_it_is_on(
+        start_router: Start, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    caplog.set_level("INFO", logger="gossiprouter")
+    await start_router(fast_path="on")
+    monkeypatch.setenv(fastpath.ENV, "off")
+    await start_router()
+    lines = [r.getMessage() for r in caplog.records if "listening on" in r.getMessage()]
+    assert lines[0].endswith("fast path: on (compiled relay thread)"), lines
+    assert lines[1].endswith("fast path: off (GOSSIPROUTER_FAST_PATH=off)"), lines
+
+
+async def test_exception_contained_with_the_fast_path(
+        start_router: Start, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session's exception on an upcall closes only that connection (ERROR internal_error);
+    the thread relays on for everyone else."""
+    router = await start_router(fast_path="on")
+    fast_of(router)  # the thread runs
+    async with honest_traffic(router):
+        await trio.sleep(0.05)
+        monkeypatch.setattr(wire, "encode_members", _boom)
+        assert router.address is not None
+        nc = await NativeClient.open(*router.address)
+        await nc.send(wire.GetMembers(7, "honest"))
+        frames = await nc.recv_until_closed(timeout=5)
+        assert frames == [wire.Error(None, "internal_error",
+                                     "internal router error; see the router's log")]
+        monkeypatch.undo()
+        router.hub.sync()
+        relayed = router.hub.counters.fast_relayed
+        await trio.sleep(0.05)
+        router.hub.sync()
+        assert router.hub.counters.fast_relayed > relayed  # honest traffic, by the thread
+    assert router.hub.counters.internal_errors == 1
+    await still_serving(router)

@@ -156,6 +156,10 @@ class RouterCollector(Collector):
         cm.add_metric(["route"], c.delivered)
         cm.add_metric(["event"], c.events_out)
         yield cm
+        yield _counter("gossiprouter_fast_path_relayed_frames",
+                       "Routed frames (frames_in{type=route}) relayed by the compiled fast "
+                       "path's thread without Python; 0 when the fast path is off.",
+                       c.fast_relayed)
         yield _counter("gossiprouter_socket_writes",
                        "Writes to client sockets (each carries one or more frames of any type; "
                        "bytes_out / socket_writes shows how well writes are batched).",

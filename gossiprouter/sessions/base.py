@@ -400,6 +400,8 @@ class Counters:
     writes: int = 0
     routed: int = 0
     delivered: int = 0
+    # Of ``routed``: frames the compiled fast path's thread relayed without Python.
+    fast_relayed: int = 0
     drops: dict[str, int] = field(default_factory=dict)
     slow_consumer_disconnects: int = 0
     protocol_errors: int = 0
