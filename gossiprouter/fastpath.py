@@ -212,7 +212,10 @@ class FastPath:
                     self._handback(cid, slot, e)
                     continue
                 if step == READ:
-                    self.relay.read(cid, slot.session.holding)
+                    try:
+                        self.relay.read(cid, slot.session.holding)
+                    except (KeyError, OSError) as e:  # the socket is gone: its task closes it
+                        self._handback(cid, slot, e if isinstance(e, KeyError) else END)
                 else:
                     self._handback(cid, slot, step)
             elif kind == mod.EOF:
