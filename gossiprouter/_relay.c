@@ -692,12 +692,20 @@ static PyObject *Relay_read(Relay *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* The methods taking one connection id: parse it and take the mutex (-1: a parse error,
+ * raised, and no mutex taken); *c is the connection or NULL (unknown or closed). */
+static int lock_conn(Relay *self, PyObject *args, conn_t **c, long long *cid) {
+    if (!PyArg_ParseTuple(args, "L", cid)) return -1;
+    pthread_mutex_lock(&self->mu);
+    *c = get_conn(self, *cid);
+    return 0;
+}
+
 /* unread(cid) -> bytes: stop reading; the bytes of a partial frame held, for Python. */
 static PyObject *Relay_unread(Relay *self, PyObject *args) {
     long long cid;
-    if (!PyArg_ParseTuple(args, "L", &cid)) return NULL;
-    pthread_mutex_lock(&self->mu);
-    conn_t *c = get_conn(self, cid);
+    conn_t *c;
+    if (lock_conn(self, args, &c, &cid) < 0) return NULL;
     PyObject *out;
     if (c == NULL) {
         out = PyBytes_FromStringAndSize(NULL, 0);
@@ -713,9 +721,8 @@ static PyObject *Relay_unread(Relay *self, PyObject *args) {
 /* attach(cid) -> bool: the thread may write to the connection (its queue is empty). */
 static PyObject *Relay_attach(Relay *self, PyObject *args) {
     long long cid;
-    if (!PyArg_ParseTuple(args, "L", &cid)) return NULL;
-    pthread_mutex_lock(&self->mu);
-    conn_t *c = get_conn(self, cid);
+    conn_t *c;
+    if (lock_conn(self, args, &c, &cid) < 0) return NULL;
     int ok = c != NULL && !c->slow;
     if (ok) {
         c->attached = 1;
@@ -740,9 +747,8 @@ static PyObject *take_pending_locked(Relay *self, conn_t *c) {
 /* take(cid) -> bytes: detach the connection from the thread's writes; its pending bytes. */
 static PyObject *Relay_take(Relay *self, PyObject *args) {
     long long cid;
-    if (!PyArg_ParseTuple(args, "L", &cid)) return NULL;
-    pthread_mutex_lock(&self->mu);
-    conn_t *c = get_conn(self, cid);
+    conn_t *c;
+    if (lock_conn(self, args, &c, &cid) < 0) return NULL;
     PyObject *out = c == NULL ? PyBytes_FromStringAndSize(NULL, 0) : take_pending_locked(self, c);
     pthread_mutex_unlock(&self->mu);
     return out;
@@ -752,9 +758,8 @@ static PyObject *Relay_take(Relay *self, PyObject *args) {
  * bytes. */
 static PyObject *Relay_close(Relay *self, PyObject *args) {
     long long cid;
-    if (!PyArg_ParseTuple(args, "L", &cid)) return NULL;
-    pthread_mutex_lock(&self->mu);
-    conn_t *c = get_conn(self, cid);
+    conn_t *c;
+    if (lock_conn(self, args, &c, &cid) < 0) return NULL;
     PyObject *out;
     if (c == NULL) {
         out = PyBytes_FromStringAndSize(NULL, 0);

@@ -34,7 +34,6 @@ from tests.hostile import (
 )
 from tests.jgroups_clients import J2Client, J5Client, uuid
 from tests.nclient import NativeClient
-from tests.test_hostile import _boom, honest_traffic, still_serving
 from tests.test_ops_metrics import scrape, v
 
 Start = Callable[..., Awaitable[Server]]
@@ -432,27 +431,3 @@ async def test_the_start_up_line_says_whether_it_is_on(
     assert lines[0].endswith("fast path: on (compiled relay thread)"), lines
     assert lines[1].endswith("fast path: off (GOSSIPROUTER_FAST_PATH=off)"), lines
 
-
-async def test_exception_contained_with_the_fast_path(
-        start_router: Start, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A session's exception on an upcall closes only that connection (ERROR internal_error);
-    the thread relays on for everyone else."""
-    router = await start_router(fast_path="on")
-    fast_of(router)  # the thread runs
-    async with honest_traffic(router):
-        await trio.sleep(0.05)
-        monkeypatch.setattr(wire, "encode_members", _boom)
-        assert router.address is not None
-        nc = await NativeClient.open(*router.address)
-        await nc.send(wire.GetMembers(7, "honest"))
-        frames = await nc.recv_until_closed(timeout=5)
-        assert frames == [wire.Error(None, "internal_error",
-                                     "internal router error; see the router's log")]
-        monkeypatch.undo()
-        router.hub.sync()
-        relayed = router.hub.counters.fast_relayed
-        await trio.sleep(0.05)
-        router.hub.sync()
-        assert router.hub.counters.fast_relayed > relayed  # honest traffic, by the thread
-    assert router.hub.counters.internal_errors == 1
-    await still_serving(router)
