@@ -259,33 +259,50 @@ async def test_server_reads_plain_tcp_through_dispatcher_when_on(
 # ------------------------------------------------------------------ fairness and containment
 # The socket suites (tests/test_hostile_fairness.py, tests/test_hostile.py) run with whatever
 # read path the conftest option --dispatcher selects (default: on) and the fast path as the
-# environment says (scripts/test runs both); these tests pin the pure-Python dispatcher on and
-# check that what they attack was read by it, and that the waits (turns, control budget) went
-# through the hand-back to the connection's task (the same for the fast path: test_fastpath).
+# environment says (scripts/test runs both); these tests pin each read path in turn (the
+# pure-Python dispatcher, and the compiled fast path, whose thread hands what it cannot relay
+# to the same Feeders) and check that what they attack was read by it, and that the waits
+# (turns, control budget) went through the hand-back to the connection's task.
 
 
-async def test_pipelined_pings_take_turns_on_the_dispatcher(start_router: RouterFactory) -> None:
-    """The pipeline (one read) is fed in turns: the dispatcher hands the flooder back for a
-    checkpoint, the honest pair is served meanwhile, and every PONG arrives."""
-    router = await start_router(dispatcher=True, control_rate=0, fast_path="off")
-    d = router.dispatcher
+def _fed(router: Server) -> int:
+    """Chunks the read path under test handed to Feeders: the pure-Python dispatcher's
+    reads, or the compiled fast path's upcalls (what its thread could not relay)."""
+    return router.dispatcher.reads if router.fast is None else router.fast.upcalls
+
+
+def _handbacks(router: Server) -> int:
+    """Connections the read path handed back to their task for a wait."""
+    return router.dispatcher.handbacks if router.fast is None else router.fast.handbacks
+
+
+@pytest.mark.parametrize("fast_path", ["off", "on"])
+async def test_pipelined_pings_take_turns_on_the_dispatcher(start_router: RouterFactory,
+                                                            fast_path: str) -> None:
+    """The pipeline (one read) is fed in turns: the dispatcher (or the fast path) hands the
+    flooder back for a checkpoint, the honest pair is served meanwhile, and every PONG
+    arrives."""
+    router = await start_router(dispatcher=True, control_rate=0, fast_path=fast_path)
+    assert (router.fast is not None) == (fast_path == "on")
     pipeline = pipelined_pings(router, 5000)
 
     async def attack(honest: Honest) -> None:
-        reads = d.reads
+        fed = _fed(router)
         await pipeline(honest)
-        assert d.reads > reads
+        assert _fed(router) > fed
 
     await during(router, attack)
-    assert router.hub.counters.turns_cut > 0 and d.handbacks > 0
+    assert router.hub.counters.turns_cut > 0 and _handbacks(router) > 0
 
 
+@pytest.mark.parametrize("fast_path", ["off", "on"])
 async def test_control_flood_throttled_then_closed_on_the_dispatcher(
-        start_router: RouterFactory) -> None:
-    router = await start_router(dispatcher=True, fast_path="off", **FLOOD_BUDGET)
+        start_router: RouterFactory, fast_path: str) -> None:
+    router = await start_router(dispatcher=True, fast_path=fast_path, **FLOOD_BUDGET)
+    assert (router.fast is not None) == (fast_path == "on")
     frame = wire.encode(wire.Ping(3))
     await throttled_then_closed(router, lambda: native_control_flood(router, frame))
-    assert router.dispatcher.handbacks > 0 and router.dispatcher.reads > 0
+    assert _handbacks(router) > 0 and _fed(router) > 0
 
 
 def _reads(router: Server) -> int:

@@ -24,14 +24,6 @@ from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
 from gossiprouter.server import Server
-from tests.hostile import (
-    FLOOD_BUDGET,
-    Honest,
-    during,
-    native_control_flood,
-    pipelined_pings,
-    throttled_then_closed,
-)
 from tests.jgroups_clients import J2Client, J5Client, uuid
 from tests.nclient import NativeClient
 from tests.test_ops_metrics import scrape, v
@@ -375,32 +367,6 @@ async def test_the_environment_switches_auto(monkeypatch: pytest.MonkeyPatch) ->
     off = Config(host="127.0.0.1", port=0, fast_path="off")
     assert Server(off, hooks=Operations(off)).fast is None
 
-
-# ------------------------------------------------------------------ fairness, as without it
-# What the thread cannot relay goes to the connection's Feeder, whose turns and control
-# budget apply unchanged: the same attacks as tests/test_dispatch.py's, read by the thread.
-
-
-async def test_pipelined_pings_take_turns_with_the_fast_path(start_router: Start) -> None:
-    router = await start_router(fast_path="on", control_rate=0)
-    fast = fast_of(router)
-    pipeline = pipelined_pings(router, 5000)
-
-    async def attack(honest: Honest) -> None:
-        upcalls = fast.upcalls
-        await pipeline(honest)
-        assert fast.upcalls > upcalls
-
-    await during(router, attack)
-    assert router.hub.counters.turns_cut > 0 and fast.handbacks > 0
-
-
-async def test_control_flood_throttled_then_closed_with_the_fast_path(start_router: Start
-                                                                     ) -> None:
-    router = await start_router(fast_path="on", **FLOOD_BUDGET)
-    frame = wire.encode(wire.Ping(3))
-    await throttled_then_closed(router, lambda: native_control_flood(router, frame))
-    assert fast_of(router).handbacks > 0
 
 
 async def test_metrics_count_what_the_thread_relayed(start_router: Start) -> None:
