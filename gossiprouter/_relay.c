@@ -342,8 +342,11 @@ static ssize_t frame_len(conn_t *c, route_t **rtp, const uint8_t *p, size_t avai
         uint32_t n = be32(p);
         route_t *rt = match(c, p + 4, avail - 4);
         if (rt == NULL) {
-            /* Cut before the end of its header: wait if a learned header may follow. */
-            if (4 + (size_t)n <= MAX_HOLD && starts_route(c, p + 4, avail - 4)) return 0;
+            /* Cut before the end of its header: wait if a learned header may follow. A frame
+             * already whole (shorter than the header) is not one: Python's, now. */
+            if (avail < 4 + (size_t)n && 4 + (size_t)n <= MAX_HOLD &&
+                starts_route(c, p + 4, avail - 4))
+                return 0;
             return -1;
         }
         if (n > rt->max_frame || 4 + (size_t)n > MAX_HOLD) return -1;
@@ -375,7 +378,9 @@ static ssize_t frame_len(conn_t *c, route_t **rtp, const uint8_t *p, size_t avai
         if (n >= 0x80000000u) return -1; /* the close marker, or an error: Python's */
         route_t *rt = match(c, p + 4, avail - 4);
         if (rt == NULL) {
-            if (4 + (size_t)n <= MAX_HOLD && starts_route(c, p + 4, avail - 4)) return 0;
+            if (avail < 4 + (size_t)n && 4 + (size_t)n <= MAX_HOLD &&
+                starts_route(c, p + 4, avail - 4))
+                return 0;
             return -1;
         }
         if (n > rt->max_frame || 4 + (size_t)n > MAX_HOLD) return -1;
