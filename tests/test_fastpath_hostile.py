@@ -78,3 +78,31 @@ async def test_jgroups5_frame_shorter_than_a_learned_header_is_handled_at_once(
         while drops.get("malformed", 0) < 1:
             await trio.sleep(0.01)
     await x.sync()  # and the connection is still served
+
+
+@pytest.mark.parametrize("fast_path", ["on", "off"])
+async def test_held_frames_count_against_the_partial_frames_budget(start_router: Start,
+                                                                   fast_path: str) -> None:
+    """Frames larger than preauth_max_frame cut by a read are charged to the router-wide
+    partial_frames_budget: the thread does not hold them outside it (many connections each
+    holding the start of a learned route's large frame would pin memory past the bound)."""
+    router = await start_router(fast_path=fast_path, preauth_max_frame=4096, max_frame=100_000,
+                                jgroups_max_frame=100_000, partial_frames_budget=100_000)
+    a1, a2, b = await NativeClient.several(router, 3)
+    await a1.connect("g", b"A1")
+    await a2.connect("g", b"A2")
+    await b.connect("g", b"B")
+    starts = []
+    for cl, addr in ((a1, b"A1"), (a2, b"A2")):
+        for _ in range(2):  # the first teaches the thread the header
+            await cl.send(wire.Route("g", b"B", addr, b"learn"))
+            assert await b.recv() == wire.Route("g", b"B", addr, b"learn")
+        starts.append(wire.encode(wire.Route("g", b"B", addr, b"x" * 90_000))[:30_000])
+    await a1.send_raw(starts[0])  # 90 kB of the 100 kB budget, held for A1
+    with trio.fail_after(5):
+        while router.hub.counters.partial_bytes < 90_000:
+            await trio.sleep(0.01)
+    await a2.send_raw(starts[1])  # does not fit: refused, as the pure-Python path does
+    err = await a2.recv()
+    assert isinstance(err, wire.Error) and err.code == "limit", err
+    assert router.hub.counters.drops.get("partial_frames_budget") == 1
