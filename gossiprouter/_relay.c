@@ -93,6 +93,7 @@ typedef struct {
     int drop;      /* slow-consumer policy: 1 drop, 0 disconnect */
     int dirty;
     size_t max_pending;
+    size_t max_hold; /* the largest frame held across reads (<= MAX_HOLD) */
     uint8_t *rbuf;
     size_t rlen, rcap;
     uint8_t *pend;
@@ -342,11 +343,14 @@ static ssize_t frame_len(conn_t *c, route_t **rtp, const uint8_t *p, size_t avai
         uint32_t n = be32(p);
         route_t *rt = match(c, p + 4, avail - 4);
         if (rt == NULL) {
-            /* Cut before the end of its header: wait if a learned header may follow. */
-            if (4 + (size_t)n <= MAX_HOLD && starts_route(c, p + 4, avail - 4)) return 0;
+            /* Cut before the end of its header: wait if a learned header may follow. A frame
+             * already whole (shorter than the header) is not one: Python's, now. */
+            if (avail < 4 + (size_t)n && 4 + (size_t)n <= c->max_hold &&
+                starts_route(c, p + 4, avail - 4))
+                return 0;
             return -1;
         }
-        if (n > rt->max_frame || 4 + (size_t)n > MAX_HOLD) return -1;
+        if (n > rt->max_frame || 4 + (size_t)n > c->max_hold) return -1;
         size_t end = 4 + (size_t)n;
         size_t q = 4 + rt->klen; /* the payload's bin header */
         if (q >= end) return -1;
@@ -375,10 +379,12 @@ static ssize_t frame_len(conn_t *c, route_t **rtp, const uint8_t *p, size_t avai
         if (n >= 0x80000000u) return -1; /* the close marker, or an error: Python's */
         route_t *rt = match(c, p + 4, avail - 4);
         if (rt == NULL) {
-            if (4 + (size_t)n <= MAX_HOLD && starts_route(c, p + 4, avail - 4)) return 0;
+            if (avail < 4 + (size_t)n && 4 + (size_t)n <= c->max_hold &&
+                starts_route(c, p + 4, avail - 4))
+                return 0;
             return -1;
         }
-        if (n > rt->max_frame || 4 + (size_t)n > MAX_HOLD) return -1;
+        if (n > rt->max_frame || 4 + (size_t)n > c->max_hold) return -1;
         size_t end = 4 + (size_t)n;
         size_t q = 4 + rt->klen; /* the payload's length */
         if (q + 4 > end) return -1;
@@ -394,7 +400,7 @@ static ssize_t frame_len(conn_t *c, route_t **rtp, const uint8_t *p, size_t avai
         uint32_t n = be32(p + rt->klen);
         if (n == 0 || n > 0x7fffffffu) return -1;
         size_t end = rt->klen + 4 + (size_t)n;
-        if (end > rt->max_frame || end > MAX_HOLD) return -1;
+        if (end > rt->max_frame || end > c->max_hold) return -1;
         if (avail < end) return 0;
         *rtp = rt;
         return (ssize_t)end;
@@ -612,11 +618,16 @@ static PyObject *Relay_stop(Relay *self, PyObject *unused) {
 
 static PyObject *Relay_fileno(Relay *self, PyObject *unused) { return PyLong_FromLong(self->efd); }
 
-/* open(fd, kind, max_pending, drop) -> cid: a connection the relay may later read / write. */
+/* open(fd, kind, max_pending, drop, max_hold=MAX_HOLD) -> cid: a connection the relay may
+ * later read / write. ``max_hold``: the largest frame the thread holds across reads (a larger
+ * one cut by a read goes to Python, which charges it to its router-wide budget for partial
+ * frames: the thread's holds must stay within what Python admits without it). */
 static PyObject *Relay_open(Relay *self, PyObject *args) {
     int fd, kind, drop;
-    Py_ssize_t max_pending;
-    if (!PyArg_ParseTuple(args, "iinp", &fd, &kind, &max_pending, &drop)) return NULL;
+    Py_ssize_t max_pending, max_hold = MAX_HOLD;
+    if (!PyArg_ParseTuple(args, "iinp|n", &fd, &kind, &max_pending, &drop, &max_hold))
+        return NULL;
+    if (max_hold < 0 || max_hold > MAX_HOLD) max_hold = MAX_HOLD;
     if (kind != 0 && kind != NATIVE && kind != JG2 && kind != JG5) {
         PyErr_SetString(PyExc_ValueError, "unknown framing");
         return NULL;
@@ -655,6 +666,7 @@ static PyObject *Relay_open(Relay *self, PyObject *args) {
     if (c->gen == 0) c->gen = self->next_gen++;
     c->kind = kind;
     c->max_pending = (size_t)max_pending;
+    c->max_hold = (size_t)max_hold;
     c->drop = drop;
     c->epoch = self->epoch;
     self->conns[idx] = c;
@@ -998,7 +1010,7 @@ static PyMethodDef Relay_methods[] = {
     {"start", (PyCFunction)Relay_start, METH_NOARGS, "Start the relay thread."},
     {"stop", (PyCFunction)Relay_stop, METH_NOARGS, "Stop the relay thread and wait for it."},
     {"fileno", (PyCFunction)Relay_fileno, METH_NOARGS, "The fd readable when upcalls wait."},
-    {"open", (PyCFunction)Relay_open, METH_VARARGS, "open(fd, kind, max_pending, drop) -> cid"},
+    {"open", (PyCFunction)Relay_open, METH_VARARGS, "open(fd, kind, max_pending, drop, max_hold) -> cid"},
     {"read", (PyCFunction)Relay_read, METH_VARARGS, "read(cid, raw): read the connection."},
     {"unread", (PyCFunction)Relay_unread, METH_VARARGS, "unread(cid) -> held bytes."},
     {"attach", (PyCFunction)Relay_attach, METH_VARARGS, "attach(cid) -> bool"},

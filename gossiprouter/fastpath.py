@@ -246,7 +246,11 @@ class FastPath:
         kind = {"native": mod.NATIVE, "jgroups2": mod.JG2, "jgroups5": mod.JG5}.get(
             session.protocol, 0)
         ob = session.outbox
-        cid: int = self.relay.open(sock.fileno(), kind, ob.max_bytes, ob.policy == "drop")
+        # The thread holds a frame cut by a read only up to what Python holds without charging
+        # its partial_frames_budget (Session._reserve): a larger one goes to Python, budget and
+        # all, so the router-wide bound holds with the fast path too.
+        hold = min(self.hub.config.preauth_max_frame, mod.MAX_HOLD)
+        cid: int = self.relay.open(sock.fileno(), kind, ob.max_bytes, ob.policy == "drop", hold)
         session.fast_id = cid
         self._sessions[cid] = session
         self.attach(session)
