@@ -675,16 +675,31 @@ static PyObject *Relay_open(Relay *self, PyObject *args) {
     return PyLong_FromLongLong(cid);
 }
 
-/* read(cid, raw): the thread reads the connection (again); with raw the next chunk goes to
- * Python unparsed (Python holds the start of a frame). */
+/* read(cid, raw, held=b""): the thread reads the connection (again). With ``held``, the start
+ * of a frame Python's session kept (at most max_hold bytes), the next bytes continue it here;
+ * with ``raw`` the next chunk goes to Python unparsed (Python keeps something it cannot hand
+ * back: a larger frame, a 2.12 object in its decoder, the rest of a skipped frame). */
 static PyObject *Relay_read(Relay *self, PyObject *args) {
     long long cid;
     int raw;
-    if (!PyArg_ParseTuple(args, "Lp", &cid, &raw)) return NULL;
+    Py_buffer held = {0};
+    if (!PyArg_ParseTuple(args, "Lp|y*", &cid, &raw, &held)) return NULL;
     pthread_mutex_lock(&self->mu);
     conn_t *c = get_conn(self, cid);
     int ok = 0;
-    if (c != NULL) {
+    if (c != NULL && held.len > 0) {
+        /* The start of a frame Python cut and hands back: the next bytes continue it. Only
+         * while nothing is buffered here (after an upcall), and within what is held. */
+        if (c->rlen || (size_t)held.len > c->max_hold ||
+            reserve(&c->rbuf, &c->rcap, (size_t)held.len + RECV_SIZE) < 0) {
+            ok = EINVAL;
+        } else {
+            memcpy(c->rbuf, held.buf, (size_t)held.len);
+            c->rlen = (size_t)held.len;
+            raw = 0;
+        }
+    }
+    if (c != NULL && !ok) {
         c->raw = raw;
         if (!c->reading) {
             struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint64_t)cid};
@@ -693,6 +708,7 @@ static PyObject *Relay_read(Relay *self, PyObject *args) {
         }
     }
     pthread_mutex_unlock(&self->mu);
+    if (held.obj != NULL) PyBuffer_Release(&held);
     if (c == NULL) {
         PyErr_SetString(PyExc_KeyError, "no such relay connection");
         return NULL;
@@ -1011,7 +1027,7 @@ static PyMethodDef Relay_methods[] = {
     {"stop", (PyCFunction)Relay_stop, METH_NOARGS, "Stop the relay thread and wait for it."},
     {"fileno", (PyCFunction)Relay_fileno, METH_NOARGS, "The fd readable when upcalls wait."},
     {"open", (PyCFunction)Relay_open, METH_VARARGS, "open(fd, kind, max_pending, drop, max_hold) -> cid"},
-    {"read", (PyCFunction)Relay_read, METH_VARARGS, "read(cid, raw): read the connection."},
+    {"read", (PyCFunction)Relay_read, METH_VARARGS, "read(cid, raw, held=b''): read it."},
     {"unread", (PyCFunction)Relay_unread, METH_VARARGS, "unread(cid) -> held bytes."},
     {"attach", (PyCFunction)Relay_attach, METH_VARARGS, "attach(cid) -> bool"},
     {"take", (PyCFunction)Relay_take, METH_VARARGS, "take(cid) -> pending bytes (detaches)."},

@@ -150,6 +150,9 @@ class FastPath:
         self.by_kind = [0] * 5  # upcalls by kind: DATA, EOF, ERROR, EVICT, SLOW
         self.learned = 0
         self.handbacks = 0
+        # The largest frame the thread holds across reads: what Python holds without charging
+        # the partial_frames_budget (see open()).
+        self.max_hold = min(hub.config.preauth_max_frame, _relay.MAX_HOLD)
         hub.fast = self
         hub.table.changed = self.relay.invalidate
 
@@ -213,7 +216,7 @@ class FastPath:
                     continue
                 if step == READ:
                     try:
-                        self.relay.read(cid, slot.session.holding)
+                        self._read(cid, slot.session)
                     except (KeyError, OSError) as e:  # the socket is gone: its task closes it
                         self._handback(cid, slot, e if isinstance(e, KeyError) else END)
                 else:
@@ -227,6 +230,17 @@ class FastPath:
                 self._handback(cid, slot, END)
             else:  # a read failed (reset): as trio's BrokenResourceError ends a reader
                 self._handback(cid, slot, END)
+
+    def _read(self, cid: int, session: Session) -> None:
+        """Let the thread read ``session``'s connection (again). A cut frame the session kept
+        is handed to the thread, which continues it with the next bytes (so a stream whose
+        reads end inside frames stays on the thread); what the session cannot hand over makes
+        the next chunk go to Python whole (``raw``)."""
+        held = session.hand_back(self.max_hold)
+        if held is None:
+            self.relay.read(cid, session.holding)
+        else:
+            self.relay.read(cid, False, held)
 
     def _handback(self, cid: int, slot: _Slot, outcome: int | BaseException) -> None:
         if self._slots.get(cid) is slot:
@@ -249,7 +263,7 @@ class FastPath:
         # The thread holds a frame cut by a read only up to what Python holds without charging
         # its partial_frames_budget (Session._reserve): a larger one goes to Python, budget and
         # all, so the router-wide bound holds with the fast path too.
-        hold = min(self.hub.config.preauth_max_frame, mod.MAX_HOLD)
+        hold = self.max_hold
         cid: int = self.relay.open(sock.fileno(), kind, ob.max_bytes, ob.policy == "drop", hold)
         session.fast_id = cid
         self._sessions[cid] = session
@@ -344,7 +358,7 @@ class FastPath:
         while not feeder.closed:
             slot.outcome = READ
             self._slots[cid] = slot
-            self.relay.read(cid, session.holding)
+            self._read(cid, session)
             try:
                 await slot.lot.park()
             finally:

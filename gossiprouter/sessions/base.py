@@ -487,6 +487,20 @@ class Session:
         """The start of a frame is kept for the next chunk: that chunk continues it."""
         return bool(self._rest)
 
+    def hand_back(self, limit: int) -> bytes | None:
+        """Give up the start of a cut frame this session keeps, for a reader that puts it in
+        front of the next chunk (the compiled fast path's thread), with its share of the
+        partial-frames budget; None (nothing given) when the session keeps nothing, or
+        anything else, or a frame of more than ``limit`` bytes, or is still in its handshake
+        (whose frames only Python handles)."""
+        rest = self._rest
+        if not rest or not self.established or self._need > limit or len(rest) > limit:
+            return None
+        self._rest = bytearray()
+        self._need = 0
+        self._reserve(0)
+        return bytes(rest)
+
     def __repr__(self) -> str:
         return f"<{self.protocol} {self.peer}>"
 

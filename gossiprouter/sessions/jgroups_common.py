@@ -141,6 +141,13 @@ class JGroupsSession(Session):
         the scanner's decoder holds."""
         return bool(self._rest) or self._skip > 0 or getattr(self.scanner, "holding", False)
 
+    def hand_back(self, limit: int) -> bytes | None:
+        """As :meth:`Session.hand_back`, unless the rest of a skipped frame is still to come or
+        the scanner's decoder holds an object (that state stays here)."""
+        if self._skip or getattr(self.scanner, "holding", False):
+            return None
+        return super().hand_back(limit)
+
     # ------------------------------------------------------------------ helpers
 
     def warn_limited(self, kind: str, msg: str, *args: object) -> None:
