@@ -603,6 +603,9 @@ static void Relay_dealloc(Relay *self) {
 static PyObject *Relay_start(Relay *self, PyObject *unused) {
     if (self->thread_started) Py_RETURN_NONE;
     self->stopping = 0;
+    uint64_t v; /* a stop() before: its wake-up must not end (or spin) the new thread */
+    ssize_t rd = read(self->stopfd, &v, sizeof v);
+    (void)rd;
     if (pthread_create(&self->thread, NULL, thread_main, self) != 0) {
         PyErr_SetString(PyExc_OSError, "could not start the relay thread");
         return NULL;

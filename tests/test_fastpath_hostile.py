@@ -6,11 +6,13 @@ the answer is the same, ``"off"`` too: the thread must never change what the rou
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Awaitable, Callable
 
 import pytest
 import trio
 
+from gossiprouter import fastpath
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
 from gossiprouter.server import Server
@@ -106,3 +108,20 @@ async def test_held_frames_count_against_the_partial_frames_budget(start_router:
     err = await a2.recv()
     assert isinstance(err, wire.Error) and err.code == "limit", err
     assert router.hub.counters.drops.get("partial_frames_budget") == 1
+
+
+def test_a_relay_started_again_after_stop_waits_instead_of_spinning() -> None:
+    """Relay.stop() wakes the thread through an eventfd; a later start() must drain it, or
+    the new thread would find it readable forever and spin on a core."""
+    mod = fastpath._relay
+    assert mod is not None, "the compiled extension is not built (scripts/setup)"
+    relay = mod.Relay()
+    relay.start()
+    relay.stop()
+    relay.start()
+    try:
+        before = time.process_time()
+        time.sleep(0.3)
+        assert time.process_time() - before < 0.1  # a spinning thread burns ~0.3 s here
+    finally:
+        relay.stop()
