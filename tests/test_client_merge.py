@@ -95,8 +95,11 @@ PRESENCE_CASES: dict[str, list[tuple[tuple[str, bytes, tuple[str, int]], bool]]]
         [(("join", b"A", R1), True), (("leave", b"A", R1), True), (("join", b"A", R1), True)],
     "the same router reporting a join twice is one presence":
         [(("join", b"A", R1), True), (("join", b"A", R1), False), (("leave", b"A", R1), True)],
-    "a leave of an unknown member is passed on":
-        [(("leave", b"B", R1), True)],
+    "a leave of an unknown member is passed on, once":
+        [(("leave", b"B", R1), True), (("leave", b"B", R2), False)],
+    "a member only one router reported joining leaves once (it joined the other before the "
+    "watch; both report its leave)":
+        [(("join", b"A", R1), True), (("leave", b"A", R1), True), (("leave", b"A", R2), False)],
     "members are independent":
         [(("join", b"A", R1), True), (("join", b"B", R2), True), (("leave", b"A", R1), True)],
 }
@@ -107,8 +110,15 @@ def test_presence_merges_join_and_leave(
         reports: list[tuple[tuple[str, bytes, tuple[str, int]], bool]]) -> None:
     p = Presence()
     for (kind, addr, router), news in reports:
-        got = p.join("g", addr, router) if kind == "join" else p.leave("g", addr, router)
+        got = p.join("g", addr, router) if kind == "join" else p.leave("g", addr, router, 100.0)
         assert got is news, (kind, addr, router)
+
+
+def test_presence_dedupes_unknown_leaves_within_the_window() -> None:
+    p = Presence(window=5.0)
+    assert p.leave("g", b"B", R1, 100.0) is True
+    assert p.leave("g", b"B", R2, 100.1) is False
+    assert p.leave("g", b"B", R2, 106.0) is True  # past the window: a new leave
 
 
 def test_presence_forgets_a_lost_router_silently() -> None:

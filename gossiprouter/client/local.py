@@ -44,7 +44,8 @@ class Local:
         self.channels: dict[Key, Channel] = {}
         self.by_group: dict[str, list[Channel]] = {}
         self.watchers: dict[str, list[Watch]] = {}
-        self.presence = Presence()  # join/leave of watched groups, merged over routers
+        # join/leave of watched groups, merged over routers
+        self.presence = Presence(SUSPECT_DEDUPE_WINDOW)
         self.suspects = SuspectFilter(SUSPECT_DEDUPE_WINDOW)
         self.stats = StubStats()
         self.seq = itertools.count(1)  # arrival order of messages and events
@@ -144,8 +145,10 @@ class Local:
         # join / leave go to watchers only; merge them over the routers.
         if f.group not in self.watchers:
             return
-        news = (self.presence.join if f.kind == "join" else self.presence.leave)(
-            f.group, f.addr, router)
+        if f.kind == "join":
+            news = self.presence.join(f.group, f.addr, router)
+        else:
+            news = self.presence.leave(f.group, f.addr, router, now)
         if not news:
             self.stats.events_merged += 1
             return

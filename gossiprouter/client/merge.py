@@ -49,8 +49,11 @@ class Presence:
     (:meth:`forget_router`): what that router said is no longer known, not a leave.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, window: float = 5.0) -> None:
         self._where: dict[str, dict[bytes, set[RouterAddress]]] = {}
+        # Leaves announced lately: a router that never reported the member (it registered
+        # there before the watch) still reports its leave, a duplicate within this window.
+        self._left = SuspectFilter(window)
 
     def join(self, group: str, addr: bytes, router: RouterAddress) -> bool:
         """``router`` reports ``addr`` in ``group``; True if no router reported it before."""
@@ -59,14 +62,20 @@ class Presence:
         where.add(router)
         return first
 
-    def leave(self, group: str, addr: bytes, router: RouterAddress) -> bool:
-        """``router`` reports ``addr`` gone; True if no router reports it any more."""
+    def leave(self, group: str, addr: bytes, router: RouterAddress, now: float) -> bool:
+        """``router`` reports ``addr`` gone at ``now``; True if no router reports it any more.
+
+        A member no router reported (it joined before the watch) is news once: the leave that
+        other routers report within the window is a duplicate."""
         presence = self._where.setdefault(group, {})
-        where = presence.setdefault(addr, set())
+        where = presence.get(addr)
+        if where is None:
+            return self._left.first(group, addr, now)
         where.discard(router)
         if where:
             return False
         del presence[addr]
+        self._left.first(group, addr, now)
         return True
 
     def forget_group(self, group: str) -> None:
