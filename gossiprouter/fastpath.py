@@ -60,7 +60,7 @@ from gossiprouter.dispatch import END, READ, Feed
 
 if TYPE_CHECKING:
     from gossiprouter.routing import Carrier
-    from gossiprouter.sessions.base import Hub, Session
+    from gossiprouter.sessions.base import Counters, Hub, Session
 
 ENV = "GOSSIPROUTER_FAST_PATH"
 
@@ -252,10 +252,11 @@ class FastPath:
 
     # ------------------------------------------------------------------ connections
 
-    def open(self, session: Session, sock: socket.socket, direct: Callable[[bytes], int]
+    def open(self, session: Session, sock: socket.socket, counters: Counters
              ) -> Callable[[bytes], int]:
         """Make ``session``'s plain-TCP connection known to the thread; returns the outbox's
-        direct send, which goes through the thread while it writes the connection."""
+        direct send (counted in ``counters``), which goes through the thread's mutex while the
+        thread writes the connection too (it is *attached*: when a route to it is learned)."""
         mod = self.mod
         kind = {"native": mod.NATIVE, "jgroups2": mod.JG2, "jgroups5": mod.JG5}.get(
             session.protocol, 0)
@@ -267,31 +268,40 @@ class FastPath:
         cid: int = self.relay.open(sock.fileno(), kind, ob.max_bytes, ob.policy == "drop", hold)
         session.fast_id = cid
         self._sessions[cid] = session
+        # Attached now, while its outbox is idle: a JGroups sender is one of the receivers of
+        # its own multicasts, and while its Feeder runs, its outbox holds its replies (it could
+        # not be attached when the route is learned). Connections the thread does not write
+        # pay one mutex per send (relay.send).
         self.attach(session)
         relay_send = self.relay.send
+        raw_send = sock.send
 
-        def send(data: bytes) -> int:
+        def direct(data: bytes) -> int:
+            # One function, as the server's own direct send (not a wrapper around it).
             if not session.fast_attached:
-                return direct(data)
-            try:
-                n: int = relay_send(cid, data)
-            except OSError:
-                session.fast_attached = False  # detached; the writer meets the error
-                ob.reclaim = _no_bytes
-                raise
-            if n == -1:  # the thread holds bytes for it: they go first, then ``data``
-                self._reclaim(session)
-                return 0
-            if n == -2:
-                session.fast_attached = False
-                ob.reclaim = _no_bytes
-                return direct(data)
-            if n < len(data):  # the socket is full: the outbox's writer takes over
-                session.fast_attached = False
-                ob.reclaim = _no_bytes
+                n: int = raw_send(data)
+            else:
+                try:
+                    n = relay_send(cid, data)
+                except OSError:
+                    session.fast_attached = False  # detached; the writer meets the error
+                    ob.reclaim = _no_bytes
+                    raise
+                if n == -1:  # the thread holds bytes for it: they go first, then ``data``
+                    self._reclaim(session)
+                    return 0
+                if n == -2:  # not attached after all (cannot happen: kept in step)
+                    session.fast_attached = False
+                    ob.reclaim = _no_bytes
+                    n = raw_send(data)
+                elif n < len(data):  # the socket is full: the outbox's writer takes over
+                    session.fast_attached = False
+                    ob.reclaim = _no_bytes
+            counters.bytes_out += n
+            counters.writes += 1
             return n
 
-        return send
+        return direct
 
     def attach(self, session: Session) -> bool:
         """Let the thread write ``session``'s connection, if its outbox is idle."""
@@ -354,7 +364,7 @@ class FastPath:
         cid = session.fast_id
         assert cid is not None
         slot = _Slot(feeder, session)
-        self.attach(session)
+        self.attach(session)  # again, if it was evicted and its outbox is idle now
         while not feeder.closed:
             slot.outcome = READ
             self._slots[cid] = slot

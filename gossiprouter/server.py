@@ -464,8 +464,6 @@ class Server:
             if raw is not None:
                 counters = self.hub.counters
                 send = raw.send
-                if self.fast is not None:  # through the relay thread while it writes too
-                    send = self.fast.open(session, raw, send)
 
                 def direct(data: bytes) -> int:
                     n: int = send(data)
@@ -473,7 +471,9 @@ class Server:
                     counters.writes += 1
                     return n
 
-                ob.direct = direct
+                # With the fast path, through the relay thread's mutex while it writes too.
+                ob.direct = direct if self.fast is None else self.fast.open(session, raw,
+                                                                             counters)
 
         def on_close() -> None:
             # The connection counts as closed at once (its members leave now, and
