@@ -14,6 +14,8 @@ keeps every decision:
   dispatcher task hands to the connection's :class:`~gossiprouter.server.Feeder` exactly as
   the pure-Python dispatcher would; then the thread reads on. So a connection's frames are
   handled in order, and every waiting, budget, pause and error rule is the Feeder's as before.
+  A cut frame the session kept at the end of an upcall is handed back to the thread
+  (``Session.hand_back``), so a stream whose reads end inside frames stays on the thread.
 * **Learning.** After a session routed a run of frames (``NativeSession._route``,
   ``JGroups2Session._run``, ``JGroups5Session._run``) it calls :meth:`learn_native` /
   :meth:`learn_jgroups`, which hand the
@@ -29,12 +31,13 @@ keeps every decision:
   Python's own send), whose writer task, bounds and slow-consumer policy carry on as without
   the fast path; the connection is attached again when its outbox is idle.
 
-Where the thread does less than Python: it applies the queue bound in bytes
-(``outbound_queue_bytes``) to what it holds for an evicted receiver, with the connection's
-slow-consumer policy (``drop`` counts it, ``disconnect`` closes through
-:meth:`Session.overflowed`), but not the frame-count bound and not the congestion pause
-(Congestion), which are for Python's queues. Counters it keeps are folded into the hub's by
-:meth:`collect` (the reaper, and the operations layer before it reads them).
+A frame for a receiver that is evicted (or no longer attached) is not relayed: it goes to
+Python with the rest of its read, so Python's queue bounds, back-pressure (Congestion) and
+slow-consumer policy decide, as without the fast path. The thread's own bound on what it holds
+for a receiver (``outbound_queue_bytes``, SLOW upcall through :meth:`Session.overflowed`, or
+counted drops) is a backstop for the bytes of the one read that evicted it. Counters it keeps
+are folded into the hub's by :meth:`collect` (the reaper, and the operations layer before it
+reads them).
 
 ``fast_path`` (option): ``auto`` (default) uses it when the extension is built, ``on``
 requires it, ``off`` never uses it. The environment variable ``GOSSIPROUTER_FAST_PATH``
