@@ -54,6 +54,30 @@ async def round_trip(c: NativeClient, nonce: int) -> None:
             return
 
 
+async def j2_pair(router: Server) -> tuple[J2Client, J2Client]:
+    """Two JGroups 2.12 clients with members x and y in "cluster", registered."""
+    assert router.address is not None
+    x = await J2Client.open(*router.address)
+    y = await J2Client.open(*router.address)
+    await x.connect("cluster", uuid(1, 2), "x")
+    await y.connect("cluster", uuid(2, 2), "y")
+    await x.round_trip()
+    await y.round_trip()
+    return x, y
+
+
+async def j5_pair(router: Server) -> tuple[J5Client, J5Client]:
+    """Two JGroups 5.x clients with members x and y in "cluster", registered."""
+    assert router.address is not None
+    x = await J5Client.open(*router.address)
+    y = await J5Client.open(*router.address)
+    await x.register("cluster", uuid(1, 5), "x")
+    await y.register("cluster", uuid(2, 5), "y")
+    await x.sync()
+    await y.sync()
+    return x, y
+
+
 async def test_routed_frames_are_relayed_by_the_thread_byte_for_byte(start_router: Start
                                                                     ) -> None:
     router = await start_router(fast_path="on")
@@ -250,13 +274,7 @@ async def gather(client: J2Client | J5Client, kind: type[E], n: int, out: list[E
 async def test_jgroups2_messages_are_relayed_by_the_thread(start_router: Start) -> None:
     router = await start_router(fast_path="on")
     fast = fast_of(router)
-    assert router.address is not None
-    x = await J2Client.open(*router.address)
-    y = await J2Client.open(*router.address)
-    await x.connect("cluster", uuid(1, 2), "x")
-    await y.connect("cluster", uuid(2, 2), "y")
-    await x.round_trip()
-    await y.round_trip()
+    x, y = await j2_pair(router)
     before = fast.upcalls
     got_x: list[j2.Message] = []
     got_y: list[j2.Message] = []
@@ -280,13 +298,7 @@ async def test_jgroups5_messages_are_relayed_by_the_thread_as_received(start_rou
                                                                       ) -> None:
     router = await start_router(fast_path="on")
     fast = fast_of(router)
-    assert router.address is not None
-    x = await J5Client.open(*router.address)
-    y = await J5Client.open(*router.address)
-    await x.register("cluster", uuid(1, 5), "x")
-    await y.register("cluster", uuid(2, 5), "y")
-    await x.sync()
-    await y.sync()
+    x, y = await j5_pair(router)
     before = fast.upcalls
     sent = []
     got_x: list[j5.Message] = []

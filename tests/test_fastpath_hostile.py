@@ -16,8 +16,9 @@ from gossiprouter import fastpath
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
 from gossiprouter.server import Server
-from tests.jgroups_clients import J5Client, uuid
+from tests.jgroups_clients import uuid
 from tests.nclient import NativeClient
+from tests.test_fastpath import j5_pair
 
 Start = Callable[..., Awaitable[Server]]
 
@@ -59,13 +60,7 @@ async def test_native_frame_shorter_than_a_learned_header_is_refused_at_once(
 async def test_jgroups5_frame_shorter_than_a_learned_header_is_handled_at_once(
         start_router: Start, fast_path: str) -> None:
     router = await start_router(fast_path=fast_path)
-    assert router.address is not None
-    x = await J5Client.open(*router.address)
-    y = await J5Client.open(*router.address)
-    await x.register("cluster", uuid(1, 5), "x")
-    await y.register("cluster", uuid(2, 5), "y")
-    await x.sync()
-    await y.sync()
+    x, y = await j5_pair(router)
     for i in range(2):  # the first goes up and teaches the thread the header
         frame = await x.message("cluster", uuid(2, 5), uuid(1, 5), b"m%d" % i)
         with trio.fail_after(5):
