@@ -335,12 +335,24 @@ static uint32_t be32(const uint8_t *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
 }
 
+/* The payload of a whole length-prefixed frame (``p[q:end]``, after a learned header) makes it
+ * a plain routed frame: NATIVE, one msgpack bin ending the frame; JG5, a u32 length ending it. */
+static int payload_ends_frame(int kind, const uint8_t *p, size_t q, size_t end) {
+    if (kind == JG5) return q + 4 + (size_t)be32(p + q) == end;
+    uint8_t m = p[q];
+    if (m == 0xc4) return q + 2 <= end && q + 2 + p[q + 1] == end;
+    if (m == 0xc5) return q + 3 <= end && q + 3 + (((size_t)p[q + 1] << 8) | p[q + 2]) == end;
+    if (m == 0xc6) return q + 5 <= end && q + 5 + (size_t)be32(p + q + 1) == end;
+    return 0;
+}
+
 /* Where the frame at ``p`` (``avail`` bytes received) ends, for a learned route:
  * > 0: its length; 0: incomplete (wait for more); -1: not a frame relayed here. */
 static ssize_t frame_len(conn_t *c, route_t **rtp, const uint8_t *p, size_t avail) {
-    if (c->kind == NATIVE) {
+    if (c->kind == NATIVE || c->kind == JG5) { /* a u32 length, then the learned header */
         if (avail < 4) return 0;
         uint32_t n = be32(p);
+        if (n >= 0x80000000u) return -1; /* 5.x: the close marker, or an error: Python's */
         route_t *rt = match(c, p + 4, avail - 4);
         if (rt == NULL) {
             /* Cut before the end of its header: wait if a learned header may follow. A frame
@@ -352,44 +364,10 @@ static ssize_t frame_len(conn_t *c, route_t **rtp, const uint8_t *p, size_t avai
         }
         if (n > rt->max_frame || 4 + (size_t)n > c->max_hold) return -1;
         size_t end = 4 + (size_t)n;
-        size_t q = 4 + rt->klen; /* the payload's bin header */
-        if (q >= end) return -1;
+        size_t q = 4 + rt->klen; /* where the payload's own header starts */
+        if (q + (c->kind == JG5 ? 4 : 1) > end) return -1;
         if (avail < end) return 0;
-        uint8_t m = p[q];
-        size_t plen;
-        if (m == 0xc4) {
-            if (q + 2 > end) return -1;
-            plen = q + 2 + p[q + 1];
-        } else if (m == 0xc5) {
-            if (q + 3 > end) return -1;
-            plen = q + 3 + (((size_t)p[q + 1] << 8) | p[q + 2]);
-        } else if (m == 0xc6) {
-            if (q + 5 > end) return -1;
-            plen = q + 5 + be32(p + q + 1);
-        } else {
-            return -1;
-        }
-        if (plen != end) return -1;
-        *rtp = rt;
-        return (ssize_t)end;
-    }
-    if (c->kind == JG5) {
-        if (avail < 4) return 0;
-        uint32_t n = be32(p);
-        if (n >= 0x80000000u) return -1; /* the close marker, or an error: Python's */
-        route_t *rt = match(c, p + 4, avail - 4);
-        if (rt == NULL) {
-            if (avail < 4 + (size_t)n && 4 + (size_t)n <= c->max_hold &&
-                starts_route(c, p + 4, avail - 4))
-                return 0;
-            return -1;
-        }
-        if (n > rt->max_frame || 4 + (size_t)n > c->max_hold) return -1;
-        size_t end = 4 + (size_t)n;
-        size_t q = 4 + rt->klen; /* the payload's length */
-        if (q + 4 > end) return -1;
-        if (avail < end) return 0;
-        if (q + 4 + (size_t)be32(p + q) != end) return -1;
+        if (!payload_ends_frame(c->kind, p, q, end)) return -1;
         *rtp = rt;
         return (ssize_t)end;
     }
