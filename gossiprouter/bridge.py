@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from gossiprouter.cli_errors import needs_extra
 from gossiprouter.config import Config, ConfigError, parse_bridge_url
 from gossiprouter.protocol import native as wire
 from gossiprouter.topics import ANY, TopicError, TopicId, topic_id
@@ -218,8 +219,8 @@ class Bridge:
         try:
             from paho.mqtt.client import Client
             from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
-        except ImportError:  # pragma: no cover - paho-mqtt is in the ops extra
-            raise ConfigError("bridge needs paho-mqtt: pip install 'gossiprouter[ops]'") from None
+        except ImportError:  # paho-mqtt is the bridge extra
+            raise ConfigError(needs_extra("the bridge", "paho-mqtt", "bridge")) from None
         self.hub = hub
         self.table = hub.table
         try:

@@ -94,6 +94,15 @@ def wanted(config: Config) -> bool:
     return status(config)[0]
 
 
+def env_mode() -> str:
+    """``on`` or ``off`` as GOSSIPROUTER_FAST_PATH says, or "" (unset or auto); ConfigError
+    for any other value (the CLI checks it first: a bad value, exit status 2)."""
+    env = os.environ.get(ENV, "").strip().lower()
+    if env not in ("", "auto", "on", "off"):
+        raise ConfigError(f"{ENV}={env!r}: expected on, off or auto")
+    return "" if env == "auto" else env
+
+
 def status(config: Config) -> tuple[bool, str]:
     """(whether a server with ``config`` runs the fast path, why: for the start-up line);
     ConfigError when it must and cannot."""
@@ -101,11 +110,9 @@ def status(config: Config) -> tuple[bool, str]:
     why = "option fast_path"
     env = ""
     if mode == "auto":
-        env = os.environ.get(ENV, "").strip().lower()
-        if env in ("on", "off"):
+        env = env_mode()
+        if env:
             mode, why = env, f"{ENV}={env}"
-        elif env not in ("", "auto"):
-            raise ConfigError(f"{ENV}={env!r}: expected on, off or auto")
     if mode == "off":
         return False, f"off ({why})"
     if not (config.dispatcher and config.direct_send):
