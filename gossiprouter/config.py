@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import json
 import math
+import textwrap
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
@@ -572,3 +574,48 @@ def options_markdown() -> str:
             default = f"`{o.default}`" + (f" {o.unit}" if o.unit else "")
         rows.append(f"| `{o.name}` | {flag} | {default} | {o.help.replace('|', '/')} |")
     return "\n".join(rows) + "\n"
+
+
+_EXAMPLE_HEAD = """\
+# gossiprouter configuration: every option, at its default. Generated from the option
+# declarations (gossiprouter/config.py) by scripts/example-config; do not edit by hand.
+# Use:  gossiprouter serve --config /etc/gossiprouter/gossiprouter.toml
+# Any option given on the command line wins over this file. Keys may be written with
+# '_' or '-'. An unknown key or a bad value stops the router at start-up with a message
+# naming the key, the value and what was expected. docs/operations.md explains them.
+"""
+
+_EXAMPLE_TAIL = """
+# Provisioned (sticky) members: listed by GET_MEMBERS, never expired or replaced.
+# [[provisioned]]
+# group = "billing"
+# addr = "hex:0a0b0c0d"             # or plain text
+# name = "billing-db"
+# physical = ["10.0.0.9:7800"]
+"""
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(value)  # a TOML basic string is a JSON string for these values
+
+
+def example_toml() -> str:
+    """docs/gossiprouter.example.toml: every option of :data:`OPTIONS` at its default, with
+    its help as a comment."""
+    out = [_EXAMPLE_HEAD.rstrip("\n")]
+    for o in OPTIONS:
+        text = o.help
+        if o.unit:
+            text += f" Unit: {o.unit}."
+        if o.choices:
+            text += f" One of: {', '.join(o.choices)}."
+        out.append("")
+        out.extend(f"# {line}" for line in textwrap.wrap(text, 88))
+        out.append(f"{o.name} = {_toml_value(o.default)}")
+    return "\n".join(out) + "\n" + _EXAMPLE_TAIL

@@ -66,6 +66,10 @@ if TYPE_CHECKING:
     from gossiprouter.sessions.base import Counters, Hub, Session
 
 ENV = "GOSSIPROUTER_FAST_PATH"
+# How to get the extension, from a checkout or with pip: no need for the test stack that
+# scripts/setup installs.
+BUILD_HINT = ("it needs a C compiler and the Python headers, e.g. apt-get install gcc "
+              "python3-dev, then scripts/setup --router in a checkout, or pip install . again")
 
 log = logging.getLogger("gossiprouter")
 
@@ -124,10 +128,9 @@ def status(config: Config) -> tuple[bool, str]:
     if _relay is None:
         if mode == "on":
             raise ConfigError(
-                "fast_path on: the compiled extension gossiprouter._relay is not built "
-                "(run scripts/setup, which needs a C compiler and the Python headers; or set "
-                "fast-path auto to run without it)")
-        return False, "off (gossiprouter._relay is not built: run scripts/setup)"
+                f"fast_path on: the compiled extension gossiprouter._relay is not built "
+                f"({BUILD_HINT}; or set fast-path auto to run without it)")
+        return False, f"off (gossiprouter._relay is not built: {BUILD_HINT})"
     return True, "on (compiled relay thread)"
 
 

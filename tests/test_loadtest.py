@@ -511,3 +511,19 @@ def test_churn_and_router_restart(tmp_path: Path) -> None:
                for r in records)
     late = {r["receiver"] for r in recv if r["t_send_ns"] > t0 + 4 * S}
     assert late == {m.name for m in scenario.members}
+
+
+def test_progress_lines_are_not_wrapped_off_a_terminal() -> None:
+    """A long progress line written to a file (a CI log) stays one line (issue 25, item 12)."""
+    import io
+
+    from rich.console import Console
+
+    from gossiprouter.loadtest.progress import Progress
+
+    out = io.StringIO()
+    progress = Progress(Console(file=out, width=80))
+    assert not progress.live_mode
+    line = "router: " + " ".join(f"word{i}" for i in range(40))
+    progress.log(line)
+    assert out.getvalue() == f"           {line}\n"
