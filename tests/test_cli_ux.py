@@ -381,6 +381,7 @@ def test_main_lists_every_subcommand_the_matrix_runs(tmp_path: Path) -> None:
     assert set(main.commands) == {argv[0] for argv in runs.values()}
 
 
+@pytest.mark.one_pass  # it sets the fast path itself
 @pytest.mark.parametrize("hidden", [None, *OPTIONAL])
 def test_every_subcommand_without_each_optional_part_fails_in_one_line(
         hidden: str | None, tmp_path: Path) -> None:

@@ -7,8 +7,8 @@ SMOKE lists one entry per file; a new script or benchmark without an entry fails
 list of a short run (the file runs as a user would start it, from the repository) or, for
 a file another entry or test already runs, the reason (``RunBy``). Adding one is one line.
 
-The smoke runs do not depend on the fast path's mode, so they run in one of the suite's two
-passes (scripts/test): the first, GOSSIPROUTER_FAST_PATH=on (or a plain ``pytest``).
+The smoke runs do not depend on the fast path's mode, so they are marked ``one_pass``: they
+run in the first of the suite's two passes (scripts/test) only.
 """
 
 from __future__ import annotations
@@ -30,9 +30,7 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parent.parent
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("GOSSIPROUTER_FAST_PATH") == "off",
-    reason="the smoke runs run once, in the suite's first pass (scripts/test)")
+pytestmark = pytest.mark.one_pass  # see tests/conftest.py
 
 
 @dataclass(frozen=True)
