@@ -183,9 +183,10 @@ def _stopped_by_sigterm(tmp_path: Path, once: str | None) -> list[dict[str, Any]
         try:
             assert proc.stderr is not None
             # Stopped once it has done some work, however long that took.
-            for line in proc.stderr if once is not None else ():
-                if once in line:
-                    break
+            if once is not None:
+                for line in proc.stderr:
+                    if once in line:
+                        break
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(60) == 0
         finally:
