@@ -610,7 +610,7 @@ def run_topics_command(scenario_file: Path, out_dir: Path | None) -> None:
                            f"{rep.total_unexpected} unexpected deliveries")
 
 
-@click.command("loadtest-topics")
+@click.command("loadtest-topics", hidden=True)  # listed as loadtest
 @click.argument("scenario_file", metavar="SCENARIO",
                 type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", "out_dir", metavar="RUN_DIR", default=None,
