@@ -44,7 +44,7 @@ class RunBy:
 SMOKE: dict[str, tuple[str, ...] | RunBy] = {
     "scripts/bench": ("--seconds", "0.3", "--cases", "fanout-100"),
     "scripts/bench-analyze": ("--messages-per-sender", "10"),
-    "scripts/bench-hostile": ("--rtt-seconds", "0.5", "--flood-rate", "65536",
+    "scripts/bench-hostile": ("--rtt-seconds", "0.3", "--flood-rate", "65536",
                               "--partial-conns", "2", "--partial-size", "65536", "--settle",
                               "0.2", "--groups", "200", "--group-conns", "1"),
     "scripts/bench-vs-jgroups": ("--runs", "1", "--seconds", "0.5", "--warmup", "0.3",
