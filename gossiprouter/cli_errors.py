@@ -60,7 +60,10 @@ def install_hint(extra: str) -> str:
     root = checkout()
     if root is None:
         return f"pip install '.[{extra}]' in a gossiprouter checkout"
-    here = Path.cwd().resolve()
+    try:
+        here: Path | None = Path.cwd().resolve()
+    except OSError:  # the working directory was removed
+        here = None
     where = "" if here == root else f"cd {shlex.quote(str(root))} && "
     pip = "pip"
     if Path(sys.prefix).resolve() == root / ".venv":
