@@ -1,0 +1,250 @@
+"""Groups that span routers (docs/federation.md): in-process routers federated through a real
+mosquitto on 127.0.0.1, raw native clients on real sockets.
+
+Every "exactly once" check is bounded by work: the routers' counters say how many frames
+crossed, then a PING/PONG round trip on each receiving connection proves everything queued
+before it has been read.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from gossiprouter.bridge import Bridge
+from gossiprouter.protocol import native as wire
+from tests.nclient import NativeClient
+from tests.test_bridge import MOSQUITTO, Mosquitto
+from tests.test_stub import InProcessRouter, eventually
+
+G = "fed"
+FED: dict[str, Any] = {"bridge_reconnect_max": 0.3, "bridge_keepalive": 1}
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Any:
+    if not shutil.which(MOSQUITTO):
+        pytest.skip("mosquitto is not installed (scripts/setup installs it)")
+    b = Mosquitto(tmp_path)
+    b.start()
+    yield b
+    b.stop()
+
+
+def bridge_of(r: InProcessRouter) -> Bridge:
+    assert r.server is not None and r.server.bridge is not None
+    return r.server.bridge
+
+
+def table_members(r: InProcessRouter, group: str = G) -> set[bytes]:
+    assert r.server is not None
+    return {e.addr for e in r.server.hub.table.members(group)}
+
+
+async def federation(nursery: trio.Nursery, broker: Mosquitto, n: int,
+                     **options: Any) -> list[InProcessRouter]:
+    opts = {**FED, **options}
+    routers = [await InProcessRouter(nursery, bridge=broker.url, router_id=f"r{i}",
+                                     **opts).start() for i in range(n)]
+    # Each has resynced, and sees the others' presence.
+    await eventually(lambda: all(bridge_of(r).federation.synced
+                                 and bridge_of(r).federation.live_routers() == n - 1
+                                 for r in routers), what="federation up")
+    return routers
+
+
+async def member(r: InProcessRouter, addr: bytes, group: str = G) -> NativeClient:
+    assert r.server is not None
+    c = await NativeClient.to(r.server)
+    assert isinstance(await c.connect(group, addr, addr.decode(), (("10.0.0.1", 7800),)),
+                      wire.Ok)
+    return c
+
+
+async def everywhere(routers: list[InProcessRouter], addrs: set[bytes],
+                     group: str = G) -> None:
+    await eventually(lambda: all(table_members(r, group) == addrs for r in routers),
+                     what=f"members {addrs} on every router")
+
+
+async def events(c: NativeClient, n: int) -> list[tuple[str, bytes]]:
+    """The first ``n`` membership events ``c`` receives (suspects are sent after a short
+    deferral, so this reads until they are there)."""
+    out: list[tuple[str, bytes]] = []
+    with trio.fail_after(5):
+        while len(out) < n:
+            f = await c.recv()
+            if isinstance(f, wire.Event):
+                out.append((f.kind, f.addr))
+    return out
+
+
+def carriers(r: InProcessRouter, addr: bytes, group: str = G) -> list[str]:
+    """The kinds of carrier of ``addr``'s entry on ``r``, in the table's order."""
+    assert r.server is not None
+    e = r.server.hub.table.entry(group, addr)
+    return [] if e is None else [type(c).__name__ for c in e.carriers]
+
+
+async def routes(c: NativeClient) -> list[wire.Route]:
+    """The ROUTE frames ``c`` received before a PING's PONG."""
+    return [f for f in await c.round_trip() if isinstance(f, wire.Route)]
+
+
+async def test_two_routers_join_route_leave(nursery: trio.Nursery, broker: Mosquitto) -> None:
+    ra, rb = await federation(nursery, broker, 2)
+    a = await member(ra, b"a")
+    b = await member(rb, b"b")
+    await everywhere([ra, rb], {b"a", b"b"})
+    # GET_MEMBERS on either router lists both, with names and physical addresses.
+    for c in (a, b):
+        infos = await c.member_list(G)
+        assert sorted((m.addr, m.name, m.physical) for m in infos) == [
+            (b"a", "a", (("10.0.0.1", 7800),)), (b"b", "b", (("10.0.0.1", 7800),))]
+
+    await a.send(wire.Route(G, None, b"a", b"m1"))
+    await a.send(wire.Route(G, b"b", b"a", b"u1"))
+    await b.send(wire.Route(G, b"a", b"b", b"u2"))
+    await b.send(wire.Route(G, None, b"b", b"m2"))
+    fa, fb = bridge_of(ra).federation, bridge_of(rb).federation
+    await eventually(lambda: fa.stats.routed_in == fb.stats.routed_in == 2)
+    assert [(r.sender, r.dest, r.payload) for r in await routes(b)] == [
+        (b"a", None, b"m1"), (b"a", b"b", b"u1")]
+    assert [(r.sender, r.dest, r.payload) for r in await routes(a)] == [
+        (b"b", b"a", b"u2"), (b"b", None, b"m2")]
+    assert fa.stats.routed_out == fb.stats.routed_out == 2
+    assert fa.stats.not_forwarded == fb.stats.not_forwarded == 0
+
+    # A clean leave on B reaches A: gone, watchers told "leave", nobody "suspect".
+    w = await member(ra, b"w")
+    assert isinstance(await w.request(wire.Watch(w.req(), G)), wire.Ok)
+    assert isinstance(await b.request(wire.Disconnect(b.req(), G, b"b")), wire.Ok)
+    await everywhere([ra, rb], {b"a", b"w"})
+    events = [f for f in await w.round_trip() if isinstance(f, wire.Event)]
+    assert [(e.kind, e.addr) for e in events] == [("leave", b"b")]
+    assert not [f for f in await a.round_trip() if isinstance(f, wire.Event)]
+
+
+async def test_three_routers_multicast_once_per_router_and_member(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    routers = await federation(nursery, broker, 3)
+    ra, rb, rc = routers
+    # Three members on B, one on C, the sender on A; and one member on both B and C.
+    a = await member(ra, b"a")
+    bs = [await member(rb, b"b%d" % i) for i in range(3)]
+    c = await member(rc, b"c")
+    twin_b, twin_c = await member(rb, b"t"), await member(rc, b"t")
+    await everywhere(routers, {b"a", b"b0", b"b1", b"b2", b"c", b"t"})
+    both = ["RemoteMember", "NativeSession"]
+    await eventually(lambda: carriers(ra, b"t") == ["RemoteMember"] * 2
+                     and carriers(rb, b"t") == carriers(rc, b"t") == both)
+    n = 5
+    for i in range(n):
+        await a.send(wire.Route(G, None, b"a", b"m%d" % i))
+    fb, fc = bridge_of(rb).federation, bridge_of(rc).federation
+    # One message per run and router: B and C each got the n frames once, not per member.
+    await eventually(lambda: fb.stats.routed_in == fc.stats.routed_in == n)
+    for x in (*bs, c):
+        assert [r.payload for r in await routes(x)] == [b"m%d" % i for i in range(n)]
+    # The twin is on B and C: exactly one of them delivers (the smaller router id).
+    got = [len(await routes(t)) for t in (twin_b, twin_c)]
+    assert sorted(got) == [0, n]
+    assert bridge_of(ra).federation.stats.routed_out == 2 * n
+
+
+async def test_member_on_two_routers_gets_each_message_once_whichever_router_is_used(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    ra, rb = await federation(nursery, broker, 2)
+    ta, tb = await member(ra, b"t"), await member(rb, b"t")
+    sa, sb = await member(ra, b"sa"), await member(rb, b"sb")
+    await everywhere([ra, rb], {b"t", b"sa", b"sb"})
+    await eventually(lambda: carriers(ra, b"t") == carriers(rb, b"t")
+                     == ["RemoteMember", "NativeSession"])
+    await sa.send(wire.Route(G, None, b"sa", b"from-a"))
+    await sb.send(wire.Route(G, None, b"sb", b"from-b"))
+    await sa.send(wire.Route(G, b"t", b"sa", b"uni-a"))
+    await sb.send(wire.Route(G, b"t", b"sb", b"uni-b"))
+    fa, fb = bridge_of(ra).federation, bridge_of(rb).federation
+    # Each router sent its multicast to the other (for the other's sender), no unicast.
+    await eventually(lambda: fa.stats.routed_in == fb.stats.routed_in == 1)
+    got = sorted(r.payload for r in (await routes(ta)) + (await routes(tb)))
+    assert got == [b"from-a", b"from-b", b"uni-a", b"uni-b"]
+
+
+async def test_partial_connectivity(nursery: trio.Nursery, broker: Mosquitto) -> None:
+    """The member's connection to A breaks (no DISCONNECT) while its connection to B lives:
+    A keeps it as a member, through B, and what is sent through A still reaches it."""
+    ra, rb = await federation(nursery, broker, 2)
+    s = await member(ra, b"s")
+    ta, tb = await member(ra, b"t"), await member(rb, b"t")
+    w = await member(ra, b"w")
+    assert isinstance(await w.request(wire.Watch(w.req(), G)), wire.Ok)
+    await everywhere([ra, rb], {b"s", b"t", b"w"})
+    await eventually(lambda: carriers(ra, b"t") == carriers(rb, b"t")
+                     == ["RemoteMember", "NativeSession"])
+    fb = bridge_of(rb).federation
+    await ta.aclose()
+    await eventually(lambda: carriers(ra, b"t") == ["RemoteMember"])
+    # B learns that t is no longer connected to A.
+    await eventually(lambda: len(fb.routers[bridge_of(ra).origin].groups[G]) == 2)
+    await s.send(wire.Route(G, None, b"s", b"multi"))
+    await s.send(wire.Route(G, b"t", b"s", b"uni"))
+    await eventually(lambda: fb.stats.routed_in == 2)
+    assert [r.payload for r in await routes(tb)] == [b"multi", b"uni"]
+    assert table_members(ra) == {b"s", b"t", b"w"}
+    # Nobody was told t left or was suspected.
+    assert not [f for f in await w.round_trip() if isinstance(f, wire.Event)]
+    assert not [f for f in await s.round_trip() if isinstance(f, wire.Event)]
+
+
+async def test_a_dead_router_is_suspected_everywhere_and_the_others_lose_nothing(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    routers = await federation(nursery, broker, 3)
+    ra, rb, rc = routers
+    a, b, c = await member(ra, b"a"), await member(rb, b"b"), await member(rc, b"c")
+    await everywhere(routers, {b"a", b"b", b"c"})
+    # C dies without a word: the bridge's socket closes without DISCONNECT (its Last Will).
+    await rc.stop()
+    await everywhere([ra, rb], {b"a", b"b"})
+    for x in (a, b):
+        assert await events(x, 1) == [("suspect", b"c")]
+    assert bridge_of(ra).federation.stats.routers_lost == 1
+    await a.send(wire.Route(G, None, b"a", b"still"))
+    await eventually(lambda: bridge_of(rb).federation.stats.routed_in == 1)
+    assert [r.payload for r in await routes(b)] == [b"still"]
+    del c
+
+
+async def test_broker_restart_resyncs_without_ghosts(nursery: trio.Nursery,
+                                                    broker: Mosquitto) -> None:
+    ra, rb = await federation(nursery, broker, 2, bridge_keepalive=30)
+    a = await member(ra, b"a")
+    b1, b2 = await member(rb, b"b1"), await member(rb, b"b2")
+    await everywhere([ra, rb], {b"a", b"b1", b"b2"})
+    fa, fb = bridge_of(ra).federation, bridge_of(rb).federation
+    # A crash (a stopping mosquitto publishes everyone's Last Will; a crashed one cannot).
+    assert broker.proc is not None
+    broker.proc.kill()
+    broker.proc.wait()
+    broker.proc = None
+    await eventually(lambda: bridge_of(ra).state != "connected"
+                     and bridge_of(rb).state != "connected")
+    # Meanwhile: local traffic is untouched, cross-router traffic counted as not forwarded,
+    # and b1 leaves B (A cannot hear of it).
+    await a.send(wire.Route(G, None, b"a", b"lost"))
+    await eventually(lambda: fa.stats.not_forwarded == 1)
+    assert isinstance(await b1.request(wire.Disconnect(b1.req(), G, b"b1")), wire.Ok)
+    await b2.send(wire.Route(G, None, b"b2", b"local"))
+    assert table_members(ra) == {b"a", b"b1", b"b2"}
+    resyncs = fa.stats.resyncs
+    broker.start()
+    await eventually(lambda: fa.stats.resyncs > resyncs and fb.stats.resyncs > resyncs,
+                     timeout=15, what="resynced")
+    await everywhere([ra, rb], {b"a", b"b2"})
+    await a.send(wire.Route(G, None, b"a", b"after"))
+    await eventually(lambda: fb.stats.routed_in == 1)
+    assert [r.payload for r in await routes(b2)] == [b"after"]
