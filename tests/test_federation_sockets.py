@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from gossiprouter.bridge import Bridge
+from gossiprouter.ops.metrics import federation_metrics
 from gossiprouter.protocol import native as wire
 from tests.nclient import NativeClient
 from tests.test_bridge import MOSQUITTO, Mosquitto
@@ -118,6 +119,12 @@ async def test_two_routers_join_route_leave(nursery: trio.Nursery, broker: Mosqu
         (b"b", b"a", b"u2"), (b"b", None, b"m2")]
     assert fa.stats.routed_out == fb.stats.routed_out == 2
     assert fa.stats.not_forwarded == fb.stats.not_forwarded == 0
+    samples = {(x.name, tuple(x.labels.values())): x.value
+               for m in federation_metrics(bridge_of(ra)) for x in m.samples}
+    assert samples[("gossiprouter_federation_frames_total", ("out",))] == 2
+    assert samples[("gossiprouter_federation_frames_total", ("in",))] == 2
+    assert samples[("gossiprouter_federation_routers", ())] == 1
+    assert samples[("gossiprouter_federation_remote_members", ())] == 1
 
     # A clean leave on B reaches A: gone, watchers told "leave", nobody "suspect".
     w = await member(ra, b"w")
