@@ -18,9 +18,11 @@ import trio
 from gossiprouter.bridge import Bridge
 from gossiprouter.ops.metrics import federation_metrics
 from gossiprouter.protocol import native as wire
+from gossiprouter.stub import RouterStub
 from tests.nclient import NativeClient
+from tests.procs import RouterProcess
 from tests.test_bridge import MOSQUITTO, Mosquitto
-from tests.test_stub import InProcessRouter, eventually
+from tests.test_stub import FAST, InProcessRouter, eventually
 
 G = "fed"
 FED: dict[str, Any] = {"bridge_reconnect_max": 0.3, "bridge_keepalive": 1}
@@ -255,3 +257,54 @@ async def test_broker_restart_resyncs_without_ghosts(nursery: trio.Nursery,
     await a.send(wire.Route(G, None, b"a", b"after"))
     await eventually(lambda: fb.stats.routed_in == 1)
     assert [r.payload for r in await routes(b2)] == [b"after"]
+
+
+async def test_kill_9_of_a_router_process(broker: Mosquitto, tmp_path: Path) -> None:
+    """Three router processes; C is killed with SIGKILL. Its members are suspected on A and B
+    (its Last Will), a stub that listed C and B goes on through B, and nothing is lost for
+    the others."""
+    procs = [RouterProcess(None, "--bridge", broker.url, "--bridge-keepalive", "1",
+                           "--router-id", f"p{i}", log=tmp_path / f"r{i}.log")
+             for i in range(3)]
+    with procs[0], procs[1], procs[2]:
+        pa, pb, pc = procs
+        w = await NativeClient.open("127.0.0.1", pa.port)
+        assert isinstance(await w.request(wire.Watch(w.req(), G)), wire.Ok)
+        qa = await NativeClient.open("127.0.0.1", pa.port)
+        qb = await NativeClient.open("127.0.0.1", pb.port)
+        a = await NativeClient.open("127.0.0.1", pa.port)
+        assert isinstance(await a.connect(G, b"a"), wire.Ok)
+        b = await NativeClient.open("127.0.0.1", pb.port)
+        assert isinstance(await b.connect(G, b"b"), wire.Ok)
+        c = await NativeClient.open("127.0.0.1", pc.port)
+        assert isinstance(await c.connect(G, b"c"), wire.Ok)
+        routers = [("127.0.0.1", pc.port), ("127.0.0.1", pb.port)]
+        async with RouterStub(routers, **FAST) as stub:
+            ch = await stub.connect(G, b"s")
+
+            async def members_everywhere(want: set[bytes]) -> None:
+                with trio.fail_after(10):
+                    while True:
+                        got = [set(await x.member_addrs(G)) for x in (qa, qb)]
+                        if all(g == want for g in got):
+                            return
+                        await trio.sleep(0.02)
+
+            await members_everywhere({b"a", b"b", b"c", b"s"})
+            joins = await events(w, 4)
+            assert sorted(joins) == [("join", b"a"), ("join", b"b"), ("join", b"c"),
+                                     ("join", b"s")]
+            assert pc.proc is not None
+            pc.proc.kill()
+            pc.proc.wait()
+            await members_everywhere({b"a", b"b", b"s"})
+            assert await events(w, 1) == [("leave", b"c")]
+            assert await events(a, 1) == await events(b, 1) == [("suspect", b"c")]
+            # The stub's member s was on C and B: never suspected, and it still gets A's
+            # traffic (through B), once.
+            await a.send(wire.Route(G, None, b"a", b"after"))
+            await a.send(wire.Route(G, b"s", b"a", b"marker"))
+            with trio.fail_after(5):
+                got = [(await ch.receive()).payload, (await ch.receive()).payload]
+            assert got == [b"after", b"marker"]
+            assert [r.payload for r in await routes(b)] == [b"after"]
