@@ -17,8 +17,11 @@ import trio
 
 from gossiprouter.bridge import Bridge
 from gossiprouter.ops.metrics import federation_metrics
+from gossiprouter.protocol import jgroups2 as j2
+from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
 from gossiprouter.stub import RouterStub
+from tests.jgroups_clients import V2, V5, J2Client, J5Client, ip, uuid
 from tests.nclient import NativeClient
 from tests.procs import RouterProcess
 from tests.test_bridge import MOSQUITTO, Mosquitto
@@ -308,3 +311,51 @@ async def test_kill_9_of_a_router_process(broker: Mosquitto, tmp_path: Path) -> 
                 got = [(await ch.receive()).payload, (await ch.receive()).payload]
             assert got == [b"after", b"marker"]
             assert [r.payload for r in await routes(b)] == [b"after"]
+
+
+async def test_jgroups_members_and_messages_across_routers(nursery: trio.Nursery,
+                                                           broker: Mosquitto) -> None:
+    """JGroups 2.12 and 5.x clients on two routers: each router's member lists (GOSSIP_GET,
+    GET_MBRS) hold the other's members with their exact addresses and physical addresses,
+    and messages cross byte-exact, the sender's own multicast copy included."""
+    ra, rb = await federation(nursery, broker, 2)
+    assert ra.server is not None and rb.server is not None
+    a2, b2 = uuid(1, V2), uuid(2, V2)
+    ja = await J2Client.open(*ra.server.address)  # type: ignore[misc]
+    assert (await ja.connect("demo", a2, "A", [ip(7800, V2)])).ok
+    jb = await J2Client.open(*rb.server.address)  # type: ignore[misc]
+    assert (await jb.connect("demo", b2, "B", [ip(7801, V2)])).ok
+    await everywhere([ra, rb], {a2.key, b2.key}, "jgroups2:demo")
+    want = (j2.Member(a2, "A", (ip(7800, V2),)), j2.Member(b2, "B", (ip(7801, V2),)))
+    for x in (ja, jb):
+        assert sorted(await x.gossip_get("demo"), key=lambda m: m.name or "") == list(want)
+    await ja.message("demo", b2, b"\xca\xfe")
+    with trio.fail_after(5):
+        assert await jb.stream.receive_some(65536) == (
+            bytes.fromhex("0a00") + b2.raw + bytes.fromhex("00ffffffff0100000002cafe"))
+    await jb.message("demo", None, b"\x01\x02\x03")
+    for x in (ja, jb):
+        with trio.fail_after(5):
+            assert await x.stream.receive_some(65536) == bytes.fromhex(
+                "0a000100ffffffff0100000003010203")
+
+    a5, b5 = uuid(1, V5), uuid(2, V5)
+    ka = await J5Client.open(*ra.server.address)  # type: ignore[misc]
+    await ka.register("demo", a5, "A", ip(7800, V5))
+    kb = await J5Client.open(*rb.server.address)  # type: ignore[misc]
+    await kb.register("demo", b5, "B", ip(7801, V5))
+    await everywhere([ra, rb], {a5.key, b5.key}, "jgroups5:demo")
+    for y in (ka, kb):
+        [reply] = await y.get_members("demo")
+        assert sorted(reply.members, key=lambda m: m.name or "") == [
+            j5.Member(a5, "A", ip(7800, V5)), j5.Member(b5, "B", ip(7801, V5))]
+    uni = await ka.message("demo", b5, a5, b"\xca\xfe")
+    assert await kb.recv() == j5.Message("demo", b5, a5, uni, len(uni) - 2)
+    mc = await kb.message("demo", None, b5, b"\x01\x02\x03")
+    for y in (ka, kb):
+        e5 = await y.recv()
+        assert isinstance(e5, j5.Message) and e5.raw == mc, e5
+    # A 5.x member's router dies: the other suspects it to its own members.
+    await rb.stop()
+    await everywhere([ra], {a5.key}, "jgroups5:demo")
+    assert await ka.recv() == j5.Suspect("demo", b5)
