@@ -244,3 +244,18 @@ def test_bad_bridge_values_are_one_line_not_a_traceback() -> None:
         assert r.exit_code == 1 and "Traceback" not in r.stderr, r.stderr
         assert r.stderr.strip().splitlines() == [f"gossiprouter: error: {opt[2:].replace('-', '_')}"
                                                  f" = {value}: {message}"]
+
+
+def test_a_snapshot_deletes_the_records_of_groups_left_while_cut_off() -> None:
+    net = Net("a", "b")
+    a = net.feds["a"]
+    x, y = Named("x"), Named("y")
+    net.connect("a", x, b"x")
+    net.connect("b", Named("b1"), b"b1")
+    a.table.connect(y, "other", b"y")
+    net.sync()
+    # Cut off: x leaves, nothing is published; the group lives on here (b1 is in it).
+    a.table.disconnect(x, G, b"x")
+    snap = dict(a.snapshot())
+    assert snap[G] == b"" and "other" in snap and snap["other"] != b""
+    assert a.table.entry(G, b"b1") is not None
