@@ -41,6 +41,7 @@ log = logging.getLogger("gossiprouter.federation")
 
 FORMAT = 1
 _HEAD_LEN = struct.Struct(">H")  # before a routed message's msgpack header
+RECEIVERS_CACHE = 10_000
 # What one member record holds: addr, name, physical, kind, identity, live, wire.
 _Member = tuple[bytes, str | None, tuple[tuple[str, int], ...], Kind, str | None, bool, Any]
 
@@ -189,6 +190,9 @@ class Federation:
         # group -> (last payload published, the addresses it listed)
         self.published: dict[str, tuple[bytes, frozenset[bytes]]] = {}
         self.table.on_local = self.on_local
+        # (group, sending router) -> (the group, its rev, receivers): a multicast from another
+        # router walks the group's members once per change of the group, not once per message.
+        self._receivers: dict[tuple[str, str], tuple[Group, int, list[Carrier]]] = {}
 
     # ------------------------------------------------------------------ views
 
@@ -451,7 +455,15 @@ class Federation:
             else:
                 self.stats.undeliverable += count
             return
-        targets = self.receivers(g, origin)
+        key = (group, origin)
+        cached = self._receivers.get(key)
+        if cached is not None and cached[0] is g and cached[1] == g.rev:
+            targets = cached[2]
+        else:
+            targets = self.receivers(g, origin)
+            if len(self._receivers) >= RECEIVERS_CACHE:
+                self._receivers.clear()
+            self._receivers[key] = (g, g.rev, targets)
         for t in targets:
             t.push(frames, count)
         self.stats.delivered_in += count * len(targets)

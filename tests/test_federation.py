@@ -117,12 +117,18 @@ def test_a_member_on_two_routers_gets_each_message_once() -> None:
     for t in c.table.resolve_multicast(G, sc):
         t.push(b"from-c")
     assert (tb.pushed, tc.pushed) == ([(b"m", 1)], [(b"from-c", 1)])
+    # What B delivers of A's multicasts (cached per group and sender's router) follows t.
+    a.send(a.routers["b"], G, None, b"direct", 1)
+    assert tb.pushed[-1] == (b"direct", 1)
     # t also connects to A: A delivers its own senders' messages locally, B and C nothing.
     net.connect("a", ta, b"t")
+    a.send(a.routers["b"], G, None, b"direct-2", 1)
+    assert tb.pushed[-1] == (b"direct", 1)
     assert kinds(a, b"t") == ["RemoteMember", "RemoteMember", "Named"]
     for t in a.table.resolve_multicast(G, s):
         t.push(b"local")
-    assert (ta.pushed, tb.pushed, tc.pushed) == ([(b"local", 1)], [(b"m", 1)], [(b"from-c", 1)])
+    assert (ta.pushed, tb.pushed, tc.pushed) == (
+        [(b"local", 1)], [(b"m", 1), (b"direct", 1)], [(b"from-c", 1)])
     assert b.receivers(b.table.groups[G], "a") == []
 
 
