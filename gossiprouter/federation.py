@@ -224,9 +224,7 @@ class Federation:
         dirty, self.dirty = self.dirty, {}
         out = []
         for group, suspected in dirty.items():
-            rec = self._record(group, suspected)
-            if rec is not None:
-                out.append((group, rec))
+            out += [(group, rec) for rec in self._record(group, suspected)]
         return out
 
     def snapshot(self) -> list[tuple[str, bytes]]:
@@ -238,9 +236,7 @@ class Federation:
         out = []
         for name, g in self.table.groups.items():
             if self._local(g):
-                rec = self._record(name, set())
-                if rec is not None:
-                    out.append((name, rec))
+                out += [(name, rec) for rec in self._record(name, set())]
         for name in old:
             if name not in self.published:
                 self.stats.records_out += 1
@@ -259,24 +255,27 @@ class Federation:
                         live, _wire_out(e.wire)])
         return out
 
-    def _record(self, group: str, suspected: set[bytes]) -> bytes | None:
+    def _record(self, group: str, suspected: set[bytes]) -> list[bytes]:
+        """What to publish for ``group`` now: nothing when its record is unchanged; an empty
+        payload deletes it. When the last members went as suspected, a record saying so
+        comes first (the empty one cannot), then the deletion."""
         g = self.table.groups.get(group)
         members = [] if g is None else self._local(g)
         before = self.published.get(group)
+        gone = sorted(suspected & before[1]) if before is not None else []
         if not members:
             if before is None:
-                return None
+                return []
             del self.published[group]
-            self.stats.records_out += 1
-            return b""
-        addrs = frozenset(m[0] for m in members)
-        gone = sorted(suspected & before[1]) if before is not None else []
+            out = [msgpack.packb({"m": [], "s": gone}), b""] if gone else [b""]
+            self.stats.records_out += len(out)
+            return out
         payload: bytes = msgpack.packb({"m": members, "s": gone})
         if before is not None and before[0] == payload:
-            return None
-        self.published[group] = (payload, addrs)
+            return []
+        self.published[group] = (payload, frozenset(m[0] for m in members))
         self.stats.records_out += 1
-        return payload
+        return [payload]
 
     # ------------------------------------------------------------------ receiving state
 

@@ -277,3 +277,16 @@ def test_malformed_federation_messages_are_counted_and_change_nothing() -> None:
         b.on_record("a", G, bad)
     b.on_presence("a", b"\xc1")
     assert b.stats.malformed == 8 and b.table.entry(G, b"x") is not None
+
+
+def test_a_member_whose_connection_dies_is_suspected_on_the_other_routers_too() -> None:
+    net = Net("a", "b")
+    b = net.feds["b"]
+    x, y = Named("x"), Named("y")
+    net.connect("a", x, b"x")
+    net.connect("b", y, b"y")
+    w = Named("w")
+    b.table.watch(w, G)
+    net.feds["a"].table.drop_carrier(x, 0.0)  # no DISCONNECT: A suspects it
+    net.sync()
+    assert y.events == [("suspect", b"x")] and w.events == [("leave", b"x")]
