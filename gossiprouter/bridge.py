@@ -306,6 +306,7 @@ class Bridge:
         self._sync_topic = sync_topic(self.prefix, self.origin)
         self._fed_dirty = trio.Event()
         self._lost_at: float | None = None
+        self._cut = trio.Event()  # set when a broker session ends
         self._fed_mid: int | None = None
         self.federation = Federation(hub, self.origin, config.name, self._send_route,
                                      self._mark_dirty)
@@ -402,6 +403,7 @@ class Bridge:
 
         self.state = "connected"
         self.last_error = None
+        self._lost_at = None
         self.stats.connects += 1
         log.info("bridge connected to %s://%s:%d as %s (%d subscriptions)", self.scheme,
                  self.host, self.port, self.origin, len(self.filters))
@@ -521,10 +523,13 @@ class Bridge:
         # The others declare this router dead 1.5 keepalives after it lost the broker (its
         # Last Will); it drops them after as long, so both sides see the same partition.
         while True:
-            await trio.sleep(0.1)
-            lost = self._lost_at
-            if (lost is not None and self.state != "connected"
-                    and trio.current_time() - lost >= 1.5 * self.keepalive):
+            await self._cut.wait()
+            self._cut = trio.Event()
+            while (lost := self._lost_at) is not None and self.state != "connected":
+                deadline = lost + 1.5 * self.keepalive
+                if trio.current_time() < deadline:
+                    await trio.sleep_until(deadline)
+                    continue
                 self._lost_at = None
                 if self.federation.routers:
                     log.warning("bridge: no broker for %.1fs: dropping the other routers' "
@@ -552,6 +557,7 @@ class Bridge:
                 else:
                     await self._session()
                     self._lost_at = trio.current_time()
+                    self._cut.set()
                     if trio.current_time() - started > 30.0:
                         n = 0
                     self.stats.failures += 1
