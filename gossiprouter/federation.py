@@ -42,6 +42,13 @@ log = logging.getLogger("gossiprouter.federation")
 FORMAT = 1
 _HEAD_LEN = struct.Struct(">H")  # before a routed message's msgpack header
 RECEIVERS_CACHE = 10_000
+# A presence is republished every PRESENCE_TTL / 3 seconds and expires after PRESENCE_TTL (at
+# the broker too): a router whose Last Will was lost (it died while a persistent broker was
+# down) is dropped after that, instead of staying a ghost with its members.
+PRESENCE_TTL = 60
+# Records are republished every RECORD_TTL / 3 and expire after RECORD_TTL at the broker, so
+# the inert records of stopped routers do not pile up in a persistent broker.
+RECORD_TTL = 86_400
 # What one member record holds: addr, name, physical, kind, identity, live, wire.
 _Member = tuple[bytes, str | None, tuple[tuple[str, int], ...], Kind, str | None, bool, Any]
 
@@ -153,6 +160,8 @@ class RemoteRouter:
     pending: dict[str, bytes] = field(default_factory=dict)
     fanouts: dict[str, RemoteGroup] = field(default_factory=dict)
     fed: Federation | None = None
+    # When its presence expires unless refreshed (None: never).
+    expires: float | None = None
 
     @property
     def label(self) -> str:
@@ -215,8 +224,12 @@ class Federation:
             s.add(suspected)
 
     def presence(self) -> bytes:
-        out: bytes = msgpack.packb({"v": FORMAT, "name": self.name})
+        out: bytes = msgpack.packb({"v": FORMAT, "name": self.name, "ttl": PRESENCE_TTL})
         return out
+
+    def records(self) -> list[tuple[str, bytes]]:
+        """Every record as last published (the periodic refresh: see RECORD_TTL)."""
+        return [(group, rec[0]) for group, rec in self.published.items()]
 
     def flush(self) -> list[tuple[str, bytes]]:
         """The records to publish (retained) for the groups changed since the last call:
@@ -310,7 +323,18 @@ class Federation:
             notices += self._drop_router(r)
         self.hub.deliver(notices)
 
-    def on_presence(self, origin: str, payload: bytes) -> None:
+    def expire(self, now: float) -> None:
+        """Drop the routers whose presence was not refreshed in time (see PRESENCE_TTL). Only
+        while this router is connected: otherwise it could not have heard them."""
+        notices: list[Notice] = []
+        for r in list(self.routers.values()):
+            if r.alive and r.expires is not None and r.expires < now:
+                log.warning("federation: router %s has not refreshed its presence: dropped",
+                            r.label)
+                notices += self._drop_router(r)
+        self.hub.deliver(notices)
+
+    def on_presence(self, origin: str, payload: bytes, now: float = 0.0) -> None:
         if origin == self.origin:
             return
         r = self.routers.get(origin)
@@ -322,8 +346,9 @@ class Federation:
         try:
             info = msgpack.unpackb(payload)
             name = info.get("name", "") if isinstance(info, dict) else ""
-            if not isinstance(name, str):
-                raise ValueError("name")
+            ttl = info.get("ttl") if isinstance(info, dict) else None
+            if not isinstance(name, str) or not (ttl is None or isinstance(ttl, int)):
+                raise ValueError("name or ttl")
         except (ValueError, msgpack.UnpackException) as e:
             self.stats.malformed += 1
             log.debug("federation: bad presence of %r: %s", origin, e)
@@ -332,6 +357,7 @@ class Federation:
             r = self.routers[origin] = RemoteRouter(origin, fed=self)
             log.info("federation: router %s is up", name or origin)
         r.name = name
+        r.expires = None if not ttl or ttl <= 0 else now + ttl
         r.alive = True
         r.epoch = self.epoch
         pending, r.pending = r.pending, {}

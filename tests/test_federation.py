@@ -290,3 +290,21 @@ def test_a_member_whose_connection_dies_is_suspected_on_the_other_routers_too() 
     net.feds["a"].table.drop_carrier(x, 0.0)  # no DISCONNECT: A suspects it
     net.sync()
     assert y.events == [("suspect", b"x")] and w.events == [("leave", b"x")]
+
+
+def test_a_router_that_stops_refreshing_its_presence_is_dropped() -> None:
+    """Its Last Will can be lost (it died while a persistent broker was down): its retained
+    presence then ages out instead of leaving it a ghost with its members."""
+    from gossiprouter.federation import PRESENCE_TTL
+
+    net = Net("a", "b")
+    a, b = net.feds["a"], net.feds["b"]
+    y = Named("y")
+    net.connect("a", y, b"y")
+    net.connect("b", Named("x"), b"x")
+    a.on_presence("b", b.presence(), now=100.0)  # refreshed at 100
+    a.expire(100.0 + PRESENCE_TTL - 1)
+    assert a.table.entry(G, b"x") is not None
+    a.expire(100.0 + PRESENCE_TTL + 1)
+    assert a.table.entry(G, b"x") is None and y.events[-1] == ("suspect", b"x")
+    assert a.stats.routers_lost == 1
