@@ -29,7 +29,9 @@ keeps every decision:
   ``Relay.send``), so a frame relayed by the thread and one sent by Python never interleave.
   What a socket does not take at once goes back to the outbox (EVICT upcall, or at once for
   Python's own send), whose writer task, bounds and slow-consumer policy carry on as without
-  the fast path; the connection is attached again when its outbox is idle.
+  the fast path; the connection is attached again when its outbox is idle. Waking the writer
+  detaches the connection first (``Outbox.claim``): one writer owns a stream at a time
+  (docs/architecture.md, "One writer per stream").
 
 A frame for a receiver that is evicted (or no longer attached) is not relayed: it goes to
 Python with the rest of its read, so Python's queue bounds, back-pressure (Congestion) and
@@ -334,13 +336,10 @@ class FastPath:
         """The thread could not write everything to ``session``: its outbox takes over
         (the held bytes first) and its writer task writes them."""
         ob = session.outbox
-        if not session.fast_attached:
+        if not session.fast_attached or ob.closed:
             return
-        pending = self._take(session)
-        if pending and not ob.closed:
-            ob.chunks.insert(0, pending)
-            ob.nbytes += len(pending)
-            ob.wake()
+        ob.claim()
+        ob.wake()
 
     def close(self, session: Session) -> None:
         """The connection is over (before its socket is closed)."""

@@ -261,6 +261,18 @@ class Outbox:
             self.nbytes = len(data) - sent
             self.wake()
 
+    def claim(self) -> None:
+        """The writer task is about to own this socket's byte stream: the compiled fast path's
+        thread stops writing it (``reclaim``), and the bytes it had not sent yet (possibly the
+        rest of a frame already started on the wire) go before everything queued here. Called
+        when the writer is woken, before anything else may run: from then on frames for this
+        connection queue behind what the writer has, in order (docs/architecture.md,
+        "One writer per stream")."""
+        pending = self.reclaim()
+        if pending:
+            self.chunks.insert(0, pending)
+            self.nbytes += len(pending)
+
     def take(self, limit: int = 1 << 20) -> list[bytes]:
         """The oldest queued chunks, about ``limit`` bytes (at least one chunk), in order."""
         chunks = self.chunks
@@ -299,11 +311,7 @@ class Outbox:
         if self.closed:
             return
         self.direct = None
-        pending = self.reclaim()
-        self.reclaim = _no_bytes
-        if pending and not discard:
-            self.chunks.insert(0, pending)
-            self.nbytes += len(pending)
+        self.claim()
         if discard:
             self.chunks = []
             self.nbytes = 0
