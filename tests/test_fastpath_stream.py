@@ -16,12 +16,16 @@ import socket
 import struct
 
 import trio
+import trio.testing
 
 from gossiprouter.fastpath import FastPath
+from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
+from gossiprouter.protocol import native as wire
 from gossiprouter.server import Server
 from tests.jgroups_clients import J5Client, uuid
-from tests.test_fastpath import Start
+from tests.nclient import NativeClient
+from tests.test_fastpath import Start, gather, j2_pair, j5_pair, round_trip
 
 
 def fast_of(router: Server) -> FastPath:
@@ -137,3 +141,104 @@ async def test_unicasts_never_land_inside_a_large_frame_being_written(start_rout
     assert uni == sorted(uni) and len(uni) > 100, len(uni)
     assert [t for t in at_y.got if t.startswith("big")] == bigs[: len(
         [t for t in at_y.got if t.startswith("big")])]
+
+
+# --------------------------------------------------------------------------- defect 1
+
+
+async def test_a_jgroups5_sender_after_leave_is_never_learned(start_router: Start,
+                                                              mock_clock: trio.testing.MockClock
+                                                              ) -> None:
+    """x unregisters; what it sends within AFTER_LEAVE is routed by Python (counted), never
+    by the thread; once the window is over (the router's clock, moved by hand) nothing of
+    x's reaches y any more."""
+    router = await start_router(fast_path="on", idle_timeout=0)
+    fast = fast_of(router)
+    x, y = await j5_pair(router)
+    xa, ya = uuid(1, 5), uuid(2, 5)
+    await x.unregister("cluster", xa)
+    await x.sync()
+    learned = fast.learned
+    for i in range(3):
+        await x.message("cluster", None, xa, b"late%d" % i)
+        await x.message("cluster", ya, xa, b"ack%d" % i)
+    await x.sync()
+    got = [ev for ev in await y.round_trip() if isinstance(ev, j5.Message)]
+    assert [bytes(m.payload) for m in got] == [b"late0", b"ack0", b"late1", b"ack1", b"late2",
+                                               b"ack2"]
+    assert fast.learned == learned
+    assert router.hub.counters.frames_in["jgroups5_after_leave"] == 6  # each one by Python
+    mock_clock.jump(6.0)  # past AFTER_LEAVE (5 s)
+    await x.message("cluster", None, xa, b"too late")
+    await x.message("cluster", ya, xa, b"too late")
+    await x.sync()
+    assert [ev for ev in await y.round_trip() if isinstance(ev, j5.Message)] == []
+
+
+async def test_a_jgroups2_sender_after_leave_is_never_learned(start_router: Start,
+                                                              mock_clock: trio.testing.MockClock
+                                                              ) -> None:
+    """As above for JGroups 2.12, whose messages carry no sender: the connection's last
+    address in the group left."""
+    router = await start_router(fast_path="on", idle_timeout=0)
+    fast = fast_of(router)
+    x, y = await j2_pair(router)
+    await x.disconnect("cluster", uuid(1, 2))
+    learned = fast.learned
+    for i in range(3):
+        await x.message("cluster", None, b"late%d" % i)
+        await x.message("cluster", uuid(2, 2), b"uni%d" % i)
+    got: list[j2.Message] = []
+    await gather(y, j2.Message, 6, got)
+    assert [bytes(m.payload) for m in got] == [b"late0", b"uni0", b"late1", b"uni1", b"late2",
+                                               b"uni2"]
+    await x.round_trip()
+    assert fast.learned == learned
+    assert router.hub.counters.frames_in["jgroups2_after_leave"] == 6
+    mock_clock.jump(6.0)
+    await x.message("cluster", None, b"too late")
+    await x.message("cluster", uuid(2, 2), b"too late")
+    await x.round_trip()
+    # 2.12 semantics: y gets its own multicast back, after anything x's frames reached it with.
+    await y.message("cluster", None, b"marker")
+    got = []
+    await gather(y, j2.Message, 1, got)
+    assert [bytes(m.payload) for m in got] == [b"marker"]
+
+
+async def test_frames_held_for_a_member_in_grace_are_never_learned(start_router: Start
+                                                                   ) -> None:
+    """Frames for a member in reconnect grace are held by Python (within grace_buffer_bytes);
+    the thread must not repeat a decision made while the grace lasts, for native and 5.x
+    groups alike: every such frame is held, and handed over when the member is back."""
+    router = await start_router(fast_path="on", grace=30)
+    fast = fast_of(router)
+    a, b, c = await NativeClient.several(router, 3)
+    for cl, addr in ((a, b"A"), (b, b"B"), (c, b"C")):
+        assert await cl.connect("g", addr) == wire.Ok(1)
+    await a.send(wire.Route("g", None, b"A", b"before"))
+    assert await b.recv() == wire.Route("g", None, b"A", b"before")
+    assert await c.recv() == wire.Route("g", None, b"A", b"before")
+    await c.stream.aclose()
+    with trio.fail_after(5):  # a hang guard
+        while not router.hub.table.groups["g"].graced:
+            await trio.sleep(0.01)
+    learned = fast.learned
+    for i in range(5):
+        await a.send(wire.Route("g", None, b"A", b"held%d" % i))
+        await a.send(wire.Route("g", b"C", b"A", b"uni%d" % i))
+    for i in range(5):
+        assert await b.recv() == wire.Route("g", None, b"A", b"held%d" % i)
+    await round_trip(a, 1)
+    assert fast.learned == learned
+    entry = router.hub.table.entry("g", b"C")
+    assert entry is not None and len(entry.held) == 10
+    c2 = await NativeClient.to(router)
+    assert await c2.connect("g", b"C") == wire.Ok(1)
+    for i in range(5):
+        assert await c2.recv() == wire.Route("g", None, b"A", b"held%d" % i)
+        assert await c2.recv() == wire.Route("g", b"C", b"A", b"uni%d" % i)
+    # Back in the group: now a table decision, learned again.
+    await a.send(wire.Route("g", None, b"A", b"after"))
+    assert await c2.recv() == wire.Route("g", None, b"A", b"after")
+    assert fast.learned > learned
