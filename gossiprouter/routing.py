@@ -260,10 +260,11 @@ class RoutingTable:
         # Given (group, sender, id, payload) for every global publication of a local
         # client, after local delivery: the bridge forwards it to the federation.
         self.on_global: Callable[[str, bytes, TopicId, bytes], None] | None = None
-        # Called before every change of who receives what (an entry linked to or unlinked
-        # from a connection, removed, put in or taken out of grace): the compiled fast path
-        # forgets the routing decisions it repeats (gossiprouter.fastpath).
-        self.changed: Callable[[], None] = _unchanged
+        # Called with the group's name before every change of who receives what in it (an
+        # entry linked to or unlinked from a connection, removed, put in or taken out of
+        # grace): the compiled fast path forgets the routing decisions it repeats for that
+        # group (gossiprouter.fastpath). Every decision depends on one group only.
+        self.changed: Callable[[str], None] = _unchanged
         # Names the federation (broker and prefix) when bridged; announced in WELCOME so a
         # client on several routers of one federation takes global publications from one.
         self.federation: str | None = None
@@ -621,7 +622,7 @@ class RoutingTable:
             raise RoutingError("limit", f"at most {cap} groups in the router (max_groups)")
 
     def _link(self, g: Group, e: Entry, carrier: Carrier) -> None:
-        self.changed()
+        self.changed(g.name)
         old = e.carrier
         if carrier in e.carriers:
             e.carriers.remove(carrier)
@@ -641,7 +642,7 @@ class RoutingTable:
     def _unlink(self, g: Group, e: Entry, carrier: Carrier) -> None:
         if carrier not in e.carriers:
             return
-        self.changed()
+        self.changed(g.name)
         was_newest = e.carrier is carrier
         e.carriers.remove(carrier)
         regs = self._regs.get(carrier)
@@ -668,7 +669,7 @@ class RoutingTable:
             del g.load[carrier]
 
     def _remove(self, e: Entry, *, suspect: bool) -> list[Notice]:
-        self.changed()
+        self.changed(e.group)
         g = self.groups[e.group]
         for c in list(e.carriers):
             self._unlink(g, e, c)
@@ -691,7 +692,7 @@ class RoutingTable:
             self.groups.pop(g.name, None)
 
 
-def _unchanged() -> None:
+def _unchanged(group: str) -> None:
     pass
 
 
