@@ -45,7 +45,6 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
@@ -133,6 +132,7 @@ typedef struct up_s {
 typedef struct {
     PyObject_HEAD
     pthread_mutex_t mu;
+    pthread_mutex_t turn; /* the turnstile of Python's callers (py_lock) */
     pthread_t thread;
     int thread_started;
     int stopping;
@@ -181,10 +181,15 @@ static conn_t *get_conn(Relay *r, int64_t cid) {
 /* A route is used only while no change of its group (or of everything) came after it. */
 static int route_valid(Relay *r, const route_t *rt) { return rt->gen == r->ggen[rt->slot]; }
 
-/* Every Python caller takes the mutex through here, so the thread knows it waits. */
+/* Every Python caller takes the mutex through here: it says it waits (py_waiting) and holds
+ * the turnstile until it has the mutex, so that the thread, which hands the mutex over between
+ * connections, sleeps on the turnstile until then instead of taking the mutex straight back
+ * (lock order: turn, then mu, on both sides). */
 static void py_lock(Relay *r) {
     atomic_fetch_add_explicit(&r->py_waiting, 1, memory_order_relaxed);
+    pthread_mutex_lock(&r->turn);
     pthread_mutex_lock(&r->mu);
+    pthread_mutex_unlock(&r->turn);
     atomic_fetch_sub_explicit(&r->py_waiting, 1, memory_order_relaxed);
 }
 
@@ -567,13 +572,7 @@ static void *thread_main(void *arg) {
             break;
         }
         r->rounds++;
-        int locked = 1;
         for (int i = 0; i < n; i++) {
-            if (!locked) {
-                pthread_mutex_lock(&r->mu);
-                locked = 1;
-                if (r->stopping) break;
-            }
             int64_t cid = (int64_t)evs[i].data.u64;
             if (cid < 0) continue; /* the stop fd */
             conn_t *c = get_conn(r, cid);
@@ -583,16 +582,19 @@ static void *thread_main(void *arg) {
             if (r->ndirty) flush_dirty(r);
             /* A Python call waits for the mutex, holding the GIL: it goes first, so the hold is
              * one connection's read and sends at most, not a round's (up to MAX_EVENTS
-             * connections). The thread waits until the caller has the mutex: a plain unlock
-             * and lock would mostly take it back before the caller wakes up. */
+             * connections). The thread sleeps on the turnstile, which the caller holds until
+             * it has the mutex: a plain unlock and lock would mostly take the mutex back
+             * before the caller wakes up. */
             if (atomic_load_explicit(&r->py_waiting, memory_order_relaxed)) {
                 r->handoffs++;
                 pthread_mutex_unlock(&r->mu);
-                locked = 0;
-                while (atomic_load_explicit(&r->py_waiting, memory_order_relaxed)) sched_yield();
+                pthread_mutex_lock(&r->turn);
+                pthread_mutex_lock(&r->mu);
+                pthread_mutex_unlock(&r->turn);
+                if (r->stopping) break;
             }
         }
-        if (locked) pthread_mutex_unlock(&r->mu);
+        pthread_mutex_unlock(&r->mu);
     }
     return NULL;
 }
@@ -602,7 +604,7 @@ static void *thread_main(void *arg) {
 static int Relay_init(Relay *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "", kwlist)) return -1;
-    if (pthread_mutex_init(&self->mu, NULL) != 0) {
+    if (pthread_mutex_init(&self->mu, NULL) != 0 || pthread_mutex_init(&self->turn, NULL) != 0) {
         PyErr_SetString(PyExc_OSError, "pthread_mutex_init failed");
         return -1;
     }
@@ -668,6 +670,7 @@ static void Relay_dealloc(Relay *self) {
     if (self->efd >= 0) close(self->efd);
     if (self->stopfd >= 0) close(self->stopfd);
     pthread_mutex_destroy(&self->mu);
+    pthread_mutex_destroy(&self->turn);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
