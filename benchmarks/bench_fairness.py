@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -66,6 +67,24 @@ def _native(port: int) -> socket.socket:
     return s
 
 
+def _read_all(s: socket.socket, stop: threading.Event, on_data: Callable[[bytes], None]
+              ) -> str:
+    """Read ``s`` until ``stop`` is set or the router closes it, each chunk to ``on_data``;
+    how it was closed ("" if it was not)."""
+    s.settimeout(0.2)
+    while not stop.is_set():
+        try:
+            data = s.recv(1 << 20)
+        except TimeoutError:
+            continue
+        except OSError as e:
+            return f"reset ({e.strerror})"
+        if not data:
+            return "closed"
+        on_data(data)
+    return ""
+
+
 def _relay_flood(port: int, seconds: float) -> tuple[int, str]:
     """RELAY_MEMBERS members multicast into one group for ``seconds``, each reading all it
     gets; (frames delivered, close reason)."""
@@ -79,20 +98,12 @@ def _relay_flood(port: int, seconds: float) -> tuple[int, str]:
     stop = threading.Event()
 
     def read(i: int) -> None:
-        s = socks[i]
-        s.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                data = s.recv(1 << 20)
-            except TimeoutError:
-                continue
-            except OSError as e:
-                lost.append(f"reset ({e.strerror})")
-                return
-            if not data:
-                lost.append("closed")
-                return
+        def count(data: bytes) -> None:
             got[i] += len(data)
+
+        why = _read_all(socks[i], stop, count)
+        if why:
+            lost.append(why)
 
     def write(i: int) -> None:
         batch = frame[i] * 20
@@ -140,29 +151,22 @@ def _flooder(port: int, kind: str, seconds: float, out: mp.Queue[tuple[int, str]
     dec = wire.Decoder(max_frame=1 << 26)
     stop = threading.Event()
 
-    def read() -> None:
+    def on_data(data: bytes) -> None:
         nonlocal answers, closed
-        s.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                data = s.recv(1 << 20)
-            except TimeoutError:
-                continue
-            except OSError as e:
-                closed = closed or f"reset ({e.strerror})"
-                return
-            if not data:
-                closed = closed or "closed"
-                return
-            if kind == "heartbeat":
-                answers += len(data) // len(one)
-                continue
-            dec.feed(data)
-            for f in dec.frames():
-                if isinstance(f, wire.Error):
-                    closed = f"ERROR {f.code}"
-                else:
-                    answers += 1
+        if kind == "heartbeat":
+            answers += len(data) // len(one)
+            return
+        dec.feed(data)
+        for f in dec.frames():
+            if isinstance(f, wire.Error):
+                closed = f"ERROR {f.code}"
+            else:
+                answers += 1
+
+    def read() -> None:
+        nonlocal closed
+        why = _read_all(s, stop, on_data)
+        closed = closed or why
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()

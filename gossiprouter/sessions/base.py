@@ -258,7 +258,7 @@ class Outbox:
             sent = 0  # the writer will meet the error and close the connection
         if sent < len(data):
             self.chunks.append(data[sent:] if sent else data)
-            self.nbytes = len(data) - sent
+            self.nbytes += len(data) - sent  # after what a claim put first, if any
             self.wake()
 
     def claim(self) -> None:
