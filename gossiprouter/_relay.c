@@ -159,6 +159,7 @@ typedef struct {
     conn_t *lost_head; /* connections whose upcall could not be queued */
     uint64_t lost;     /* how many, in all */
     uint64_t handoffs; /* times the thread gave the mutex to a waiting Python call */
+    int fail_upcalls;  /* tests: this many upcalls fail as if out of memory */
 } Relay;
 
 static int64_t now_ns(void) {
@@ -255,7 +256,9 @@ static void lose(Relay *r, conn_t *c) {
 static void upcall(Relay *r, int64_t cid, int kind, const uint8_t *data, size_t len) {
     conn_t *c = get_conn(r, cid);
     if (c != NULL && c->lost) return; /* Python closes it: nothing more about it matters */
-    up_t *u = malloc(sizeof(up_t) + len);
+    up_t *u = NULL;
+    if (r->fail_upcalls > 0) r->fail_upcalls--;
+    else u = malloc(sizeof(up_t) + len);
     if (u == NULL) {
         if (c != NULL) lose(r, c);
         return;
@@ -1229,6 +1232,20 @@ static PyObject *Relay_info(Relay *self, PyObject *unused) {
     return d;
 }
 
+/* _fail_upcalls(n): the next n upcalls fail as if memory were exhausted (tests only). */
+static PyObject *Relay_fail_upcalls(Relay *self, PyObject *args) {
+    int n;
+    if (!PyArg_ParseTuple(args, "i", &n)) return NULL;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "_fail_upcalls: n must not be negative");
+        return NULL;
+    }
+    py_lock(self);
+    self->fail_upcalls = n;
+    pthread_mutex_unlock(&self->mu);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Relay_methods[] = {
     {"start", (PyCFunction)Relay_start, METH_NOARGS, "Start the relay thread."},
     {"stop", (PyCFunction)Relay_stop, METH_NOARGS, "Stop the relay thread and wait for it."},
@@ -1247,6 +1264,8 @@ static PyMethodDef Relay_methods[] = {
     {"upcalls", (PyCFunction)Relay_upcalls, METH_NOARGS, "upcalls() -> [(cid, kind, data)]"},
     {"collect", (PyCFunction)Relay_collect, METH_NOARGS, "collect() -> (per-connection, now)"},
     {"info", (PyCFunction)Relay_info, METH_NOARGS, "info() -> dict"},
+    {"_fail_upcalls", (PyCFunction)Relay_fail_upcalls, METH_VARARGS,
+     "_fail_upcalls(n): the next n upcalls fail as if out of memory (tests only)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -128,3 +128,23 @@ async def test_churn_in_another_group_keeps_the_learned_routes(start_router: Sta
     router.hub.sync()
     assert router.hub.counters.fast_relayed - relayed == 39  # every one by the thread
     assert fast.learned == learned  # never had to learn it again
+
+
+async def test_a_connection_whose_upcall_cannot_be_queued_is_closed_and_counted(
+        start_router: Start) -> None:
+    """The thread has no memory for the upcall of a's PING (simulated): a cannot go on, so it
+    is closed as an internal error (ERROR internal_error, counted), never left stuck; b is
+    served on."""
+    router = await start_router(fast_path="on")
+    fast = fast_of(router)
+    a, b = await NativeClient.several(router, 2)
+    await a.connect("g", b"A")
+    await b.connect("g", b"B")
+    fast.relay._fail_upcalls(1)
+    await a.send(wire.Ping(1))
+    frames = await a.recv_until_closed()
+    assert [f.code for f in frames if isinstance(f, wire.Error)] == ["internal_error"]
+    assert router.hub.counters.internal_errors == 1
+    assert fast.info()["lost"] == 1
+    assert fast.by_kind[fastpath._relay.LOST] == 1  # type: ignore[union-attr]
+    await round_trip(b, 2)
