@@ -285,14 +285,15 @@ static void stop_reading(Relay *r, conn_t *c) {
 
 /* ------------------------------------------------------------------ writing (mutex held) */
 
+static void evict(Relay *r, conn_t *d, int64_t cid);
+
 static void mark_dirty(Relay *r, conn_t *d, int64_t cid) {
     if (d->dirty) return;
     if (r->ndirty == r->capdirty) {
         size_t n = r->capdirty ? r->capdirty * 2 : 64;
         int64_t *p = realloc(r->dirty, n * sizeof(int64_t));
         if (p == NULL) { /* cannot be listed for this round's send: Python's writer sends it */
-            d->evicting = 1;
-            upcall(r, cid, UP_EVICT, NULL, 0);
+            evict(r, d, cid);
             return;
         }
         r->dirty = p;
