@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import socket
 import struct
+from collections.abc import Callable
 
 import trio
 import trio.testing
@@ -23,6 +24,7 @@ from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
 from gossiprouter.server import Server
+from gossiprouter.sessions.base import Outbox
 from tests.jgroups_clients import J5Client, uuid
 from tests.nclient import NativeClient
 from tests.test_fastpath import Start, gather, j2_pair, j5_pair, round_trip
@@ -242,3 +244,47 @@ async def test_frames_held_for_a_member_in_grace_are_never_learned(start_router:
     await a.send(wire.Route("g", None, b"A", b"after"))
     assert await c2.recv() == wire.Route("g", None, b"A", b"after")
     assert fast.learned > learned
+
+
+# --------------------------------------------------------------------------- farewells
+
+
+def _partial_direct(n: int) -> Callable[[bytes], int]:
+    """A direct send whose socket takes ``n`` bytes once, then nothing."""
+    room = [n]
+
+    def send(data: bytes) -> int:
+        took = min(room[0], len(data))
+        room[0] -= took
+        return took
+
+    return send
+
+
+def test_a_discarding_close_never_puts_its_farewell_inside_a_frame() -> None:
+    """A frame half on the wire, the rest queued, then the queue overflows and the connection
+    is closed discarding what is queued: the rest of the started frame stays first, then the
+    farewell (before: the farewell went out right after the half frame)."""
+    ob = Outbox(1000, 100, "disconnect")
+    ob.direct = _partial_direct(300)
+    frame = b"F" * 800
+    assert ob.push(frame)  # 300 bytes on the wire, 500 queued
+    assert not ob.push(b"G" * 800)  # over max_bytes: the session would close it
+    ob.close("slow_consumer", b"BYE", discard=True)
+    assert ob.chunks == [frame[300:], b"BYE"]
+    assert ob.nbytes == 503
+
+
+def test_a_discarding_close_keeps_what_the_relay_thread_had_not_sent() -> None:
+    """The relay thread's unsent bytes (possibly the rest of a frame it started) are claimed
+    first and are not discarded by a close either."""
+    ob = Outbox(1000, 100, "disconnect")
+    ob.reclaim = lambda: b"rest-of-a-frame"
+    ob.chunks, ob.nbytes = [b"whole"], 5
+    ob.close("slow_consumer", b"BYE", discard=True)
+    assert ob.chunks == [b"rest-of-a-frame", b"BYE"]
+    # A discarding close with nothing started on the wire drops everything queued.
+    ob2 = Outbox(1000, 100, "disconnect")
+    ob2.chunks, ob2.nbytes = [b"whole"], 5
+    ob2.close("slow_consumer", b"BYE", discard=True)
+    assert ob2.chunks == [b"BYE"]
