@@ -28,10 +28,12 @@
  *     socket does not fully take detaches it at once (Python queues the rest).
  *   - Decisions. ``learn(cid, key, out, skip, max_frame, dests)``: frames from ``cid`` that
  *     start with ``key`` go, as ``out`` followed by the frame's bytes from ``skip`` on, to the
- *     ``dests`` (connection ids, every one attached). ``invalidate`` forgets every learned
- *     decision (the routing table changed: Python calls it on every change); detaching or
- *     closing a connection does too. A decision is never used after the change that made it
- *     stale, because both take the mutex.
+ *     ``dests`` (connection ids, every one attached). Every decision depends on one group of
+ *     the routing table, whose slot (a hash of its name, GROUP_SLOTS of them) is learned with
+ *     it: ``invalidate(slot)`` forgets the decisions of that slot (Python calls it before
+ *     every change of the group), ``invalidate()`` every decision. A decision is never used
+ *     after the change that made it stale, because both take the mutex. Detaching or closing
+ *     a receiver forgets nothing: a frame for a receiver not attached goes to Python.
  *
  * Nothing here calls into Python from the thread. Every resource is bounded: the learned
  * routes per connection (MAX_ROUTES), a held partial frame (MAX_HOLD), the pending bytes of a
@@ -43,6 +45,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -61,6 +64,7 @@
 #define UP_ERROR 2 /* a read failed (reset) */
 #define UP_EVICT 3 /* the connection has pending bytes: take() them */
 #define UP_SLOW 4  /* the pending bytes would exceed max_pending: close it (policy disconnect) */
+#define UP_LOST 5  /* an upcall for it could not be queued (no memory): close it */
 
 #define MAX_ROUTES 64
 #define MAX_HOLD (256 * 1024)
@@ -68,6 +72,9 @@
 #define MAX_EVENTS 256
 #define IDX_BITS 20
 #define IDX_MASK ((1u << IDX_BITS) - 1)
+#define GEN_BITS 30
+#define CID_LIMIT ((int64_t)1 << (IDX_BITS + GEN_BITS)) /* every cid is below */
+#define GROUP_SLOTS 4096 /* invalidation slots (a power of two) */
 
 typedef struct {
     uint8_t *key;
@@ -78,9 +85,11 @@ typedef struct {
     uint32_t max_frame;
     int ndest;
     int64_t *dests;
+    uint32_t slot; /* the group's invalidation slot */
+    uint64_t gen;  /* its generation when learned */
 } route_t;
 
-typedef struct {
+typedef struct conn_s {
     int active;
     int fd;
     uint32_t gen;
@@ -106,6 +115,10 @@ typedef struct {
     uint64_t bytes_in, frames, delivered, bytes_out, writes, drops;
     int64_t last_ns;
     int touched;
+    int lost;                /* 1: on the relay's lost list; 2: reported (Python closes it) */
+    int64_t cid;
+    struct conn_s *lost_next;
+    int mark;                /* learn(): seen among the dests */
 } conn_t;
 
 typedef struct up_s {
@@ -119,6 +132,7 @@ typedef struct up_s {
 typedef struct {
     PyObject_HEAD
     pthread_mutex_t mu;
+    pthread_mutex_t turn; /* the turnstile of Python's callers (py_lock) */
     pthread_t thread;
     int thread_started;
     int stopping;
@@ -138,6 +152,14 @@ typedef struct {
     size_t ndirty, capdirty;
     /* totals since the last collect() */
     uint64_t rounds, upcalls, invalidations;
+    uint64_t ggen[GROUP_SLOTS]; /* per group slot: bumped by invalidate(slot) */
+    /* Python callers waiting for the mutex: the thread hands it over between connections
+     * (its hold is one connection's read and sends, not a whole round). */
+    atomic_int py_waiting;
+    conn_t *lost_head; /* connections whose upcall could not be queued */
+    uint64_t lost;     /* how many, in all */
+    uint64_t handoffs; /* times the thread gave the mutex to a waiting Python call */
+    int fail_upcalls;  /* tests: this many upcalls fail as if out of memory */
 } Relay;
 
 static int64_t now_ns(void) {
@@ -149,7 +171,7 @@ static int64_t now_ns(void) {
 static int64_t make_cid(uint32_t idx, uint32_t gen) { return ((int64_t)gen << IDX_BITS) | idx; }
 
 static conn_t *get_conn(Relay *r, int64_t cid) {
-    if (cid < 0) return NULL;
+    if (cid < 0 || cid >= CID_LIMIT) return NULL;
     size_t idx = (size_t)(cid & IDX_MASK);
     if (idx >= r->nconns) return NULL;
     conn_t *c = r->conns[idx];
@@ -157,12 +179,39 @@ static conn_t *get_conn(Relay *r, int64_t cid) {
     return c;
 }
 
-static void free_routes(conn_t *c) {
-    for (int i = 0; i < c->nroutes; i++) {
-        free(c->routes[i].key);
-        free(c->routes[i].out);
-        free(c->routes[i].dests);
+/* A route is used only while no change of its group (or of everything) came after it. */
+static int route_valid(Relay *r, const route_t *rt) { return rt->gen == r->ggen[rt->slot]; }
+
+/* Every Python caller takes the mutex through here: it says it waits (py_waiting) and holds
+ * the turnstile until it has the mutex, so that the thread, which hands the mutex over between
+ * connections, sleeps on the turnstile until then instead of taking the mutex straight back
+ * (lock order: turn, then mu, on both sides). */
+static void py_lock(Relay *r) {
+    atomic_fetch_add_explicit(&r->py_waiting, 1, memory_order_relaxed);
+    pthread_mutex_lock(&r->turn);
+    pthread_mutex_lock(&r->mu);
+    pthread_mutex_unlock(&r->turn);
+    atomic_fetch_sub_explicit(&r->py_waiting, 1, memory_order_relaxed);
+}
+
+/* A cid from Python: ValueError when it cannot be one (negative, or beyond the id space,
+ * which would alias a live connection's index and generation). */
+static int check_cid(long long cid) {
+    if (cid < 0 || cid >= CID_LIMIT) {
+        PyErr_Format(PyExc_ValueError, "relay connection id %lld out of range", cid);
+        return -1;
     }
+    return 0;
+}
+
+static void free_route(route_t *rt) {
+    free(rt->key);
+    free(rt->out);
+    free(rt->dests);
+}
+
+static void free_routes(conn_t *c) {
+    for (int i = 0; i < c->nroutes; i++) free_route(&c->routes[i]);
     c->nroutes = 0;
     c->last_hit = 0;
 }
@@ -187,19 +236,32 @@ static void signal_python(Relay *r) {
     }
 }
 
-/* Queue an upcall (mutex held). On allocation failure the bytes are lost: the connection is
- * then reported as failed, which closes it (nothing is lost silently). */
+static void stop_reading(Relay *r, conn_t *c);
+
+/* No memory for an upcall about ``c``: whatever it said (bytes to handle, an end of stream, an
+ * eviction) is lost, so the connection cannot go on. It is put on the lost list, which needs
+ * no allocation; Python closes it (UP_LOST, after the queued upcalls) and counts it. */
+static void lose(Relay *r, conn_t *c) {
+    stop_reading(r, c);
+    if (!c->lost) {
+        c->lost = 1;
+        c->lost_next = r->lost_head;
+        r->lost_head = c;
+        r->lost++;
+    }
+    signal_python(r);
+}
+
+/* Queue an upcall (mutex held); on allocation failure the connection is lost (above). */
 static void upcall(Relay *r, int64_t cid, int kind, const uint8_t *data, size_t len) {
-    up_t *u = malloc(sizeof(up_t) + len);
+    conn_t *c = get_conn(r, cid);
+    if (c != NULL && c->lost) return; /* Python closes it: nothing more about it matters */
+    up_t *u = NULL;
+    if (r->fail_upcalls > 0) r->fail_upcalls--;
+    else u = malloc(sizeof(up_t) + len);
     if (u == NULL) {
-        if (kind == UP_DATA) {
-            u = malloc(sizeof(up_t));
-            if (u == NULL) return;
-            kind = UP_ERROR;
-            len = 0;
-        } else {
-            return;
-        }
+        if (c != NULL) lose(r, c);
+        return;
     }
     u->next = NULL;
     u->cid = cid;
@@ -223,12 +285,17 @@ static void stop_reading(Relay *r, conn_t *c) {
 
 /* ------------------------------------------------------------------ writing (mutex held) */
 
+static void evict(Relay *r, conn_t *d, int64_t cid);
+
 static void mark_dirty(Relay *r, conn_t *d, int64_t cid) {
     if (d->dirty) return;
     if (r->ndirty == r->capdirty) {
         size_t n = r->capdirty ? r->capdirty * 2 : 64;
         int64_t *p = realloc(r->dirty, n * sizeof(int64_t));
-        if (p == NULL) return; /* flushed at the next round's end instead */
+        if (p == NULL) { /* cannot be listed for this round's send: Python's writer sends it */
+            evict(r, d, cid);
+            return;
+        }
         r->dirty = p;
         r->capdirty = n;
     }
@@ -309,7 +376,20 @@ static void flush_dirty(Relay *r) {
 
 /* ------------------------------------------------------------------ reading (mutex held) */
 
-static route_t *match(conn_t *c, const uint8_t *p, size_t avail) {
+/* Drop the routes a change of their group made stale (the last one moves into their place). */
+static void prune(Relay *r, conn_t *c) {
+    for (int i = 0; i < c->nroutes;) {
+        if (route_valid(r, &c->routes[i])) {
+            i++;
+            continue;
+        }
+        free_route(&c->routes[i]);
+        c->routes[i] = c->routes[--c->nroutes];
+    }
+    c->last_hit = 0;
+}
+
+static route_t *match(Relay *r, conn_t *c, const uint8_t *p, size_t avail) {
     int n = c->nroutes;
     if (n == 0) return NULL;
     int start = c->last_hit < n ? c->last_hit : 0;
@@ -317,6 +397,10 @@ static route_t *match(conn_t *c, const uint8_t *p, size_t avail) {
         int i = (start + k) % n;
         route_t *rt = &c->routes[i];
         if (rt->klen <= avail && memcmp(p, rt->key, rt->klen) == 0) {
+            if (!route_valid(r, rt)) { /* its group changed: Python decides again */
+                prune(r, c);
+                return NULL;
+            }
             c->last_hit = i;
             return rt;
         }
@@ -325,9 +409,11 @@ static route_t *match(conn_t *c, const uint8_t *p, size_t avail) {
 }
 
 /* ``p`` (``avail`` bytes) is the start of a learned header, cut by the end of the chunk. */
-static int starts_route(conn_t *c, const uint8_t *p, size_t avail) {
+static int starts_route(Relay *r, conn_t *c, const uint8_t *p, size_t avail) {
     for (int i = 0; i < c->nroutes; i++)
-        if (avail < c->routes[i].klen && memcmp(p, c->routes[i].key, avail) == 0) return 1;
+        if (avail < c->routes[i].klen && route_valid(r, &c->routes[i]) &&
+            memcmp(p, c->routes[i].key, avail) == 0)
+            return 1;
     return 0;
 }
 
@@ -348,17 +434,17 @@ static int payload_ends_frame(int kind, const uint8_t *p, size_t q, size_t end) 
 
 /* Where the frame at ``p`` (``avail`` bytes received) ends, for a learned route:
  * > 0: its length; 0: incomplete (wait for more); -1: not a frame relayed here. */
-static ssize_t frame_len(conn_t *c, route_t **rtp, const uint8_t *p, size_t avail) {
+static ssize_t frame_len(Relay *r, conn_t *c, route_t **rtp, const uint8_t *p, size_t avail) {
     if (c->kind == NATIVE || c->kind == JG5) { /* a u32 length, then the learned header */
         if (avail < 4) return 0;
         uint32_t n = be32(p);
         if (n >= 0x80000000u) return -1; /* 5.x: the close marker, or an error: Python's */
-        route_t *rt = match(c, p + 4, avail - 4);
+        route_t *rt = match(r, c, p + 4, avail - 4);
         if (rt == NULL) {
             /* Cut before the end of its header: wait if a learned header may follow. A frame
              * already whole (shorter than the header) is not one: Python's, now. */
             if (avail < 4 + (size_t)n && 4 + (size_t)n <= c->max_hold &&
-                starts_route(c, p + 4, avail - 4))
+                starts_route(r, c, p + 4, avail - 4))
                 return 0;
             return -1;
         }
@@ -372,8 +458,8 @@ static ssize_t frame_len(conn_t *c, route_t **rtp, const uint8_t *p, size_t avai
         return (ssize_t)end;
     }
     if (c->kind == JG2) {
-        route_t *rt = match(c, p, avail);
-        if (rt == NULL) return starts_route(c, p, avail) ? 0 : -1;
+        route_t *rt = match(r, c, p, avail);
+        if (rt == NULL) return starts_route(r, c, p, avail) ? 0 : -1;
         if (avail < rt->klen + 4) return 0;
         uint32_t n = be32(p + rt->klen);
         if (n == 0 || n > 0x7fffffffu) return -1;
@@ -400,7 +486,7 @@ static void relay_frames(Relay *r, conn_t *c, int64_t cid) {
     } else {
         while (pos < len) {
             route_t *rt = NULL;
-            ssize_t flen = frame_len(c, &rt, buf + pos, len - pos);
+            ssize_t flen = frame_len(r, c, &rt, buf + pos, len - pos);
             if (flen == 0) break;
             if (flen < 0) {
                 up = 1;
@@ -498,6 +584,19 @@ static void *thread_main(void *arg) {
             on_readable(r, c, cid);
             /* One connection's chunk is done: what it routed goes out now (latency). */
             if (r->ndirty) flush_dirty(r);
+            /* A Python call waits for the mutex, holding the GIL: it goes first, so the hold is
+             * one connection's read and sends at most, not a round's (up to MAX_EVENTS
+             * connections). The thread sleeps on the turnstile, which the caller holds until
+             * it has the mutex: a plain unlock and lock would mostly take the mutex back
+             * before the caller wakes up. */
+            if (atomic_load_explicit(&r->py_waiting, memory_order_relaxed)) {
+                r->handoffs++;
+                pthread_mutex_unlock(&r->mu);
+                pthread_mutex_lock(&r->turn);
+                pthread_mutex_lock(&r->mu);
+                pthread_mutex_unlock(&r->turn);
+                if (r->stopping) break;
+            }
         }
         pthread_mutex_unlock(&r->mu);
     }
@@ -509,7 +608,7 @@ static void *thread_main(void *arg) {
 static int Relay_init(Relay *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "", kwlist)) return -1;
-    if (pthread_mutex_init(&self->mu, NULL) != 0) {
+    if (pthread_mutex_init(&self->mu, NULL) != 0 || pthread_mutex_init(&self->turn, NULL) != 0) {
         PyErr_SetString(PyExc_OSError, "pthread_mutex_init failed");
         return -1;
     }
@@ -538,7 +637,7 @@ static PyObject *Relay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 
 static void stop_thread(Relay *self) {
     if (!self->thread_started) return;
-    pthread_mutex_lock(&self->mu);
+    py_lock(self);
     self->stopping = 1;
     pthread_mutex_unlock(&self->mu);
     uint64_t one = 1;
@@ -575,6 +674,7 @@ static void Relay_dealloc(Relay *self) {
     if (self->efd >= 0) close(self->efd);
     if (self->stopfd >= 0) close(self->stopfd);
     pthread_mutex_destroy(&self->mu);
+    pthread_mutex_destroy(&self->turn);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -608,14 +708,19 @@ static PyObject *Relay_open(Relay *self, PyObject *args) {
     Py_ssize_t max_pending, max_hold = MAX_HOLD;
     if (!PyArg_ParseTuple(args, "iinp|n", &fd, &kind, &max_pending, &drop, &max_hold))
         return NULL;
-    if (max_hold < 0 || max_hold > MAX_HOLD) max_hold = MAX_HOLD;
+    if (fd < 0 || max_pending < 0 || max_hold < 0 || max_hold > MAX_HOLD) {
+        PyErr_Format(PyExc_ValueError,
+                     "open(fd=%d, max_pending=%zd, max_hold=%zd): fd and max_pending must not "
+                     "be negative, max_hold is 0..%d", fd, max_pending, max_hold, MAX_HOLD);
+        return NULL;
+    }
     if (kind != 0 && kind != NATIVE && kind != JG2 && kind != JG5) {
         PyErr_SetString(PyExc_ValueError, "unknown framing");
         return NULL;
     }
     conn_t *c = calloc(1, sizeof(conn_t));
     if (c == NULL) return PyErr_NoMemory();
-    pthread_mutex_lock(&self->mu);
+    py_lock(self);
     size_t idx;
     if (self->nfree) {
         idx = (size_t)self->free_idx[--self->nfree];
@@ -643,7 +748,7 @@ static PyObject *Relay_open(Relay *self, PyObject *args) {
     }
     c->active = 1;
     c->fd = fd;
-    c->gen = self->next_gen++ & ((1u << 30) - 1);
+    c->gen = self->next_gen++ & ((1u << GEN_BITS) - 1);
     if (c->gen == 0) c->gen = self->next_gen++;
     c->kind = kind;
     c->max_pending = (size_t)max_pending;
@@ -652,6 +757,7 @@ static PyObject *Relay_open(Relay *self, PyObject *args) {
     c->epoch = self->epoch;
     self->conns[idx] = c;
     int64_t cid = make_cid((uint32_t)idx, c->gen);
+    c->cid = cid;
     pthread_mutex_unlock(&self->mu);
     return PyLong_FromLongLong(cid);
 }
@@ -665,22 +771,36 @@ static PyObject *Relay_read(Relay *self, PyObject *args) {
     int raw;
     Py_buffer held = {0};
     if (!PyArg_ParseTuple(args, "Lp|y*", &cid, &raw, &held)) return NULL;
-    pthread_mutex_lock(&self->mu);
+    if (check_cid(cid) < 0) {
+        PyBuffer_Release(&held);
+        return NULL;
+    }
+    py_lock(self);
     conn_t *c = get_conn(self, cid);
     int ok = 0;
+    const char *bad = NULL;
+    if (c != NULL && c->lost) {
+        /* Python closes it (UP_LOST is queued): it is not read again. */
+        pthread_mutex_unlock(&self->mu);
+        PyBuffer_Release(&held);
+        Py_RETURN_NONE;
+    }
     if (c != NULL && held.len > 0) {
         /* The start of a frame Python cut and hands back: the next bytes continue it. Only
          * while nothing is buffered here (after an upcall), and within what is held. */
-        if (c->rlen || (size_t)held.len > c->max_hold ||
-            reserve(&c->rbuf, &c->rcap, (size_t)held.len + RECV_SIZE) < 0) {
-            ok = EINVAL;
+        if (c->rlen) {
+            bad = "read(held): the thread still holds bytes of this connection";
+        } else if ((size_t)held.len > c->max_hold) {
+            bad = "read(held): more than the connection's max_hold";
+        } else if (reserve(&c->rbuf, &c->rcap, (size_t)held.len + RECV_SIZE) < 0) {
+            ok = ENOMEM;
         } else {
             memcpy(c->rbuf, held.buf, (size_t)held.len);
             c->rlen = (size_t)held.len;
             raw = 0;
         }
     }
-    if (c != NULL && !ok) {
+    if (c != NULL && !ok && bad == NULL) {
         c->raw = raw;
         if (!c->reading) {
             struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint64_t)cid};
@@ -694,6 +814,11 @@ static PyObject *Relay_read(Relay *self, PyObject *args) {
         PyErr_SetString(PyExc_KeyError, "no such relay connection");
         return NULL;
     }
+    if (bad != NULL) {
+        PyErr_SetString(PyExc_ValueError, bad);
+        return NULL;
+    }
+    if (ok == ENOMEM) return PyErr_NoMemory();
     if (ok) {
         errno = ok;
         return PyErr_SetFromErrno(PyExc_OSError);
@@ -704,8 +829,8 @@ static PyObject *Relay_read(Relay *self, PyObject *args) {
 /* The methods taking one connection id: parse it and take the mutex (-1: a parse error,
  * raised, and no mutex taken); *c is the connection or NULL (unknown or closed). */
 static int lock_conn(Relay *self, PyObject *args, conn_t **c, long long *cid) {
-    if (!PyArg_ParseTuple(args, "L", cid)) return -1;
-    pthread_mutex_lock(&self->mu);
+    if (!PyArg_ParseTuple(args, "L", cid) || check_cid(*cid) < 0) return -1;
+    py_lock(self);
     *c = get_conn(self, *cid);
     return 0;
 }
@@ -732,7 +857,7 @@ static PyObject *Relay_attach(Relay *self, PyObject *args) {
     long long cid;
     conn_t *c;
     if (lock_conn(self, args, &c, &cid) < 0) return NULL;
-    int ok = c != NULL && !c->slow;
+    int ok = c != NULL && !c->slow && !c->lost;
     if (ok) {
         c->attached = 1;
         c->evicting = 0;
@@ -744,11 +869,7 @@ static PyObject *Relay_attach(Relay *self, PyObject *args) {
 static PyObject *take_pending_locked(Relay *self, conn_t *c) {
     PyObject *out = PyBytes_FromStringAndSize((const char *)c->pend, (Py_ssize_t)c->plen);
     c->plen = 0;
-    if (c->attached) {
-        c->attached = 0;
-        self->epoch++; /* routes through it are void */
-        self->invalidations++;
-    }
+    c->attached = 0; /* routes to it stay: their frames go to Python while it is detached */
     c->evicting = 0;
     return out;
 }
@@ -776,9 +897,13 @@ static PyObject *Relay_close(Relay *self, PyObject *args) {
         stop_reading(self, c);
         out = take_pending_locked(self, c);
         size_t idx = (size_t)(cid & IDX_MASK);
+        if (c->lost == 1) { /* not reported yet: off the lost list */
+            conn_t **pp = &self->lost_head;
+            while (*pp != c) pp = &(*pp)->lost_next;
+            *pp = c->lost_next;
+        }
         self->conns[idx] = NULL;
         self->free_idx[self->nfree++] = (int64_t)idx;
-        self->epoch++;
         free_conn(c);
     }
     pthread_mutex_unlock(&self->mu);
@@ -796,7 +921,7 @@ static PyObject *Relay_send(Relay *self, PyObject *const *args, Py_ssize_t nargs
         return NULL;
     }
     long long cid = PyLong_AsLongLong(args[0]);
-    if (cid == -1 && PyErr_Occurred()) return NULL;
+    if ((cid == -1 && PyErr_Occurred()) || check_cid(cid) < 0) return NULL;
     Py_buffer buf = {0};
     const char *data;
     Py_ssize_t len;
@@ -808,7 +933,7 @@ static PyObject *Relay_send(Relay *self, PyObject *const *args, Py_ssize_t nargs
         data = buf.buf;
         len = buf.len;
     }
-    pthread_mutex_lock(&self->mu);
+    py_lock(self);
     conn_t *c = get_conn(self, cid);
     long long result;
     int err = 0;
@@ -822,11 +947,7 @@ static PyObject *Relay_send(Relay *self, PyObject *const *args, Py_ssize_t nargs
             if (errno == EAGAIN || errno == EWOULDBLOCK) n = 0;
             else err = errno;
         }
-        if (err || n < len) {
-            c->attached = 0;
-            self->epoch++;
-            self->invalidations++;
-        }
+        if (err || n < len) c->attached = 0; /* Python queues the rest: it writes now */
         result = err ? 0 : n; /* counted by Python */
     }
     pthread_mutex_unlock(&self->mu);
@@ -838,40 +959,65 @@ static PyObject *Relay_send(Relay *self, PyObject *const *args, Py_ssize_t nargs
     return PyLong_FromLongLong(result);
 }
 
-/* learn(cid, key, out, skip, max_frame, dests) -> bool */
+/* learn(cid, key, out, skip, max_frame, dests, slot=0) -> bool: False when it cannot be
+ * repeated now (a connection unknown, or a receiver not attached); ValueError for arguments
+ * no caller may pass (they would make the thread read or write out of bounds). */
 static PyObject *Relay_learn(Relay *self, PyObject *args) {
-    long long cid;
+    long long cid, slot = 0;
     Py_buffer key, out;
     Py_ssize_t skip, max_frame;
     PyObject *dests;
-    if (!PyArg_ParseTuple(args, "Ly*y*nnO", &cid, &key, &out, &skip, &max_frame, &dests))
+    if (!PyArg_ParseTuple(args, "Ly*y*nnO|L", &cid, &key, &out, &skip, &max_frame, &dests,
+                          &slot))
         return NULL;
-    PyObject *seq = PySequence_Fast(dests, "dests must be a sequence");
-    if (seq == NULL) {
-        PyBuffer_Release(&key);
-        PyBuffer_Release(&out);
-        return NULL;
+    int64_t *ids = NULL;
+    PyObject *seq = NULL;
+    const char *bad = NULL;
+    if (check_cid(cid) < 0) goto fail;
+    if (key.len < 1 || key.len > MAX_HOLD) bad = "learn: key must be 1 to MAX_HOLD bytes";
+    else if (out.len > MAX_HOLD) bad = "learn: out must be at most MAX_HOLD bytes";
+    else if (skip < 0 || skip > key.len) bad = "learn: skip must be 0 to len(key)";
+    else if (max_frame < 1) bad = "learn: max_frame must be positive";
+    else if (slot < 0 || slot >= GROUP_SLOTS) bad = "learn: slot must be 0 to GROUP_SLOTS - 1";
+    if (bad != NULL) {
+        PyErr_SetString(PyExc_ValueError, bad);
+        goto fail;
     }
+    seq = PySequence_Fast(dests, "dests must be a sequence");
+    if (seq == NULL) goto fail;
     Py_ssize_t nd = PySequence_Fast_GET_SIZE(seq);
-    int64_t *ids = malloc(sizeof(int64_t) * (size_t)(nd ? nd : 1));
-    int ok = ids != NULL && key.len > 0 && skip >= 0 && max_frame > 0;
-    for (Py_ssize_t i = 0; ok && i < nd; i++) {
-        ids[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
-        if (ids[i] == -1 && PyErr_Occurred()) ok = 0;
+    if (nd > (Py_ssize_t)IDX_MASK + 1) {
+        PyErr_SetString(PyExc_ValueError, "learn: more dests than connections");
+        goto fail;
     }
-    Py_DECREF(seq);
-    if (PyErr_Occurred()) {
-        free(ids);
-        PyBuffer_Release(&key);
-        PyBuffer_Release(&out);
-        return NULL;
+    ids = malloc(sizeof(int64_t) * (size_t)(nd ? nd : 1));
+    if (ids == NULL) {
+        PyErr_NoMemory();
+        goto fail;
     }
-    pthread_mutex_lock(&self->mu);
-    conn_t *c = ok ? get_conn(self, cid) : NULL;
-    ok = c != NULL;
-    for (Py_ssize_t i = 0; ok && i < nd; i++) {
-        conn_t *d = get_conn(self, ids[i]);
+    for (Py_ssize_t i = 0; i < nd; i++) {
+        long long d = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if ((d == -1 && PyErr_Occurred()) || check_cid(d) < 0) goto fail;
+        ids[i] = d;
+    }
+    Py_CLEAR(seq);
+    py_lock(self);
+    conn_t *c = get_conn(self, cid);
+    int ok = c != NULL && !c->lost;
+    int dup = 0;
+    Py_ssize_t marked = 0;
+    for (; ok && marked < nd; marked++) {
+        conn_t *d = get_conn(self, ids[marked]);
         ok = d != NULL && d->attached && !d->evicting && !d->slow;
+        if (ok && d->mark) { /* one frame would go twice to one socket */
+            dup = 1;
+            ok = 0;
+        }
+        if (ok) d->mark = 1;
+    }
+    for (Py_ssize_t i = 0; i < marked; i++) {
+        conn_t *d = get_conn(self, ids[i]);
+        if (d != NULL) d->mark = 0;
     }
     if (ok) {
         if (c->epoch != self->epoch) {
@@ -882,27 +1028,25 @@ static PyObject *Relay_learn(Relay *self, PyObject *args) {
         for (int i = 0; i < c->nroutes; i++) {
             if (c->routes[i].klen == (uint32_t)key.len &&
                 memcmp(c->routes[i].key, key.buf, (size_t)key.len) == 0) {
-                route_t *rt = &c->routes[i];
-                free(rt->key);
-                free(rt->out);
-                free(rt->dests);
+                free_route(&c->routes[i]);
                 c->routes[i] = c->routes[--c->nroutes];
                 break;
             }
         }
+        if (c->nroutes == MAX_ROUTES) prune(self, c);
         if (c->nroutes == MAX_ROUTES) free_routes(c);
         if (c->routes == NULL) c->routes = malloc(sizeof(route_t) * MAX_ROUTES);
         route_t *rt = c->routes ? &c->routes[c->nroutes] : NULL;
-        if (rt == NULL) {
-            ok = 0;
-            goto done;
+        if (rt != NULL) {
+            rt->key = malloc((size_t)key.len);
+            rt->out = malloc(out.len ? (size_t)out.len : 1);
         }
-        rt->key = malloc((size_t)key.len);
-        rt->out = malloc(out.len ? (size_t)out.len : 1);
-        if (rt->key == NULL || rt->out == NULL) {
-            free(rt->key);
-            free(rt->out);
-            ok = 0;
+        if (rt == NULL || rt->key == NULL || rt->out == NULL) {
+            if (rt != NULL) {
+                free(rt->key);
+                free(rt->out);
+            }
+            ok = 0; /* not learned: Python routes these frames */
         } else {
             memcpy(rt->key, key.buf, (size_t)key.len);
             if (out.len) memcpy(rt->out, out.buf, (size_t)out.len);
@@ -912,56 +1056,124 @@ static PyObject *Relay_learn(Relay *self, PyObject *args) {
             rt->max_frame = max_frame > 0x7fffffff ? 0x7fffffff : (uint32_t)max_frame;
             rt->ndest = (int)nd;
             rt->dests = ids;
+            rt->slot = (uint32_t)slot;
+            rt->gen = self->ggen[slot];
             ids = NULL;
             c->last_hit = c->nroutes;
             c->nroutes++;
         }
     }
-done:
     pthread_mutex_unlock(&self->mu);
     free(ids);
     PyBuffer_Release(&key);
     PyBuffer_Release(&out);
+    if (dup) {
+        PyErr_SetString(PyExc_ValueError, "learn: a connection is twice among the dests");
+        return NULL;
+    }
     return PyBool_FromLong(ok);
+fail:
+    Py_XDECREF(seq);
+    free(ids);
+    PyBuffer_Release(&key);
+    PyBuffer_Release(&out);
+    return NULL;
 }
 
-static PyObject *Relay_invalidate(Relay *self, PyObject *unused) {
-    pthread_mutex_lock(&self->mu);
-    self->epoch++;
+/* invalidate(slot=-1): forget the decisions learned for a group slot (-1: every decision). */
+static PyObject *Relay_invalidate(Relay *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long slot = -1;
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "invalidate(slot=-1) takes at most 1 argument");
+        return NULL;
+    }
+    if (nargs == 1) {
+        slot = PyLong_AsLongLong(args[0]);
+        if (slot == -1 && PyErr_Occurred()) return NULL;
+        if (slot < -1 || slot >= GROUP_SLOTS) {
+            PyErr_Format(PyExc_ValueError, "invalidate: slot %lld is not -1 or 0 to %d", slot,
+                         GROUP_SLOTS - 1);
+            return NULL;
+        }
+    }
+    py_lock(self);
+    if (slot < 0) self->epoch++;
+    else self->ggen[slot]++;
     self->invalidations++;
     pthread_mutex_unlock(&self->mu);
     Py_RETURN_NONE;
 }
 
-/* upcalls() -> list[(cid, kind, bytes)], in the order queued. */
+/* Put the upcalls ``u`` (a chain, not yet handed to Python) back in front of the queue. */
+static void requeue(Relay *self, up_t *u) {
+    if (u == NULL) return;
+    size_t n = 1;
+    up_t *last = u;
+    while (last->next) {
+        last = last->next;
+        n++;
+    }
+    py_lock(self);
+    last->next = self->up_head;
+    self->up_head = u;
+    if (self->up_tail == NULL) self->up_tail = last;
+    self->up_count += n;
+    signal_python(self);
+    pthread_mutex_unlock(&self->mu);
+}
+
+/* upcalls() -> list[(cid, kind, bytes)], in the order queued, then (cid, LOST, b"") for each
+ * connection an upcall could not be queued for. What cannot be handed over for lack of memory
+ * stays queued (and signalled) for the next call; MemoryError only when nothing could be. */
 static PyObject *Relay_upcalls(Relay *self, PyObject *unused) {
     uint64_t v;
     ssize_t rd = read(self->efd, &v, sizeof v);
     (void)rd;
-    pthread_mutex_lock(&self->mu);
+    PyObject *list = PyList_New(0);
+    if (list == NULL) return NULL; /* nothing taken: all of it stays queued */
+    py_lock(self);
     up_t *u = self->up_head;
     self->up_head = self->up_tail = NULL;
-    size_t n = self->up_count;
     self->up_count = 0;
     self->signalled = 0;
     pthread_mutex_unlock(&self->mu);
-    PyObject *list = PyList_New((Py_ssize_t)n);
-    size_t i = 0;
     while (u) {
-        up_t *next = u->next;
-        if (list != NULL) {
-            PyObject *t = Py_BuildValue("(Liy#)", (long long)u->cid, u->kind, (const char *)u->data,
-                                        (Py_ssize_t)u->len);
-            if (t == NULL) {
-                Py_CLEAR(list);
-            } else {
-                PyList_SET_ITEM(list, (Py_ssize_t)i, t);
-            }
+        PyObject *t = Py_BuildValue("(Liy#)", (long long)u->cid, u->kind, (const char *)u->data,
+                                    (Py_ssize_t)u->len);
+        if (t == NULL || PyList_Append(list, t) < 0) {
+            Py_XDECREF(t);
+            break;
         }
-        i++;
+        Py_DECREF(t);
+        up_t *next = u->next;
         free(u);
         u = next;
     }
+    if (u != NULL) { /* out of memory: the rest (and any lost connection) next time */
+        requeue(self, u);
+        if (PyList_GET_SIZE(list) == 0) {
+            Py_DECREF(list);
+            return PyErr_NoMemory();
+        }
+        PyErr_Clear();
+        return list;
+    }
+    py_lock(self);
+    while (self->lost_head != NULL) {
+        conn_t *c = self->lost_head;
+        PyObject *t = Py_BuildValue("(Liy#)", (long long)c->cid, UP_LOST, "", (Py_ssize_t)0);
+        if (t == NULL || PyList_Append(list, t) < 0) {
+            Py_XDECREF(t);
+            PyErr_Clear();
+            signal_python(self); /* reported at the next call */
+            break;
+        }
+        Py_DECREF(t);
+        self->lost_head = c->lost_next;
+        c->lost_next = NULL;
+        c->lost = 2; /* reported: Python closes it */
+    }
+    pthread_mutex_unlock(&self->mu);
     return list;
 }
 
@@ -970,7 +1182,7 @@ static PyObject *Relay_upcalls(Relay *self, PyObject *unused) {
 static PyObject *Relay_collect(Relay *self, PyObject *unused) {
     PyObject *list = PyList_New(0);
     if (list == NULL) return NULL;
-    pthread_mutex_lock(&self->mu);
+    py_lock(self);
     for (size_t i = 0; i < self->nconns; i++) {
         conn_t *c = self->conns[i];
         if (c == NULL || !c->touched) continue;
@@ -997,7 +1209,7 @@ static PyObject *Relay_collect(Relay *self, PyObject *unused) {
 
 /* info() -> dict: counters for tests and profiles. */
 static PyObject *Relay_info(Relay *self, PyObject *unused) {
-    pthread_mutex_lock(&self->mu);
+    py_lock(self);
     size_t live = 0, reading = 0, attached = 0, routes = 0;
     for (size_t i = 0; i < self->nconns; i++) {
         conn_t *c = self->conns[i];
@@ -1005,17 +1217,34 @@ static PyObject *Relay_info(Relay *self, PyObject *unused) {
         live++;
         reading += c->reading;
         attached += c->attached;
-        if (c->epoch == self->epoch) routes += (size_t)c->nroutes;
+        if (c->epoch == self->epoch)
+            for (int k = 0; k < c->nroutes; k++) routes += (size_t)route_valid(self, &c->routes[k]);
     }
-    PyObject *d = Py_BuildValue("{s:K,s:K,s:K,s:n,s:n,s:n,s:n,s:n}", "rounds",
+    PyObject *d = Py_BuildValue("{s:K,s:K,s:K,s:n,s:n,s:n,s:n,s:n,s:K,s:K}", "rounds",
                                 (unsigned long long)self->rounds, "upcalls",
                                 (unsigned long long)self->upcalls, "invalidations",
                                 (unsigned long long)self->invalidations, "connections",
                                 (Py_ssize_t)live, "reading", (Py_ssize_t)reading, "attached",
                                 (Py_ssize_t)attached, "routes", (Py_ssize_t)routes, "queued",
-                                (Py_ssize_t)self->up_count);
+                                (Py_ssize_t)self->up_count, "lost",
+                                (unsigned long long)self->lost, "handoffs",
+                                (unsigned long long)self->handoffs);
     pthread_mutex_unlock(&self->mu);
     return d;
+}
+
+/* _fail_upcalls(n): the next n upcalls fail as if memory were exhausted (tests only). */
+static PyObject *Relay_fail_upcalls(Relay *self, PyObject *args) {
+    int n;
+    if (!PyArg_ParseTuple(args, "i", &n)) return NULL;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "_fail_upcalls: n must not be negative");
+        return NULL;
+    }
+    py_lock(self);
+    self->fail_upcalls = n;
+    pthread_mutex_unlock(&self->mu);
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef Relay_methods[] = {
@@ -1030,11 +1259,14 @@ static PyMethodDef Relay_methods[] = {
     {"close", (PyCFunction)Relay_close, METH_VARARGS, "close(cid) -> pending bytes."},
     {"send", (PyCFunction)(void (*)(void))Relay_send, METH_FASTCALL, "send(cid, data) -> int"},
     {"learn", (PyCFunction)Relay_learn, METH_VARARGS,
-     "learn(cid, key, out, skip, max_frame, dests) -> bool"},
-    {"invalidate", (PyCFunction)Relay_invalidate, METH_NOARGS, "Forget every learned route."},
+     "learn(cid, key, out, skip, max_frame, dests, slot=0) -> bool"},
+    {"invalidate", (PyCFunction)(void (*)(void))Relay_invalidate, METH_FASTCALL,
+     "invalidate(slot=-1): forget the routes of a group slot (-1: every route)."},
     {"upcalls", (PyCFunction)Relay_upcalls, METH_NOARGS, "upcalls() -> [(cid, kind, data)]"},
     {"collect", (PyCFunction)Relay_collect, METH_NOARGS, "collect() -> (per-connection, now)"},
     {"info", (PyCFunction)Relay_info, METH_NOARGS, "info() -> dict"},
+    {"_fail_upcalls", (PyCFunction)Relay_fail_upcalls, METH_VARARGS,
+     "_fail_upcalls(n): the next n upcalls fail as if out of memory (tests only)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1073,6 +1305,8 @@ PyMODINIT_FUNC PyInit__relay(void) {
     PyModule_AddIntConstant(m, "ERROR", UP_ERROR);
     PyModule_AddIntConstant(m, "EVICT", UP_EVICT);
     PyModule_AddIntConstant(m, "SLOW", UP_SLOW);
+    PyModule_AddIntConstant(m, "LOST", UP_LOST);
+    PyModule_AddIntConstant(m, "GROUP_SLOTS", GROUP_SLOTS);
     PyModule_AddIntConstant(m, "MAX_HOLD", MAX_HOLD);
     return m;
 }

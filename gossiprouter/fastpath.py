@@ -20,16 +20,20 @@ keeps every decision:
   ``JGroups2Session._run``, ``JGroups5Session._run``) it calls :meth:`learn_native` /
   :meth:`learn_jgroups`, which hand the
   thread that decision (the header's exact bytes, the receivers) when it can be repeated: every
-  receiver is written by the thread (below) and none is in reconnect grace. The routing table
-  calls :meth:`RoutingTable.changed` before every change of who receives what, which makes the
-  thread forget every decision, under its mutex: a decision is never used after the change
-  that made it stale.
+  receiver is written by the thread (below) and none is in reconnect grace; a decision that a
+  time window, budget or rate allowed is never taught (docs/architecture.md, "Only table
+  decisions are repeated"). The routing table calls :meth:`RoutingTable.changed` with the
+  group's name before every change of who receives what in it, which makes the thread forget
+  that group's decisions (by a slot of the group's hash: another group's churn costs nothing
+  here), under its mutex: a decision is never used after the change that made it stale.
 * **Writing.** Every plain-TCP connection, whatever its protocol, is *attached* while its
   outbox is idle: its bytes go out through the thread's mutex (the outbox's direct send calls
   ``Relay.send``), so a frame relayed by the thread and one sent by Python never interleave.
   What a socket does not take at once goes back to the outbox (EVICT upcall, or at once for
   Python's own send), whose writer task, bounds and slow-consumer policy carry on as without
-  the fast path; the connection is attached again when its outbox is idle.
+  the fast path; the connection is attached again when its outbox is idle. Waking the writer
+  detaches the connection first (``Outbox.claim``): one writer owns a stream at a time
+  (docs/architecture.md, "One writer per stream").
 
 A frame for a receiver that is evicted (or no longer attached) is not relayed: it goes to
 Python with the rest of its read, so Python's queue bounds, back-pressure (Congestion) and
@@ -160,17 +164,26 @@ class FastPath:
         # For tests and profiles: upcalls handled, routes learned, connections handed back to
         # their task for a wait (a spent turn or control budget, back-pressure).
         self.upcalls = 0
-        self.by_kind = [0] * 5  # upcalls by kind: DATA, EOF, ERROR, EVICT, SLOW
+        self.by_kind = [0] * 6  # upcalls by kind: DATA, EOF, ERROR, EVICT, SLOW, LOST
         self.learned = 0
         self.handbacks = 0
         # The largest frame the thread holds across reads: what Python holds without charging
         # the partial_frames_budget (see open()).
         self.max_hold = min(hub.config.preauth_max_frame, _relay.MAX_HOLD)
         hub.fast = self
-        hub.table.changed = self.relay.invalidate
+        self._slots_n: int = _relay.GROUP_SLOTS
+        hub.table.changed = self._changed
 
     def __len__(self) -> int:
         return len(self._slots)
+
+    def _slot(self, group: str) -> int:
+        """The thread's invalidation slot of table group ``group`` (groups that share one
+        only forget each other's decisions more often)."""
+        return hash(group) % self._slots_n
+
+    def _changed(self, group: str) -> None:
+        self.relay.invalidate(self._slot(group))
 
     # ------------------------------------------------------------------ the task
 
@@ -184,7 +197,13 @@ class FastPath:
         try:
             while True:
                 await trio.lowlevel.wait_readable(fd)
-                self._upcalls(relay.upcalls())
+                try:
+                    items = relay.upcalls()
+                except MemoryError:  # they stay queued: again once some memory is back
+                    log.warning("fast path: no memory to take the relay thread's upcalls")
+                    await trio.sleep(0.01)
+                    continue
+                self._upcalls(items)
         finally:
             self._running = False
             relay.stop()
@@ -213,6 +232,18 @@ class FastPath:
                 if s is not None and not s.outbox.closed:
                     self.collect()
                     s.overflowed()
+                continue
+            if kind == mod.LOST:
+                # The thread had no memory to tell us something about this connection (bytes
+                # to handle, its end, an eviction): it cannot go on, so it is closed, counted
+                # in internal_errors and logged, like any failure confined to one connection.
+                s = self._sessions.get(cid)
+                if s is not None:
+                    self.hub.contain(s, MemoryError("the relay thread could not queue an "
+                                                    "upcall for it"), "relaying it")
+                slot = slots.get(cid)
+                if slot is not None:
+                    self._handback(cid, slot, END)
                 continue
             slot = slots.get(cid)
             if slot is None:  # its connection is closing: nobody reads it any more
@@ -344,13 +375,10 @@ class FastPath:
         """The thread could not write everything to ``session``: its outbox takes over
         (the held bytes first) and its writer task writes them."""
         ob = session.outbox
-        if not session.fast_attached:
+        if not session.fast_attached or ob.closed:
             return
-        pending = self._take(session)
-        if pending and not ob.closed:
-            ob.chunks.insert(0, pending)
-            ob.nbytes += len(pending)
-            ob.wake()
+        ob.claim()
+        ob.wake()
 
     def close(self, session: Session) -> None:
         """The connection is over (before its socket is closed)."""
@@ -428,7 +456,7 @@ class FastPath:
         ids = self._ids(targets)
         if ids is not None and self.relay.learn(
                 session.fast_id, key, b"", 0,
-                session.scanner.max_frame, ids):  # type: ignore[attr-defined]
+                session.scanner.max_frame, ids, self._slot(group)):  # type: ignore[attr-defined]
             self.learned += 1
 
     def learn_jgroups(self, session: Session, group: str, dest: bytes | None, key: bytes,
@@ -450,7 +478,7 @@ class FastPath:
         ids = self._ids(targets)
         if ids is not None and self.relay.learn(
                 session.fast_id, key, out, skip,
-                session.scanner.max_frame, ids):  # type: ignore[attr-defined]
+                session.scanner.max_frame, ids, self._slot(group)):  # type: ignore[attr-defined]
             self.learned += 1
 
     # ------------------------------------------------------------------ counters
@@ -503,6 +531,6 @@ def _no_bytes() -> bytes:
     return b""
 
 
-def _unchanged() -> None:
+def _unchanged(group: str) -> None:
     pass
 

@@ -299,10 +299,11 @@ class RoutingTable:
         # Given (group, sender, id, payload) for every global publication of a local
         # client, after local delivery: the bridge forwards it to the federation.
         self.on_global: Callable[[str, bytes, TopicId, bytes], None] | None = None
-        # Called before every change of who receives what (an entry linked to or unlinked
-        # from a connection, removed, put in or taken out of grace): the compiled fast path
-        # forgets the routing decisions it repeats (gossiprouter.fastpath).
-        self.changed: Callable[[], None] = _unchanged
+        # Called with the group's name before every change of who receives what in it (an
+        # entry linked to or unlinked from a connection, removed, put in or taken out of
+        # grace): the compiled fast path forgets the routing decisions it repeats for that
+        # group (gossiprouter.fastpath). Every decision depends on one group only.
+        self.changed: Callable[[str], None] = _unchanged
         # Told (group, None) when the entries this router carries itself in ``group`` may have
         # changed, and (group, addr) when such an entry was removed as suspected: the
         # federation republishes the group's local members (gossiprouter.federation).
@@ -700,7 +701,7 @@ class RoutingTable:
             raise RoutingError("limit", f"at most {cap} groups in the router (max_groups)")
 
     def _link(self, g: Group, e: Entry, carrier: Carrier) -> None:
-        self.changed()
+        self.changed(g.name)
         g.rev += 1
         old = e.carrier
         carriers = e.carriers
@@ -737,7 +738,7 @@ class RoutingTable:
     def _unlink(self, g: Group, e: Entry, carrier: Carrier) -> None:
         if carrier not in e.carriers:
             return
-        self.changed()
+        self.changed(g.name)
         g.rev += 1
         old = e.carrier
         e.carriers.remove(carrier)
@@ -762,7 +763,7 @@ class RoutingTable:
             del g.load[carrier]
 
     def _remove(self, e: Entry, *, suspect: bool) -> list[Notice]:
-        self.changed()
+        self.changed(e.group)
         g = self.groups[e.group]
         g.rev += 1
         for c in list(e.carriers):
@@ -788,7 +789,7 @@ class RoutingTable:
             self.groups.pop(g.name, None)
 
 
-def _unchanged() -> None:
+def _unchanged(group: str) -> None:
     pass
 
 

@@ -506,6 +506,10 @@ class Server:
 
             def start_writer() -> None:
                 nonlocal writer
+                # The writer owns the stream from now on (docs/architecture.md, "One writer
+                # per stream"): the relay thread stops writing this socket before the writer
+                # can start a frame, and anything routed here meanwhile queues behind.
+                ob.claim()
                 if not ob.busy:
                     # A busy period starts now: the write deadline counts from here, not
                     # from the end of the last one (or 0.0), since the reaper may run
@@ -644,6 +648,7 @@ class Server:
                     await conn.lot.park()
                     ob.last_progress = trio.current_time()  # a busy period starts
                     continue
+                ob.claim()  # woken by start_writer, which claimed: cheap, and never wrong
                 chunks = ob.take(WRITE_BATCH)
                 data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 counters.writes += 1  # per write, not per frame

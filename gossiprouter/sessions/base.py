@@ -124,6 +124,7 @@ class Outbox:
         "on_close",
         "policy",
         "reclaim",
+        "unfinished",
         "wake",
     )
 
@@ -160,6 +161,10 @@ class Outbox:
         # takes back the bytes its thread holds for the socket, which go before anything queued
         # here, and stops its writes.
         self.reclaim: Callable[[], bytes] = _no_bytes
+        # chunks[0] holds the rest of a frame whose start is on the wire (a partial send, or
+        # what the relay thread had not sent): it goes out before anything else, even the
+        # farewell of a close that discards the queue.
+        self.unfinished = False
 
     def push(self, data: bytes) -> bool:
         """Queue ``data``; False if it was not queued (dropped, or closing).
@@ -193,6 +198,7 @@ class Outbox:
                 # Part of a frame is on the wire: the rest must follow whatever
                 # the bounds say, or the stream would be corrupt.
                 chunks.append(data[sent:])
+                self.unfinished = True
                 self.nbytes += len(data) - sent
                 self.wake()
                 return True
@@ -252,18 +258,35 @@ class Outbox:
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         self.chunks = []
         self.nbytes = 0
+        unfinished, self.unfinished = self.unfinished, False
         try:
             sent = direct(data)
         except OSError:
             sent = 0  # the writer will meet the error and close the connection
         if sent < len(data):
             self.chunks.append(data[sent:] if sent else data)
-            self.nbytes = len(data) - sent
+            self.nbytes += len(data) - sent  # after what a claim put first, if any
+            if (sent or unfinished) and len(self.chunks) == 1:
+                self.unfinished = True
             self.wake()
+
+    def claim(self) -> None:
+        """The writer task is about to own this socket's byte stream: the compiled fast path's
+        thread stops writing it (``reclaim``), and the bytes it had not sent yet (possibly the
+        rest of a frame already started on the wire) go before everything queued here. Called
+        when the writer is woken, before anything else may run: from then on frames for this
+        connection queue behind what the writer has, in order (docs/architecture.md,
+        "One writer per stream")."""
+        pending = self.reclaim()
+        if pending:
+            self.chunks.insert(0, pending)
+            self.nbytes += len(pending)
+            self.unfinished = True  # it may start with the rest of a frame the thread began
 
     def take(self, limit: int = 1 << 20) -> list[bytes]:
         """The oldest queued chunks, about ``limit`` bytes (at least one chunk), in order."""
         chunks = self.chunks
+        self.unfinished = False  # the writer sends what it takes whole
         if self.nbytes <= limit:
             self.chunks = []
             self.nbytes = 0
@@ -299,14 +322,11 @@ class Outbox:
         if self.closed:
             return
         self.direct = None
-        pending = self.reclaim()
-        self.reclaim = _no_bytes
-        if pending and not discard:
-            self.chunks.insert(0, pending)
-            self.nbytes += len(pending)
+        self.claim()
         if discard:
-            self.chunks = []
-            self.nbytes = 0
+            # Never a farewell inside a frame: the rest of one already started stays first.
+            self.chunks = self.chunks[:1] if self.unfinished else []
+            self.nbytes = sum(map(len, self.chunks))
         if farewell:
             self.chunks.append(farewell)
             self.nbytes += len(farewell)

@@ -100,8 +100,10 @@ class JGroups2Session(JGroupsSession):
         if group in self._member_of or self._is_member(group, self._member_of, count):
             self.route(group, head[2], frames, count)
             fast = self.hub.fast
-            if fast is not None and self.fast_id is not None:
-                # The compiled fast path repeats it: the header re-wrapped, to the same.
+            if fast is not None and self.fast_id is not None and group in self._member_of:
+                # The compiled fast path repeats it: the header re-wrapped, to the same. Only
+                # with a registration in the group (_is_member adds it then), not within the
+                # after-leave window, whose end is not a change of the table.
                 fast.learn_jgroups(self, group, head[2], head[4], head[3], head[0])
             return self.outbox.closed
         return False

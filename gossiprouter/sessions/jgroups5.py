@@ -87,11 +87,13 @@ class JGroups5Session(JGroupsSession):
     def _run(self, head: j5.Route, frames: bytes, count: int) -> bool:
         """A run of ``count`` MESSAGEs with one header, from the scanner: the sender check,
         then the route. True (stop scanning) when that closed this connection."""
-        if head[3] in self._regs or self._is_member(head[1], head[3], count):
+        registered = head[3] in self._regs
+        if registered or self._is_member(head[1], head[3], count):
             self.route(head[1], head[2], frames, count)
             fast = self.hub.fast
-            if fast is not None and self.fast_id is not None:
-                # The compiled fast path repeats it: the frames as received, to the same.
+            if registered and fast is not None and self.fast_id is not None:
+                # The compiled fast path repeats it: the frames as received, to the same. Only
+                # for a registered sender: the after-leave window is not the table's to end.
                 fast.learn_jgroups(self, head[1], head[2], head[4], b"", 0)
             return self.outbox.closed
         return False
