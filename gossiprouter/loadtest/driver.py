@@ -57,7 +57,7 @@ import trio
 import gossiprouter
 from gossiprouter.addresses import parse_hostport
 from gossiprouter.loadtest.attacks import AttackRunner
-from gossiprouter.loadtest.errors import LoadTestError, RunInputError
+from gossiprouter.loadtest.errors import LoadTestError, RunInputError, first_error
 from gossiprouter.loadtest.peer import trio_time_at
 from gossiprouter.loadtest.processes import (
     CLEANUP_WAIT,
@@ -83,6 +83,7 @@ __all__ = [
     "Progress",
     "RunInputError",
     "RunResult",
+    "first_error",
     "run_loadtest",
 ]
 
@@ -545,18 +546,6 @@ def _contains(e: BaseException, kind: type[BaseException]) -> bool:
     if isinstance(e, BaseExceptionGroup):
         return any(_contains(x, kind) for x in e.exceptions)
     return False
-
-
-def first_error(e: BaseException) -> LoadTestError | None:
-    """The first :class:`LoadTestError` in ``e`` or in its exception groups."""
-    if isinstance(e, LoadTestError):
-        return e
-    if isinstance(e, BaseExceptionGroup):
-        for x in e.exceptions:
-            found = first_error(x)
-            if found is not None:
-                return found
-    return None
 
 
 async def run_loadtest(

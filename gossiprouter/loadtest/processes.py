@@ -35,6 +35,7 @@ __all__ = [
     "MOSQUITTO",
     "PeerProcess",
     "SpawnedBroker",
+    "SpawnedFederation",
     "SpawnedRouter",
     "can_connect",
     "free_port",
@@ -224,6 +225,35 @@ class SpawnedBroker(_Spawned):
         if not os.access(MOSQUITTO, os.X_OK):
             raise LoadTestError(f"{MOSQUITTO} is not installed (scripts/setup installs it)")
         await super().start(nursery)
+
+
+class SpawnedFederation:
+    """A mosquitto and ``routers`` routers bridged to it (``--bridge``, ``--router-id rN``),
+    every one on a free port of 127.0.0.1: the federation the topic and federated load tests
+    run against. The routers' logs are ``router-N.log`` in ``log_dir``."""
+
+    def __init__(self, routers: int, args: tuple[str, ...], log_dir: Path) -> None:
+        self.broker = SpawnedBroker(log_dir)
+        # A router whose broker was away reconnects within half a second, not the
+        # production default's 30 s: runs are short.
+        bridge = ("--bridge", self.broker.url, "--bridge-reconnect-max", "0.5")
+        self.routers = [SpawnedRouter(free_port(), (*args, *bridge, "--router-id", f"r{i}"),
+                                      log_dir / f"router-{i}.log", name=f"router {i}")
+                        for i in range(routers)]
+
+    @property
+    def addresses(self) -> list[str]:
+        return [f"{HOST}:{r.port}" for r in self.routers]
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        await self.broker.start(nursery)
+        for r in self.routers:
+            await r.start(nursery)
+
+    async def stop(self) -> None:
+        for r in self.routers:
+            await r.stop()
+        await self.broker.stop()
 
 
 class PeerProcess:
