@@ -97,6 +97,36 @@ member = "h-2"
         ("h-2", 0, False)]
 
 
+def test_federation_spreads_every_group_over_the_routers(tmp_path: Path) -> None:
+    s = load_scenario(write(tmp_path, MINIMAL + """
+[federation]
+routers = 3
+[peers]
+processes = 2
+[[groups]]
+name = "h"
+members = 3
+[[events]]
+at = 1
+action = "restart-router"
+router = 2
+signal = "KILL"
+"""))
+    assert s.federation == 3
+    assert [(m.name, m.proc, m.router) for m in s.members] == [
+        ("g-0", 0, 0), ("g-1", 1, 1), ("h-0", 0, 2), ("h-1", 1, 0), ("h-2", 0, 1)]
+    assert s.events[0].router == 2
+    assert s.events[0].describe() == "restart router 2 (SIGKILL, down 1 s)"
+    assert s.to_dict()["federation"] == {"routers": 3}
+
+
+async def test_federation_needs_spawned_routers(tmp_path: Path) -> None:
+    s = load_scenario(write(tmp_path, MINIMAL + "[federation]\nrouters = 2\n"))
+    with pytest.raises(RunInputError, match="federates 2 routers, which needs --spawn-router"):
+        await run_loadtest(s, tmp_path / "r", router="127.0.0.1:1")
+    assert not (tmp_path / "r").exists()
+
+
 def test_group_overrides_and_size_range(tmp_path: Path) -> None:
     s = load_scenario(write(tmp_path, """
 duration = 3
@@ -120,7 +150,7 @@ BAD: list[tuple[str, str]] = [
      "t.toml: duration: expected a number > 0 and <= 86400, got -1"),
     (MINIMAL.replace("duration = 5", "duraton = 5"),
      "t.toml: unknown key 'duraton' (expected one of: name, description, duration, drain, "
-     "seed, peers, send, stub, router, groups, events, attacks)"),
+     "seed, peers, send, stub, router, federation, groups, events, attacks)"),
     (MINIMAL + "[send]\nrate = -5\n",
      't.toml: send.rate: expected a number > 0 and <= 1e+06 (messages per second per member) '
      'or "max", got -5'),
@@ -176,6 +206,14 @@ BAD: list[tuple[str, str]] = [
     (MINIMAL + '[[events]]\nat = 1\naction = "restart-router"\nsignal = "HUP"\n',
      't.toml: events[0].signal: expected one of "TERM", "KILL", got \'HUP\''),
     ("duration = 5\n[[groups]\n", "t.toml: not valid TOML: "),
+    (MINIMAL + "[federation]\nrouters = 9\n",
+     "t.toml: federation.routers: expected an integer from 2 to 8, got 9"),
+    (MINIMAL + "[federation]\nrouters = 2\n"
+               '[[events]]\nat = 1\naction = "restart-router"\nrouter = 2\n',
+     "t.toml: events[0].router: expected an integer from 0 to 1, got 2"),
+    (MINIMAL + '[router]\nargs = ["--bridge", "mqtt://x:1"]\n[federation]\nrouters = 2\n',
+     "t.toml: router.args: expected no --bridge with [federation] (the tool starts the broker "
+     "and bridges the routers itself), got ['--bridge', 'mqtt://x:1']"),
 ]
 
 
