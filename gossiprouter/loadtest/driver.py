@@ -276,9 +276,10 @@ class _Run:
             "scenario": scenario.name,
             "scenario_file": scenario_file,
             "scenario_config": scenario.to_dict(),
-            "router": {"address": self.router_addr, "spawned": self.spawn},
-            **({"federation": {"broker": self.federation.broker.url,
-                               "routers": self.addresses}} if self.federation else {}),
+            "router": {"address": self.router_addr, "spawned": self.spawn,
+                       **({"federation": {"broker": self.federation.broker.url,
+                                          "routers": self.addresses}}
+                          if self.federation else {})},
             "processes": [{"proc": p.proc_no, "log": f"{LOGS_DIR}/peer-{p.proc_no}.log",
                            "members": [m.name for m in p.members]} for p in self.peers],
             **host_facts(),
