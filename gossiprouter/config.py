@@ -253,6 +253,11 @@ OPTIONS: tuple[Option, ...] = (
            "MQTT QoS of bridged publications and subscriptions: 0 (at most once, like the "
            "router itself) or 1 (at least once while connected; duplicates possible).",
            minimum=0),
+    Option("bridge_keepalive", int, 5,
+           "MQTT keepalive of the bridge's broker connection: a router cut off or killed is "
+           "declared dead by the broker (its Last Will) after 1.5 times this, and its members "
+           "leave every other router of the federation (docs/federation.md).",
+           minimum=1, unit="seconds"),
     Option("bridge_reconnect_max", float, 30.0,
            "Upper bound of the bridge's reconnect backoff (full jitter, from 0.5 s doubling).",
            minimum=0.1, unit="seconds"),
@@ -360,6 +365,7 @@ class Config:
     bridge_tls_cert: str = ""
     bridge_tls_key: str = ""
     bridge_qos: int = 0
+    bridge_keepalive: int = 5
     bridge_reconnect_max: float = 30.0
     provisioned: tuple[Provisioned, ...] = field(default=())
 
