@@ -83,3 +83,41 @@ async def test_topic_federation_crosses_the_broker_bridge_once_each_way(
         assert (a.stats.forwarded - base_a, b.stats.received - base_b) == (1, 1)
         assert (a.stats.echo_dropped, b.stats.echo_dropped) == (0, 0)
         assert (a.stats.duplicates_dropped, b.stats.duplicates_dropped) == (0, 0)
+
+
+async def test_a_native_group_spans_routers_on_two_bridged_brokers(
+        nursery: trio.Nursery, bridged_brokers: tuple[BrokerProcess, BrokerProcess]) -> None:
+    """Members on router A (broker A) and router B (broker B) form one group: each router
+    lists both, a unicast and a multicast each way arrive once, and a leave on B reaches A.
+    The membership (retained records) and the traffic both cross the mosquitto bridge."""
+    ra, rb = await routers_on(nursery, *bridged_brokers)
+    async with RouterStub([ra.address], **FAST) as sa, RouterStub([rb.address], **FAST) as sb:
+        a = await sa.connect(G, b"a", name="A")
+        b = await sb.connect(G, b"b", name="B")
+        b2 = await sb.connect(G, b"b2", name="B2")
+        want = {b"a", b"b", b"b2"}
+        with trio.fail_after(10):
+            while not ({m.addr for m in await sa.members(G)} == want
+                       and {m.addr for m in await sb.members(G)} == want):
+                await trio.sleep(0.02)
+        assert {m.addr: m.name for m in await sa.members(G)}[b"b"] == "B"
+
+        await a.send(b"a->b", dest=b"b")
+        await b.send(b"b->a", dest=b"a")
+        await a.send(b"a->all")
+        await b.send(b"b->all")
+        with trio.fail_after(5):
+            got_b = [(await b.receive()).payload for _ in range(2)]
+            got_b2 = [(await b2.receive()).payload for _ in range(2)]
+            got_a = [(await a.receive()).payload for _ in range(2)]
+        assert sorted(got_b) == [b"a->all", b"a->b"]
+        assert sorted(got_b2) == [b"a->all", b"b->all"]
+        assert sorted(got_a) == [b"b->a", b"b->all"]
+        # Exactly once: nothing more arrives within the brokers' round trip.
+        assert await drain(a, 0.5) == [] and await drain(b, 0) == [] \
+            and await drain(b2, 0) == []
+
+        await b2.disconnect()
+        with trio.fail_after(10):
+            while {m.addr for m in await sa.members(G)} != {b"a", b"b"}:
+                await trio.sleep(0.02)
