@@ -529,3 +529,46 @@ def test_churn_and_router_restart(tmp_path: Path) -> None:
                for r in records)
     late = {r["receiver"] for r in recv if r["t_send_ns"] > t0 + 4 * S}
     assert late == {m.name for m in scenario.members}
+
+
+def tiny_federated(tmp_path: Path) -> Path:
+    """scripts/scenarios/federated.toml, shortened for CI: 4 s of sending, router 1 killed at
+    1.5 s for 0.5 s, the rest as shipped."""
+    text = (SCENARIOS / "federated.toml").read_text()
+    for old, new in (("duration = 14.0", "duration = 4.0"), ("drain = 3.0", "drain = 1.5"),
+                     ("at = 5.0", "at = 1.5"), ("down = 1.0", "down = 0.5")):
+        assert old in text, old
+        text = text.replace(old, new)
+    return write(tmp_path, text, "federated.toml")
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_federated_scenario_loses_nothing_while_both_routers_are_up(
+        tmp_path: Path, spark: SparkSession) -> None:
+    """Three federated routers, members spread over them, router 1 killed (SIGKILL) and
+    restarted: the Spark audit finds no loss for any pair whose routers were both up, and
+    names the losses of router 1's outage, pairs with an end on router 1 only."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gossiprouter", "loadtest", str(tiny_federated(tmp_path)),
+         "--spawn-router", "--out", str(run_dir), "--no-progress"],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert len(manifest["router"]["federation"]["routers"]) == 3
+    assert manifest["router_restarts"] == 1 and manifest["warnings"] == []
+    [outage] = manifest["events"]
+    on_1 = set(outage["members"])
+    assert outage["router"] == 1 and on_1 == {"alpha-1", "alpha-4", "beta-1", "beta-4"}
+    # The restarted router listed every member again (its own and the federation's).
+    assert outage["registered_ns"] >= outage["up_ns"] > outage["t_ns"]
+
+    report = analyze(str(run_dir), str(run_dir / "report"), spark=spark)
+    a = report.audit
+    assert a.delivered > 0 and a.lost_registered.count == 0 and report.ok
+    assert a.expected == a.delivered + a.lost_reconnect.count
+    for s in a.lost_reconnect.sample:
+        assert s["sender"] in on_1 or s["receiver"] in on_1, s
+    [ev] = report.events
+    assert ev.end_s is not None and ev.end_s > ev.t_s  # the outage window, as measured
