@@ -21,7 +21,9 @@ one router. It prints:
 The difference between the across and the within-one-federated-router p50 is the broker
 hop (target: <= 1 ms on loopback); the rows without and with a bridge for local traffic
 show that the federation leaves local traffic alone (target: unchanged within noise).
-Wall-clock figures on a shared machine are noisy: compare rows of one run.
+Wall-clock figures on a shared machine are noisy: compare rows of one run. The latency and
+throughput cases take turns for ``--rounds`` rounds (each figure is over all of them), so
+that load from elsewhere spreads over every case instead of skewing one.
 
 When the routers do not federate membership (a member of router B never shows up in
 router A's GET_MEMBERS within ``--wait`` seconds), the cross-router rows and the
@@ -140,9 +142,10 @@ async def latency(tx_router: str, rx_router: str, receivers: int, n: int, unicas
 
 
 async def throughput(tx_router: str, rx_router: str, n: int, wait: float,
-                     pids: Sequence[int]) -> tuple[float, float, int] | None:
-    """(messages received per second, CPU seconds of ``pids`` per message, received) for
-    ``n`` unicasts of 100 bytes sent back to back; None without federated membership."""
+                     pids: Sequence[int]) -> tuple[int, float, float] | None:
+    """(messages received, seconds from the first send to the last arrival, CPU seconds of
+    ``pids``) for ``n`` unicasts of 100 bytes sent back to back; None without federated
+    membership."""
     group = f"tput-{next(_group_ids)}"
     async with trio.open_nursery() as nursery:
         tx_stub = RouterStub([tx_router], **STUB)  # type: ignore[arg-type]
@@ -174,7 +177,7 @@ async def throughput(tx_router: str, rx_router: str, n: int, wait: float,
                     await tx.send(payload, dest=b"rx")
         cpu = sum(proc_cpu_seconds(p) for p in pids) - cpu0
         nursery.cancel_scope.cancel()
-    return (got / (last - t0) if got else 0.0), cpu / max(got, 1), got
+    return got, (last - t0 if got else 0.0), cpu
 
 
 async def convergence(routers: Sequence[str], joins: int, wait: float
@@ -220,7 +223,7 @@ async def convergence(routers: Sequence[str], joins: int, wait: float
 
 
 async def run(messages: int, group_size: int, count: int, joins: int, wait: float,
-              say: Callable[[str], None] = print) -> Results:
+              say: Callable[[str], None] = print, rounds: int = 1) -> Results:
     """Start the broker and the routers, measure every case, stop them; the figures."""
     res = Results()
     tmp = Path(tempfile.mkdtemp(prefix="bench-federation-"))
@@ -238,43 +241,56 @@ async def run(messages: int, group_size: int, count: int, joins: int, wait: floa
         # Membership federated at all? (A member of router B listed by router A.)
         probe = await latency(a, b, 1, 1, True, wait)
         res.federated = probe is not None
+        unfederated = "membership not federated"
+        where_ = (("one router, no bridge", p, p, [plain]),
+                  ("one router, federated", a, a, fed[:1]),
+                  ("across two routers (mosquitto)", a, b, fed[:2]))
         cases = [("unicast", 1, True), (f"{group_size}-member group", group_size - 1, False)]
-        for what, receivers, uni in cases:
-            for where, tx, rx in (("one router, no bridge", p, p),
-                                  ("one router, federated", a, a),
-                                  ("across two routers (mosquitto)", a, b)):
-                say(f"latency: {what}, {where}")
-                lat = None
+        lats: dict[str, list[float]] = {}
+        tput: dict[str, list[float]] = {}  # received, seconds, router CPU, broker CPU
+        # The cases take turns, round after round, so that a burst of load from elsewhere on
+        # a shared machine spreads over all of them instead of skewing one.
+        for rnd in range(rounds):
+            for what, receivers, uni in cases:
+                for where, tx, rx, _ in where_:
+                    say(f"round {rnd + 1}/{rounds}, latency: {what}, {where}")
+                    if tx == rx or res.federated:
+                        lat = await latency(tx, rx, receivers, messages, uni, wait)
+                        if lat is not None:
+                            lats.setdefault(f"{what}: {where}", []).extend(lat)
+            for where, tx, rx, procs in where_:
+                say(f"round {rnd + 1}/{rounds}, throughput: unicast, {where}")
+                broker_cpu = proc_cpu_seconds(broker.pid)
+                out = None
                 if tx == rx or res.federated:
-                    lat = await latency(tx, rx, receivers, messages, uni, wait)
+                    out = await throughput(tx, rx, count, wait, [r.pid for r in procs])
+                if out is not None:
+                    acc = tput.setdefault(where, [0.0, 0.0, 0.0, 0.0])
+                    for i, v in enumerate((*out, proc_cpu_seconds(broker.pid) - broker_cpu)):
+                        acc[i] += v
+        for what, _, _ in cases:
+            for where, *_ in where_:
                 row = Row(f"{what}: {where}")
+                lat = lats.get(row.case)
                 if lat is None:
-                    row.note = "membership not federated"
+                    row.note = unfederated
                 else:
                     row.p50_us, row.p99_us = _pct(lat, 0.5) * 1e6, _pct(lat, 0.99) * 1e6
                     row.samples = len(lat)
                 res.rows.append(row)
-        for where, tx, rx, pids in (
-                ("one router, no bridge", p, p, [plain.pid]),
-                ("one router, federated", a, a, [fed[0].pid]),
-                ("across two routers (mosquitto)", a, b, [fed[0].pid, fed[1].pid])):
-            say(f"throughput: unicast, {where}")
-            broker_cpu = proc_cpu_seconds(broker.proc.pid) if broker.proc else 0.0
-            out = None
-            if tx == rx or res.federated:
-                out = await throughput(tx, rx, count, wait, pids)
+        for where, *_ in where_:
             row = Row(f"throughput, unicast: {where}")
-            if out is None:
-                row.note = "membership not federated"
+            if where not in tput:
+                row.note = unfederated
             else:
-                row.rate, cpu, got = out
-                row.cpu_us = cpu * 1e6
-                row.samples = got
-                if got < count:
-                    row.note = f"{count - got} of {count} not received"
-                if where.startswith("across") and broker.proc is not None and got:
-                    res.broker_cpu_us = (proc_cpu_seconds(broker.proc.pid) - broker_cpu) \
-                        / got * 1e6
+                got, secs, cpu, broker_cpu = tput[where]
+                row.samples = int(got)
+                row.rate = got / secs if secs else 0.0
+                row.cpu_us = cpu / max(got, 1) * 1e6
+                if got < count * rounds:
+                    row.note = f"{count * rounds - int(got)} of {count * rounds} not received"
+                if where.startswith("across") and got:
+                    res.broker_cpu_us = broker_cpu / got * 1e6
             res.rows.append(row)
         say(f"convergence: {joins} joins on each of 3 routers")
         conv = await convergence([f"127.0.0.1:{r.port}" for r in fed], joins, wait) \
@@ -320,24 +336,27 @@ def print_table(res: Results, joins: int, out: Callable[[str], None] = print) ->
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--messages", type=int, default=2000,
-                    help="messages per latency case, one at a time (default 2000)")
+    ap.add_argument("--messages", type=int, default=1000,
+                    help="messages per latency case and round, one at a time (default 1000)")
     ap.add_argument("--group", type=int, default=10,
                     help="members of the group case, sender included (default 10)")
-    ap.add_argument("--throughput", type=int, default=20_000,
-                    help="unicasts per throughput case (default 20000)")
+    ap.add_argument("--throughput", type=int, default=10_000,
+                    help="unicasts per throughput case and round (default 10000)")
     ap.add_argument("--joins", type=int, default=1000,
                     help="joins on each of the 3 routers for the convergence (default 1000)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds of every latency and throughput case, taking turns; the "
+                         "figures are over all rounds (default 3)")
     ap.add_argument("--wait", type=float, default=5.0,
                     help="seconds to wait for a remote member to be listed (default 5)")
     args = ap.parse_args(argv)
-    for name in ("messages", "throughput", "joins"):
+    for name in ("messages", "throughput", "joins", "rounds"):
         if getattr(args, name) < 1:
             ap.error(f"--{name}: expected at least 1")
     if args.group < 2:
         ap.error("--group: expected at least 2 (a sender and a receiver)")
     res = trio.run(run, args.messages, args.group, args.throughput, args.joins, args.wait,
-                   lambda s: print(s, file=sys.stderr))
+                   lambda s: print(s, file=sys.stderr), args.rounds)
     print_table(res, args.joins)
 
 

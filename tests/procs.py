@@ -118,6 +118,11 @@ class BrokerProcess:
     def url(self) -> str:
         return f"mqtt://127.0.0.1:{self.port}"
 
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
     def start(self) -> BrokerProcess:
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.conf)], stdout=out,
