@@ -74,21 +74,17 @@ class _NoQueue:
 _NO_QUEUE = _NoQueue()
 
 
-class RemoteGroup:
-    """The fan-out target "group ``group`` on router ``remote``": one per router and group."""
+class _Remote:
+    """What both remote carriers share: they stand for router ``remote``, take no events
+    (each router derives its own from the federated membership) and no direct bytes."""
 
     protocol: ClassVar[str] = "federation"
-    # Each router derives its own events from the federated membership: none are relayed.
     events_by_call: ClassVar[bool] = True
-    # Never learned by the compiled fast path (it has no socket): its frames stay in Python.
+    # Never learned by the compiled fast path (no socket): their frames stay in Python.
     fast_id: ClassVar[None] = None
 
-    __slots__ = ("fed", "group", "remote")
-
-    def __init__(self, fed: Federation, remote: RemoteRouter, group: str) -> None:
-        self.fed = fed
-        self.remote = remote
-        self.group = group
+    __slots__ = ()
+    remote: RemoteRouter
 
     @property
     def peer(self) -> str:
@@ -98,9 +94,6 @@ class RemoteGroup:
     def outbox(self) -> _NoQueue:
         return _NO_QUEUE
 
-    def push(self, data: bytes, count: int = 1) -> None:
-        self.fed.send(self.remote, self.group, None, data, count)
-
     @classmethod
     def event_frame(cls, kind: str, entry: Entry) -> bytes | None:
         return None
@@ -109,12 +102,22 @@ class RemoteGroup:
         pass
 
 
-class RemoteMember(RemoteCarrier):
-    """Member ``addr`` of ``group``, carried by router ``remote``: a carrier of its entry."""
+class RemoteGroup(_Remote):
+    """The fan-out target "group ``group`` on router ``remote``": one per router and group."""
 
-    protocol: ClassVar[str] = "federation"
-    events_by_call: ClassVar[bool] = True
-    fast_id: ClassVar[None] = None
+    __slots__ = ("fed", "group", "remote")
+
+    def __init__(self, fed: Federation, remote: RemoteRouter, group: str) -> None:
+        self.fed = fed
+        self.remote = remote
+        self.group = group
+
+    def push(self, data: bytes, count: int = 1) -> None:
+        self.fed.send(self.remote, self.group, None, data, count)
+
+
+class RemoteMember(_Remote, RemoteCarrier):
+    """Member ``addr`` of ``group``, carried by router ``remote``: a carrier of its entry."""
 
     __slots__ = ("addr", "data", "fanout", "fed", "group", "live", "remote", "router")
 
@@ -128,23 +131,8 @@ class RemoteMember(RemoteCarrier):
         self.live = True
         self.data: _Member | None = None
 
-    @property
-    def peer(self) -> str:
-        return f"router {self.remote.label}"
-
-    @property
-    def outbox(self) -> _NoQueue:
-        return _NO_QUEUE
-
     def push(self, data: bytes, count: int = 1) -> None:
         self.fed.send(self.remote, self.group, self.addr, data, count)
-
-    @classmethod
-    def event_frame(cls, kind: str, entry: Entry) -> bytes | None:
-        return None
-
-    def notify(self, kind: str, entry: Entry) -> None:
-        pass
 
 
 @dataclass(eq=False)

@@ -8,14 +8,11 @@ before it has been read.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
-import pytest
 import trio
 
-from gossiprouter.bridge import Bridge
 from gossiprouter.ops.metrics import federation_metrics
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
@@ -24,26 +21,12 @@ from gossiprouter.stub import RouterStub
 from tests.jgroups_clients import V2, V5, J2Client, J5Client, ip, uuid
 from tests.nclient import NativeClient
 from tests.procs import RouterProcess
-from tests.test_bridge import MOSQUITTO, Mosquitto
+from tests.test_bridge import Mosquitto, bridge_of
+from tests.test_bridge import broker as broker  # the fixture: mosquitto on a free port
 from tests.test_stub import FAST, InProcessRouter, eventually
 
 G = "fed"
 FED: dict[str, Any] = {"bridge_reconnect_max": 0.3, "bridge_keepalive": 1}
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Any:
-    if not shutil.which(MOSQUITTO):
-        pytest.skip("mosquitto is not installed (scripts/setup installs it)")
-    b = Mosquitto(tmp_path)
-    b.start()
-    yield b
-    b.stop()
-
-
-def bridge_of(r: InProcessRouter) -> Bridge:
-    assert r.server is not None and r.server.bridge is not None
-    return r.server.bridge
 
 
 def table_members(r: InProcessRouter, group: str = G) -> set[bytes]:
