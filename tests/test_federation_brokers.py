@@ -17,7 +17,7 @@ import trio
 from gossiprouter.bridge import Bridge
 from gossiprouter.loadtest.processes import MOSQUITTO
 from gossiprouter.stub import Publication, RouterStub
-from tests.procs import BrokerProcess, wait_bridged
+from tests.procs import BrokerProcess, RouterProcess, wait_bridged
 from tests.test_stub import FAST, InProcessRouter, drain, eventually
 
 G = "fleet"
@@ -121,3 +121,29 @@ async def test_a_native_group_spans_routers_on_two_bridged_brokers(
         with trio.fail_after(10):
             while {m.addr for m in await sa.members(G)} != {b"a", b"b"}:
                 await trio.sleep(0.02)
+
+
+async def test_a_late_router_learns_and_a_killed_router_is_dropped_across_the_bridge(
+        nursery: trio.Nursery, tmp_path: Path,
+        bridged_brokers: tuple[BrokerProcess, BrokerProcess]) -> None:
+    """Router A (a process, on broker A) holds member a before router B starts on broker B:
+    B learns a from the retained records the bridge carried. Then A is killed with SIGKILL:
+    broker A publishes its Last Will, the bridge carries it, and B suspects and drops a."""
+    broker_a, broker_b = bridged_brokers
+    with RouterProcess(None, "--bridge", broker_a.url, "--router-id", "ra",
+                       "--bridge-keepalive", "1", log=tmp_path / "ra.log") as ra:
+        async with RouterStub([("127.0.0.1", ra.port)], **FAST) as sa:
+            await sa.connect(G, b"a", name="A")
+            [rb] = await routers_on(nursery, broker_b)
+            async with RouterStub([rb.address], **FAST) as sb:
+                b = await sb.connect(G, b"b", name="B")
+                with trio.fail_after(10):
+                    while {m.addr for m in await sb.members(G)} != {b"a", b"b"}:
+                        await trio.sleep(0.02)
+                assert ra.proc is not None
+                ra.proc.kill()
+                with trio.fail_after(10):
+                    event = await b.events().receive()
+                assert (event.kind, event.member.addr if event.member else None) == (
+                    "suspect", b"a")
+                assert {m.addr for m in await sb.members(G)} == {b"b"}
