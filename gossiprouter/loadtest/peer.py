@@ -5,7 +5,8 @@ with pipes on stdin and stdout and talks to it in JSON lines (the *control chann
 is the peer's log). Commands, driver to peer::
 
     {"cmd": "config", "proc": 0, "run": "...", "records_dir": "...", "routers": ["h:p"],
-     "scenario": {...Scenario.to_dict()...}, "stats_interval": 0.5}       (first line)
+     "scenario": {...Scenario.to_dict()...}, "stats_interval": 0.5}       (first line;
+                                          a member connects to routers[its MemberSpec.router])
     {"cmd": "start", "t0_ns": ...}        start sending at that time.monotonic_ns()
     {"cmd": "leave", "id": 7, "member": "g1-2"}
     {"cmd": "join", "id": 8, "member": "g1-2"}
