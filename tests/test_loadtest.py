@@ -76,13 +76,18 @@ def test_shipped_scenarios_are_valid(path: Path) -> None:
     assert [m.name for m in again.members] == [m.name for m in s.members]
 
 
-def test_defaults_and_member_layout(tmp_path: Path) -> None:
-    s = load_scenario(write(tmp_path, MINIMAL + """
+# Two processes, groups g (2 members) and h (3).
+TWO_GROUPS = MINIMAL + """
 [peers]
 processes = 2
 [[groups]]
 name = "h"
 members = 3
+"""
+
+
+def test_defaults_and_member_layout(tmp_path: Path) -> None:
+    s = load_scenario(write(tmp_path, TWO_GROUPS + """
 [[events]]
 at = 1
 action = "join"
@@ -98,14 +103,9 @@ member = "h-2"
 
 
 def test_federation_spreads_every_group_over_the_routers(tmp_path: Path) -> None:
-    s = load_scenario(write(tmp_path, MINIMAL + """
+    s = load_scenario(write(tmp_path, TWO_GROUPS + """
 [federation]
 routers = 3
-[peers]
-processes = 2
-[[groups]]
-name = "h"
-members = 3
 [[events]]
 at = 1
 action = "restart-router"
