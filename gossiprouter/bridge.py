@@ -260,6 +260,8 @@ class Bridge:
         if config.bridge_qos not in (0, 1):
             raise ConfigError(f"bridge_qos = {config.bridge_qos!r}: expected 0 or 1")
         self.qos = config.bridge_qos
+        if config.bridge_keepalive > 65535:  # MQTT's keep alive is 16 bits
+            raise ConfigError(f"bridge_keepalive = {config.bridge_keepalive}: at most 65535")
         self.prefix = config.bridge_prefix
         self.reconnect_max = config.bridge_reconnect_max
         self.keepalive = config.bridge_keepalive

@@ -175,7 +175,9 @@ def serve(config_file: Path | None, **options: Any) -> None:
     try:
         trio.run(run_until_signal, config)
     except BaseException as e:
-        failure = _find(e, ListenError)
+        # Options only the server's parts check as they are built (the bridge's) are a user's
+        # mistake as much as a taken port: one line, no traceback.
+        failure = _find(e, (ListenError, ConfigError))
         if failure is not None:
             raise CommandError(str(failure)) from None
         raise
@@ -183,7 +185,7 @@ def serve(config_file: Path | None, **options: Any) -> None:
         sys.exit(130)
 
 
-def _find(e: BaseException, kind: type[ListenError]) -> ListenError | None:
+def _find(e: BaseException, kind: tuple[type[Exception], ...]) -> Exception | None:
     """The first ``kind`` exception in ``e`` or, for an exception group, inside it."""
     if isinstance(e, kind):
         return e

@@ -225,16 +225,20 @@ class Federation:
 
     def snapshot(self) -> list[tuple[str, bytes]]:
         """Every record, after a (re)connect: each group with members carried here, and an
-        empty record for every group published before that has none now."""
+        empty record for every group published before that has none now (the broker may
+        still retain it from before the outage)."""
         self.dirty = {}
-        groups = [name for name, g in self.table.groups.items() if self._local(g)]
-        groups += [name for name in self.published if name not in self.table.groups]
+        old, self.published = self.published, {}
         out = []
-        for group in dict.fromkeys(groups):
-            self.published.pop(group, None)
-            rec = self._record(group, set())
-            if rec is not None:
-                out.append((group, rec))
+        for name, g in self.table.groups.items():
+            if self._local(g):
+                rec = self._record(name, set())
+                if rec is not None:
+                    out.append((name, rec))
+        for name in old:
+            if name not in self.published:
+                self.stats.records_out += 1
+                out.append((name, b""))
         return out
 
     def _local(self, g: Group) -> list[list[Any]]:

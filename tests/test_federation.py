@@ -215,3 +215,47 @@ def test_grace_at_the_members_router_holds_and_hands_over() -> None:
     assert tb.pushed == [(b"held", 1)]
     assert isinstance(a.table.entry(G, b"t").carriers[-1], RemoteMember)  # type: ignore[union-attr]
     assert RemoteGroup.fast_id is None and RemoteMember.fast_id is None
+
+
+def test_bridge_keepalive_is_checked_at_start() -> None:
+    from gossiprouter.bridge import Bridge
+    from gossiprouter.config import ConfigError
+
+    cfg = Config(bridge="mqtt://127.0.0.1:1", bridge_keepalive=70000)
+    try:
+        Bridge(Hub(cfg), cfg)
+    except ConfigError as e:
+        assert "at most 65535" in str(e)
+    else:
+        raise AssertionError("accepted a keepalive MQTT cannot carry")
+
+
+def test_bad_bridge_values_are_one_line_not_a_traceback() -> None:
+    """Checked as the bridge is built (after the listeners' set-up begins): still the one
+    ``gossiprouter: error:`` line and status 1, as for a taken port."""
+    from click.testing import CliRunner
+
+    from gossiprouter.cli import main
+
+    for opt, value, message in (("--bridge-keepalive", "70000", "at most 65535"),
+                                ("--bridge-qos", "2", "expected 0 or 1")):
+        r = CliRunner().invoke(main, ["serve", "--port", "0", "--bridge", "mqtt://127.0.0.1:1",
+                                      opt, value], prog_name="gossiprouter")
+        assert r.exit_code == 1 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.strip().splitlines() == [f"gossiprouter: error: {opt[2:].replace('-', '_')}"
+                                                 f" = {value}: {message}"]
+
+
+def test_a_snapshot_deletes_the_records_of_groups_left_while_cut_off() -> None:
+    net = Net("a", "b")
+    a = net.feds["a"]
+    x, y = Named("x"), Named("y")
+    net.connect("a", x, b"x")
+    net.connect("b", Named("b1"), b"b1")
+    a.table.connect(y, "other", b"y")
+    net.sync()
+    # Cut off: x leaves, nothing is published; the group lives on here (b1 is in it).
+    a.table.disconnect(x, G, b"x")
+    snap = dict(a.snapshot())
+    assert snap[G] == b"" and "other" in snap and snap["other"] != b""
+    assert a.table.entry(G, b"b1") is not None

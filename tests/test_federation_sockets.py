@@ -342,3 +342,26 @@ async def test_jgroups_members_and_messages_across_routers(nursery: trio.Nursery
     await rb.stop()
     await everywhere([ra], {a5.key}, "jgroups5:demo")
     assert await ka.recv() == j5.Suspect("demo", b5)
+
+
+async def test_repeated_frames_to_a_remote_router_are_never_left_to_the_fast_path(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    """The compiled fast path repeats routes Python learned; one whose receivers include
+    another router must not be learned (its frames would skip the broker). Many identical
+    frames, local and remote receivers: every one reaches both (with the fast path on or
+    off, as scripts/test runs the suite)."""
+    ra, rb = await federation(nursery, broker, 2)
+    s, near = await member(ra, b"s"), await member(ra, b"near")
+    far = await member(rb, b"far")
+    await everywhere([ra, rb], {b"s", b"near", b"far"})
+    n = 200
+    # In batches, each read separately (a PING's PONG between them): the first batch teaches
+    # the fast path, the later ones are what it would repeat.
+    for route in (wire.Route(G, None, b"s", b"same"), wire.Route(G, b"far", b"s", b"uni")):
+        for _ in range(10):
+            await s.send_raw(wire.encode(route) * (n // 10))
+            await s.round_trip()
+    fb = bridge_of(rb).federation
+    await eventually(lambda: fb.stats.routed_in == 2 * n)
+    assert [r.payload for r in await routes(far)] == [b"same"] * n + [b"uni"] * n
+    assert [r.payload for r in await routes(near)] == [b"same"] * n
