@@ -321,10 +321,10 @@ def print_table(res: Results, joins: int, out: Callable[[str], None] = print) ->
     out(f"{'case':<58} {'p50 µs':>9} {'p99 µs':>9} {'msg/s':>9} {'CPU µs/msg':>11}  note")
     for r in res.rows:
         out(f"{r.case:<58} {_fmt(r.p50_us):>9} {_fmt(r.p99_us):>9} {_fmt(r.rate):>9} "
-            f"{_fmt(r.cpu_us, ',.1f'):>11}  {r.note}")
+            f"{_fmt(r.cpu_us, ',.2f'):>11}  {r.note}")
     if res.broker_cpu_us is not None:
         out(f"{'  mosquitto CPU per message across routers':<58} {'':>9} {'':>9} {'':>9} "
-            f"{res.broker_cpu_us:>11,.1f}")
+            f"{res.broker_cpu_us:>11,.2f}")
     conv = ("membership not federated" if res.converge_s is None else
             f"{res.converge_s:.3f} s (joins acknowledged after {res.joins_s:.3f} s)")
     out(f"convergence, {joins:,} joins on each of 3 routers: {conv}")

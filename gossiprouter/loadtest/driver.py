@@ -5,7 +5,9 @@
 
 1. checks that ``RUN_DIR`` is new or empty, writes ``manifest.json`` (scenario, versions,
    host facts) and, with ``spawn_router``, starts ``gossiprouter serve`` on a free port of
-   127.0.0.1 (its log goes to ``RUN_DIR/logs/router.log``);
+   127.0.0.1 (its log goes to ``RUN_DIR/logs/router.log``); a scenario with ``[federation]``
+   gets a mosquitto and that many routers bridged to it (``logs/router-N.log``), each member
+   on its own router, and ``restart-router`` names one of them;
 2. starts one ``python -m gossiprouter.loadtest.peer`` per scenario process, in a session
    of its own (so a Ctrl-C on the terminal reaches only the driver, which then stops them in
    order). Each peer is coordinated over its stdin/stdout pipes in JSON lines (the control
