@@ -233,7 +233,8 @@ OPTIONS: tuple[Option, ...] = (
            minimum=0),
     Option("bridge", str, "",
            "Federate through an MQTT 5 broker: mqtt://HOST:PORT or mqtts://HOST:PORT (TLS). "
-           "Global topic publications go through it; empty disables.",
+           "Groups then span every router on it (membership and traffic, docs/federation.md) "
+           "and global topic publications go through it; empty disables.",
            parse=lambda v: parse_bridge_url(v), metavar="URL"),
     Option("bridge_prefix", str, "gossiprouter",
            "First level of every MQTT topic the bridge uses (one federation per prefix).",

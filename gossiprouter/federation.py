@@ -24,6 +24,7 @@ subscriptions) and calls it with payloads. No trio, no sockets: tested with byte
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -39,6 +40,7 @@ from gossiprouter.sessions.jgroups_common import JWire
 log = logging.getLogger("gossiprouter.federation")
 
 FORMAT = 1
+_HEAD_LEN = struct.Struct(">H")  # before a routed message's msgpack header
 # What one member record holds: addr, name, physical, kind, identity, live, wire.
 _Member = tuple[bytes, str | None, tuple[tuple[str, int], ...], Kind, str | None, bool, Any]
 
@@ -410,7 +412,7 @@ class Federation:
              count: int) -> None:
         """Frames for ``dest`` (None: the group) through router ``remote``: one message."""
         head: bytes = msgpack.packb([self.origin, group, dest, count])
-        if self._send(remote.origin, head + frames):
+        if self._send(remote.origin, _HEAD_LEN.pack(len(head)) + head + frames):
             self.stats.routed_out += count
         else:
             self.stats.not_forwarded += count
@@ -419,15 +421,16 @@ class Federation:
         """Frames another router sent here: delivered to local connections only, never sent
         on (so nothing loops)."""
         try:
-            unpacker = msgpack.Unpacker(max_buffer_size=len(payload) + 1)
-            unpacker.feed(payload)
-            origin, group, dest, count = unpacker.unpack()
+            # The header is read alone (its length first), so the frames are not copied
+            # into a decoder's buffer on the way.
+            (n,) = _HEAD_LEN.unpack_from(payload)
+            origin, group, dest, count = msgpack.unpackb(payload[2:2 + n])
             if not (isinstance(origin, str) and isinstance(group, str)
                     and (dest is None or isinstance(dest, bytes))
                     and isinstance(count, int) and count > 0):
                 raise ValueError("bad header")
-            frames = payload[unpacker.tell():]
-        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            frames = payload[2 + n:]
+        except (ValueError, TypeError, struct.error, msgpack.UnpackException) as exc:
             self.stats.malformed += 1
             log.debug("federation: bad routed message: %s", exc)
             return

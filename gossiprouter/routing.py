@@ -471,12 +471,11 @@ class RoutingTable:
         if e is None or carrier not in e.carriers:
             raise RoutingError("not_member", f"this connection did not register it in {group!r}")
         if isinstance(e.carriers[0], RemoteCarrier):  # remote carriers come first
-            # It leaves this router; its connections to other routers are theirs to end
-            # (a stub on several routers sends DISCONNECT to each). Unless none is left.
+            # It leaves this router; its connections to other routers are theirs to end (a
+            # stub on several routers sends DISCONNECT to each), so the member stays, quietly.
             for c in [c for c in e.carriers if not isinstance(c, RemoteCarrier)]:
                 self._unlink(self.groups[group], e, c)
-            if e.carriers:
-                return []
+            return []
         return self._remove(e, suspect=False)
 
     def remove(self, group: str, addr: bytes, *, suspect: bool = False) -> list[Notice]:

@@ -259,3 +259,15 @@ def test_a_snapshot_deletes_the_records_of_groups_left_while_cut_off() -> None:
     snap = dict(a.snapshot())
     assert snap[G] == b"" and "other" in snap and snap["other"] != b""
     assert a.table.entry(G, b"b1") is not None
+
+
+def test_malformed_federation_messages_are_counted_and_change_nothing() -> None:
+    net = Net("a", "b")
+    b = net.feds["b"]
+    net.connect("a", Named("x"), b"x")
+    for bad in (b"", b"\x00", b"\x00\x05\x93\x01", b"\x00\x02\x92\x01"):
+        b.on_route(bad)
+    for bad in (b"\xc1", b"\x81\xa1m\x91\x93\x01\x02\x03", b"\x90"):
+        b.on_record("a", G, bad)
+    b.on_presence("a", b"\xc1")
+    assert b.stats.malformed == 8 and b.table.entry(G, b"x") is not None

@@ -365,3 +365,28 @@ async def test_repeated_frames_to_a_remote_router_are_never_left_to_the_fast_pat
     await eventually(lambda: fb.stats.routed_in == 2 * n)
     assert [r.payload for r in await routes(far)] == [b"same"] * n + [b"uni"] * n
     assert [r.payload for r in await routes(near)] == [b"same"] * n
+
+
+async def test_cut_off_from_the_broker_drops_the_others_then_resync_restores(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    """A router without its broker for 1.5 x bridge_keepalive drops the other routers'
+    members (suspected), as they drop its own; the resync after the reconnect brings them
+    back (a join for the watchers)."""
+    ra, rb = await federation(nursery, broker, 2)  # bridge_keepalive = 1
+    a, w = await member(ra, b"a"), await member(ra, b"w")
+    assert isinstance(await w.request(wire.Watch(w.req(), G)), wire.Ok)
+    b = await member(rb, b"b")
+    await everywhere([ra, rb], {b"a", b"w", b"b"})
+    assert await events(w, 1) == [("join", b"b")]
+    assert broker.proc is not None
+    broker.proc.kill()  # a crash: no Last Will is published
+    broker.proc.wait()
+    broker.proc = None
+    await everywhere([ra], {b"a", b"w"})
+    assert await events(a, 1) == [("suspect", b"b")]
+    assert await events(w, 2) == [("suspect", b"b"), ("leave", b"b")]
+    assert bridge_of(ra).federation.stats.routers_lost == 1
+    broker.start()
+    await everywhere([ra, rb], {b"a", b"w", b"b"})
+    assert await events(w, 1) == [("join", b"b")]
+    del b
