@@ -20,16 +20,19 @@ from gossiprouter.stub import Publication, RouterStub
 from tests.procs import BrokerProcess, RouterProcess, wait_bridged
 from tests.test_stub import FAST, InProcessRouter, drain, eventually
 
-G = "fleet"
 TOPIC = ("vehicle-17", "position", ["eu", "de"])
 
 
-@pytest.fixture
-def bridged_brokers(tmp_path: Path) -> Iterator[tuple[BrokerProcess, BrokerProcess]]:
-    """Broker A, and broker B bridged to A; yielded once the bridge carries both ways."""
+@pytest.fixture(scope="module")
+def bridged_brokers(tmp_path_factory: pytest.TempPathFactory
+                    ) -> Iterator[tuple[BrokerProcess, BrokerProcess]]:
+    """Broker A, and broker B bridged to A; yielded once the bridge carries both ways. One
+    pair for the module (the bridge takes seconds to come up); each test has its own group,
+    and the routers of earlier tests are gone, their retained records inert."""
     if not shutil.which(MOSQUITTO):
         pytest.skip("mosquitto is not installed (scripts/setup installs it)")
-    with BrokerProcess(tmp_path) as a, BrokerProcess(tmp_path, bridge_to=a.port) as b:
+    tmp = tmp_path_factory.mktemp("brokers")
+    with BrokerProcess(tmp) as a, BrokerProcess(tmp, bridge_to=a.port) as b:
         wait_bridged(a, b)
         yield a, b
 
@@ -52,7 +55,7 @@ async def test_topic_federation_crosses_the_broker_bridge_once_each_way(
         nursery: trio.Nursery, bridged_brokers: tuple[BrokerProcess, BrokerProcess]) -> None:
     ra, rb = await routers_on(nursery, *bridged_brokers)
     async with RouterStub([ra.address], **FAST) as sa, RouterStub([rb.address], **FAST) as sb:
-        on_a, on_b = await sa.connect(G, b"A"), await sb.connect(G, b"B")
+        on_a, on_b = await sa.connect("fleet", b"A"), await sb.connect("fleet", b"B")
         await on_a.subscribe("vehicle-17", "position", ["eu", "*"])
         await on_b.subscribe("vehicle-17", "+", ["eu", "+"])
         # Each router's SUBSCRIBE goes to its own broker, then over the bridge: wait until
@@ -92,15 +95,15 @@ async def test_a_native_group_spans_routers_on_two_bridged_brokers(
     The membership (retained records) and the traffic both cross the mosquitto bridge."""
     ra, rb = await routers_on(nursery, *bridged_brokers)
     async with RouterStub([ra.address], **FAST) as sa, RouterStub([rb.address], **FAST) as sb:
-        a = await sa.connect(G, b"a", name="A")
-        b = await sb.connect(G, b"b", name="B")
-        b2 = await sb.connect(G, b"b2", name="B2")
+        a = await sa.connect("native", b"a", name="A")
+        b = await sb.connect("native", b"b", name="B")
+        b2 = await sb.connect("native", b"b2", name="B2")
         want = {b"a", b"b", b"b2"}
         with trio.fail_after(10):
-            while not ({m.addr for m in await sa.members(G)} == want
-                       and {m.addr for m in await sb.members(G)} == want):
+            while not ({m.addr for m in await sa.members("native")} == want
+                       and {m.addr for m in await sb.members("native")} == want):
                 await trio.sleep(0.02)
-        assert {m.addr: m.name for m in await sa.members(G)}[b"b"] == "B"
+        assert {m.addr: m.name for m in await sa.members("native")}[b"b"] == "B"
 
         await a.send(b"a->b", dest=b"b")
         await b.send(b"b->a", dest=b"a")
@@ -119,7 +122,7 @@ async def test_a_native_group_spans_routers_on_two_bridged_brokers(
 
         await b2.disconnect()
         with trio.fail_after(10):
-            while {m.addr for m in await sa.members(G)} != {b"a", b"b"}:
+            while {m.addr for m in await sa.members("native")} != {b"a", b"b"}:
                 await trio.sleep(0.02)
 
 
@@ -133,12 +136,12 @@ async def test_a_late_router_learns_and_a_killed_router_is_dropped_across_the_br
     with RouterProcess(None, "--bridge", broker_a.url, "--router-id", "ra",
                        "--bridge-keepalive", "1", log=tmp_path / "ra.log") as ra:
         async with RouterStub([("127.0.0.1", ra.port)], **FAST) as sa:
-            await sa.connect(G, b"a", name="A")
+            await sa.connect("late", b"a", name="A")
             [rb] = await routers_on(nursery, broker_b)
             async with RouterStub([rb.address], **FAST) as sb:
-                b = await sb.connect(G, b"b", name="B")
+                b = await sb.connect("late", b"b", name="B")
                 with trio.fail_after(10):
-                    while {m.addr for m in await sb.members(G)} != {b"a", b"b"}:
+                    while {m.addr for m in await sb.members("late")} != {b"a", b"b"}:
                         await trio.sleep(0.02)
                 assert ra.proc is not None
                 ra.proc.kill()
@@ -146,4 +149,4 @@ async def test_a_late_router_learns_and_a_killed_router_is_dropped_across_the_br
                     event = await b.events().receive()
                 assert (event.kind, event.member.addr if event.member else None) == (
                     "suspect", b"a")
-                assert {m.addr for m in await sb.members(G)} == {b"b"}
+                assert {m.addr for m in await sb.members("late")} == {b"b"}
