@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from gossiprouter.config import Config, ConfigError, parse_bridge_url
-from gossiprouter.federation import Federation
+from gossiprouter.federation import PRESENCE_TTL, RECORD_TTL, Federation
 from gossiprouter.protocol import native as wire
 from gossiprouter.topics import ANY, TopicError, TopicId, topic_id
 
@@ -194,6 +194,16 @@ def parse_mqtt_topic(prefix: str, topic: str) -> tuple[str, TopicId]:
 # --------------------------------------------------------------------------- the bridge
 
 
+def _expiring(seconds: int) -> Properties:
+    """PUBLISH properties with an MQTT 5 Message Expiry Interval."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+    props.MessageExpiryInterval = seconds
+    return props
+
+
 class _Dedup:
     """Drops the copies of one publication that a broker sends for overlapping filters.
 
@@ -306,6 +316,7 @@ class Bridge:
         self._sync_topic = sync_topic(self.prefix, self.origin)
         self._fed_dirty = trio.Event()
         self._lost_at: float | None = None
+        self._cut = trio.Event()  # set when a broker session ends
         self._fed_mid: int | None = None
         self.federation = Federation(hub, self.origin, config.name, self._send_route,
                                      self._mark_dirty)
@@ -363,10 +374,18 @@ class Bridge:
         self._kick_writer()
         return True
 
+    def _publish_presence(self) -> None:
+        self._client.publish(presence_topic(self.prefix, self.origin),
+                             self.federation.presence(), qos=1, retain=True,
+                             properties=_expiring(PRESENCE_TTL))
+        self._kick_writer()
+
     def _publish_records(self, records: list[tuple[str, bytes]]) -> None:
+        props = _expiring(RECORD_TTL)
         for group, payload in records:
+            # A deletion (empty payload) must not expire: it is the absence of a record.
             self._client.publish(members_topic(self.prefix, self.origin, group), payload,
-                                 qos=1, retain=True)
+                                 qos=1, retain=True, properties=props if payload else None)
         if records:
             self._kick_writer()
 
@@ -402,6 +421,7 @@ class Bridge:
 
         self.state = "connected"
         self.last_error = None
+        self._lost_at = None
         self.stats.connects += 1
         log.info("bridge connected to %s://%s:%d as %s (%d subscriptions)", self.scheme,
                  self.host, self.port, self.origin, len(self.filters))
@@ -418,8 +438,7 @@ class Bridge:
             (root + "router/+", state), (root + "members/#", state),
             (self._route_topic, SubscribeOptions(qos=self.qos, noLocal=True)),
             (self._sync_topic, SubscribeOptions(qos=1))])
-        client.publish(presence_topic(self.prefix, self.origin), fed.presence(), qos=1,
-                       retain=True)
+        self._publish_presence()
         self._publish_records(fed.snapshot())
         client.publish(self._sync_topic, b"", qos=1)
 
@@ -499,7 +518,7 @@ class Bridge:
         levels = topic[len(self._fed_root):].split("/")
         try:
             if levels[0] == "router" and len(levels) == 2:
-                fed.on_presence(unescape_level(levels[1]), payload)
+                fed.on_presence(unescape_level(levels[1]), payload, trio.current_time())
             elif levels[0] == "members" and len(levels) == 3:
                 fed.on_record(unescape_level(levels[1]), unescape_level(levels[2]), payload)
             else:
@@ -521,10 +540,13 @@ class Bridge:
         # The others declare this router dead 1.5 keepalives after it lost the broker (its
         # Last Will); it drops them after as long, so both sides see the same partition.
         while True:
-            await trio.sleep(0.1)
-            lost = self._lost_at
-            if (lost is not None and self.state != "connected"
-                    and trio.current_time() - lost >= 1.5 * self.keepalive):
+            await self._cut.wait()
+            self._cut = trio.Event()
+            while (lost := self._lost_at) is not None and self.state != "connected":
+                deadline = lost + 1.5 * self.keepalive
+                if trio.current_time() < deadline:
+                    await trio.sleep_until(deadline)
+                    continue
                 self._lost_at = None
                 if self.federation.routers:
                     log.warning("bridge: no broker for %.1fs: dropping the other routers' "
@@ -552,6 +574,7 @@ class Bridge:
                 else:
                     await self._session()
                     self._lost_at = trio.current_time()
+                    self._cut.set()
                     if trio.current_time() - started > 30.0:
                         n = 0
                     self.stats.failures += 1
@@ -581,6 +604,7 @@ class Bridge:
                     n.start_soon(self._writer, sock)
                     n.start_soon(self._misc)
                     n.start_soon(self._flusher)
+                    n.start_soon(self._refresher)
             finally:
                 self._session_scope = None
         if self.state == "connected":
@@ -644,6 +668,22 @@ class Bridge:
             self._fed_dirty = trio.Event()
             if self.state == "connected":
                 self._publish_records(self.federation.flush())
+
+    async def _refresher(self) -> None:
+        # Presence and records are retained with an expiry (federation.PRESENCE_TTL,
+        # RECORD_TTL): republished well before it, and the others' presences checked.
+        every = PRESENCE_TTL / 3
+        records_every = max(1, round(RECORD_TTL / 3 / every))
+        n = 0
+        while True:
+            await trio.sleep(every)
+            n += 1
+            if self.state != "connected":
+                continue
+            self._publish_presence()
+            if n % records_every == 0:
+                self._publish_records(self.federation.records())
+            self.federation.expire(trio.current_time())
 
     def _mark_dirty(self) -> None:
         self._fed_dirty.set()

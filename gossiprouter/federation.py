@@ -41,6 +41,14 @@ log = logging.getLogger("gossiprouter.federation")
 
 FORMAT = 1
 _HEAD_LEN = struct.Struct(">H")  # before a routed message's msgpack header
+RECEIVERS_CACHE = 10_000
+# A presence is republished every PRESENCE_TTL / 3 seconds and expires after PRESENCE_TTL (at
+# the broker too): a router whose Last Will was lost (it died while a persistent broker was
+# down) is dropped after that, instead of staying a ghost with its members.
+PRESENCE_TTL = 60
+# Records are republished every RECORD_TTL / 3 and expire after RECORD_TTL at the broker, so
+# the inert records of stopped routers do not pile up in a persistent broker.
+RECORD_TTL = 86_400
 # What one member record holds: addr, name, physical, kind, identity, live, wire.
 _Member = tuple[bytes, str | None, tuple[tuple[str, int], ...], Kind, str | None, bool, Any]
 
@@ -152,6 +160,8 @@ class RemoteRouter:
     pending: dict[str, bytes] = field(default_factory=dict)
     fanouts: dict[str, RemoteGroup] = field(default_factory=dict)
     fed: Federation | None = None
+    # When its presence expires unless refreshed (None: never).
+    expires: float | None = None
 
     @property
     def label(self) -> str:
@@ -189,6 +199,9 @@ class Federation:
         # group -> (last payload published, the addresses it listed)
         self.published: dict[str, tuple[bytes, frozenset[bytes]]] = {}
         self.table.on_local = self.on_local
+        # (group, sending router) -> (the group, its rev, receivers): a multicast from another
+        # router walks the group's members once per change of the group, not once per message.
+        self._receivers: dict[tuple[str, str], tuple[Group, int, list[Carrier]]] = {}
 
     # ------------------------------------------------------------------ views
 
@@ -211,8 +224,12 @@ class Federation:
             s.add(suspected)
 
     def presence(self) -> bytes:
-        out: bytes = msgpack.packb({"v": FORMAT, "name": self.name})
+        out: bytes = msgpack.packb({"v": FORMAT, "name": self.name, "ttl": PRESENCE_TTL})
         return out
+
+    def records(self) -> list[tuple[str, bytes]]:
+        """Every record as last published (the periodic refresh: see RECORD_TTL)."""
+        return [(group, rec[0]) for group, rec in self.published.items()]
 
     def flush(self) -> list[tuple[str, bytes]]:
         """The records to publish (retained) for the groups changed since the last call:
@@ -220,9 +237,7 @@ class Federation:
         dirty, self.dirty = self.dirty, {}
         out = []
         for group, suspected in dirty.items():
-            rec = self._record(group, suspected)
-            if rec is not None:
-                out.append((group, rec))
+            out += [(group, rec) for rec in self._record(group, suspected)]
         return out
 
     def snapshot(self) -> list[tuple[str, bytes]]:
@@ -234,9 +249,7 @@ class Federation:
         out = []
         for name, g in self.table.groups.items():
             if self._local(g):
-                rec = self._record(name, set())
-                if rec is not None:
-                    out.append((name, rec))
+                out += [(name, rec) for rec in self._record(name, set())]
         for name in old:
             if name not in self.published:
                 self.stats.records_out += 1
@@ -255,24 +268,27 @@ class Federation:
                         live, _wire_out(e.wire)])
         return out
 
-    def _record(self, group: str, suspected: set[bytes]) -> bytes | None:
+    def _record(self, group: str, suspected: set[bytes]) -> list[bytes]:
+        """What to publish for ``group`` now: nothing when its record is unchanged; an empty
+        payload deletes it. When the last members went as suspected, a record saying so
+        comes first (the empty one cannot), then the deletion."""
         g = self.table.groups.get(group)
         members = [] if g is None else self._local(g)
         before = self.published.get(group)
+        gone = sorted(suspected & before[1]) if before is not None else []
         if not members:
             if before is None:
-                return None
+                return []
             del self.published[group]
-            self.stats.records_out += 1
-            return b""
-        addrs = frozenset(m[0] for m in members)
-        gone = sorted(suspected & before[1]) if before is not None else []
+            out = [msgpack.packb({"m": [], "s": gone}), b""] if gone else [b""]
+            self.stats.records_out += len(out)
+            return out
         payload: bytes = msgpack.packb({"m": members, "s": gone})
         if before is not None and before[0] == payload:
-            return None
-        self.published[group] = (payload, addrs)
+            return []
+        self.published[group] = (payload, frozenset(m[0] for m in members))
         self.stats.records_out += 1
-        return payload
+        return [payload]
 
     # ------------------------------------------------------------------ receiving state
 
@@ -307,7 +323,18 @@ class Federation:
             notices += self._drop_router(r)
         self.hub.deliver(notices)
 
-    def on_presence(self, origin: str, payload: bytes) -> None:
+    def expire(self, now: float) -> None:
+        """Drop the routers whose presence was not refreshed in time (see PRESENCE_TTL). Only
+        while this router is connected: otherwise it could not have heard them."""
+        notices: list[Notice] = []
+        for r in list(self.routers.values()):
+            if r.alive and r.expires is not None and r.expires < now:
+                log.warning("federation: router %s has not refreshed its presence: dropped",
+                            r.label)
+                notices += self._drop_router(r)
+        self.hub.deliver(notices)
+
+    def on_presence(self, origin: str, payload: bytes, now: float = 0.0) -> None:
         if origin == self.origin:
             return
         r = self.routers.get(origin)
@@ -319,8 +346,9 @@ class Federation:
         try:
             info = msgpack.unpackb(payload)
             name = info.get("name", "") if isinstance(info, dict) else ""
-            if not isinstance(name, str):
-                raise ValueError("name")
+            ttl = info.get("ttl") if isinstance(info, dict) else None
+            if not isinstance(name, str) or not (ttl is None or isinstance(ttl, int)):
+                raise ValueError("name or ttl")
         except (ValueError, msgpack.UnpackException) as e:
             self.stats.malformed += 1
             log.debug("federation: bad presence of %r: %s", origin, e)
@@ -329,6 +357,7 @@ class Federation:
             r = self.routers[origin] = RemoteRouter(origin, fed=self)
             log.info("federation: router %s is up", name or origin)
         r.name = name
+        r.expires = None if not ttl or ttl <= 0 else now + ttl
         r.alive = True
         r.epoch = self.epoch
         pending, r.pending = r.pending, {}
@@ -451,7 +480,15 @@ class Federation:
             else:
                 self.stats.undeliverable += count
             return
-        targets = self.receivers(g, origin)
+        key = (group, origin)
+        cached = self._receivers.get(key)
+        if cached is not None and cached[0] is g and cached[1] == g.rev:
+            targets = cached[2]
+        else:
+            targets = self.receivers(g, origin)
+            if len(self._receivers) >= RECEIVERS_CACHE:
+                self._receivers.clear()
+            self._receivers[key] = (g, g.rev, targets)
         for t in targets:
             t.push(frames, count)
         self.stats.delivered_in += count * len(targets)

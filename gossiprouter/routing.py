@@ -194,6 +194,9 @@ class Group:
     topics: TopicIndex[Entry] | None = None
     _targets: tuple[Carrier, ...] | None = None
     _targets_without: dict[Carrier, tuple[Carrier, ...]] = field(default_factory=dict)
+    # Bumped by every change of an entry's carriers or of the entries: what is computed from
+    # them (the federation's receivers of a router's multicast) is cached against it.
+    rev: int = 0
 
     def invalidate(self) -> None:
         self._targets = None
@@ -698,6 +701,7 @@ class RoutingTable:
 
     def _link(self, g: Group, e: Entry, carrier: Carrier) -> None:
         self.changed()
+        g.rev += 1
         old = e.carrier
         carriers = e.carriers
         if carrier in carriers:
@@ -734,6 +738,7 @@ class RoutingTable:
         if carrier not in e.carriers:
             return
         self.changed()
+        g.rev += 1
         old = e.carrier
         e.carriers.remove(carrier)
         regs = self._regs.get(carrier)
@@ -759,6 +764,7 @@ class RoutingTable:
     def _remove(self, e: Entry, *, suspect: bool) -> list[Notice]:
         self.changed()
         g = self.groups[e.group]
+        g.rev += 1
         for c in list(e.carriers):
             self._unlink(g, e, c)
         if e.grace_until is not None:

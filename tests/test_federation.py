@@ -117,12 +117,18 @@ def test_a_member_on_two_routers_gets_each_message_once() -> None:
     for t in c.table.resolve_multicast(G, sc):
         t.push(b"from-c")
     assert (tb.pushed, tc.pushed) == ([(b"m", 1)], [(b"from-c", 1)])
+    # What B delivers of A's multicasts (cached per group and sender's router) follows t.
+    a.send(a.routers["b"], G, None, b"direct", 1)
+    assert tb.pushed[-1] == (b"direct", 1)
     # t also connects to A: A delivers its own senders' messages locally, B and C nothing.
     net.connect("a", ta, b"t")
+    a.send(a.routers["b"], G, None, b"direct-2", 1)
+    assert tb.pushed[-1] == (b"direct", 1)
     assert kinds(a, b"t") == ["RemoteMember", "RemoteMember", "Named"]
     for t in a.table.resolve_multicast(G, s):
         t.push(b"local")
-    assert (ta.pushed, tb.pushed, tc.pushed) == ([(b"local", 1)], [(b"m", 1)], [(b"from-c", 1)])
+    assert (ta.pushed, tb.pushed, tc.pushed) == (
+        [(b"local", 1)], [(b"m", 1), (b"direct", 1)], [(b"from-c", 1)])
     assert b.receivers(b.table.groups[G], "a") == []
 
 
@@ -271,3 +277,34 @@ def test_malformed_federation_messages_are_counted_and_change_nothing() -> None:
         b.on_record("a", G, bad)
     b.on_presence("a", b"\xc1")
     assert b.stats.malformed == 8 and b.table.entry(G, b"x") is not None
+
+
+def test_a_member_whose_connection_dies_is_suspected_on_the_other_routers_too() -> None:
+    net = Net("a", "b")
+    b = net.feds["b"]
+    x, y = Named("x"), Named("y")
+    net.connect("a", x, b"x")
+    net.connect("b", y, b"y")
+    w = Named("w")
+    b.table.watch(w, G)
+    net.feds["a"].table.drop_carrier(x, 0.0)  # no DISCONNECT: A suspects it
+    net.sync()
+    assert y.events == [("suspect", b"x")] and w.events == [("leave", b"x")]
+
+
+def test_a_router_that_stops_refreshing_its_presence_is_dropped() -> None:
+    """Its Last Will can be lost (it died while a persistent broker was down): its retained
+    presence then ages out instead of leaving it a ghost with its members."""
+    from gossiprouter.federation import PRESENCE_TTL
+
+    net = Net("a", "b")
+    a, b = net.feds["a"], net.feds["b"]
+    y = Named("y")
+    net.connect("a", y, b"y")
+    net.connect("b", Named("x"), b"x")
+    a.on_presence("b", b.presence(), now=100.0)  # refreshed at 100
+    a.expire(100.0 + PRESENCE_TTL - 1)
+    assert a.table.entry(G, b"x") is not None
+    a.expire(100.0 + PRESENCE_TTL + 1)
+    assert a.table.entry(G, b"x") is None and y.events[-1] == ("suspect", b"x")
+    assert a.stats.routers_lost == 1
