@@ -390,3 +390,35 @@ async def test_cut_off_from_the_broker_drops_the_others_then_resync_restores(
     await everywhere([ra, rb], {b"a", b"w", b"b"})
     assert await events(w, 1) == [("join", b"b")]
     del b
+
+
+async def test_a_stub_sees_the_whole_group_through_any_router(nursery: trio.Nursery,
+                                                            broker: Mosquitto) -> None:
+    """RouterStub, unchanged: connected to one router, it lists and watches members of the
+    other, and a stub on both routers gets each message once."""
+    ra, rb = await federation(nursery, broker, 2)
+    async with RouterStub([ra.address], **FAST) as sa, \
+            RouterStub([ra.address, rb.address], **FAST) as both:
+        watch = await sa.watch(G)
+        ch = await sa.connect(G, b"a")
+        b = await member(rb, b"b")
+        twin = await both.connect(G, b"t")
+        await everywhere([ra, rb], {b"a", b"b", b"t"})
+        await eventually(lambda: carriers(ra, b"t") == carriers(rb, b"t")
+                         == ["RemoteMember", "NativeSession"])
+        assert sorted(m.addr for m in await ch.members()) == [b"a", b"b", b"t"]
+        with trio.fail_after(5):
+            seen: set[bytes] = set()
+            while seen != {b"a", b"b", b"t"}:
+                ev = await watch.receive()
+                if ev.kind == "join":
+                    seen.add(ev.member.addr)
+        await b.send(wire.Route(G, None, b"b", b"one"))
+        await b.send(wire.Route(G, b"t", b"b", b"two"))
+        await ch.send(b"three")
+        with trio.fail_after(5):
+            got = [(await twin.receive()).payload for _ in range(3)]
+        assert sorted(got) == [b"one", b"three", b"two"]
+        await b.send(wire.Route(G, b"t", b"b", b"marker"))
+        with trio.fail_after(5):
+            assert (await twin.receive()).payload == b"marker"
