@@ -48,7 +48,6 @@ import click
 import trio
 
 from gossiprouter.loadtest.errors import LoadTestError, first_error
-from gossiprouter.loadtest.processes import SpawnedFederation
 from gossiprouter.stub import Channel, Publication, RouterStub
 from gossiprouter.topics import (
     TopicError,
@@ -353,6 +352,10 @@ def audit_recorded(rec: Recorded) -> Report:
 
 
 async def _run(sc: TopicsScenario, echo: Any) -> Recorded:
+    # Imported here: the process supervision uses rich (the loadtest extra's), and the main
+    # CLI imports this module.
+    from gossiprouter.loadtest.processes import SpawnedFederation
+
     rnd = random.Random(sc.seed)
     tmp = Path(tempfile.mkdtemp(prefix="gossiprouter-topics-"))
     fed = SpawnedFederation(sc.routers, (), tmp)
