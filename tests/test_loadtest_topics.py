@@ -72,3 +72,24 @@ async def test_a_short_federated_run_loses_nothing(topics_scenario: TopicsScenar
     rep = await run_topics(load_topics_scenario(f), echo=lambda *a: None)
     assert rep.rows["global"]["expected"] > 0 and rep.rows["local"]["expected"] > 0
     assert (rep.total_lost, rep.total_duplicated, rep.total_unexpected) == (0, 0, 0)
+
+
+async def test_a_router_that_exits_at_start_keeps_its_log(
+        topics_scenario: TopicsScenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A router of the run that exits at start is named with its exit status and its log,
+    which is kept for the user to read (the run's other files are removed)."""
+    import re
+    import shutil
+
+    from gossiprouter.loadtest.topics import ProcessExited
+
+    f = topics_scenario(duration=1.0, drain=0.5, subscribers=1, rate=5, churn_interval=0.5,
+                        settle=0.5, patterns=["+/pos/*"])
+    monkeypatch.setenv("GOSSIPROUTER_FAST_PATH", "bogus")  # the routers refuse to start
+    with pytest.raises(ProcessExited) as e:
+        await run_topics(load_topics_scenario(f), echo=lambda *a: None)
+    assert re.fullmatch(r"router 0 exited with status \d+ \(its log is kept: \S+\)",
+                        str(e.value)), str(e.value)
+    assert e.value.log is not None and e.value.log.name == "router-0.log"
+    assert "GOSSIPROUTER_FAST_PATH='bogus'" in e.value.last_lines()[-1]
+    shutil.rmtree(e.value.log.parent)

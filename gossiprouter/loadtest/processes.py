@@ -33,6 +33,7 @@ __all__ = [
     "CLEANUP_WAIT",
     "HOST",
     "MOSQUITTO",
+    "ExitedAtStart",
     "PeerProcess",
     "SpawnedBroker",
     "SpawnedFederation",
@@ -100,6 +101,16 @@ async def wait_exit(proc: trio.Process, timeout: float) -> bool:
     return proc.returncode is not None
 
 
+class ExitedAtStart(LoadTestError):
+    """A spawned process exited before it listened: ``what``, its exit ``status`` and the
+    ``log`` that says why."""
+
+    def __init__(self, what: str, status: int | None, log: Path) -> None:
+        super().__init__(f"{what} {_exit_status(status)} at start: {_last_line(log)} "
+                         f"(log: {log})")
+        self.what, self.status, self.log = what, status, log
+
+
 class _Spawned:
     """A child the driver starts, waits for on its port, supervises and stops: its exit is
     a :class:`LoadTestError` unless the driver is stopping it."""
@@ -124,8 +135,7 @@ class _Spawned:
         deadline = trio.current_time() + ROUTER_START_TIMEOUT
         while not await can_connect(self.port):
             if proc.returncode is not None or proc.poll() is not None:
-                raise LoadTestError(f"{self.what} {_exit_status(proc.returncode)} at start: "
-                                    f"{_last_line(self.log_path)} (log: {self.log_path})")
+                raise ExitedAtStart(self.what, proc.returncode, self.log_path)
             if trio.current_time() > deadline:
                 raise LoadTestError(f"{self.what} did not listen on {HOST}:{self.port} within "
                                     f"{ROUTER_START_TIMEOUT:g} s (log: {self.log_path})")

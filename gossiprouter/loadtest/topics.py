@@ -47,7 +47,7 @@ from typing import Any
 import click
 import trio
 
-from gossiprouter.loadtest.errors import LoadTestError, first_error
+from gossiprouter.loadtest.errors import first_error
 from gossiprouter.stub import Channel, Publication, RouterStub
 from gossiprouter.topics import (
     TopicError,
@@ -232,6 +232,23 @@ def audit(sent: Sequence[Sent], subs: Sequence[Subscriber]) -> Report:
 # --------------------------------------------------------------------------- the run
 
 
+class ProcessExited(RuntimeError):
+    """A process the run started exited before it listened; ``log`` is where it wrote."""
+
+    def __init__(self, what: str, status: int, log: Path | None) -> None:
+        where = f" (its log is kept: {log})" if log is not None else ""
+        super().__init__(f"{what} exited with status {status}{where}")
+        self.log = log
+
+    def last_lines(self, n: int = 5) -> list[str]:
+        if self.log is None:
+            return []
+        try:
+            return self.log.read_text(errors="replace").splitlines()[-n:]
+        except OSError:
+            return []
+
+
 @dataclass
 class Recorded:
     """What a run recorded: every publication, every subscriber (with its spans and
@@ -354,11 +371,12 @@ def audit_recorded(rec: Recorded) -> Report:
 async def _run(sc: TopicsScenario, echo: Any) -> Recorded:
     # Imported here: the process supervision uses rich (the loadtest extra's), and the main
     # CLI imports this module.
-    from gossiprouter.loadtest.processes import SpawnedFederation
+    from gossiprouter.loadtest.processes import ExitedAtStart, SpawnedFederation
 
     rnd = random.Random(sc.seed)
     tmp = Path(tempfile.mkdtemp(prefix="gossiprouter-topics-"))
     fed = SpawnedFederation(sc.routers, (), tmp)
+    keep = False
     try:
         async with trio.open_nursery() as n:
             try:
@@ -372,15 +390,17 @@ async def _run(sc: TopicsScenario, echo: Any) -> Recorded:
                     await fed.stop()
                 n.cancel_scope.cancel()
     except BaseExceptionGroup as e:
-        # The supervisors' one-line LoadTestError (a router died), not a group.
+        # The supervisors' one-line LoadTestError (a process died), not a group.
         err = first_error(e)
         if err is None:
             raise
+        if isinstance(err, ExitedAtStart):
+            keep = True  # the user reads why it exited
+            raise ProcessExited(err.what, err.status or 0, err.log) from None
         raise RuntimeError(str(err)) from None
-    except LoadTestError as e:
-        raise RuntimeError(str(e)) from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _choose(sc: TopicsScenario, rnd: random.Random) -> TopicId:
