@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -155,8 +155,13 @@ class Loader:
         self.sel.close()
 
 
-def run_fanout(name: str, pid: int, loader: Loader, publish: Callable[[int], None],
-               messages: int, subscribers: int, window: int) -> dict[str, float]:
+def run_fanout(name: str, pid: int | Sequence[int], loader: Loader,
+               publish: Callable[[int], None], messages: int, subscribers: int,
+               window: int) -> dict[str, float]:
+    """Publish ``messages`` (at most ``window`` not yet delivered everywhere) and count the
+    deliveries; ``cpu_s`` is the CPU time of the server process ``pid`` (or of all of them:
+    two federated routers, say) over the measured part."""
+    pids = [pid] if isinstance(pid, int) else list(pid)
     # Warm-up: one message, to learn one delivery's size on this server.
     publish(1)
     deadline = time.monotonic() + 10
@@ -170,7 +175,7 @@ def run_fanout(name: str, pid: int, loader: Loader, publish: Callable[[int], Non
     size = loader.received // subscribers
     loader.received = 0
     total = messages * subscribers * size
-    cpu0, t0 = proc_cpu_seconds(pid), time.perf_counter()
+    cpu0, t0 = sum(map(proc_cpu_seconds, pids)), time.perf_counter()
     sent = 0
     deadline = time.monotonic() + 120
     while loader.received < total:
@@ -184,7 +189,7 @@ def run_fanout(name: str, pid: int, loader: Loader, publish: Callable[[int], Non
             raise RuntimeError(f"{name}: only {loader.received / size:.0f} of "
                                f"{messages * subscribers} deliveries within 120 s")
     wall = time.perf_counter() - t0
-    cpu = proc_cpu_seconds(pid) - cpu0
+    cpu = sum(map(proc_cpu_seconds, pids)) - cpu0
     if loader.received != total:
         raise RuntimeError(f"{name}: {loader.received} bytes, expected {total}")
     deliveries = messages * subscribers

@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from gossiprouter.config import Config
-from gossiprouter.loadtest.topics import MOSQUITTO
+from gossiprouter.loadtest.processes import MOSQUITTO
 from gossiprouter.ops.runtime import Operations
 from gossiprouter.server import Server
 

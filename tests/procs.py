@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from gossiprouter.loadtest.processes import MOSQUITTO, mosquitto_config
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -98,3 +100,79 @@ class RouterProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+class BrokerProcess:
+    """Debian's mosquitto on 127.0.0.1:port, configured by the load test's
+    ``mosquitto_config`` (optionally bridged to another broker); stopped on exit."""
+
+    def __init__(self, directory: Path, *, bridge_to: int | None = None,
+                 prefix: str = "gossiprouter") -> None:
+        self.port = free_port()
+        self.conf = directory / f"mosquitto-{self.port}.conf"
+        self.conf.write_text(mosquitto_config(self.port, bridge_to=bridge_to, prefix=prefix))
+        self.log = directory / f"mosquitto-{self.port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> BrokerProcess:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.conf)], stdout=out,
+                                         stderr=out)
+        wait_listening(self.port, self.proc)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.proc = None
+
+    def __enter__(self) -> BrokerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def wait_bridged(a: BrokerProcess, b: BrokerProcess, prefix: str = "gossiprouter",
+                 timeout: float = 20.0) -> None:
+    """Return once a message published under ``prefix/`` on each broker reaches a subscriber
+    of the other (the mosquitto bridge between them is up both ways); raise TimeoutError
+    otherwise. A probe topic of three levels matches no router's filter."""
+    import threading
+
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+
+    deadline = time.monotonic() + timeout
+    for src, dst in ((a, b), (b, a)):
+        got = threading.Event()
+        sub, pub = (mqtt.Client(CallbackAPIVersion.VERSION2,
+                                            protocol=MQTTProtocolVersion.MQTTv5)
+                    for _ in range(2))
+        sub.on_message = lambda *_, got=got: got.set()
+        topic = f"{prefix}/probe/{src.port}"
+        try:
+            sub.connect("127.0.0.1", dst.port)
+            sub.subscribe(topic)
+            sub.loop_start()
+            pub.connect("127.0.0.1", src.port)
+            pub.loop_start()
+            while not got.wait(0.1):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the mosquitto bridge {src.port} -> {dst.port} "
+                                       f"carried nothing within {timeout:g} s")
+                pub.publish(topic, b"probe")
+        finally:
+            for c in (sub, pub):
+                c.loop_stop()
+                c.disconnect()

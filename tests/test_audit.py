@@ -435,6 +435,23 @@ def test_losses_across_a_router_restart_are_named_so(
 
 
 @pytest.mark.spark
+def test_a_federated_router_outage_cuts_only_the_pairs_with_an_end_on_it(
+    spark: SparkSession, run_dir: Path, tmp_path: Path,
+) -> None:
+    # The same outage, of one router of a federation that holds d (the driver lists its
+    # members in the event): a/2 to d was cut by it, but x/2 to y, both on other routers
+    # that stayed up, is an unexplained loss.
+    manifest = dict(RESTART_MANIFEST)
+    manifest["events"] = [dict(RESTART_MANIFEST["events"][0],  # type: ignore[index]
+                               router=1, members=["d", "e"])]
+    path = _variant(run_dir, tmp_path / "run", manifest)
+    a = analyze(str(path), str(path / "report"), spark=spark).audit
+    assert [(s["msg_id"], s["receiver"]) for s in a.lost_reconnect.sample] == [("a/2", "d")]
+    assert ("x/2", "y") in [(s["msg_id"], s["receiver"]) for s in a.lost_registered.sample]
+    assert (a.lost_registered.count, a.lost_reconnect.count) == (5, 1)
+
+
+@pytest.mark.spark
 def test_only_reconnect_losses_read_ok(
     spark: SparkSession, run_dir: Path, tmp_path: Path,
 ) -> None:

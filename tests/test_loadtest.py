@@ -76,13 +76,18 @@ def test_shipped_scenarios_are_valid(path: Path) -> None:
     assert [m.name for m in again.members] == [m.name for m in s.members]
 
 
-def test_defaults_and_member_layout(tmp_path: Path) -> None:
-    s = load_scenario(write(tmp_path, MINIMAL + """
+# Two processes, groups g (2 members) and h (3).
+TWO_GROUPS = MINIMAL + """
 [peers]
 processes = 2
 [[groups]]
 name = "h"
 members = 3
+"""
+
+
+def test_defaults_and_member_layout(tmp_path: Path) -> None:
+    s = load_scenario(write(tmp_path, TWO_GROUPS + """
 [[events]]
 at = 1
 action = "join"
@@ -95,6 +100,31 @@ member = "h-2"
     assert [(m.name, m.proc, m.initially_joined) for m in s.members] == [
         ("g-0", 0, True), ("g-1", 1, True), ("h-0", 0, True), ("h-1", 1, True),
         ("h-2", 0, False)]
+
+
+def test_federation_spreads_every_group_over_the_routers(tmp_path: Path) -> None:
+    s = load_scenario(write(tmp_path, TWO_GROUPS + """
+[federation]
+routers = 3
+[[events]]
+at = 1
+action = "restart-router"
+router = 2
+signal = "KILL"
+"""))
+    assert s.federation == 3
+    assert [(m.name, m.proc, m.router) for m in s.members] == [
+        ("g-0", 0, 0), ("g-1", 1, 1), ("h-0", 0, 2), ("h-1", 1, 0), ("h-2", 0, 1)]
+    assert s.events[0].router == 2
+    assert s.events[0].describe() == "restart router 2 (SIGKILL, down 1 s)"
+    assert s.to_dict()["federation"] == {"routers": 3}
+
+
+async def test_federation_needs_spawned_routers(tmp_path: Path) -> None:
+    s = load_scenario(write(tmp_path, MINIMAL + "[federation]\nrouters = 2\n"))
+    with pytest.raises(RunInputError, match="federates 2 routers, which needs --spawn-router"):
+        await run_loadtest(s, tmp_path / "r", router="127.0.0.1:1")
+    assert not (tmp_path / "r").exists()
 
 
 def test_group_overrides_and_size_range(tmp_path: Path) -> None:
@@ -120,7 +150,7 @@ BAD: list[tuple[str, str]] = [
      "t.toml: duration: expected a number > 0 and <= 86400, got -1"),
     (MINIMAL.replace("duration = 5", "duraton = 5"),
      "t.toml: unknown key 'duraton' (expected one of: name, description, duration, drain, "
-     "seed, peers, send, stub, router, groups, events, attacks)"),
+     "seed, peers, send, stub, router, federation, groups, events, attacks)"),
     (MINIMAL + "[send]\nrate = -5\n",
      't.toml: send.rate: expected a number > 0 and <= 1e+06 (messages per second per member) '
      'or "max", got -5'),
@@ -176,6 +206,14 @@ BAD: list[tuple[str, str]] = [
     (MINIMAL + '[[events]]\nat = 1\naction = "restart-router"\nsignal = "HUP"\n',
      't.toml: events[0].signal: expected one of "TERM", "KILL", got \'HUP\''),
     ("duration = 5\n[[groups]\n", "t.toml: not valid TOML: "),
+    (MINIMAL + "[federation]\nrouters = 9\n",
+     "t.toml: federation.routers: expected an integer from 2 to 8, got 9"),
+    (MINIMAL + "[federation]\nrouters = 2\n"
+               '[[events]]\nat = 1\naction = "restart-router"\nrouter = 2\n',
+     "t.toml: events[0].router: expected an integer from 0 to 1, got 2"),
+    (MINIMAL + '[router]\nargs = ["--bridge", "mqtt://x:1"]\n[federation]\nrouters = 2\n',
+     "t.toml: router.args: expected no --bridge with [federation] (the tool starts the broker "
+     "and bridges the routers itself), got ['--bridge', 'mqtt://x:1']"),
 ]
 
 
@@ -527,3 +565,46 @@ def test_progress_lines_are_not_wrapped_off_a_terminal() -> None:
     line = "router: " + " ".join(f"word{i}" for i in range(40))
     progress.log(line)
     assert out.getvalue() == f"           {line}\n"
+
+
+def tiny_federated(tmp_path: Path) -> Path:
+    """scripts/scenarios/federated.toml, shortened for CI: 4 s of sending, router 1 killed at
+    1.5 s for 0.5 s, the rest as shipped."""
+    text = (SCENARIOS / "federated.toml").read_text()
+    for old, new in (("duration = 14.0", "duration = 4.0"), ("drain = 3.0", "drain = 1.5"),
+                     ("at = 5.0", "at = 1.5"), ("down = 1.0", "down = 0.5")):
+        assert old in text, old
+        text = text.replace(old, new)
+    return write(tmp_path, text, "federated.toml")
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_federated_scenario_loses_nothing_while_both_routers_are_up(
+        tmp_path: Path, spark: SparkSession) -> None:
+    """Three federated routers, members spread over them, router 1 killed (SIGKILL) and
+    restarted: the Spark audit finds no loss for any pair whose routers were both up, and
+    names the losses of router 1's outage, pairs with an end on router 1 only."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gossiprouter", "loadtest", str(tiny_federated(tmp_path)),
+         "--spawn-router", "--out", str(run_dir), "--no-progress"],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert len(manifest["router"]["federation"]["routers"]) == 3
+    assert manifest["router_restarts"] == 1 and manifest["warnings"] == []
+    [outage] = manifest["events"]
+    on_1 = set(outage["members"])
+    assert outage["router"] == 1 and on_1 == {"alpha-1", "alpha-4", "beta-1", "beta-4"}
+    # The restarted router listed every member again (its own and the federation's).
+    assert outage["registered_ns"] >= outage["up_ns"] > outage["t_ns"]
+
+    report = analyze(str(run_dir), str(run_dir / "report"), spark=spark)
+    a = report.audit
+    assert a.delivered > 0 and a.lost_registered.count == 0 and report.ok
+    assert a.expected == a.delivered + a.lost_reconnect.count
+    for s in a.lost_reconnect.sample:
+        assert s["sender"] in on_1 or s["receiver"] in on_1, s
+    [ev] = report.events
+    assert ev.end_s is not None and ev.end_s > ev.t_s  # the outage window, as measured

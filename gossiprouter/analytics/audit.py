@@ -310,9 +310,12 @@ class _Job:
         write_report(report, self.out_dir, self.store.write)
         return report
 
-    def _outages(self, manifest: dict[str, Any] | None) -> list[tuple[int, int]]:
+    def _outages(self, manifest: dict[str, Any] | None) -> list[tuple[int, int, list[str]]]:
         """The router outages of the run, (down, every member registered again) in ns on the
-        run's clock, from the events the driver recorded in the manifest."""
+        run's clock, from the events the driver recorded in the manifest, each with the
+        members of the router that was down (the event's ``members``, written for a
+        federated run): only the pairs whose sender or receiver is one of them were cut by
+        it. An empty list: every pair (one router)."""
         played = (manifest or {}).get("events")
         config = (manifest or {}).get("scenario_config")
         scheduled = config.get("events") if isinstance(config, dict) else None
@@ -323,7 +326,7 @@ class _Job:
             self.warnings.append("the scenario restarts the router but the manifest does not "
                                  "say when: losses across those restarts cannot be told apart "
                                  "from other losses")
-        out: list[tuple[int, int]] = []
+        out: list[tuple[int, int, list[str]]] = []
         for e in restarts:
             down = e.get("t_ns")
             if not isinstance(down, int):
@@ -336,12 +339,14 @@ class _Job:
                 self.warnings.append(f"the router restart at {e.get('at')} s: the members "
                                      "were not seen registered again; every later loss is "
                                      "counted as across a reconnect")
-            out.append((down, end))
+            members = e.get("members")
+            ok = isinstance(members, list) and all(isinstance(m, str) for m in members)
+            out.append((down, end, members if ok and members else []))
         return out
 
     def _tables(
         self, records: DataFrame, intervals: list[Interval], parts: int,
-        outages: list[tuple[int, int]],
+        outages: list[tuple[int, int, list[str]]],
     ) -> tuple[DataFrame, DataFrame, DataFrame]:
         """The cached tables the analysis works from.
 
@@ -415,10 +420,14 @@ class _Job:
         )
         copies, expected, status = col("copies"), col("expected"), col("status")
         # A loss whose window [t_send, t_send + settle] overlaps a router outage (down until
-        # every member was registered again) happened across a reconnect.
+        # every member was registered again) happened across a reconnect; in a federation,
+        # only if the sender or the receiver is on the router that was down.
         across = F.lit(False)
-        for start, end in outages:
-            across = across | ((t_send <= F.lit(end)) & (window_end >= F.lit(start)))
+        for start, end, members in outages:
+            cut = (t_send <= F.lit(end)) & (window_end >= F.lit(start))
+            if members:
+                cut = cut & (col("sender").isin(members) | col("receiver").isin(members))
+            across = across | cut
         pairs = self._cache(per_pair.join(
             # Both sides are already partitioned by msg_id: a per-partition hash join avoids
             # sorting them.

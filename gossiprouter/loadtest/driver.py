@@ -5,7 +5,9 @@
 
 1. checks that ``RUN_DIR`` is new or empty, writes ``manifest.json`` (scenario, versions,
    host facts) and, with ``spawn_router``, starts ``gossiprouter serve`` on a free port of
-   127.0.0.1 (its log goes to ``RUN_DIR/logs/router.log``);
+   127.0.0.1 (its log goes to ``RUN_DIR/logs/router.log``); a scenario with ``[federation]``
+   gets a mosquitto and that many routers bridged to it (``logs/router-N.log``), each member
+   on its own router, and ``restart-router`` names one of them;
 2. starts one ``python -m gossiprouter.loadtest.peer`` per scenario process, in a session
    of its own (so a Ctrl-C on the terminal reaches only the driver, which then stops them in
    order). Each peer is coordinated over its stdin/stdout pipes in JSON lines (the control
@@ -58,12 +60,13 @@ import trio
 import gossiprouter
 from gossiprouter.addresses import parse_hostport
 from gossiprouter.loadtest.attacks import AttackRunner
-from gossiprouter.loadtest.errors import LoadTestError, RunInputError
+from gossiprouter.loadtest.errors import LoadTestError, RunInputError, first_error
 from gossiprouter.loadtest.peer import trio_time_at
 from gossiprouter.loadtest.processes import (
     CLEANUP_WAIT,
     HOST,
     PeerProcess,
+    SpawnedFederation,
     SpawnedRouter,
     can_connect,
     free_port,
@@ -84,6 +87,7 @@ __all__ = [
     "Progress",
     "RunInputError",
     "RunResult",
+    "first_error",
     "run_loadtest",
 ]
 
@@ -251,9 +255,20 @@ class _Run:
         self.router: SpawnedRouter | None = None
         self.attacks = AttackRunner(scenario.attacks, run_dir, router_args=scenario.router_args,
                                     spawned=self.spawn)
-        if self.spawn:
-            self.router = SpawnedRouter(self.port, scenario.router_args + self.attacks.router_args,
-                                        run_dir / LOGS_DIR / "router.log")
+        # With [federation]: a mosquitto and its routers; self.router is router 0, the one
+        # the attacks and the progress line name.
+        self.federation: SpawnedFederation | None = None
+        args = scenario.router_args + self.attacks.router_args
+        if scenario.federation:
+            self.federation = SpawnedFederation(scenario.federation, args, run_dir / LOGS_DIR)
+            self.router = self.federation.routers[0]
+            self.port = self.router.port
+            self.router_addr = f"{HOST}:{self.port}"
+        elif self.spawn:
+            self.router = SpawnedRouter(self.port, args, run_dir / LOGS_DIR / "router.log")
+        self.spawned = self.federation.routers if self.federation else (
+            [self.router] if self.router else [])
+        self.addresses = self.federation.addresses if self.federation else [self.router_addr]
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         self.run_id = f"{scenario.name}-{stamp}-{secrets.token_hex(2)}"
         self.membership = MembershipWriter(run_dir / MEMBERSHIP_FILE, autoflush=False)
@@ -272,7 +287,10 @@ class _Run:
             "scenario": scenario.name,
             "scenario_file": scenario_file,
             "scenario_config": scenario.to_dict(),
-            "router": {"address": self.router_addr, "spawned": self.spawn},
+            "router": {"address": self.router_addr, "spawned": self.spawn,
+                       **({"federation": {"broker": self.federation.broker.url,
+                                          "routers": self.addresses}}
+                          if self.federation else {})},
             "processes": [{"proc": p.proc_no, "log": f"{LOGS_DIR}/peer-{p.proc_no}.log",
                            "members": [m.name for m in p.members]} for p in self.peers],
             **host_facts(),
@@ -341,7 +359,7 @@ class _Run:
                 timespec="seconds")
             self.manifest["t0_ns"] = self.t0_ns
             self.manifest["killed_processes"] = self.killed
-            self.manifest["router_restarts"] = self.router.restarts if self.router else 0
+            self.manifest["router_restarts"] = self._restarts()
             self.manifest["counters"] = {p.name: {k: v for k, v in p.stats.items()
                                                   if k not in ("ev", "t_ns")}
                                          for p in self.peers}
@@ -356,21 +374,25 @@ class _Run:
             run_id=self.run_id, run_dir=self.run_dir, router=self.router_addr,
             seconds=time.monotonic() - started, sent=totals.sent, received=totals.received,
             errors=totals.errors, dropped=totals.dropped, killed=self.killed,
-            router_restarts=self.router.restarts if self.router else 0,
+            router_restarts=self._restarts(),
             record_files=sum(1 for p in (self.run_dir / RECORDS_DIR).glob("*.parquet")),
             send_errors=sum(int(p.stats.get("send_errors", 0)) for p in self.peers),
             router_errors=router_errors, warnings=self.warnings)
 
     async def _run(self, nursery: trio.Nursery) -> None:
         s, say = self.s, self.progress.log
-        if self.router is not None:
+        if self.federation is not None:
+            say(f"starting mosquitto and {self.s.federation} routers federated through it on "
+                f"{', '.join(self.addresses)}")
+            await self.federation.start(nursery)
+        elif self.router is not None:
             say(f"starting the router on {self.router_addr}")
             await self.router.start(nursery)
         elif not await can_connect(self.port):
             raise LoadTestError(f"cannot reach the router at {self.router_addr}")
         say(f"starting {_n(s.processes, 'peer process')} ({_n(len(s.members), 'member')} in "
             f"{_n(len(s.groups), 'group')}, one RouterStub {s.stubs.replace('-', ' ')})")
-        config = {"cmd": "config", "run": self.run_id, "routers": [self.router_addr],
+        config = {"cmd": "config", "run": self.run_id, "routers": self.addresses,
                   "records_dir": str(self.run_dir / RECORDS_DIR), "scenario": s.to_dict(),
                   "stats_interval": STATS_INTERVAL}
         for p in self.peers:
@@ -449,10 +471,14 @@ class _Run:
             assert ev.process is not None
             await self._kill(self.peers[ev.process])
         else:
-            assert self.router is not None
+            router = self.spawned[ev.router]
+            if self.federation is not None:
+                # Its outage cuts only the pairs with an end on it (the audit reads these).
+                played["router"] = ev.router
+                played["members"] = [m.name for m in self.s.members if m.router == ev.router]
             sig = signal.SIGKILL if ev.signal == "KILL" else signal.SIGTERM
             say(f"{ev.describe()}: stopping")
-            await self.router.restart(nursery, sig, ev.down)
+            await router.restart(nursery, sig, ev.down)
             played["up_ns"] = time.monotonic_ns()
             say("router restarted")
             # Watched in the background: the next event must not wait for the stubs.
@@ -476,7 +502,10 @@ class _Run:
         """
         deadline = trio.current_time() + REREGISTER_TIMEOUT
         with trio.move_on_at(deadline):
-            async with RouterStub([self.router_addr], connect_timeout=1.0, request_timeout=1.0,
+            # The restarted router: with a federation its answer includes the other
+            # routers' members too, so this also waits for its membership to be resynced.
+            address = self.addresses[int(played.get("router", 0))]
+            async with RouterStub([address], connect_timeout=1.0, request_timeout=1.0,
                                   send_timeout=1.0, reconnect_initial=REREGISTER_POLL,
                                   reconnect_max=0.5) as stub:
                 while True:
@@ -544,8 +573,13 @@ class _Run:
                 for stream in (p.process.stdin, p.process.stdout):
                     if stream is not None:
                         await trio.aclose_forcefully(stream)
-        if self.router is not None:
+        if self.federation is not None:
+            await self.federation.stop()
+        elif self.router is not None:
             await self.router.stop()
+
+    def _restarts(self) -> int:
+        return sum(r.restarts for r in self.spawned)
 
 
 def _contains(e: BaseException, kind: type[BaseException]) -> bool:
@@ -554,18 +588,6 @@ def _contains(e: BaseException, kind: type[BaseException]) -> bool:
     if isinstance(e, BaseExceptionGroup):
         return any(_contains(x, kind) for x in e.exceptions)
     return False
-
-
-def first_error(e: BaseException) -> LoadTestError | None:
-    """The first :class:`LoadTestError` in ``e`` or in its exception groups."""
-    if isinstance(e, LoadTestError):
-        return e
-    if isinstance(e, BaseExceptionGroup):
-        for x in e.exceptions:
-            found = first_error(x)
-            if found is not None:
-                return found
-    return None
 
 
 def _failed_before_recording(run_dir: Path) -> bool:
@@ -592,6 +614,10 @@ async def run_loadtest(
     if (router is None) == (not spawn_router):
         raise RunInputError("give either --router HOST:PORT or --spawn-router")
     address = parse_router_option(router) if router is not None else None
+    if address is not None and scenario.federation:
+        raise RunInputError(f"{scenario.source}: the scenario federates "
+                            f"{scenario.federation} routers, which needs --spawn-router: the "
+                            "tool starts them and their broker itself")
     restarts = [i for i, e in enumerate(scenario.events) if e.action == "restart-router"]
     if address is not None and restarts:
         raise RunInputError(f"{scenario.source}: the scenario restarts the router (event at "

@@ -5,7 +5,8 @@ with pipes on stdin and stdout and talks to it in JSON lines (the *control chann
 is the peer's log). Commands, driver to peer::
 
     {"cmd": "config", "proc": 0, "run": "...", "records_dir": "...", "routers": ["h:p"],
-     "scenario": {...Scenario.to_dict()...}, "stats_interval": 0.5}       (first line)
+     "scenario": {...Scenario.to_dict()...}, "stats_interval": 0.5}       (first line;
+                                          a member connects to routers[its MemberSpec.router])
     {"cmd": "start", "t0_ns": ...}        start sending at that time.monotonic_ns()
     {"cmd": "leave", "id": 7, "member": "g1-2"}
     {"cmd": "join", "id": 8, "member": "g1-2"}
@@ -244,12 +245,15 @@ class Peer:
         }
         warm_up_parquet(self.records_dir)
         async with AsyncExitStack() as stack:
-            shared: RouterStub | None = None
-            if s.stubs == "per-process":
-                shared = await stack.enter_async_context(RouterStub(self.routers, **kwargs))
+            # A member's stub connects to its own router of the list (spec.router: always 0
+            # without a federation); "per-process" shares one stub per router.
+            shared: dict[int, RouterStub] = {}
             for spec in self.specs:
-                stub = shared if shared is not None else await stack.enter_async_context(
-                    RouterStub(self.routers, **kwargs))
+                stub = shared.get(spec.router) if s.stubs == "per-process" else None
+                if stub is None:
+                    stub = await stack.enter_async_context(
+                        RouterStub([self.routers[spec.router]], **kwargs))
+                    shared[spec.router] = stub
                 group = s.group(spec.group)
                 others = [(o.name, o.name.encode()) for o in s.members_of_group(spec.group)
                           if o.name != spec.name]

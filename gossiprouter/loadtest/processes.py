@@ -1,6 +1,9 @@
-"""The load test's child processes: the spawned router and the peer processes, supervised.
+"""The load test's child processes: the spawned routers, broker and peers, supervised.
 
 :class:`SpawnedRouter` runs ``gossiprouter serve`` on 127.0.0.1 (and stops and restarts it);
+:class:`SpawnedBroker` runs the mosquitto a federation of spawned routers bridges to, its
+config written by :func:`mosquitto_config` (also used by the tests and benchmarks, so a
+broker, bridged or not, is configured in one place);
 :class:`PeerProcess` runs one ``python -m gossiprouter.loadtest.peer`` and speaks its control
 channel (JSON lines over stdin/stdout, see :mod:`gossiprouter.loadtest.peer`). Both raise
 :class:`~gossiprouter.loadtest.errors.LoadTestError` when their process dies unexpectedly, and
@@ -29,10 +32,15 @@ from gossiprouter.loadtest.scenario import MemberSpec
 __all__ = [
     "CLEANUP_WAIT",
     "HOST",
+    "MOSQUITTO",
+    "ExitedAtStart",
     "PeerProcess",
+    "SpawnedBroker",
+    "SpawnedFederation",
     "SpawnedRouter",
     "can_connect",
     "free_port",
+    "mosquitto_config",
     "wait_exit",
 ]
 
@@ -41,6 +49,7 @@ ROUTER_START_TIMEOUT: Final = 20.0
 ROUTER_STOP_TIMEOUT: Final = 15.0
 CLEANUP_WAIT: Final = 5.0
 CONTROL_WRITE_TIMEOUT: Final = 10.0
+MOSQUITTO: Final = "/usr/sbin/mosquitto"
 
 
 def free_port() -> int:
@@ -92,31 +101,43 @@ async def wait_exit(proc: trio.Process, timeout: float) -> bool:
     return proc.returncode is not None
 
 
-class SpawnedRouter:
-    """``gossiprouter serve`` on 127.0.0.1:port, run (and restarted) by the driver."""
+class ExitedAtStart(LoadTestError):
+    """A spawned process exited before it listened: ``what``, its exit ``status`` and the
+    ``log`` that says why."""
 
-    def __init__(self, port: int, args: tuple[str, ...], log_path: Path) -> None:
+    def __init__(self, what: str, status: int | None, log: Path) -> None:
+        super().__init__(f"{what} {_exit_status(status)} at start: {_last_line(log)} "
+                         f"(log: {log})")
+        self.what, self.status, self.log = what, status, log
+
+
+class _Spawned:
+    """A child the driver starts, waits for on its port, supervises and stops: its exit is
+    a :class:`LoadTestError` unless the driver is stopping it."""
+
+    what = "the router"
+
+    def __init__(self, port: int, log_path: Path) -> None:
         self.port = port
-        self.args = args
         self.log_path = log_path
         self.proc: trio.Process | None = None
         self.stopping = False  # the driver is stopping it: its exit is expected
-        self.restarts = 0
+
+    def argv(self) -> list[str]:
+        raise NotImplementedError
 
     async def start(self, nursery: trio.Nursery) -> None:
         with open(self.log_path, "ab") as log:
             self.proc = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "gossiprouter", "serve", "--host", HOST,
-                 "--port", str(self.port), *self.args],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+                self.argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                start_new_session=True)
         proc = self.proc
         deadline = trio.current_time() + ROUTER_START_TIMEOUT
         while not await can_connect(self.port):
             if proc.returncode is not None or proc.poll() is not None:
-                raise LoadTestError(f"the router {_exit_status(proc.returncode)} at start: "
-                                    f"{_last_line(self.log_path)} (log: {self.log_path})")
+                raise ExitedAtStart(self.what, proc.returncode, self.log_path)
             if trio.current_time() > deadline:
-                raise LoadTestError(f"the router did not listen on {HOST}:{self.port} within "
+                raise LoadTestError(f"{self.what} did not listen on {HOST}:{self.port} within "
                                     f"{ROUTER_START_TIMEOUT:g} s (log: {self.log_path})")
             await trio.sleep(0.05)
         self.stopping = False
@@ -125,7 +146,7 @@ class SpawnedRouter:
     async def _supervise(self, proc: trio.Process) -> None:
         await proc.wait()
         if not self.stopping and proc is self.proc:
-            raise LoadTestError(f"the router {_exit_status(proc.returncode)} unexpectedly: "
+            raise LoadTestError(f"{self.what} {_exit_status(proc.returncode)} unexpectedly: "
                                 f"{_last_line(self.log_path)} (log: {self.log_path})")
 
     async def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
@@ -138,11 +159,111 @@ class SpawnedRouter:
             proc.kill()
             await wait_exit(proc, CLEANUP_WAIT)
 
+
+class SpawnedRouter(_Spawned):
+    """``gossiprouter serve`` on 127.0.0.1:port, run (and restarted) by the driver."""
+
+    def __init__(self, port: int, args: tuple[str, ...], log_path: Path,
+                 name: str = "the router") -> None:
+        super().__init__(port, log_path)
+        self.args = args
+        self.what = name
+        self.restarts = 0
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "gossiprouter", "serve", "--host", HOST,
+                "--port", str(self.port), *self.args]
+
     async def restart(self, nursery: trio.Nursery, sig: signal.Signals, down: float) -> None:
         await self.stop(sig)
         await trio.sleep(down)
         await self.start(nursery)
         self.restarts += 1
+
+
+def mosquitto_config(port: int, *, bridge_to: int | None = None,
+                     prefix: str = "gossiprouter") -> str:
+    """A mosquitto config listening on 127.0.0.1:port, anonymous, without persistence.
+
+    With ``bridge_to`` the broker also bridges to the mosquitto on 127.0.0.1:bridge_to (a
+    ``connection`` section): everything under ``prefix/`` both ways, which is all a
+    federation of routers publishes (topics, and whatever else the bridge carries under its
+    ``bridge_prefix``). That is the multi-broker deployment in small.
+    """
+    lines = [f"listener {port} {HOST}", "allow_anonymous true", "persistence false"]
+    if bridge_to is not None:
+        lines += [
+            f"connection bridge-{port}-{bridge_to}",
+            f"address {HOST}:{bridge_to}",
+            f"topic {prefix}/# both 0",
+            # MQTT 5 both ways: the routers' user properties (origin, sequence number,
+            # sender) must cross the bridge unchanged, and 3.1.1 has none.
+            "bridge_protocol_version mqttv50",
+            # A mosquitto at each end: neither sends back what came over the bridge.
+            "try_private true",
+            "cleansession true",
+            "notifications false",
+            "start_type automatic",
+            # Back within a second when the other broker restarts (the default backs off
+            # from 5 s to 30 s).
+            "restart_timeout 1",
+            "keepalive_interval 5",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+class SpawnedBroker(_Spawned):
+    """A mosquitto on 127.0.0.1:port that a federation of spawned routers bridges to."""
+
+    what = "mosquitto"
+
+    def __init__(self, directory: Path, port: int | None = None, *,
+                 bridge_to: int | None = None, prefix: str = "gossiprouter") -> None:
+        port = port or free_port()
+        super().__init__(port, directory / f"mosquitto-{port}.log")
+        self.conf = directory / f"mosquitto-{port}.conf"
+        self.conf.write_text(mosquitto_config(port, bridge_to=bridge_to, prefix=prefix))
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://{HOST}:{self.port}"
+
+    def argv(self) -> list[str]:
+        return [MOSQUITTO, "-c", str(self.conf)]
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        if not os.access(MOSQUITTO, os.X_OK):
+            raise LoadTestError(f"{MOSQUITTO} is not installed (scripts/setup installs it)")
+        await super().start(nursery)
+
+
+class SpawnedFederation:
+    """A mosquitto and ``routers`` routers bridged to it (``--bridge``, ``--router-id rN``),
+    every one on a free port of 127.0.0.1: the federation the topic and federated load tests
+    run against. The routers' logs are ``router-N.log`` in ``log_dir``."""
+
+    def __init__(self, routers: int, args: tuple[str, ...], log_dir: Path) -> None:
+        self.broker = SpawnedBroker(log_dir)
+        # A router whose broker was away reconnects within half a second, not the
+        # production default's 30 s: runs are short.
+        bridge = ("--bridge", self.broker.url, "--bridge-reconnect-max", "0.5")
+        self.routers = [SpawnedRouter(free_port(), (*args, *bridge, "--router-id", f"r{i}"),
+                                      log_dir / f"router-{i}.log", name=f"router {i}")
+                        for i in range(routers)]
+
+    @property
+    def addresses(self) -> list[str]:
+        return [f"{HOST}:{r.port}" for r in self.routers]
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        await self.broker.start(nursery)
+        for r in self.routers:
+            await r.start(nursery)
+
+    async def stop(self) -> None:
+        for r in self.routers:
+            await r.stop()
+        await self.broker.stop()
 
 
 class PeerProcess:

@@ -15,7 +15,9 @@ Members are named ``{group}-{i}`` (``i`` from 0) and are spread round-robin over
 processes in file order (all members of the first group, then the second, ...): member
 number ``k`` overall lives in process ``k % processes``, so each process holds members of
 several groups. A member whose first timed event is a ``join`` starts absent; every other
-member joins before sending starts. Format reference: ``docs/loadtest.md``.
+member joins before sending starts. With ``[federation] routers = N`` the run spawns N routers
+federated through a mosquitto, and member number ``k`` overall connects to router ``k % N``
+(so every group spans the routers). Format reference: ``docs/loadtest.md``.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ MAX_MEMBERS: Final = 10_000
 MAX_PROCESSES: Final = 256
 MAX_DURATION: Final = 24 * 3600.0
 MAX_RATE: Final = 1_000_000.0
+MAX_ROUTERS: Final = 8
 _GROUP_NAME: Final = re.compile(r"[A-Za-z0-9_.]+")
 
 
@@ -115,6 +118,7 @@ class MemberSpec:
     index: int
     proc: int
     initially_joined: bool = True
+    router: int = 0  # which of the federation's routers its stub connects to
 
 
 @dataclass(frozen=True)
@@ -122,8 +126,8 @@ class Event:
     """A timed event, ``at`` seconds after sending starts.
 
     ``member`` is set for ``leave`` / ``join``, ``process`` for ``kill``; ``down`` (seconds
-    between stop and start) and ``signal`` (how the router is stopped) for
-    ``restart-router``.
+    between stop and start), ``signal`` (how the router is stopped) and ``router`` (which
+    router of a federation, 0 without one) for ``restart-router``.
     """
 
     at: float
@@ -132,6 +136,7 @@ class Event:
     process: int | None = None
     down: float = 1.0
     signal: Literal["TERM", "KILL"] = "TERM"
+    router: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"at": self.at, "action": self.action}
@@ -142,6 +147,7 @@ class Event:
         else:
             d["down"] = self.down
             d["signal"] = self.signal
+            d["router"] = self.router
         return d
 
     def describe(self) -> str:
@@ -150,7 +156,8 @@ class Event:
             return f"{self.action} {self.member}"
         if self.action == "kill":
             return f"kill process {self.process}"
-        return f"restart router (SIG{self.signal}, down {self.down:g} s)"
+        which = f" {self.router}" if self.router else ""
+        return f"restart router{which} (SIG{self.signal}, down {self.down:g} s)"
 
 
 @dataclass(frozen=True)
@@ -184,6 +191,8 @@ class Scenario:
     receive_only: frozenset[int] = frozenset()
     stub: StubOptions = StubOptions()
     router_args: tuple[str, ...] = ()
+    # Routers federated through a spawned mosquitto; 0: one router, no broker.
+    federation: int = 0
     events: tuple[Event, ...] = ()
     # Hostile clients run beside the members (gossiprouter.loadtest.attacks); not members.
     attacks: tuple[AttackSpec, ...] = ()
@@ -223,6 +232,7 @@ class Scenario:
                       "receive_only": sorted(self.receive_only)},
             "stub": self.stub.to_dict(),
             "router": {"args": list(self.router_args)},
+            **({"federation": {"routers": self.federation}} if self.federation else {}),
             # The global [send] is folded into each group: that is all the peers need.
             "groups": [{"name": g.name, "members": g.members, **g.send.to_dict()}
                        for g in self.groups],
@@ -341,8 +351,8 @@ class _Parser:
         if not isinstance(data, Mapping):
             raise ScenarioError(f"{self.source}: expected a TOML table at the top level")
         self.check_keys(data, "", ("name", "description", "duration", "drain", "seed",
-                                   "peers", "send", "stub", "router", "groups", "events",
-                                   "attacks"))
+                                   "peers", "send", "stub", "router", "federation",
+                                   "groups", "events", "attacks"))
         name = data.get("name", default_name)
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
             raise self.error("name", "1 to 64 letters, digits, '_', '.' or '-'", name)
@@ -395,13 +405,24 @@ class _Parser:
                 raise self.error("router.args", f"options other than {forbidden} (the tool "
                                  "sets the address itself)", router_args)
 
+        fed = self.table(data, "federation", "federation")
+        self.check_keys(fed, "[federation]", ("routers",))
+        federation = 0
+        if "federation" in data:
+            federation = self.integer(fed, "routers", "federation.routers", 2, low=2,
+                                      high=MAX_ROUTERS)
+            if "--bridge" in router_args or any(a.startswith("--bridge=") for a in router_args):
+                raise self.error("router.args", "no --bridge with [federation] (the tool "
+                                 "starts the broker and bridges the routers itself)",
+                                 router_args)
+
         groups = self.groups(data, default_send)
-        members = self.assign(groups, processes)
+        members = self.assign(groups, processes, max(1, federation))
         if processes > len(members):
             raise self.error("peers.processes", f"at most {len(members)} (the number of "
                              "members: a process without members has nothing to do)",
                              processes)
-        events = self.events(data, duration, processes, members)
+        events = self.events(data, duration, processes, members, max(1, federation))
         from gossiprouter.loadtest.attacks import parse_attacks  # it imports this module
         attacks = parse_attacks(data.get("attacks", []), self.source)
         first: dict[str, str] = {}
@@ -409,13 +430,14 @@ class _Parser:
             if e.member is not None:
                 first.setdefault(e.member, e.action)
         members = [
-            MemberSpec(m.name, m.group, m.index, m.proc, first.get(m.name) != "join")
+            MemberSpec(m.name, m.group, m.index, m.proc, first.get(m.name) != "join", m.router)
             for m in members
         ]
         return Scenario(
             name=name, description=description, duration=duration, drain=drain, seed=seed,
             processes=processes, stubs=stubs,  # type: ignore[arg-type]
             receive_only=frozenset(receive_only), stub=stub, router_args=tuple(router_args),
+            federation=federation,
             groups=tuple(groups), events=tuple(events), attacks=attacks, source=self.source,
             members=tuple(members),
         )
@@ -514,17 +536,18 @@ class _Parser:
         return groups
 
     @staticmethod
-    def assign(groups: Sequence[GroupSpec], processes: int) -> list[MemberSpec]:
+    def assign(groups: Sequence[GroupSpec], processes: int, routers: int) -> list[MemberSpec]:
         out: list[MemberSpec] = []
         for g in groups:
             for i in range(g.members):
-                out.append(MemberSpec(f"{g.name}-{i}", g.name, i, len(out) % processes))
+                out.append(MemberSpec(f"{g.name}-{i}", g.name, i, len(out) % processes,
+                                      router=len(out) % routers))
         return out
 
     # -- events -----------------------------------------------------------------------------
 
     def events(self, data: Mapping[str, Any], duration: float, processes: int,
-               members: Sequence[MemberSpec]) -> list[Event]:
+               members: Sequence[MemberSpec], routers: int) -> list[Event]:
         raw = data.get("events", [])
         if not isinstance(raw, list) or not all(isinstance(e, Mapping) for e in raw):
             raise self.error("events", "an array of tables ([[events]])", raw)
@@ -541,7 +564,7 @@ class _Parser:
             elif action == "kill":
                 allowed = ("at", "action", "process")
             else:
-                allowed = ("at", "action", "down", "signal")
+                allowed = ("at", "action", "down", "signal", "router")
             self.check_keys(e, f"{where} (action {action!r})", allowed)
             if "at" not in e:
                 raise self.fail(f"{where}.at", "missing (seconds after sending starts)")
@@ -566,7 +589,9 @@ class _Parser:
             else:
                 down = self.number(e, "down", f"{where}.down", 1.0, low=0, high=600)
                 sig = self.choice(e, "signal", f"{where}.signal", "TERM", ("TERM", "KILL"))
-                ev = Event(float(at), action, down=down, signal=sig)  # type: ignore[arg-type]
+                which = self.integer(e, "router", f"{where}.router", 0, low=0, high=routers - 1)
+                ev = Event(float(at), action, down=down, signal=sig,  # type: ignore[arg-type]
+                           router=which)
             parsed.append((ev.at, i, ev))
         parsed.sort(key=lambda x: (x[0], x[1]))
         self.simulate([(i, ev) for _, i, ev in parsed], members)

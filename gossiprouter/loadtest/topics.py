@@ -35,8 +35,6 @@ import json
 import random
 import shutil
 import struct
-import subprocess
-import sys
 import tempfile
 import time
 import tomllib
@@ -48,6 +46,7 @@ from typing import Any
 import click
 import trio
 
+from gossiprouter.loadtest.errors import first_error
 from gossiprouter.stub import Channel, Publication, RouterStub
 from gossiprouter.topics import (
     TopicError,
@@ -59,7 +58,6 @@ from gossiprouter.topics import (
     topic_id,
 )
 
-MOSQUITTO = "/usr/sbin/mosquitto"
 GROUP = "topics-load"
 _STAMP = struct.Struct(">IId")  # publisher index, sequence, send time (trio clock)
 _STUB = {"reconnect_initial": 0.05, "reconnect_max": 0.5, "heartbeat_interval": 1.0,
@@ -233,15 +231,6 @@ def audit(sent: Sequence[Sent], subs: Sequence[Subscriber]) -> Report:
 # --------------------------------------------------------------------------- the run
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 class ProcessExited(RuntimeError):
     """A process the run started exited before it listened; ``log`` is where it wrote."""
 
@@ -257,20 +246,6 @@ class ProcessExited(RuntimeError):
             return self.log.read_text(errors="replace").splitlines()[-n:]
         except OSError:
             return []
-
-
-async def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str,
-                     log: Path | None = None) -> None:
-    with trio.fail_after(20):
-        while True:
-            if proc.poll() is not None:
-                raise ProcessExited(what, proc.returncode, log)
-            try:
-                s = await trio.open_tcp_stream("127.0.0.1", port)
-                await s.aclose()
-                return
-            except OSError:
-                await trio.sleep(0.05)
 
 
 @dataclass
@@ -393,49 +368,36 @@ def audit_recorded(rec: Recorded) -> Report:
 
 
 async def _run(sc: TopicsScenario, echo: Any) -> Recorded:
-    if not shutil.which(MOSQUITTO):
-        raise RuntimeError("mosquitto is not installed (scripts/setup installs it)")
+    # Imported here: the process supervision uses rich (the loadtest extra's), and the main
+    # CLI imports this module.
+    from gossiprouter.loadtest.processes import ExitedAtStart, SpawnedFederation
+
     rnd = random.Random(sc.seed)
     tmp = Path(tempfile.mkdtemp(prefix="gossiprouter-topics-"))
-    procs: list[subprocess.Popen[bytes]] = []
+    fed = SpawnedFederation(sc.routers, (), tmp)
     keep = False
     try:
-        bport = _free_port()
-        (tmp / "mosquitto.conf").write_text(
-            f"listener {bport} 127.0.0.1\nallow_anonymous true\npersistence false\n")
-        broker = subprocess.Popen([MOSQUITTO, "-c", str(tmp / "mosquitto.conf")],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        procs.append(broker)
-        await _wait_port(bport, broker, "mosquitto")
-        ports = []
-        for i in range(sc.routers):
-            port = _free_port()
-            log = open(tmp / f"router-{i}.log", "ab")  # noqa: SIM115 - closed with the process
-            p = subprocess.Popen(
-                [sys.executable, "-m", "gossiprouter", "serve", "--host", "127.0.0.1",
-                 "--port", str(port), "--bridge", f"mqtt://127.0.0.1:{bport}",
-                 "--bridge-reconnect-max", "0.5", "--router-id", f"r{i}"],
-                stdout=log, stderr=log)
-            procs.append(p)
+        async with trio.open_nursery() as n:
             try:
-                await _wait_port(port, p, f"router {i}", tmp / f"router-{i}.log")
-            except ProcessExited:
-                keep = True  # the user reads why it exited
-                raise
-            ports.append(port)
-        echo(f"{sc.name}: {sc.routers} routers, mosquitto on {bport}, "
-             f"{sc.publishers}x{sc.routers} publishers, {sc.subscribers}x{sc.routers} "
-             f"subscribers, {sc.duration:g} s")
-        return await _load(sc, rnd, ports)
+                await fed.start(n)
+                echo(f"{sc.name}: {sc.routers} routers, mosquitto on {fed.broker.port}, "
+                     f"{sc.publishers}x{sc.routers} publishers, {sc.subscribers}x{sc.routers} "
+                     f"subscribers, {sc.duration:g} s")
+                return await _load(sc, rnd, [r.port for r in fed.routers])
+            finally:
+                with trio.CancelScope(shield=True):
+                    await fed.stop()
+                n.cancel_scope.cancel()
+    except BaseExceptionGroup as e:
+        # The supervisors' one-line LoadTestError (a process died), not a group.
+        err = first_error(e)
+        if err is None:
+            raise
+        if isinstance(err, ExitedAtStart):
+            keep = True  # the user reads why it exited
+            raise ProcessExited(err.what, err.status or 0, err.log) from None
+        raise RuntimeError(str(err)) from None
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
         if not keep:
             shutil.rmtree(tmp, ignore_errors=True)
 

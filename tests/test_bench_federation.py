@@ -1,0 +1,39 @@
+"""benchmarks/bench_federation.py in small (CI's smoke run): every case runs and measures
+something, on real routers federated through a real mosquitto. What it counts is checked
+here, not speed: the figures are docs/performance.md's."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+import trio
+
+from benchmarks import bench_federation as bench
+from gossiprouter.loadtest.processes import MOSQUITTO
+
+
+@pytest.mark.slow
+def test_every_case_measures_something() -> None:
+    if not shutil.which(MOSQUITTO):
+        pytest.skip("mosquitto is not installed (scripts/setup installs it)")
+    res = trio.run(bench.run, 5, 4, 100, 20, 10.0, lambda _: None)
+    assert res.federated
+    for row in res.rows:
+        assert row.note == "", row
+        if row.case.startswith("throughput"):
+            # 100 unicasts across routers, 10 times as many within one.
+            want = 100 if "across" in row.case else 100 * bench.LOCAL_FACTOR
+            assert row.samples == want and row.rate and row.cpu_us is not None, row
+        else:
+            # 5 messages, to 1 receiver (unicast) or 3 (the 4-member group).
+            assert row.samples == 5 * (1 if row.case.startswith("unicast") else 3), row
+            assert row.p50_us is not None and row.p99_us is not None and row.p50_us > 0
+    assert res.joins_s is not None and res.converge_s is not None
+    assert res.converge_s >= res.joins_s
+    lines: list[str] = []
+    bench.print_table(res, 20, lines.append)
+    assert any(line.startswith("broker hop, unicast, p50: ") for line in lines), lines
+    assert any(re.match(r"convergence, 20 joins on each of 3 routers: \d+\.\d{3} s", line)
+               for line in lines), lines
