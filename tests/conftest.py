@@ -119,7 +119,7 @@ def topics_scenario(tmp_path: Path) -> TopicsScenario:
     runs and returns its path; skips the test when mosquitto, the federation's broker, is
     not installed (scripts/setup installs it)."""
     if not shutil.which(MOSQUITTO):
-        pytest.skip("mosquitto is not installed")
+        pytest.fail("mosquitto is not installed")
 
     def write(*, duration: float, drain: float, subscribers: int, rate: float,
               churn_interval: float, settle: float, patterns: list[str]) -> Path:

@@ -551,7 +551,7 @@ def test_sizes_are_bucketed_by_powers_of_two() -> None:
 @pytest.mark.spark
 def test_report_in_headless_chromium(restart_run: tuple[Path, Report], tmp_path: Path) -> None:
     if find_chromium() is None:
-        pytest.skip("chromium is not installed (scripts/setup installs it)")
+        pytest.fail("chromium is not installed (scripts/setup installs it)")
     path, _ = restart_run
     page = path / "report" / "report.html"
     with Browser() as browser:

@@ -17,7 +17,7 @@ from gossiprouter.loadtest.processes import MOSQUITTO
 @pytest.mark.slow
 def test_every_case_measures_something() -> None:
     if not shutil.which(MOSQUITTO):
-        pytest.skip("mosquitto is not installed (scripts/setup installs it)")
+        pytest.fail("mosquitto is not installed (scripts/setup installs it)")
     res = trio.run(bench.run, 5, 4, 100, 20, 10.0, lambda _: None)
     assert res.federated
     for row in res.rows:

@@ -109,7 +109,7 @@ class Mosquitto:
 @pytest.fixture
 def broker(tmp_path: Path) -> Any:
     if not shutil.which(MOSQUITTO):
-        pytest.skip("mosquitto is not installed (scripts/setup installs it)")
+        pytest.fail("mosquitto is not installed (scripts/setup installs it)")
     b = Mosquitto(tmp_path)
     b.start()
     yield b
@@ -364,7 +364,7 @@ async def test_bridge_credentials_reach_the_broker(nursery: trio.Nursery, tmp_pa
     """A broker that wants a password: the right one from bridge_password_file connects,
     a wrong one is refused and reported in the bridge state (and retried, not fatal)."""
     if not shutil.which("mosquitto_passwd"):
-        pytest.skip("mosquitto_passwd is not installed")
+        pytest.fail("mosquitto_passwd is not installed")
     pwfile = tmp_path / "mosquitto.passwd"
     subprocess.run(["mosquitto_passwd", "-b", "-c", str(pwfile), "router", "s3cret"],
                    check=True, capture_output=True)

@@ -30,7 +30,7 @@ def bridged_brokers(tmp_path_factory: pytest.TempPathFactory
     pair for the module (the bridge takes seconds to come up); each test has its own group,
     and the routers of earlier tests are gone, their retained records inert."""
     if not shutil.which(MOSQUITTO):
-        pytest.skip("mosquitto is not installed (scripts/setup installs it)")
+        pytest.fail("mosquitto is not installed (scripts/setup installs it)")
     tmp = tmp_path_factory.mktemp("brokers")
     with BrokerProcess(tmp) as a, BrokerProcess(tmp, bridge_to=a.port) as b:
         wait_bridged(a, b)

@@ -67,6 +67,8 @@ SMOKE: dict[str, tuple[str, ...] | RunBy] = {
     "benchmarks/bench_topics.py": ("--subscribers", "20", "--messages", "50"),
     "benchmarks/bench_vs_jgroups.py": RunBy("scripts/bench-vs-jgroups"),
     "benchmarks/fuzz_router.py": RunBy("scripts/fuzz"),
+    "benchmarks/bench_fastpath_churn.py": RunBy("tests/test_bench_fastpath_churn.py"),
+    "benchmarks/bench_federation.py": RunBy("tests/test_bench_federation.py"),
 }
 # Run in this process, on the module's local Spark (one JVM start for all of them).
 ON_SPARK = {"scripts/bench-analyze"}

@@ -50,7 +50,7 @@ def _copy(dest: Path) -> None:
 def test_run_starts_the_router_without_java_or_root() -> None:
     py = _python()
     if py is None or shutil.which("git") is None or not (REPO / ".git").exists():
-        pytest.skip("needs a system python3 >= 3.11 with venv, and a git checkout")
+        pytest.fail("needs a system python3 >= 3.11 with venv, and a git checkout")
     # Not pytest's tmp_path: its parent is private to root, and the user here is not.
     with tempfile.TemporaryDirectory(prefix="gossiprouter-run-") as tmp:
         _run_twice(Path(tmp), py)

@@ -36,7 +36,7 @@ COUNT = 50
 @pytest.fixture
 def federated(tmp_path: Path) -> Iterator[tuple[Router, Router]]:
     if not shutil.which(MOSQUITTO):
-        pytest.skip("mosquitto is not installed (scripts/setup installs it)")
+        pytest.fail("mosquitto is not installed (scripts/setup installs it)")
     broker = Mosquitto(tmp_path)
     broker.start()
     routers = [Router(ROUTER_GOSSIPROUTER, free_port(), tmp_path,
