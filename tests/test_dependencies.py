@@ -81,7 +81,7 @@ ALLOWED: dict[str, set[str]] = {
 
 # Layers that must stay sans-IO: no event loop, no sockets.
 NO_IO = {"protocol", "foundation", "config", "routing", "sessions"}
-IO_MODULES = {"trio", "socket", "ssl", "selectors", "asyncio"}
+IO_MODULES = {"trio", "anyio", "socket", "ssl", "selectors", "asyncio"}
 # Client modules that must stay sans-IO too (issue 14 item 3): the data, and the pure
 # registrar, merge and local delivery that are tested without sockets.
 NO_IO_MODULES = {"gossiprouter.client.errors", "gossiprouter.client.model",
