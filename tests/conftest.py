@@ -31,6 +31,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "config default")
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``anyio`` (the stub's, on asyncio and trio: tests/stubkit.py) run under
+    AnyIO's plugin on their ``anyio_backend``, not under pytest-trio's trio mode, which marks
+    every async test ``trio`` just before this."""
+    for item in items:
+        if item.get_closest_marker("anyio") is not None:
+            item.own_markers[:] = [m for m in item.own_markers if m.name != "trio"]
+
+
 @pytest.fixture
 async def start_router(nursery: trio.Nursery, request: pytest.FixtureRequest) -> RouterFactory:
     """Start a router with the given Config overrides; returns the Server (``.address`` set)."""
