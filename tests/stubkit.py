@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import anyio
@@ -54,41 +54,33 @@ def free_port() -> int:
         return port
 
 
-class RouterThread:
-    """A router (server + ops hooks) in its own trio loop on a thread, on 127.0.0.1.
+class TrioThread:
+    """A trio loop of its own on a thread, running one task (a router, a fake router) that
+    any test loop can talk to over 127.0.0.1."""
 
-    :meth:`start` / :meth:`stop` block for the little time a start or stop takes (call them
-    from sync fixtures, or with ``await anyio.to_thread.run_sync``: :meth:`astart`,
-    :meth:`astop`); :meth:`call` runs a function in the router's thread (read its table
-    there, not from the test's thread)."""
-
-    def __init__(self, port: int = 0, **config: Any) -> None:
-        self.port = port
-        self.config = config
-        self.server: Server | None = None
+    def __init__(self) -> None:
         self._token: trio.lowlevel.TrioToken | None = None
         self._scope: trio.CancelScope | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
     @property
-    def address(self) -> tuple[str, int]:
-        return ("127.0.0.1", self.port)
+    def running(self) -> bool:
+        return self._thread is not None
 
-    def start(self) -> RouterThread:
+    def start(self, fn: Callable[..., Awaitable[Any]]) -> Any:
+        """``await nursery.start(fn)`` in the new loop; returns what ``fn`` started with."""
         assert self._thread is None, "already running"
         ready = threading.Event()
+        started: list[Any] = []
         self._error = None
 
         async def main() -> None:
-            cfg = Config(host="127.0.0.1", port=self.port, **self.config)
-            server = Server(cfg, hooks=Operations(cfg))
             self._token = trio.lowlevel.current_trio_token()
             with trio.CancelScope() as scope:
                 self._scope = scope
                 async with trio.open_nursery() as n:
-                    addr = await n.start(server.serve)
-                    self.port, self.server = addr[1], server
+                    started.append(await n.start(fn))
                     ready.set()
 
         def run() -> None:
@@ -99,32 +91,14 @@ class RouterThread:
             finally:
                 ready.set()
 
-        self._thread = threading.Thread(target=run, name=f"router-{self.port}", daemon=True)
+        self._thread = threading.Thread(target=run, daemon=True)
         self._thread.start()
-        if not ready.wait(10) or self._error is not None or self.server is None:
-            raise RuntimeError(f"the router did not start: {self._error!r}")
-        return self
-
-    def stop(self, graceful: bool = False) -> None:
-        """Cancel the router (connections cut), or with ``graceful`` shut it down: clients
-        get ERROR shutting_down, then the connections close."""
-        if self._thread is None:
-            return
-        server, scope = self.server, self._scope
-        assert server is not None and scope is not None
-        self.call(server.shutdown if graceful else scope.cancel)
-        self._thread.join(10)
-        assert not self._thread.is_alive(), "the router did not stop"
-        self._thread = self.server = self._scope = self._token = None
-
-    async def astart(self) -> RouterThread:
-        return await anyio.to_thread.run_sync(self.start)
-
-    async def astop(self, graceful: bool = False) -> None:
-        await anyio.to_thread.run_sync(lambda: self.stop(graceful))
+        if not ready.wait(10) or self._error is not None or not started:
+            raise RuntimeError(f"the task did not start: {self._error!r}")
+        return started[0]
 
     def call(self, fn: Callable[[], R]) -> R:
-        """``fn()`` run in the router's thread. Blocks the caller for that short time
+        """``fn()`` run in the loop's thread. Blocks the caller for that short time
         (trio.from_thread refuses to be called from a trio task: the test's may be one)."""
         assert self._token is not None
         done = threading.Event()
@@ -136,8 +110,67 @@ class RouterThread:
 
         self._token.run_sync_soon(job)
         if not done.wait(10):
-            raise TimeoutError("the router's thread did not run the call")
+            raise TimeoutError("the loop's thread did not run the call")
         return box[0].unwrap()
+
+    def stop(self, cancel: bool = True) -> None:
+        """Cancel the task (or, with ``cancel`` False, wait for it to end) and the loop."""
+        if self._thread is None:
+            return
+        if cancel:
+            scope = self._scope
+            assert scope is not None
+            self.call(scope.cancel)
+        self._thread.join(10)
+        assert not self._thread.is_alive(), "the loop's thread did not end"
+        self._thread = self._scope = self._token = None
+
+
+class RouterThread:
+    """A router (server + ops hooks) in a :class:`TrioThread`, on 127.0.0.1.
+
+    :meth:`start` / :meth:`stop` block for the little time a start or stop takes (call them
+    from sync fixtures, or with ``await anyio.to_thread.run_sync``: :meth:`astart`,
+    :meth:`astop`); :meth:`call` runs a function in the router's thread (read its table
+    there, not from the test's thread)."""
+
+    def __init__(self, port: int = 0, **config: Any) -> None:
+        self.port = port
+        self.config = config
+        self.server: Server | None = None
+        self._loop = TrioThread()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.port)
+
+    def start(self) -> RouterThread:
+        cfg = Config(host="127.0.0.1", port=self.port, **self.config)
+        server = Server(cfg, hooks=Operations(cfg))
+        self.port = self._loop.start(server.serve)[1]
+        self.server = server
+        return self
+
+    def stop(self, graceful: bool = False) -> None:
+        """Cancel the router (connections cut), or with ``graceful`` shut it down: clients
+        get ERROR shutting_down, then the connections close."""
+        if not self._loop.running:
+            return
+        server = self.server
+        assert server is not None
+        if graceful:
+            self.call(server.shutdown)
+        self._loop.stop(cancel=not graceful)
+        self.server = None
+
+    async def astart(self) -> RouterThread:
+        return await anyio.to_thread.run_sync(self.start)
+
+    async def astop(self, graceful: bool = False) -> None:
+        await anyio.to_thread.run_sync(lambda: self.stop(graceful))
+
+    def call(self, fn: Callable[[], R]) -> R:
+        return self._loop.call(fn)
 
     @property
     def hub(self) -> Any:
@@ -149,6 +182,14 @@ class RouterThread:
 
     def member_list(self, group: str) -> list[bytes]:
         return self.call(lambda: [e.addr for e in self.hub.table.members(group)])
+
+    def routed(self) -> int:
+        """Frames routed so far (the compiled fast path's counted too)."""
+        def read() -> int:
+            self.hub.sync()
+            n: int = self.hub.counters.routed
+            return n
+        return self.call(read)
 
     def connections(self) -> int:
         assert self.server is not None
