@@ -88,6 +88,13 @@ NO_IO_MODULES = {"gossiprouter.client.errors", "gossiprouter.client.model",
                  "gossiprouter.client.registrar", "gossiprouter.client.merge",
                  "gossiprouter.client.local"}
 
+# The client runs on asyncio and trio through AnyIO (issue 23): its package imports no trio,
+# so an asyncio application never loads it. (importer, why) for the exceptions.
+CLIENT_TRIO_ALLOWED: dict[str, str] = {
+    "gossiprouter.client.tls": "wrap_client, for callers' own trio streams: imports trio when "
+                               "called (and for its annotations)",
+}
+
 # (importer, imported) -> why it is there and which issue item removes it.
 KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
     ("gossiprouter.ops.tls", "gossiprouter.client.tls"):
@@ -222,6 +229,19 @@ def test_known_violations_are_documented() -> None:
     doc = (ROOT / "docs" / "architecture.md").read_text()
     for importer, imported in KNOWN_VIOLATIONS:
         assert f"`{importer}` → `{imported}`" in doc, (importer, imported)
+
+
+def client_trio_imports(root: Path = ROOT) -> set[str]:
+    """The modules of the client package that import trio (anywhere in the file)."""
+    return {module_name(f, root) for f in sorted((root / "gossiprouter" / "client").rglob("*.py"))
+            if "trio" in imports(f, root)[1]}
+
+
+def test_the_client_package_imports_no_trio() -> None:
+    found = client_trio_imports() - set(CLIENT_TRIO_ALLOWED)
+    assert not found, f"the client runs on asyncio too (use anyio): {sorted(found)} import trio"
+    gone = set(CLIENT_TRIO_ALLOWED) - client_trio_imports()
+    assert not gone, f"no longer imports trio, remove from CLIENT_TRIO_ALLOWED: {gone}"
 
 
 def test_ops_touches_no_private_attribute() -> None:
