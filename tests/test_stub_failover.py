@@ -12,9 +12,11 @@ from typing import Any
 
 import anyio
 import pytest
+import trio
 from anyio.abc import SocketAttribute, SocketStream, TaskStatus
 
 from gossiprouter import ConnectionState, RouterStub
+from gossiprouter.protocol import native as wire
 from gossiprouter.stub import StubEvent
 from tests.stubkit import (
     FAST,
@@ -27,8 +29,9 @@ from tests.stubkit import (
     router,
     start_router,
 )
+from tests.test_stub_protocol_state import WELCOME, FakeLink, FakeRouter, fake_router
 
-__all__ = ["anyio_backend", "router", "start_router"]
+__all__ = ["anyio_backend", "fake_router", "router", "start_router"]
 
 pytestmark = pytest.mark.anyio
 
@@ -60,6 +63,9 @@ async def test_two_routers_failover_and_rejoin(two: tuple[RouterThread, RouterTh
     routers = [r1.address, r2.address]
     async with RouterStub(routers, policy="round-robin", **FAST) as s1, \
             RouterStub(routers, **FAST) as s2:
+        # Both routers up first: connect() returns once the connected ones answered.
+        await s1.wait_connected(all_routers=True)
+        await s2.wait_connected(all_routers=True)
         a = await s1.connect("g", b"A", name="A")
         b = await s2.connect("g", b"B", name="B")
         assert r1.members("g") == r2.members("g") == {b"A", b"B"}
@@ -110,9 +116,9 @@ async def test_a_write_error_fails_over_to_the_next_router(
         victim = s1._links.live()[0]  # only the first router's connection breaks
         real_write = victim.write
 
-        async def broken(data: bytes) -> None:
+        async def broken(data: bytes, *, bounded: bool = False) -> None:
             victim.kill("write failed: simulated")
-            await real_write(data)  # raises: the link is dead
+            await real_write(data, bounded=bounded)  # raises: the link is dead
 
         victim.write = broken  # type: ignore[method-assign]
         for i in range(4):
@@ -292,3 +298,34 @@ async def test_router_that_never_answers_hello_is_not_waited_on_forever() -> Non
             assert stub.status()[0].last_error == "timed out"
             assert not connected(stub)
         tasks.cancel_scope.cancel()
+
+
+async def test_a_router_that_stops_reading_ends_a_blocked_write(
+        fake_router: FakeRouter) -> None:
+    """The router stops reading but keeps sending (it looks alive): a send that fills the
+    socket buffers is ended after write_timeout (the heartbeat timeout), the connection is
+    dropped and the stub reconnects; the send goes out on the new connection."""
+
+    async def script(link: FakeLink) -> None:
+        assert isinstance(await link.recv(), wire.Hello)
+        await link.send(WELCOME)
+        connect = await link.recv()
+        assert isinstance(connect, wire.Connect)
+        await link.send(wire.Ok(connect.req))
+        while True:  # never reads again
+            await link.send(wire.Pong(0))
+            await trio.sleep(0.1)
+
+    addr = fake_router(script)
+    seen: list[StubEvent] = []
+    opts = {**FAST, "heartbeat_interval": 0.2, "heartbeat_timeout": 1.0}
+    async with RouterStub([addr], on_state=seen.append, **opts) as stub:
+        chan = await stub.connect("g", b"A")
+        with anyio.fail_after(15):
+            for _ in range(10_000):  # bounded: socket buffers hold a few hundred of these
+                await chan.send(b"x" * 60_000)
+                if any(ev.state is ConnectionState.RECONNECTING for ev in seen):
+                    break
+        lost = [ev.error for ev in seen if ev.state is ConnectionState.RECONNECTING]
+        assert lost == ["write blocked for 1s"]
+        assert stub.status()[0].connections == 2  # the send went out on the new one

@@ -8,6 +8,7 @@ one router across all its connections (state, attempts, the current Connection).
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import ssl
 from collections.abc import Sequence
@@ -119,8 +120,11 @@ class Connection:
         self.write_timeout = write_timeout
         self.lock = anyio.Lock(fast_acquire=True)  # no schedule point when nobody holds it
         self.scope = anyio.CancelScope()
-        # The write under way: kill() cancels it (it is shielded from everything else).
+        # The write under way: kill() cancels it (it is shielded from everything else);
+        # the heartbeat's watch_write notes when it first saw it.
         self.writing: anyio.CancelScope | None = None
+        self._seen: anyio.CancelScope | None = None
+        self._seen_at = 0.0
         self.dead = False
         # The protocol state (protocol/native_state.py): every frame the router sends is run
         # through it by the reader, so one the table refuses (a second WELCOME, a CONNECT) is
@@ -161,17 +165,29 @@ class Connection:
         for p in self.pending.values():
             p.set(lost)
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes, *, bounded: bool = False) -> None:
         """Write whole frames. The write itself is shielded (a cancelled half-written frame
-        would corrupt the stream) and bounded by ``write_timeout`` (a router that stopped
-        reading is dead)."""
+        would corrupt the stream); a router that stopped reading for ``write_timeout`` is
+        dead. With ``bounded`` (the heartbeat's own writes) this call ends the connection
+        itself after ``write_timeout``, waiting for the lock included; otherwise the
+        heartbeat does (:meth:`watch_write`), so an application's write costs no timer."""
         if self.dead:
             raise LinkDown(self.error)
+        if not bounded:
+            await self._write(data, math.inf)
+            return
+        deadline = anyio.current_time() + self.write_timeout
+        with anyio.CancelScope(deadline=deadline) as waiting:
+            await self._write(data, deadline)
+        if waiting.cancelled_caught:  # the lock's holder is blocked in its write
+            self.kill(f"write blocked for {self.write_timeout:g}s")
+            raise LinkDown(self.error)
+
+    async def _write(self, data: bytes, deadline: float) -> None:
         async with self.lock:
             if self.dead:
                 raise LinkDown(self.error)
-            with anyio.CancelScope(shield=True, deadline=anyio.current_time()
-                                   + self.write_timeout) as cs:
+            with anyio.CancelScope(shield=True, deadline=deadline) as cs:
                 self.writing = cs
                 try:
                     await self.stream.send(data)
@@ -181,8 +197,25 @@ class Connection:
                 finally:
                     self.writing = None
             if cs.cancelled_caught:
+                # By its deadline, or by kill() (watch_write, the stub closing).
                 self.kill(f"write blocked for {self.write_timeout:g}s")
                 raise LinkDown(self.error)
+
+    def watch_write(self, now: float) -> float:
+        """The heartbeat's check of the write under way: a write first seen at an earlier
+        check and still going ``write_timeout`` later kills the connection (so a write is
+        ended within ``write_timeout`` plus the time between two checks). Returns when to
+        check next."""
+        w = self.writing
+        if w is None:
+            self._seen = None
+            return now + self.write_timeout
+        if w is not self._seen:
+            self._seen, self._seen_at = w, now
+        elif now - self._seen_at >= self.write_timeout:
+            self.kill(f"write blocked for {self.write_timeout:g}s")
+            return math.inf
+        return self._seen_at + self.write_timeout
 
 
 class RouterSlot:

@@ -589,7 +589,7 @@ class RouterStub:
 
     async def _send(self, ch: Channel, data: bytes) -> None:
         self._check_open()
-        deadline = anyio.current_time() + self.send_timeout
+        deadline: float | None = None  # read the clock only when the send has to wait
         last_error: str | None = None
         while True:
             changed = self._links.changed
@@ -606,7 +606,10 @@ class RouterStub:
                 except LinkDown as e:
                     # Fail over: try the next connected router at once.
                     last_error = f"{fmt_router(lk.router)}: {e}"
-            if anyio.current_time() >= deadline:
+            now = anyio.current_time()
+            if deadline is None:
+                deadline = now + self.send_timeout
+            elif now >= deadline:
                 err = self._not_connected(self.send_timeout)
                 if last_error and err.last_error is None:
                     err.last_error = last_error

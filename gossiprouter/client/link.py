@@ -273,11 +273,17 @@ class Links:
                     return
                 if link.pongs:
                     pongs, link.pongs = link.pongs, []
-                    await link.write(b"".join(wire.encode(wire.Pong(x)) for x in pongs))
+                    await link.write(b"".join(wire.encode(wire.Pong(x)) for x in pongs),
+                                     bounded=True)
                 if now >= next_ping:
-                    await link.write(wire.encode(wire.Ping(next(self._nonce))))
+                    await link.write(wire.encode(wire.Ping(next(self._nonce))), bounded=True)
                     next_ping = now + interval
-                wake_at = min(next_ping, link.last_recv + timeout if timeout > 0 else math.inf)
+                # The others' writes are watched here, so they need no timer of their own.
+                watch = link.watch_write(anyio.current_time())
+                if link.dead:
+                    return
+                wake_at = min(next_ping, watch,
+                              link.last_recv + timeout if timeout > 0 else math.inf)
                 with anyio.CancelScope(deadline=wake_at):
                     await link.wake.wait()
         except LinkDown:
