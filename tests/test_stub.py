@@ -26,6 +26,7 @@ from gossiprouter import (
     RouterError,
     RouterStub,
 )
+from gossiprouter.client.connection import WriteLock
 from gossiprouter.config import Config
 from gossiprouter.ops.runtime import Operations
 from gossiprouter.server import Server
@@ -447,3 +448,47 @@ def test_bad_options_are_refused() -> None:
         RouterStub([("127.0.0.1", 1)], mode="tunnel")  # type: ignore[arg-type]
     assert RouterStub("127.0.0.1:1,127.0.0.1:2").routers == (("127.0.0.1", 1), ("127.0.0.1", 2))
 
+
+
+async def test_the_write_lock_hands_over_in_order_and_survives_cancellation() -> None:
+    """Connection.lock (WriteLock): waiters get it in arrival order, a cancelled waiter
+    leaves the queue, and one cancelled just as the lock was handed to it passes it on."""
+    lock = WriteLock()
+    order: list[str] = []
+
+    async def take(name: str) -> None:
+        async with lock:
+            order.append(name)
+            await anyio.sleep(0.01)
+
+    async with anyio.create_task_group() as tg, lock:
+        for name in ("a", "b", "c"):
+            tg.start_soon(take, name)
+            await anyio.sleep(0.01)  # queued in this order
+        with anyio.CancelScope() as gone:  # a waiter that gives up
+            gone.cancel()
+            async with lock:
+                pytest.fail("a cancelled waiter got the lock")
+    assert order == ["a", "b", "c"]
+
+    # Handed over to a waiter that was cancelled before it could run: it passes the lock on
+    # to the next waiter, and the lock ends free.
+    doomed: list[anyio.CancelScope] = []
+
+    async def cancelled_at_the_handover() -> None:
+        with anyio.CancelScope() as scope:
+            doomed.append(scope)
+            async with lock:
+                order.append("handed")
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await lock.__aenter__()
+            tg.start_soon(cancelled_at_the_handover)
+            await anyio.sleep(0.01)
+            tg.start_soon(take, "e")
+            await anyio.sleep(0.01)
+            doomed[0].cancel()  # cancelled, and in the same step handed the lock
+            await lock.__aexit__()
+    assert order[3:] == ["e"]
+    assert not lock._held and not lock._waiters
