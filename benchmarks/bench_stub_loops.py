@@ -16,8 +16,9 @@ not in it: the same router serves every run.
 The client program is the same AnyIO code on every loop (the stub runs on whichever loop
 runs it). ``--baseline REF`` adds the client of git ref REF (say ``main``: the trio-only
 client before the port) run on trio from a ``git archive`` of it, so a cost of the port to
-trio users shows in the same table. Each case runs ``--repeat`` times, loops interleaved,
-and the median is kept (the machine is shared).
+trio users shows in the same table. Each case runs ``--repeat`` times, loops interleaved;
+the table has the best messages/s (the run that had a core to itself: the machine is
+shared) and the median CPU per message.
 
 A benchmark, not a test: it prints one table and asserts nothing. Run:
 ``.venv/bin/python benchmarks/bench_stub_loops.py [--messages 20000 --baseline main]``;
@@ -149,7 +150,9 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                         runs.setdefault((label, case), []).append(r)
     rows = []
     for (label, case), rs in runs.items():
-        secs = statistics.median(r["seconds"] for r in rs)
+        # The fastest run is the stub's rate when it had a core (the others lost it to
+        # other tenants of the machine); CPU per message hardly depends on that: median.
+        secs = min(r["seconds"] for r in rs)
         cpu = statistics.median(r["cpu"] for r in rs)
         rows.append({"client": label, "case": case, "msgs_per_s": args.messages / secs,
                      "cpu_us_per_msg": cpu / args.messages * 1e6})
@@ -181,8 +184,8 @@ def main() -> None:
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1")
     rows = measure(args)
-    print(f"{args.messages} messages of {args.size} B, window {args.window}, "
-          f"median of {args.repeat}")
+    print(f"{args.messages} messages of {args.size} B, window {args.window}, {args.repeat} "
+          "runs: best messages/s, median CPU")
     print(table(rows))
 
 
