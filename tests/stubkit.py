@@ -10,7 +10,6 @@ again on the same port under it.
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
@@ -25,6 +24,7 @@ from gossiprouter.config import Config
 from gossiprouter.ops.runtime import Operations
 from gossiprouter.server import Server
 from gossiprouter.stub import Channel, EventStream, WouldBlock
+from tests.procs import free_port as free_port  # for the stub tests, with this kit
 
 R = TypeVar("R")
 
@@ -45,13 +45,6 @@ BACKENDS = [pytest.param("trio", id="trio"), pytest.param("asyncio", id="asyncio
 def anyio_backend(request: pytest.FixtureRequest) -> Any:
     """The loops every stub test runs on (AnyIO's pytest plugin reads this fixture)."""
     return request.param
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class TrioThread:

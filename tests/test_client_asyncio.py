@@ -28,10 +28,9 @@ from gossiprouter import (
     StubTaskError,
     open_router_stub,
 )
-from gossiprouter.client.local import Local
-from gossiprouter.protocol import native as wire
 from tests.procs import REPO, RouterProcess
 from tests.stubkit import FAST, RouterThread, eventually, free_port, router
+from tests.test_client_lifecycle import break_delivery, caused_by_boom
 
 __all__ = ["router"]
 
@@ -148,15 +147,6 @@ async def test_asyncio_timeout_cancels_one_call_only(router: RouterThread) -> No
 # ------------------------------------------------------------------------------ errors
 
 
-def break_delivery(stub: RouterStub, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make the stub's reader raise on the next ROUTE: a bug inside one of its tasks."""
-
-    def boom(self: Local, f: wire.Route) -> None:
-        raise RuntimeError("boom")
-
-    monkeypatch.setattr(stub._local, "deliver_route", boom.__get__(stub._local))
-
-
 @pytest.mark.parametrize("opener", OPENERS)
 async def test_a_failing_task_raises_one_stub_task_error(
         router: RouterThread, monkeypatch: pytest.MonkeyPatch, opener: Opener) -> None:
@@ -168,9 +158,7 @@ async def test_a_failing_task_raises_one_stub_task_error(
                 break_delivery(stub, monkeypatch)
                 await sender.send(b"hello")
                 await asyncio.sleep(3600)  # cancelled by the failure
-        cause = info.value.__cause__
-        assert isinstance(cause, BaseExceptionGroup)
-        assert cause.subgroup(lambda e: isinstance(e, RuntimeError)) is not None
+        assert caused_by_boom(info.value)
         with pytest.raises(ChannelClosedError, match="a task failed"):
             await stub.connect("g", b"C")
 

@@ -67,10 +67,9 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio
-from anyio.abc import TaskStatus
 from anyio.lowlevel import checkpoint
 
 from gossiprouter.client.channel import Channel
@@ -109,6 +108,14 @@ from gossiprouter.protocol import native as wire
 from gossiprouter.topics import TopicId
 
 T = TypeVar("T")
+V = TypeVar("V", contravariant=True)
+
+
+class TaskStatus(Protocol[V]):
+    """What ``run`` is started with: trio's ``TaskStatus`` (``nursery.start``) or AnyIO's
+    (``task_group.start``); both are one of these for the type checker."""
+
+    def started(self, value: V) -> None: ...
 
 
 def _nothing() -> None:
