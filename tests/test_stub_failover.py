@@ -314,11 +314,11 @@ async def test_a_router_that_stops_reading_ends_a_blocked_write(
         await link.send(wire.Ok(connect.req))
         while True:  # never reads again
             await link.send(wire.Pong(0))
-            await trio.sleep(0.1)
+            await trio.sleep(0.05)
 
     addr = fake_router(script)
     seen: list[StubEvent] = []
-    opts = {**FAST, "heartbeat_interval": 0.2, "heartbeat_timeout": 1.0}
+    opts = {**FAST, "heartbeat_interval": 0.1, "heartbeat_timeout": 0.5}
     async with RouterStub([addr], on_state=seen.append, **opts) as stub:
         chan = await stub.connect("g", b"A")
         with anyio.fail_after(15):
@@ -327,5 +327,5 @@ async def test_a_router_that_stops_reading_ends_a_blocked_write(
                 if any(ev.state is ConnectionState.RECONNECTING for ev in seen):
                     break
         lost = [ev.error for ev in seen if ev.state is ConnectionState.RECONNECTING]
-        assert lost == ["write blocked for 1s"]
+        assert lost == ["write blocked for 0.5s"]
         assert stub.status()[0].connections == 2  # the send went out on the new one

@@ -43,17 +43,17 @@ async def test_stub_mutual_tls_and_token(start_router: RouterThreads, tmp_path: 
     # Without a client certificate the handshake fails; sends say why.
     no_cert = client_context(ca=str(_ca_file(tmp_path, server_ca, "s")))
     async with RouterStub([server.address], ssl_context=no_cert, token=BILLING,
-                          send_timeout=1.0, reconnect_initial=0.1) as c:
+                          send_timeout=0.5, reconnect_initial=0.1) as c:
         with pytest.raises(NotConnectedError):
             await c.connect("billing", b"C")
     # A router whose certificate the client does not trust: the handshake fails, named.
     other_ca = client_context(ca=str(_ca_file(tmp_path, client_ca, "o")))
     async with RouterStub([server.address], ssl_context=other_ca, token=BILLING,
-                          send_timeout=1.0, reconnect_initial=0.1) as e:
+                          send_timeout=0.5, reconnect_initial=0.1) as e:
         with pytest.raises(NotConnectedError, match="TLS handshake failed"):
             await e.connect("billing", b"E")
     # A wrong token: refused, and the refusal is named.
     async with RouterStub([server.address], ssl_context=ctx, token="wrong",
-                          send_timeout=1.0, reconnect_initial=0.1) as d:
+                          send_timeout=0.5, reconnect_initial=0.1) as d:
         with pytest.raises(NotConnectedError, match="unauthorized"):
             await d.connect("billing", b"D")
