@@ -9,6 +9,23 @@ leaves it out (``optional``) and the router runs its pure-Python path. ``scripts
 import sys
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class BuildExt(build_ext):
+    """Says in one line when the optional extension was not built (setuptools' own warning
+    is one of many lines): pip shows it with -v, and the router says it at start-up."""
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception:
+            if ext.optional:
+                print("gossiprouter: the compiled fast path (gossiprouter._relay) was not "
+                      "built: a C compiler and the Python headers are needed (apt-get install "
+                      "gcc python3-dev, then install again); the router runs its pure-Python "
+                      "path", file=sys.stderr, flush=True)
+            raise
 
 ext_modules = []
 if sys.platform.startswith("linux"):
@@ -21,4 +38,4 @@ if sys.platform.startswith("linux"):
         optional=True,
     ))
 
-setup(ext_modules=ext_modules)
+setup(ext_modules=ext_modules, cmdclass={"build_ext": BuildExt})

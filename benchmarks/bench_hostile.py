@@ -242,6 +242,12 @@ def _flood(port: int, kind: str, rate: float, burst: int, seconds: float,
     s.close()
 
 
+def pause(args: argparse.Namespace, seconds: float) -> float:
+    """A pause between phases: ``seconds``, or less for a short --rtt-seconds (a smoke run
+    of a few seconds; the default --rtt-seconds keeps every pause whole)."""
+    return min(seconds, float(args.rtt_seconds))
+
+
 def case_floods(args: argparse.Namespace, report: Report) -> None:
     print("(a) PING round trip of another client under a flood", flush=True)
     ctx = mp.get_context("fork")
@@ -261,7 +267,7 @@ def case_floods(args: argparse.Namespace, report: Report) -> None:
                 p = ctx.Process(target=_flood, args=(router.port, kind, rate, args.flood_burst,
                                                       args.rtt_seconds + 1.0, out))
                 p.start()
-                time.sleep(1.0)  # let the flood build up
+                time.sleep(pause(args, 1.0))  # let the flood build up
                 t0 = time.perf_counter()
                 time.sleep(args.rtt_seconds)
                 t1 = time.perf_counter()
@@ -276,7 +282,7 @@ def case_floods(args: argparse.Namespace, report: Report) -> None:
                 report.add(f"(a) PING RTT, {label} ({how})", rtt_summary(pinger.rtts(t0, t1)),
                            f"flood sent {sent / took / MiB:.2f} MiB/s, answers "
                            f"{got / took / MiB:.2f} MiB/s")
-                time.sleep(1.0)
+                time.sleep(pause(args, 1.0))
         finally:
             pinger.finish()
         if pinger.error:
@@ -418,9 +424,9 @@ def case_admin(args: argparse.Namespace, report: Report) -> None:
                    f"router RSS {rss_mib(router):.0f} MiB")
         pinger = Pinger(router.port).start()
         try:
-            time.sleep(2.0)
+            time.sleep(pause(args, 2.0))
             base0 = time.perf_counter()
-            time.sleep(2.0)
+            time.sleep(pause(args, 2.0))
             base1 = time.perf_counter()
 
             def get(path: str) -> tuple[bytes, str]:
@@ -464,7 +470,7 @@ def case_admin(args: argparse.Namespace, report: Report) -> None:
                 ("/metrics", functools.partial(fetch, "/metrics"))]
             for label, fn in cases:
                 results.append((label, fn()))
-                time.sleep(1.0)  # let the pinger see the end of any stall
+                time.sleep(pause(args, 1.0))  # let the pinger see the end of any stall
                 check_alive(router)
         finally:
             pinger.finish()
@@ -488,7 +494,8 @@ def case_admin(args: argparse.Namespace, report: Report) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rtt-seconds", type=float, default=5.0,
-                    help="measured seconds per round-trip case (a)")
+                    help="measured seconds per round-trip case (a); also bounds the pauses "
+                         "between phases (1-2 s)")
     ap.add_argument("--flood-rate", type=float, default=1.0 * MiB,
                     help="paced flood bytes/s (a); an unpaced flood (as fast as the router "
                     "reads) is measured too; 0 = only that")

@@ -9,7 +9,9 @@ Cases: ``unicast`` / ``fanout``, one header for every frame (one run per chunk);
 ``-mixed``, one header but 64 sizes (a run extended frame by frame); ``interleaved``,
 unicast from 4 senders in turn, so every frame starts a new run (a header lookup each).
 ``--code DIR`` imports gossiprouter from another checkout (e.g. the commit before a
-change), so that one script measures both sides of a comparison.
+change), so that one script measures both sides of a comparison. ``--cpu`` measures the
+process's CPU time instead of wall time: on a shared machine, other processes' load then
+does not count (docs/performance.md, "Federation").
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 CASES = [("unicast", 100), ("unicast", 1000), ("fanout", 100), ("fanout", 1000),
          ("unicast-mixed", 100), ("fanout-mixed", 100), ("interleaved", 100)]
 SENDERS = 4  # the interleaved case
+CPU = False  # --cpu: process CPU time instead of wall time
 
 
 def setup(case: str, size: int) -> tuple[Any, list[Any], bytes, int]:
@@ -59,14 +62,15 @@ def setup(case: str, size: int) -> tuple[Any, list[Any], bytes, int]:
 def run(case: str, size: int, seconds: float) -> float:
     sender, receivers, chunk, n = setup(case, size)
     frames = 0
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
+    clock = time.process_time if CPU else time.perf_counter
+    t0 = clock()
+    while clock() - t0 < seconds:
         for _ in range(20):
             sender.on_data(chunk, 0.0)
             for r in receivers:
                 r.outbox.take()
         frames += 20 * n
-    return (time.perf_counter() - t0) / frames * 1e9
+    return (clock() - t0) / frames * 1e9
 
 
 def main() -> None:
@@ -77,7 +81,10 @@ def main() -> None:
                     help="the checkout whose gossiprouter is measured (default: this one)")
     ap.add_argument("--cases", nargs="+", metavar="CASE",
                     help="only these cases (e.g. unicast fanout-mixed interleaved)")
+    ap.add_argument("--cpu", action="store_true", help="CPU time of this process, not wall time")
     args = ap.parse_args()
+    global CPU
+    CPU = args.cpu
     sys.path.insert(0, str(args.code.resolve()))
     print(f"code: {importlib.import_module('gossiprouter').__file__}")
     for case, size in CASES:

@@ -160,9 +160,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=4.0, help="measured seconds per case")
     ap.add_argument("--runs", type=int, default=1, help="runs per case (median reported)")
     ap.add_argument("--json", type=Path, help="also write the results here")
-    args = ap.parse_args()
-    cases = [("unicast", 100), ("unicast", 1000), ("fanout", 100), ("fanout", 1000),
+    every = [("unicast", 100), ("unicast", 1000), ("fanout", 100), ("fanout", 1000),
              ("unicast-mixed", 100), ("fanout-mixed", 100)]
+    ap.add_argument("--cases", nargs="+", metavar="CASE", choices=[f"{c}-{n}" for c, n in every],
+                    help="only these cases, named CASE-PAYLOAD (e.g. unicast-100; default: all)")
+    args = ap.parse_args()
+    cases = [(c, n) for c, n in every if args.cases is None or f"{c}-{n}" in args.cases]
     results = []
     print(f"gossiprouter bench: {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"{args.seconds:g} s per case, {args.runs} run(s) each", flush=True)

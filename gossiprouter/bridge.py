@@ -1,4 +1,5 @@
-"""The federation bridge: global topic publications through an MQTT 5 broker.
+"""The federation bridge: global topic publications, and federated membership and routing
+(docs/federation.md), through one connection to an MQTT 5 broker.
 
 Every router of a federation connects to the same broker (``--bridge
 mqtt://HOST:PORT``). A **global** publication of a local client is delivered
@@ -35,6 +36,13 @@ delivers it to its own subscribers. What the bridge does, in order:
   exponential backoff (0.5 s doubling up to ``bridge_reconnect_max``) and
   re-subscribes the whole union on every new connection (clean start).
 
+* **Membership and routing** (:mod:`gossiprouter.federation` holds the state): under
+  ``{prefix}/%fed/`` (a level the topic mapping never produces), a retained presence per
+  router whose Last Will deletes it, a retained record per router and group, a route topic
+  per router for forwarded frames, and a sync marker per router that ends the resync after
+  each (re)connect. Topic names: :func:`presence_topic`, :func:`members_topic`,
+  :func:`route_topic`, :func:`sync_topic`.
+
 paho-mqtt is driven from trio through its external-socket API: the bridge
 waits on the socket with ``trio.lowlevel.wait_readable`` / ``wait_writable``
 and calls ``loop_read`` / ``loop_write`` / ``loop_misc``. paho's ``connect`` is
@@ -57,7 +65,9 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from gossiprouter.cli_errors import needs_extra
 from gossiprouter.config import Config, ConfigError, parse_bridge_url
+from gossiprouter.federation import PRESENCE_TTL, RECORD_TTL, Federation
 from gossiprouter.protocol import native as wire
 from gossiprouter.topics import ANY, TopicError, TopicId, topic_id
 
@@ -76,7 +86,9 @@ SEQ_PROPERTY = "gossiprouter-seq"
 # Publications remembered per origin to drop the broker's extra copies (see _Dedup).
 DEDUP_WINDOW = 4096
 MAX_ORIGINS = 1024
-KEEPALIVE = 30
+# Membership records of a burst of changes are published together this long after the first.
+FLUSH_DELAY = 0.005
+FED = "%fed"  # never an escaped group: a bare "%" is always escaped in topic levels
 CONNECT_TIMEOUT = 5.0
 CONNACK_TIMEOUT = 10.0
 # Publications queued in paho but not yet written while the broker reads slowly. paho bounds
@@ -148,6 +160,26 @@ def mqtt_filter(prefix: str, group: str, pat: TopicId) -> str:
     return "/".join(levels)
 
 
+def presence_topic(prefix: str, origin: str) -> str:
+    """The retained presence of router ``origin`` (its Last Will empties it)."""
+    return f"{prefix}/{FED}/router/{escape_level(origin)}"
+
+
+def members_topic(prefix: str, origin: str, group: str) -> str:
+    """The retained record of the members router ``origin`` carries in ``group``."""
+    return f"{prefix}/{FED}/members/{escape_level(origin)}/{escape_level(group)}"
+
+
+def route_topic(prefix: str, origin: str) -> str:
+    """Where frames for router ``origin`` are published."""
+    return f"{prefix}/{FED}/route/{escape_level(origin)}"
+
+
+def sync_topic(prefix: str, origin: str) -> str:
+    """The marker router ``origin`` sends itself to end a resync."""
+    return f"{prefix}/{FED}/sync/{escape_level(origin)}"
+
+
 def parse_mqtt_topic(prefix: str, topic: str) -> tuple[str, TopicId]:
     """(group, multicast id) of a bridged publication's topic; ValueError if it is not one."""
     levels = topic.split("/")
@@ -161,6 +193,16 @@ def parse_mqtt_topic(prefix: str, topic: str) -> tuple[str, TopicId]:
 
 
 # --------------------------------------------------------------------------- the bridge
+
+
+def _expiring(seconds: int) -> Properties:
+    """PUBLISH properties with an MQTT 5 Message Expiry Interval."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+    props.MessageExpiryInterval = seconds
+    return props
 
 
 class _Dedup:
@@ -218,8 +260,8 @@ class Bridge:
         try:
             from paho.mqtt.client import Client
             from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
-        except ImportError:  # pragma: no cover - paho-mqtt is in the ops extra
-            raise ConfigError("bridge needs paho-mqtt: pip install 'gossiprouter[ops]'") from None
+        except ImportError:  # paho-mqtt is the bridge extra
+            raise ConfigError(needs_extra("the bridge", "paho-mqtt", "bridge")) from None
         self.hub = hub
         self.table = hub.table
         try:
@@ -229,8 +271,11 @@ class Bridge:
         if config.bridge_qos not in (0, 1):
             raise ConfigError(f"bridge_qos = {config.bridge_qos!r}: expected 0 or 1")
         self.qos = config.bridge_qos
+        if config.bridge_keepalive > 65535:  # MQTT's keep alive is 16 bits
+            raise ConfigError(f"bridge_keepalive = {config.bridge_keepalive}: at most 65535")
         self.prefix = config.bridge_prefix
         self.reconnect_max = config.bridge_reconnect_max
+        self.keepalive = config.bridge_keepalive
         # A new id on every start: a restarted router is a new origin, and two routers
         # configured with the same name still never drop each other's publications.
         self.origin = f"{config.name}#{uuid.uuid4().hex[:12]}"
@@ -264,6 +309,18 @@ class Bridge:
         c.on_disconnect = self._on_disconnect
         c.on_message = self._on_message
         c.on_subscribe = self._on_subscribe
+        # Deleted (empty and retained) by the broker when this router dies or is cut off, so
+        # the others drop its members (docs/federation.md, "Life cycle").
+        c.will_set(presence_topic(self.prefix, self.origin), b"", qos=1, retain=True)
+        self._fed_root = f"{self.prefix}/{FED}/"
+        self._route_topic = route_topic(self.prefix, self.origin)
+        self._sync_topic = sync_topic(self.prefix, self.origin)
+        self._fed_dirty = trio.Event()
+        self._lost_at: float | None = None
+        self._cut = trio.Event()  # set when a broker session ends
+        self._fed_mid: int | None = None
+        self.federation = Federation(hub, self.origin, config.name, self._send_route,
+                                     self._mark_dirty)
         self._session_scope: trio.CancelScope | None = None
         self._seq = 0
         self._dedup = _Dedup()
@@ -275,7 +332,10 @@ class Bridge:
     def view(self) -> dict[str, Any]:
         """The bridge state for /groups and logs."""
         s = self.stats
+        f = self.federation
         return {"broker": f"{self.scheme}://{self.host}:{self.port}", "state": self.state,
+                "federation": {"routers": f.live_routers(), "remote_members": f.remote_members(),
+                               **vars(f.stats)},
                 "origin": self.origin, "last_error": self.last_error,
                 "subscriptions": len(self.filters), "forwarded": s.forwarded,
                 "not_forwarded": s.not_forwarded, "received": s.received,
@@ -305,6 +365,30 @@ class Bridge:
             return
         self.stats.forwarded += 1
         self._kick_writer()
+
+    def _send_route(self, origin: str, payload: bytes) -> bool:
+        if self.state != "connected" or self._unwritten() > MAX_UNWRITTEN:
+            return False
+        info = self._client.publish(route_topic(self.prefix, origin), payload, self.qos)
+        if info.rc:
+            return False
+        self._kick_writer()
+        return True
+
+    def _publish_presence(self) -> None:
+        self._client.publish(presence_topic(self.prefix, self.origin),
+                             self.federation.presence(), qos=1, retain=True,
+                             properties=_expiring(PRESENCE_TTL))
+        self._kick_writer()
+
+    def _publish_records(self, records: list[tuple[str, bytes]]) -> None:
+        props = _expiring(RECORD_TTL)
+        for group, payload in records:
+            # A deletion (empty payload) must not expire: it is the absence of a record.
+            self._client.publish(members_topic(self.prefix, self.origin, group), payload,
+                                 qos=1, retain=True, properties=props if payload else None)
+        if records:
+            self._kick_writer()
 
     def _unwritten(self) -> int:
         # paho keeps unwritten packets in _out_packet and offers no public count of them.
@@ -338,12 +422,26 @@ class Bridge:
 
         self.state = "connected"
         self.last_error = None
+        self._lost_at = None
         self.stats.connects += 1
         log.info("bridge connected to %s://%s:%d as %s (%d subscriptions)", self.scheme,
                  self.host, self.port, self.origin, len(self.filters))
         if self.filters:
             opts = SubscribeOptions(qos=self.qos, noLocal=True)
             client.subscribe([(f, opts) for f in sorted(self.filters)])
+        # Membership: presences before records (one SUBSCRIBE, served in order), then the
+        # snapshot, then the marker that comes back after every retained message.
+        fed = self.federation
+        fed.begin_sync()
+        root = self._fed_root
+        state = SubscribeOptions(qos=1, noLocal=True)
+        _, self._fed_mid = client.subscribe([
+            (root + "router/+", state), (root + "members/#", state),
+            (self._route_topic, SubscribeOptions(qos=self.qos, noLocal=True)),
+            (self._sync_topic, SubscribeOptions(qos=1))])
+        self._publish_presence()
+        self._publish_records(fed.snapshot())
+        client.publish(self._sync_topic, b"", qos=1)
 
     def _on_disconnect(self, client: Client, userdata: Any, flags: DisconnectFlags,
                        reason: ReasonCode, properties: Properties | None) -> None:
@@ -357,6 +455,12 @@ class Bridge:
 
     def _on_subscribe(self, client: Client, userdata: Any, mid: int,
                       reasons: list[ReasonCode], properties: Properties | None) -> None:
+        if mid == self._fed_mid:
+            # The federation's own subscriptions: not the topic filters counted here.
+            if any(r.is_failure for r in reasons):
+                log.error("bridge: the broker refused the federation's subscriptions: %s",
+                          reasons)
+            return
         self.stats.subacks += 1
         refused = [r for r in reasons if r.is_failure]
         if refused:
@@ -365,6 +469,9 @@ class Bridge:
                         refused[0])
 
     def _on_message(self, client: Client, userdata: Any, msg: MQTTMessage) -> None:
+        if msg.topic.startswith(self._fed_root):
+            self._on_federation(msg.topic, bytes(msg.payload))
+            return
         origin = sender = seq = None
         props = getattr(msg, "properties", None)
         for k, v in getattr(props, "UserProperty", None) or ():
@@ -401,10 +508,53 @@ class Bridge:
         self.hub.counters.delivered += deliver_publication(self.table, group, addr, tid, frame,
                                                            False)
 
+    def _on_federation(self, topic: str, payload: bytes) -> None:
+        fed = self.federation
+        if topic == self._route_topic:
+            fed.on_route(payload)
+            return
+        if topic == self._sync_topic:
+            fed.end_sync()
+            return
+        levels = topic[len(self._fed_root):].split("/")
+        try:
+            if levels[0] == "router" and len(levels) == 2:
+                fed.on_presence(unescape_level(levels[1]), payload, trio.current_time())
+            elif levels[0] == "members" and len(levels) == 3:
+                fed.on_record(unescape_level(levels[1]), unescape_level(levels[2]), payload)
+            else:
+                raise ValueError("unknown federation topic")
+        except ValueError as e:
+            fed.stats.malformed += 1
+            log.debug("bridge: dropping %r: %s", topic, e)
+
     # ------------------------------------------------------------------ the connection
 
     async def run(self) -> None:
         """Connect, serve, reconnect with backoff and jitter, until cancelled."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_cut_off)
+            await self._connect_loop()
+            nursery.cancel_scope.cancel()
+
+    async def _watch_cut_off(self) -> None:
+        # The others declare this router dead 1.5 keepalives after it lost the broker (its
+        # Last Will); it drops them after as long, so both sides see the same partition.
+        while True:
+            await self._cut.wait()
+            self._cut = trio.Event()
+            while (lost := self._lost_at) is not None and self.state != "connected":
+                deadline = lost + 1.5 * self.keepalive
+                if trio.current_time() < deadline:
+                    await trio.sleep_until(deadline)
+                    continue
+                self._lost_at = None
+                if self.federation.routers:
+                    log.warning("bridge: no broker for %.1fs: dropping the other routers' "
+                                "members", 1.5 * self.keepalive)
+                    self.federation.cut_off()
+
+    async def _connect_loop(self) -> None:
         n = 0
         try:
             while True:
@@ -424,6 +574,8 @@ class Bridge:
                     log.info("bridge: %s", self.last_error)
                 else:
                     await self._session()
+                    self._lost_at = trio.current_time()
+                    self._cut.set()
                     if trio.current_time() - started > 30.0:
                         n = 0
                     self.stats.failures += 1
@@ -438,7 +590,7 @@ class Bridge:
                 sock.close()
 
     def _connect_blocking(self) -> None:
-        self._client.connect(self.host, self.port, keepalive=KEEPALIVE, clean_start=True)
+        self._client.connect(self.host, self.port, keepalive=self.keepalive, clean_start=True)
 
     async def _session(self) -> None:
         c = self._client
@@ -452,6 +604,8 @@ class Bridge:
                     n.start_soon(self._reader, sock)
                     n.start_soon(self._writer, sock)
                     n.start_soon(self._misc)
+                    n.start_soon(self._flusher)
+                    n.start_soon(self._refresher)
             finally:
                 self._session_scope = None
         if self.state == "connected":
@@ -463,6 +617,9 @@ class Bridge:
         c = self._client
         while True:
             if not (isinstance(sock, ssl.SSLSocket) and sock.pending()):
+                if c.socket() is None or sock.fileno() < 0:
+                    self._end("connection lost")
+                    return
                 await trio.lowlevel.wait_readable(sock)
             if c.loop_read(max_packets=64) or c.socket() is None:
                 self._end("connection lost")
@@ -476,6 +633,11 @@ class Bridge:
             await self._wake_writer.wait()
             self._wake_writer = trio.Event()
             while c.want_write():
+                if c.socket() is None or sock.fileno() < 0:
+                    # paho closed it in a callback (the reader saw the end) while this task
+                    # was waking up: waiting on a closed descriptor would raise.
+                    self._end("connection lost")
+                    return
                 await trio.lowlevel.wait_writable(sock)
                 if c.loop_write() or c.socket() is None:
                     self._end("write failed")
@@ -498,6 +660,34 @@ class Bridge:
                 return
             if c.want_write():
                 self._kick_writer()
+
+    async def _flusher(self) -> None:
+        while True:
+            await self._fed_dirty.wait()
+            # A burst of joins (a cluster starting) makes one record per group, not one each.
+            await trio.sleep(FLUSH_DELAY)
+            self._fed_dirty = trio.Event()
+            if self.state == "connected":
+                self._publish_records(self.federation.flush())
+
+    async def _refresher(self) -> None:
+        # Presence and records are retained with an expiry (federation.PRESENCE_TTL,
+        # RECORD_TTL): republished well before it, and the others' presences checked.
+        every = PRESENCE_TTL / 3
+        records_every = max(1, round(RECORD_TTL / 3 / every))
+        n = 0
+        while True:
+            await trio.sleep(every)
+            n += 1
+            if self.state != "connected":
+                continue
+            self._publish_presence()
+            if n % records_every == 0:
+                self._publish_records(self.federation.records())
+            self.federation.expire(trio.current_time())
+
+    def _mark_dirty(self) -> None:
+        self._fed_dirty.set()
 
     def _kick_writer(self) -> None:
         self._wake_writer.set()

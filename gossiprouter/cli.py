@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
+import os
 import re
 import signal
 import sys
@@ -18,10 +19,11 @@ from typing import Any
 import click
 import trio
 
-from gossiprouter import __version__
+from gossiprouter import __version__, fastpath
+from gossiprouter.addresses import format_hostport
 from gossiprouter.analytics.cli import analyze_command
-from gossiprouter.cli_errors import PREFIX, CommandError, needs_extra
-from gossiprouter.config import OPTIONS, Config, ConfigError, Option, build, check
+from gossiprouter.cli_errors import PREFIX, BadInput, CommandError, needs_extra
+from gossiprouter.config import OPTIONS, ConfigError, Option, build, check
 from gossiprouter.loadtest.cli import loadtest_command
 from gossiprouter.loadtest.topics import loadtest_topics_command
 from gossiprouter.ops.dump import dump
@@ -167,15 +169,28 @@ def serve(config_file: Path | None, **options: Any) -> None:
     """
     given = {k: v for k, v in options.items() if v is not None}
     try:
+        fastpath.env_mode()
+    except ConfigError as e:
+        raise BadInput(str(e)) from None
+    try:
         config = build(config_file, **given)
         check_startup(config)  # TLS files, tokens file: refused now, not after listening
     except ConfigError as e:
         raise CommandError(str(e)) from None
     setup_logging(config.log_level, config.log_format)
     try:
-        trio.run(run_until_signal, config)
+        # Built here, outside trio.run: what the server refuses (the fast path or the bridge
+        # asked for but not installed) is one line, not a traceback through trio.
+        ops = Operations(config)
+        server = Server(config, hooks=ops)
+    except ConfigError as e:
+        raise CommandError(str(e)) from None
+    try:
+        trio.run(run_until_signal, ops, server)
     except BaseException as e:
-        failure = _find(e, ListenError)
+        # Options only the server's parts check as they are built (the bridge's) are a user's
+        # mistake as much as a taken port: one line, no traceback.
+        failure = _find(e, (ListenError, ConfigError))
         if failure is not None:
             raise CommandError(str(failure)) from None
         raise
@@ -183,7 +198,7 @@ def serve(config_file: Path | None, **options: Any) -> None:
         sys.exit(130)
 
 
-def _find(e: BaseException, kind: type[ListenError]) -> ListenError | None:
+def _find(e: BaseException, kind: tuple[type[Exception], ...]) -> Exception | None:
     """The first ``kind`` exception in ``e`` or, for an exception group, inside it."""
     if isinstance(e, kind):
         return e
@@ -195,12 +210,26 @@ def _find(e: BaseException, kind: type[ListenError]) -> ListenError | None:
     return None
 
 
-async def run_until_signal(config: Config) -> None:
-    ops = Operations(config)
-    server = Server(config, hooks=ops)
+# Set by scripts/run to its .venv: once the router listens, say what to type next.
+NEXT_STEPS_ENV = "GOSSIPROUTER_NEXT_STEPS"
+
+
+def _next_steps(venv: str, host: str, port: int) -> str:
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    where = format_hostport(host, port)
+    return (f"gossiprouter: listening on {where}. In another terminal:\n"
+            f"    . {venv}/bin/activate\n"
+            f"    gossiprouter members {where} demo\n"
+            f"    gossiprouter listen {where} demo")
+
+
+async def run_until_signal(ops: Operations, server: Server) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            await nursery.start(server.serve)
+            host, port = await nursery.start(server.serve)
+            venv = os.environ.get(NEXT_STEPS_ENV)
+            if venv:
+                click.echo(_next_steps(venv, host, port), err=True)
 
             async def on_signal() -> None:
                 async for signum in signals:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import json
 import math
+import textwrap
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
@@ -233,7 +235,8 @@ OPTIONS: tuple[Option, ...] = (
            minimum=0),
     Option("bridge", str, "",
            "Federate through an MQTT 5 broker: mqtt://HOST:PORT or mqtts://HOST:PORT (TLS). "
-           "Global topic publications go through it; empty disables.",
+           "Groups then span every router on it (membership and traffic, docs/federation.md) "
+           "and global topic publications go through it; empty disables.",
            parse=lambda v: parse_bridge_url(v), metavar="URL"),
     Option("bridge_prefix", str, "gossiprouter",
            "First level of every MQTT topic the bridge uses (one federation per prefix).",
@@ -253,6 +256,11 @@ OPTIONS: tuple[Option, ...] = (
            "MQTT QoS of bridged publications and subscriptions: 0 (at most once, like the "
            "router itself) or 1 (at least once while connected; duplicates possible).",
            minimum=0),
+    Option("bridge_keepalive", int, 5,
+           "MQTT keepalive of the bridge's broker connection: a router cut off or killed is "
+           "declared dead by the broker (its Last Will) after 1.5 times this, and its members "
+           "leave every other router of the federation (docs/federation.md).",
+           minimum=1, unit="seconds"),
     Option("bridge_reconnect_max", float, 30.0,
            "Upper bound of the bridge's reconnect backoff (full jitter, from 0.5 s doubling).",
            minimum=0.1, unit="seconds"),
@@ -360,6 +368,7 @@ class Config:
     bridge_tls_cert: str = ""
     bridge_tls_key: str = ""
     bridge_qos: int = 0
+    bridge_keepalive: int = 5
     bridge_reconnect_max: float = 30.0
     provisioned: tuple[Provisioned, ...] = field(default=())
 
@@ -572,3 +581,48 @@ def options_markdown() -> str:
             default = f"`{o.default}`" + (f" {o.unit}" if o.unit else "")
         rows.append(f"| `{o.name}` | {flag} | {default} | {o.help.replace('|', '/')} |")
     return "\n".join(rows) + "\n"
+
+
+_EXAMPLE_HEAD = """\
+# gossiprouter configuration: every option, at its default. Generated from the option
+# declarations (gossiprouter/config.py) by scripts/example-config; do not edit by hand.
+# Use:  gossiprouter serve --config /etc/gossiprouter/gossiprouter.toml
+# Any option given on the command line wins over this file. Keys may be written with
+# '_' or '-'. An unknown key or a bad value stops the router at start-up with a message
+# naming the key, the value and what was expected. docs/operations.md explains them.
+"""
+
+_EXAMPLE_TAIL = """
+# Provisioned (sticky) members: listed by GET_MEMBERS, never expired or replaced.
+# [[provisioned]]
+# group = "billing"
+# addr = "hex:0a0b0c0d"             # or plain text
+# name = "billing-db"
+# physical = ["10.0.0.9:7800"]
+"""
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(value)  # a TOML basic string is a JSON string for these values
+
+
+def example_toml() -> str:
+    """docs/gossiprouter.example.toml: every option of :data:`OPTIONS` at its default, with
+    its help as a comment."""
+    out = [_EXAMPLE_HEAD.rstrip("\n")]
+    for o in OPTIONS:
+        text = o.help
+        if o.unit:
+            text += f" Unit: {o.unit}."
+        if o.choices:
+            text += f" One of: {', '.join(o.choices)}."
+        out.append("")
+        out.extend(f"# {line}" for line in textwrap.wrap(text, 88))
+        out.append(f"{o.name} = {_toml_value(o.default)}")
+    return "\n".join(out) + "\n" + _EXAMPLE_TAIL

@@ -66,6 +66,10 @@ if TYPE_CHECKING:
     from gossiprouter.sessions.base import Counters, Hub, Session
 
 ENV = "GOSSIPROUTER_FAST_PATH"
+# How to get the extension, from a checkout or with pip: no need for the test stack that
+# scripts/setup installs.
+BUILD_HINT = ("it needs a C compiler and the Python headers, e.g. apt-get install gcc "
+              "python3-dev, then scripts/setup --router in a checkout, or pip install . again")
 
 log = logging.getLogger("gossiprouter")
 
@@ -94,6 +98,15 @@ def wanted(config: Config) -> bool:
     return status(config)[0]
 
 
+def env_mode() -> str:
+    """``on`` or ``off`` as GOSSIPROUTER_FAST_PATH says, or "" (unset or auto); ConfigError
+    for any other value (the CLI checks it first: a bad value, exit status 2)."""
+    env = os.environ.get(ENV, "").strip().lower()
+    if env not in ("", "auto", "on", "off"):
+        raise ConfigError(f"{ENV}={env!r}: expected on, off or auto")
+    return "" if env == "auto" else env
+
+
 def status(config: Config) -> tuple[bool, str]:
     """(whether a server with ``config`` runs the fast path, why: for the start-up line);
     ConfigError when it must and cannot."""
@@ -101,11 +114,9 @@ def status(config: Config) -> tuple[bool, str]:
     why = "option fast_path"
     env = ""
     if mode == "auto":
-        env = os.environ.get(ENV, "").strip().lower()
-        if env in ("on", "off"):
+        env = env_mode()
+        if env:
             mode, why = env, f"{ENV}={env}"
-        elif env not in ("", "auto"):
-            raise ConfigError(f"{ENV}={env!r}: expected on, off or auto")
     if mode == "off":
         return False, f"off ({why})"
     if not (config.dispatcher and config.direct_send):
@@ -117,10 +128,9 @@ def status(config: Config) -> tuple[bool, str]:
     if _relay is None:
         if mode == "on":
             raise ConfigError(
-                "fast_path on: the compiled extension gossiprouter._relay is not built "
-                "(run scripts/setup, which needs a C compiler and the Python headers; or set "
-                "fast-path auto to run without it)")
-        return False, "off (gossiprouter._relay is not built: run scripts/setup)"
+                f"fast_path on: the compiled extension gossiprouter._relay is not built "
+                f"({BUILD_HINT}; or set fast-path auto to run without it)")
+        return False, f"off (gossiprouter._relay is not built: {BUILD_HINT})"
     return True, "on (compiled relay thread)"
 
 

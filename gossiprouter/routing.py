@@ -93,6 +93,42 @@ class Carrier(Protocol):
         ...
 
 
+class RemoteCarrier:
+    """Base of the carriers that stand for another router of the federation
+    (``gossiprouter.federation.RemoteMember``), so the table can order them and count them
+    per router in the fan-out without importing the federation.
+
+    ``fanout`` is the carrier that counts as this one's target in :attr:`Group.load` (one per
+    remote router and group, so a multicast goes once to each router); ``live`` is False
+    while the member is held there only in reconnect grace; ``router`` is that router's id.
+    An entry's remote carriers come before its local ones, the preferred last: live first,
+    then the smallest router id (:func:`_rank`).
+    """
+
+    __slots__ = ()
+    fanout: Carrier
+    live: bool
+    router: str
+
+
+def _fan(c: Carrier) -> Carrier:
+    return c.fanout if isinstance(c, RemoteCarrier) else c
+
+
+def _rank(c: Carrier) -> tuple[bool, _Desc]:
+    assert isinstance(c, RemoteCarrier)
+    return (c.live, _Desc(c.router))
+
+
+class _Desc(str):
+    """A string that sorts backwards: the smallest router id is the greatest rank."""
+
+    __slots__ = ()
+
+    def __lt__(self, other: str) -> bool:
+        return str.__gt__(self, other)
+
+
 class RoutingError(Exception):
     """A refused operation; ``code`` is the native ERROR code."""
 
@@ -158,6 +194,9 @@ class Group:
     topics: TopicIndex[Entry] | None = None
     _targets: tuple[Carrier, ...] | None = None
     _targets_without: dict[Carrier, tuple[Carrier, ...]] = field(default_factory=dict)
+    # Bumped by every change of an entry's carriers or of the entries: what is computed from
+    # them (the federation's receivers of a router's multicast) is cached against it.
+    rev: int = 0
 
     def invalidate(self) -> None:
         self._targets = None
@@ -264,6 +303,10 @@ class RoutingTable:
         # from a connection, removed, put in or taken out of grace): the compiled fast path
         # forgets the routing decisions it repeats (gossiprouter.fastpath).
         self.changed: Callable[[], None] = _unchanged
+        # Told (group, None) when the entries this router carries itself in ``group`` may have
+        # changed, and (group, addr) when such an entry was removed as suspected: the
+        # federation republishes the group's local members (gossiprouter.federation).
+        self.on_local: Callable[[str, bytes | None], None] | None = None
         # Names the federation (broker and prefix) when bridged; announced in WELCOME so a
         # client on several routers of one federation takes global publications from one.
         self.federation: str | None = None
@@ -336,6 +379,7 @@ class RoutingTable:
         sticky: bool = False,
         expires_at: float | None = None,
         wire: Any = None,
+        remote: bool = False,
     ) -> tuple[Entry, list[Notice], list[bytes]]:
         """Register ``addr`` in ``group`` through ``carrier``.
 
@@ -344,8 +388,12 @@ class RoutingTable:
         ``carrier`` in order. Raises :class:`RoutingError` (``forbidden``,
         ``address_in_use``, ``limit``, or whatever :attr:`check` raises) when a
         rule refuses it; nothing has changed then.
+
+        With ``remote`` the registration is one another router of the federation made and
+        ``carrier`` a :class:`RemoteCarrier`: that router applied the checks, the identity
+        rule and the limits already, so only the kinds' precedence applies here.
         """
-        if self.check is not None and kind != Kind.PROVISIONED:
+        if self.check is not None and kind != Kind.PROVISIONED and not remote:
             self.check(group, addr, name, physical, wire)
         g = self.groups.get(group)
         e = None if g is None else g.entries.get(addr)
@@ -363,13 +411,13 @@ class RoutingTable:
             # An entry in reconnect grace has no carriers but still belongs
             # to its identity: another one must not take it (and its held traffic).
             owned = bool(e.carriers) or e.grace_until is not None
-            if e.identity != identity and owned and kind == e.kind:
+            if e.identity != identity and owned and kind == e.kind and not remote:
                 raise RoutingError(
                     "address_in_use", f"address is registered in {group!r} by another identity"
                 )
-        if carrier is not None and (regs is None or (group, addr) not in regs):
+        if carrier is not None and not remote and (regs is None or (group, addr) not in regs):
             self._check_limits(carrier, group)
-        if g is None and kind == Kind.CONNECTION:
+        if g is None and kind == Kind.CONNECTION and not remote:
             self._check_new_group()
 
         notices: list[Notice] = []
@@ -393,6 +441,10 @@ class RoutingTable:
                 notices.append(Notice("join", e, g))
         else:
             # Registering again: newest data wins; expiry later wins; sticky if either is.
+            if remote and any(not isinstance(c, RemoteCarrier) for c in e.carriers):
+                # A router's own registration describes the member; another router's copy
+                # of it does not overwrite it (both converge through the records).
+                name, physical, identity, wire = e.name, e.physical, e.identity, None
             e.name, e.physical, e.identity = name, physical, identity
             if wire is not None:
                 e.wire = wire
@@ -421,12 +473,39 @@ class RoutingTable:
             raise RoutingError("forbidden", f"address is a provisioned member of {group!r}")
         if e is None or carrier not in e.carriers:
             raise RoutingError("not_member", f"this connection did not register it in {group!r}")
+        if isinstance(e.carriers[0], RemoteCarrier):  # remote carriers come first
+            # It leaves this router; its connections to other routers are theirs to end (a
+            # stub on several routers sends DISCONNECT to each), so the member stays, quietly.
+            for c in [c for c in e.carriers if not isinstance(c, RemoteCarrier)]:
+                self._unlink(self.groups[group], e, c)
+            return []
         return self._remove(e, suspect=False)
 
     def remove(self, group: str, addr: bytes, *, suspect: bool = False) -> list[Notice]:
         """Remove an entry whatever its kind (embedding API and config reload)."""
         e = self.entry(group, addr)
         return [] if e is None else self._remove(e, suspect=suspect)
+
+    def unlink_remote(self, carrier: RemoteCarrier, group: str, addr: bytes, *,
+                      suspect: bool) -> list[Notice]:
+        """Another router no longer carries ``addr`` (``carrier`` stands for it there).
+
+        The entry stays while something else carries it (a local connection, a third
+        router: rule R5 federation-wide); otherwise it is removed at once, with ``suspect``
+        when that router removed it as suspected or died. No grace here: the member's own
+        router applied its grace already, and a dead router was awaited for its keepalive.
+        """
+        c: Carrier = carrier  # type: ignore[assignment]  # every RemoteCarrier is a Carrier
+        g = self.groups.get(group)
+        e = None if g is None else g.entries.get(addr)
+        self._regs.pop(c, None)
+        self._group_regs.pop(c, None)
+        if g is None or e is None or c not in e.carriers:
+            return []
+        self._unlink(g, e, c)
+        if e.carriers or e.grace_until is not None or e.kind == Kind.PROVISIONED:
+            return []
+        return self._remove(e, suspect=suspect)
 
     def drop_carrier(self, carrier: Carrier, now: float) -> list[Notice]:
         """``carrier`` is gone (closed, abruptly or not, without DISCONNECT).
@@ -622,27 +701,45 @@ class RoutingTable:
 
     def _link(self, g: Group, e: Entry, carrier: Carrier) -> None:
         self.changed()
+        g.rev += 1
         old = e.carrier
-        if carrier in e.carriers:
-            e.carriers.remove(carrier)
-        e.carriers.append(carrier)
+        carriers = e.carriers
+        if carrier in carriers:
+            carriers.remove(carrier)
+        if isinstance(carrier, RemoteCarrier):
+            # Remote routers go before every local connection (a local one always carries
+            # the traffic when there is one), ordered by rank so the preferred is the last.
+            n = sum(1 for c in carriers if isinstance(c, RemoteCarrier))
+            carriers.insert(n, carrier)
+            carriers[: n + 1] = sorted(carriers[: n + 1], key=_rank)
+        else:
+            carriers.append(carrier)
+            if self.on_local is not None:
+                self.on_local(g.name, None)
         regs = self._regs.setdefault(carrier, {})
         key = (g.name, e.addr)
         if key not in regs:
             counts = self._group_regs.setdefault(carrier, {})
             counts[g.name] = counts.get(g.name, 0) + 1
         regs[key] = e
-        if old is not carrier:
-            if old is not None:
-                self._unload(g, old)
-            g.load[carrier] = g.load.get(carrier, 0) + 1
-            g.invalidate()
+        self._carrier_changed(g, old, e.carrier)
+
+    def _carrier_changed(self, g: Group, old: Carrier | None, new: Carrier | None) -> None:
+        if old is new:
+            return
+        if old is not None:
+            self._unload(g, _fan(old))
+        if new is not None:
+            f = _fan(new)
+            g.load[f] = g.load.get(f, 0) + 1
+        g.invalidate()
 
     def _unlink(self, g: Group, e: Entry, carrier: Carrier) -> None:
         if carrier not in e.carriers:
             return
         self.changed()
-        was_newest = e.carrier is carrier
+        g.rev += 1
+        old = e.carrier
         e.carriers.remove(carrier)
         regs = self._regs.get(carrier)
         if regs is not None and regs.pop((g.name, e.addr), None) is not None:
@@ -652,12 +749,9 @@ class RoutingTable:
                 counts[g.name] = n
             else:
                 del counts[g.name]
-        if was_newest:
-            self._unload(g, carrier)
-            new = e.carrier
-            if new is not None:
-                g.load[new] = g.load.get(new, 0) + 1
-            g.invalidate()
+        if self.on_local is not None and not isinstance(carrier, RemoteCarrier):
+            self.on_local(g.name, None)
+        self._carrier_changed(g, old, e.carrier)
 
     @staticmethod
     def _unload(g: Group, carrier: Carrier) -> None:
@@ -670,6 +764,7 @@ class RoutingTable:
     def _remove(self, e: Entry, *, suspect: bool) -> list[Notice]:
         self.changed()
         g = self.groups[e.group]
+        g.rev += 1
         for c in list(e.carriers):
             self._unlink(g, e, c)
         if e.grace_until is not None:
@@ -678,6 +773,8 @@ class RoutingTable:
             e.held, e.held_bytes = [], 0
         del g.entries[e.addr]
         self._drop_topics(g, e)
+        if self.on_local is not None:
+            self.on_local(g.name, e.addr if suspect else None)
         notices: list[Notice] = []
         if suspect and self.suspect_events and g.load:
             notices.append(Notice("suspect", e, g))

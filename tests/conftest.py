@@ -29,6 +29,41 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="in-process routers read plain-TCP connections from the dispatcher "
                           "task (on) or one reader task per connection (off); default: the "
                           "config default")
+    parser.addoption("--read-path-pass", action="store_true",
+                     help="scripts/test's second pass (on the pure-Python path): deselect the "
+                          "tests that cannot depend on the read path (see one_pass())")
+
+
+# Modules whose tests never start a router (codecs, tables, sans-IO client parts, docs and
+# packaging): what they check cannot depend on the read path.
+SANS_IO_MODULES = frozenset({
+    "test_native_codec", "test_jgroups2_codec", "test_jgroups5_codec", "test_native_scan",
+    "test_jgroups_scan", "test_jgroups_common", "test_routing_rules", "test_native_state",
+    "test_client_merge", "test_client_registrar", "test_dependencies", "test_docs",
+    "test_hooks", "test_packaging", "test_federation",
+})
+
+
+def one_pass(item: pytest.Item) -> bool:
+    """Whether scripts/test runs ``item`` in its first pass only: marked ``one_pass`` (it runs
+    scripts, or sets the fast path itself), ``spark`` (the audit reads records, whichever path
+    relayed them), or in a sans-IO module."""
+    module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+    return (item.get_closest_marker("one_pass") is not None
+            or item.get_closest_marker("spark") is not None
+            or module in SANS_IO_MODULES)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # scripts/test runs the suite twice: with the compiled fast path, then with
+    # --read-path-pass on the pure-Python path, where only the tests whose outcome can depend
+    # on the read path run again (the rest are deselected, and pytest's summary says how many).
+    if not config.getoption("--read-path-pass"):
+        return
+    keep = [item for item in items if not one_pass(item)]
+    if len(keep) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if one_pass(item)])
+        items[:] = keep
 
 
 @pytest.hookimpl(trylast=True)

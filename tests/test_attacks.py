@@ -5,6 +5,8 @@ end to end with the honest members' deliveries counted from the raw records."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -17,9 +19,11 @@ from gossiprouter.loadtest.attacks import (
     KINDS,
     AttackRunner,
     HugeNames,
+    block_sigterm,
     parse_attacks,
     run_attacks,
 )
+from gossiprouter.loadtest.attacks import command as attacks_command
 from gossiprouter.loadtest.driver import run_loadtest
 from gossiprouter.loadtest.scenario import ScenarioError, load_scenario, parse_scenario
 from gossiprouter.protocol import jgroups2 as j2
@@ -163,29 +167,45 @@ async def test_hostile_scenario_loses_nothing_among_honest_members(tmp_path: Pat
     assert senders <= {m.name for m in scenario.members}  # attackers are not in the records
 
 
-def test_attack_process_writes_its_counters_when_stopped_by_sigterm(tmp_path: Path) -> None:
-    """When a run fails the driver stops the attack process with SIGTERM; the counters of
-    what it did until then still reach attacks.json."""
-    import signal
-    import subprocess
-    import sys
-
+def _stopped_by_sigterm(tmp_path: Path, once: str | None) -> list[dict[str, Any]]:
+    """Start the attack process as the driver does (SIGTERM held until main()), stop it with
+    SIGTERM once its log has a line with ``once`` (at once with None), check it exits 0;
+    what it wrote to attacks.json."""
+    out = tmp_path / "attacks.json"
+    config = tmp_path / "config.json"
     with RouterProcess(None, "--log-level", "warning") as router:
-        out = tmp_path / "attacks.json"
-        config = tmp_path / "config.json"
         config.write_text(json.dumps({
             "router": f"127.0.0.1:{router.port}", "metrics": None, "out": str(out),
             "t0_ns": time.monotonic_ns(), "end_ns": time.monotonic_ns() + 60_000_000_000,
             "attacks": [{"kind": "ping-flood", "bytes_per_s": 100_000, "burst": 7000}]}))
-        proc = subprocess.Popen([sys.executable, "-m", "gossiprouter.loadtest.attacks",
-                                 str(config)], cwd=REPO)
+        proc = subprocess.Popen(attacks_command(config), cwd=REPO, stderr=subprocess.PIPE,
+                                text=True, preexec_fn=block_sigterm)
         try:
-            time.sleep(2.0)
+            assert proc.stderr is not None
+            # Stopped once it has done some work, however long that took.
+            if once is not None:
+                for line in proc.stderr:
+                    if once in line:
+                        break
             proc.send_signal(signal.SIGTERM)
-            assert proc.wait(15) == 0
+            assert proc.wait(60) == 0
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    counters = json.loads(out.read_text())["attacks"][0]["counters"]
+    attacks: list[dict[str, Any]] = json.loads(out.read_text())["attacks"]
+    return attacks
+
+
+def test_attack_process_writes_its_counters_when_stopped_by_sigterm(tmp_path: Path) -> None:
+    """When a run fails the driver stops the attack process with SIGTERM; the counters of
+    what it did until then still reach attacks.json."""
+    counters = _stopped_by_sigterm(tmp_path, "ping-flood: first bytes sent")[0]["counters"]
     assert counters["opened"] == 1 and counters["bytes_out"] >= 7000
+
+
+def test_attack_process_stopped_at_once_still_writes_its_counters(tmp_path: Path) -> None:
+    """A SIGTERM that arrives while the process is still starting (before trio listens for
+    it) stops it cleanly too: attacks.json is written, with what was done (nothing)."""
+    [attack] = _stopped_by_sigterm(tmp_path, None)
+    assert attack["kind"] == "ping-flood" and attack["counters"]["opened"] <= 1

@@ -501,7 +501,7 @@ def test_unreachable_master_fails_fast_with_the_cause(tmp_path: Path) -> None:
     last = result.stderr.strip().splitlines()[-1]
     assert re.fullmatch(rf"gossiprouter: error: cannot reach the Spark master "
                         rf"spark://127\.0\.0\.1:{port} \(127\.0\.0\.1:{port}: Connection "
-                        rf"refused\) \(Spark log: .*\)", last)
+                        rf"refused\)", last)  # no Spark log: Spark never started
     assert "stopped SparkContext" not in result.output
 
 

@@ -7,11 +7,14 @@ in-process through click's CliRunner where no router is involved).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
+import tomllib
 from functools import partial
 from pathlib import Path
 
@@ -31,6 +34,7 @@ from gossiprouter.addresses import (
     parse_hostports,
 )
 from gossiprouter.cli import main
+from gossiprouter.cli_errors import install_hint
 from gossiprouter.config import ConfigError, load_file
 from gossiprouter.protocol.native import MAX_ADDR, MAX_GROUP
 from gossiprouter.server import Server
@@ -212,10 +216,8 @@ def test_unknown_config_key_suggests_the_right_one(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("command", "hidden", "message"), [
-    ("analyze", ("pyspark", "py4j"),
-     "the analysis needs PySpark: pip install 'gossiprouter[loadtest]'"),
-    ("loadtest", ("pyarrow",),
-     "the load test needs pyarrow and rich: pip install 'gossiprouter[loadtest]'"),
+    ("analyze", ("pyspark", "py4j"), "the analysis needs PySpark: "),
+    ("loadtest", ("pyarrow",), "the load test needs pyarrow and rich: "),
 ])
 def test_missing_extra_names_the_package_and_one_install_hint(
         command: str, hidden: tuple[str, ...], message: str, tmp_path: Path,
@@ -227,7 +229,7 @@ def test_missing_extra_names_the_package_and_one_install_hint(
     args = [str(tmp_path)] if command == "analyze" else [
         str(scenario), "--spawn-router", "--out", str(tmp_path / "run")]
     code, err = _invoke(command, *args)
-    assert (code, err) == (1, f"{PREFIX}{message}\n")
+    assert (code, err) == (1, f"{PREFIX}{message}{install_hint('loadtest')}\n")
     assert "py4j" not in err
 
 
@@ -300,3 +302,221 @@ def test_shell_completion_is_documented_and_works() -> None:
     env |= {"COMP_WORDS": "gossiprouter serve --slow-consumer-policy ", "COMP_CWORD": "3"}
     r = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=30)
     assert r.stdout.split() == ["plain,disconnect", "plain,drop"], r
+
+
+# --------------------------------------------------------------------------- optional parts
+
+# Every optional dependency, by the name a failing import would stop at.
+OPTIONAL = ("paho", "pyarrow", "pyspark", "prometheus_client", "gossiprouter._relay")
+
+# Runs `gossiprouter ARGS` for each ARGS of argv[2] (JSON) in this one process, with the
+# modules of argv[1] hidden (an import of them raises ImportError, find_spec finds none),
+# and prints [exit status, stderr] for each. A traceback is printed into that stderr.
+_HIDDEN_RUNNER = """
+import contextlib, io, json, sys, traceback
+for name in json.loads(sys.argv[1]):
+    sys.modules[name] = None
+from gossiprouter.cli import main
+from gossiprouter.cli_errors import install_hint
+out = []
+for argv in json.loads(sys.argv[2]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            main(argv, prog_name="gossiprouter")
+            code = 0
+        except SystemExit as e:
+            code = e.code
+        except BaseException:
+            traceback.print_exc()
+            code = None
+    out.append([code, err.getvalue()])
+print(json.dumps(out))
+"""
+
+
+def _every_subcommand(tmp_path: Path, busy: int, closed: int) -> dict[str, list[str]]:
+    """Each subcommand with arguments that use every optional part it has, and end at once
+    in a failure when all are there (a taken port, nobody listening, a full directory), so
+    each run is one error line whatever is hidden."""
+    full = tmp_path / "full"
+    full.mkdir(exist_ok=True)
+    (full / "x").write_text("")
+    empty = tmp_path / "empty"
+    empty.mkdir(exist_ok=True)
+    topics = str(REPO / "scripts" / "scenarios" / "topics.toml")
+    small = str(REPO / "scripts" / "scenarios" / "small.toml")
+    nobody = f"127.0.0.1:{closed}"
+    return {
+        "serve": ["serve", "--port", str(busy), "--log-level", "error", "--fast-path", "on",
+                  "--bridge", f"mqtt://{nobody}", "--metrics", "127.0.0.1:0"],
+        "members": ["members", nobody, "demo"],
+        "send": ["send", nobody, "demo", "x"],
+        "listen": ["listen", nobody, "demo"],
+        "publish": ["publish", nobody, "demo", "v1/pos/eu/de", "x"],
+        "dump": ["dump", nobody],
+        "loadtest": ["loadtest", small, "--router", nobody, "--out", str(tmp_path / "run")],
+        # The same again: a run that failed before recording leaves its directory reusable.
+        "loadtest again": ["loadtest", small, "--router", nobody, "--out",
+                           str(tmp_path / "run")],
+        "loadtest topics": ["loadtest", topics, "--out", str(full)],
+        "loadtest-topics": ["loadtest-topics", topics, "--out", str(full)],
+        "analyze": ["analyze", str(empty)],
+    }
+
+
+# What each hidden part must be named in, where a command needs it.
+_NAMED = {
+    ("paho", "serve"): "paho-mqtt", ("paho", "loadtest topics"): "paho-mqtt",
+    ("paho", "loadtest-topics"): "paho-mqtt",
+    ("gossiprouter._relay", "serve"): "gossiprouter._relay",
+    ("pyarrow", "loadtest"): "pyarrow", ("pyarrow", "loadtest topics"): "pyarrow",
+    ("pyarrow", "loadtest-topics"): "pyarrow", ("pyspark", "analyze"): "PySpark",
+}
+
+
+def test_main_lists_every_subcommand_the_matrix_runs(tmp_path: Path) -> None:
+    """A new subcommand must join the matrix below (and so be run without each part)."""
+    runs = _every_subcommand(tmp_path, 1, 1)
+    assert set(main.commands) == {argv[0] for argv in runs.values()}
+
+
+@pytest.mark.one_pass  # it sets the fast path itself
+@pytest.mark.parametrize("hidden", [None, *OPTIONAL])
+def test_every_subcommand_without_each_optional_part_fails_in_one_line(
+        hidden: str | None, tmp_path: Path) -> None:
+    """Every subcommand, with one optional dependency missing (or none), ends in one
+    `gossiprouter: error:` line and exit status 1 or 2, never a traceback; a command that
+    needs the missing part names it."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        runs = _every_subcommand(tmp_path, taken.getsockname()[1], free_port())
+        env = {k: v for k, v in os.environ.items() if k != "GOSSIPROUTER_FAST_PATH"}
+        r = subprocess.run([sys.executable, "-c", _HIDDEN_RUNNER,
+                            json.dumps([hidden] if hidden else []),
+                            json.dumps(list(runs.values()))],
+                           capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    runs_out = dict(zip(runs, json.loads(r.stdout), strict=True))
+    for name, (code, err) in runs_out.items():
+        assert "Traceback" not in err, f"{name} without {hidden}:\n{err}"
+        assert code in (1, 2) and err.startswith(PREFIX) and err.count("\n") == 1, \
+            f"{name} without {hidden}: exit {code}\n{err}"
+        if hidden and (hidden, name) in _NAMED:
+            assert _NAMED[hidden, name] in err, f"{name} without {hidden}: {err}"
+    if hidden != "pyarrow":
+        assert runs_out["loadtest again"] == runs_out["loadtest"]
+
+
+def _hidden_run(hidden: tuple[str, ...], *argvs: list[str],
+                env: dict[str, str] | None = None) -> list[tuple[int | None, str]]:
+    r = subprocess.run([sys.executable, "-c", _HIDDEN_RUNNER, json.dumps(hidden),
+                        json.dumps(argvs)], capture_output=True, text=True, cwd=REPO,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return [(code, err) for code, err in json.loads(r.stdout)]
+
+
+def test_fast_path_environment_errors_are_one_line() -> None:
+    """GOSSIPROUTER_FAST_PATH=bogus is a bad value (exit 2); =on without the compiled
+    extension cannot start (exit 1). Both before anything listens."""
+    serve = ["serve", "--port", "0", "--log-level", "error"]
+    [(code, err)] = _hidden_run((), serve, env=os.environ | {"GOSSIPROUTER_FAST_PATH": "bogus"})
+    assert (code, err) == (2, f"{PREFIX}GOSSIPROUTER_FAST_PATH='bogus': expected on, off or "
+                              "auto\n")
+    [(code, err)] = _hidden_run(("gossiprouter._relay",), serve,
+                                env=os.environ | {"GOSSIPROUTER_FAST_PATH": "on"})
+    assert code == 1 and err.startswith(f"{PREFIX}fast_path on: the compiled extension "
+                                        "gossiprouter._relay is not built"), err
+    assert err.count("\n") == 1
+
+
+def test_install_hints_work_from_a_checkout(monkeypatch: pytest.MonkeyPatch,
+                                            tmp_path: Path) -> None:
+    """gossiprouter is on no package index: a hint installs from the checkout."""
+    from gossiprouter.cli_errors import checkout
+
+    assert checkout() == REPO
+    monkeypatch.chdir(REPO)
+    hint = install_hint("bridge")
+    assert hint.endswith("install -e '.[bridge]' (or scripts/setup for everything)"), hint
+    assert "gossiprouter[" not in hint
+    monkeypatch.chdir(tmp_path)  # elsewhere: the hint goes there first
+    assert install_hint("bridge").startswith(f"cd {REPO} && ")
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert {"metrics", "bridge", "loadtest", "ops"} <= set(extras)
+    assert extras["ops"] == ["gossiprouter[metrics,bridge]"]  # the old name, both parts
+
+
+def test_analyze_a_file_says_it_is_not_a_directory() -> None:
+    code, err = _invoke("analyze", str(REPO / "README.md"))
+    assert (code, err) == (2, f"{PREFIX}run directory {REPO / 'README.md'} is not a "
+                              "directory\n")
+
+
+def _analyze(run: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gossiprouter", "analyze", str(run), *args],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+
+
+def test_analyze_without_java_says_so_before_spark_starts(tmp_path: Path) -> None:
+    from tests.test_audit import build_run
+
+    run = tmp_path / "run"
+    build_run(run)
+    no_java = tmp_path / "bin"  # a PATH with no java on it
+    no_java.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"} | {"PATH": str(no_java)}
+    r = _analyze(run, env=env)
+    assert (r.returncode, r.stderr) == (
+        1, f"{PREFIX}Java 17+ not found: install a JDK or set JAVA_HOME\n")
+    r = _analyze(run, env=env | {"JAVA_HOME": str(tmp_path)})
+    assert (r.returncode, r.stderr) == (
+        1, f"{PREFIX}Java 17+ not found: JAVA_HOME={tmp_path} has no bin/java (install a "
+           "JDK or set JAVA_HOME)\n")
+    assert not (run / "report").exists()
+
+
+@pytest.mark.spark
+def test_analyze_with_a_bad_master_quotes_sparks_cause(tmp_path: Path) -> None:
+    from tests.test_audit import build_run
+
+    run = tmp_path / "run"
+    build_run(run)
+    r = _analyze(run, "--master", "foo://x", env=dict(os.environ))
+    assert r.returncode == 1
+    assert r.stderr.splitlines()[-1] == (
+        f"{PREFIX}Spark could not start on foo://x: Master must either be yarn or start "
+        f"with spark, k8s, or local (Spark log: {run / 'report' / 'spark.log'})")
+    assert "Master must either" in (run / "report" / "spark.log").read_text()
+
+
+def test_run_prints_its_next_steps_only_once_listening(tmp_path: Path) -> None:
+    """scripts/run: no "listening" banner before a failure, nor for --help."""
+    run = str(REPO / "scripts" / "run")
+    r = subprocess.run([run, "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "listening" not in r.stderr and "Usage:" in r.stdout
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = subprocess.run([run, "--port", str(port)], capture_output=True, text=True,
+                           timeout=120)
+    assert r.returncode == 1
+    assert r.stderr.startswith(PREFIX) and r.stderr.count("\n") == 1, r.stderr
+    assert "listening" not in r.stderr and "another terminal" not in r.stderr
+
+
+async def test_a_topics_router_that_exits_shows_its_log_and_keeps_it(tmp_path: Path) -> None:
+    from gossiprouter.loadtest.topics import ProcessExited, _wait_port
+
+    log = tmp_path / "router-0.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-c", "import sys; print('why it failed', "
+                                 "file=sys.stderr); sys.exit(1)"], stdout=out, stderr=out)
+    with pytest.raises(ProcessExited) as e:
+        await _wait_port(free_port(), proc, "router 0", log)
+    assert str(e.value) == f"router 0 exited with status 1 (its log is kept: {log})"
+    assert e.value.last_lines() == ["why it failed"]

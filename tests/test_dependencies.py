@@ -36,6 +36,8 @@ LAYERS: dict[str, str] = {
     "gossiprouter.config": "config",
     "gossiprouter.routing": "routing",
     "gossiprouter.sessions": "sessions",
+    # Federated membership and routing: sans-IO state over the table (the bridge does I/O).
+    "gossiprouter.federation": "sessions",
     "gossiprouter.server": "server",
     "gossiprouter.dispatch": "server",  # the read path, split out of server.py (issue 14)
     # The compiled fast path's Python half and its C relay thread (issue 16): server I/O.

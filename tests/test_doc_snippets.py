@@ -19,8 +19,11 @@ A load-test command that an earlier block ran as written, but for the name of it
 directory, is not run a second time (they take minutes on a busy machine).
 
 The only changes made to what is written: port 12001 becomes a free port, and 0.0.0.0
-becomes 127.0.0.1 (tests stay on loopback). The group ``demo`` has a member ``hex:0a0b``
-(named B), as the README's unicast example expects.
+becomes 127.0.0.1 (tests stay on loopback). Nothing is registered behind the reader's back:
+a member the commands talk to is one a block starts. A block marked on the line before it
+with ``<!-- keeps running: REASON -->`` is a terminal of its own: its ``gossiprouter
+listen`` is left running while the file's later blocks run, then stopped with Ctrl-C (exit
+0), and must have printed the text of every later ``send`` that was meant for it.
 
 A ``python`` or ``sh`` block that cannot run in a test (it needs a Spark cluster, root and
 /etc, or minutes) is marked on the line before it with ``<!-- not run: REASON -->``; there
@@ -32,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -49,6 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.M | re.S)
 NOT_RUN = re.compile(r"^<!-- not run: (\S.*?) -->$")
+KEEPS_RUNNING = re.compile(r"^<!-- keeps running: (\S.*?) -->$")
 RUN = {"python", "sh"}
 CHECKED = {"toml", "json"}
 NOT_CODE = {"text", "xml", "ini"}
@@ -67,6 +72,7 @@ class Block:
     body: str
     not_run: str | None
     prelude: tuple[str, ...]  # environment lines from the file's earlier sh blocks
+    keeps_running: bool = False  # a terminal of its own (see the module docstring)
 
     @property
     def id(self) -> str:
@@ -96,7 +102,8 @@ def extract() -> list[Block]:
             marker = NOT_RUN.match(before)
             lang = m.group(1).strip()
             out.append(Block(f, text.count("\n", 0, m.start()) + 1, lang, m.group(2),
-                             marker.group(1) if marker else None, tuple(prelude)))
+                             marker.group(1) if marker else None, tuple(prelude),
+                             KEEPS_RUNNING.match(before) is not None))
             if lang == "sh" and not marker:
                 prelude += [c for c in commands(m.group(2)) if PRELUDE.match(c)]
     return out
@@ -135,7 +142,7 @@ def test_extraction_sees_markers_continuations_and_preludes() -> None:
     serve = next(b for b in readme if "gossiprouter serve --help" in b.body)
     assert serve.prelude == ()
     tools = next(b for b in readme if "gossiprouter members" in b.body)
-    assert [p.split("#")[0].strip() for p in tools.prelude] == [". .venv/bin/activate"]
+    assert {p.split("#")[0].strip() for p in tools.prelude} == {". .venv/bin/activate"}
     assert list(commands("a \\\n  b  # x\n# only a comment\n\nc\n")) == ["a    b  # x", "c"]
 
 
@@ -144,33 +151,24 @@ def test_extraction_sees_markers_continuations_and_preludes() -> None:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, int]]:
-    """A router with a member hex:0a0b in "demo", and a scratch copy of the repository
-    (symlinks, so that what the commands write, such as runs/, lands in a fresh place)."""
+    """A router, with nobody in it, and a scratch copy of the repository (symlinks, so that
+    what the commands write, such as runs/, lands in a fresh place)."""
     scratch = tmp_path_factory.mktemp("docs-scratch")
     for entry in ROOT.iterdir():
         if entry.name not in ("runs", ".git"):
             (scratch / entry.name).symlink_to(entry)
     with RouterProcess() as router:
-        member = subprocess.Popen(
-            [sys.executable, "-c", _MEMBER, str(router.port)], stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, cwd=ROOT)
         try:
-            assert member.stdout is not None
-            assert member.stdout.readline() == b"ready\n", member.stderr
             yield scratch, router.port
         finally:
-            member.terminate()
-            member.wait(10)
+            for proc, _, _ in KEPT:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
 
 
-_MEMBER = """
-import sys, time
-from gossiprouter import BlockingRouterStub
-with BlockingRouterStub([("127.0.0.1", int(sys.argv[1]))]) as stub:
-    stub.connect("demo", bytes.fromhex("0a0b"), name="B")
-    print("ready", flush=True)
-    time.sleep(600)
-"""
+# The listeners of "keeps running" blocks, with their block and command, in file order.
+KEPT: list[tuple[subprocess.Popen[str], Block, str]] = []
 
 
 def _env(block: Block) -> dict[str, str]:
@@ -264,6 +262,9 @@ def _run_listen(cmd: str, script: str, block: Block, scratch: Path) -> None:
             proc.kill()
             raise AssertionError(f"{block.id}: {cmd!r} did not start listening:\n{seen}")
         seen += line
+    if block.keeps_running:
+        KEPT.append((proc, block, cmd))  # stopped by test_kept_listeners_got_what_was_sent
+        return
     _interrupt(proc, f"{block.id}: {cmd!r}")
 
 
@@ -309,3 +310,40 @@ def test_sh_block_runs(block: Block, world: tuple[Path, int]) -> None:
                 _ALREADY_RAN.add(_same_as(written))
         ran += 1
     assert ran, f"{block.id}: no command in an sh block"
+
+
+def _sends_for(listener: str, later: list[Block]) -> list[str]:
+    """The texts that the ``send`` commands of ``later`` blocks meant for ``listener`` (its
+    group; to everyone, or --to its --addr)."""
+    words = shlex.split(listener, comments=True)
+    group = words[3]
+    addr = words[words.index("--addr") + 1] if "--addr" in words else None
+    texts = []
+    for b in later:
+        for c in commands(b.body):
+            w = shlex.split(c, comments=True)
+            if w[:2] != ["gossiprouter", "send"] or w[3] != group:
+                continue
+            to = w[w.index("--to") + 1] if "--to" in w else None
+            if to is None or to == addr:
+                texts.append(w[-1])
+    return texts
+
+
+def test_kept_listeners_got_what_was_sent() -> None:
+    """A "keeps running" listener, stopped once its file's blocks have run, printed what
+    they sent it (the README's walk-through: listen in one terminal, send from another)."""
+    kept = [b for b in BLOCKS if b.keeps_running]
+    assert kept, "the README's walk-through keeps a listener running"
+    if not KEPT:
+        pytest.skip("the blocks that start them did not run (deselected)")
+    for proc, block, cmd in KEPT:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, f"{block.id}: {cmd!r}: exit {proc.returncode}\n{err}"
+        later = [b for b in BLOCKS if b.file == block.file and b.line > block.line
+                 and b.lang == "sh" and not b.not_run]
+        texts = _sends_for(cmd, later)
+        assert texts, f"{block.id}: no later block sends to {cmd!r}"
+        for text in texts:
+            assert text in out, f"{block.id}: {cmd!r} did not print {text!r}:\n{out}"

@@ -6,6 +6,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.test_routing_rules import CASES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -134,3 +136,20 @@ def test_the_stub_knows_which_error_codes_close() -> None:
     closing = set(re.findall(r"^\| `([a-z_]+)`[^|]*\| closed \|", section, re.M))
     assert {"protocol", "slow_consumer", "limit"} <= closing, closing  # the parse works
     assert set(CLOSING_CODES) == closing
+
+
+def test_config_error_examples_are_the_real_messages(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/operations.md's examples of a bad config file are what serve prints today."""
+    from click.testing import CliRunner
+
+    from gossiprouter.cli import main
+
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    monkeypatch.chdir(tmp_path)
+    for content in ('idle_timeout = "soon"\n', "idle-timout = 5\n",
+                    'allow_native = ["0.0.0.0/0", "10.0.0.1/8"]\n'):
+        Path("router.toml").write_text(content)
+        r = CliRunner().invoke(main, ["serve", "--config", "router.toml"])
+        assert r.exit_code == 1
+        assert f"\n    {r.stderr}" in doc, f"docs/operations.md should show: {r.stderr}"

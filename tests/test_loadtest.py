@@ -243,6 +243,26 @@ async def test_run_dir_must_be_new(tmp_path: Path) -> None:
         await run_loadtest(s, tmp_path / "r", spawn_router=True)
 
 
+def test_a_run_that_failed_before_recording_leaves_its_directory_reusable(
+        tmp_path: Path) -> None:
+    """The same command works again once the cause is fixed (issue 25, item 5); a failed
+    run that recorded something is kept, as is anything else."""
+    from gossiprouter.loadtest.driver import prepare_run_dir
+
+    run = tmp_path / "r"
+    (run / "records").mkdir(parents=True)
+    (run / "logs").mkdir()
+    (run / "logs" / "router.log").write_text("x")
+    (run / "manifest.json").write_text('{"status": "failed"}')
+    prepare_run_dir(run)
+    assert sorted(p.name for p in run.iterdir()) == ["logs", "records"]
+    assert not any((run / "logs").iterdir())
+    (run / "manifest.json").write_text('{"status": "failed"}')
+    (run / "records" / "p0.parquet").write_text("x")
+    with pytest.raises(RunInputError, match="the directory is not empty"):
+        prepare_run_dir(run)
+
+
 def test_payload_round_trip() -> None:
     longest = "g" * 16 + "-9999"  # the longest member name a scenario allows
     p = encode_payload(longest.encode(), 7, 123_456_789, longest.encode(), MIN_PAYLOAD)
@@ -491,3 +511,19 @@ def test_churn_and_router_restart(tmp_path: Path) -> None:
                for r in records)
     late = {r["receiver"] for r in recv if r["t_send_ns"] > t0 + 4 * S}
     assert late == {m.name for m in scenario.members}
+
+
+def test_progress_lines_are_not_wrapped_off_a_terminal() -> None:
+    """A long progress line written to a file (a CI log) stays one line (issue 25, item 12)."""
+    import io
+
+    from rich.console import Console
+
+    from gossiprouter.loadtest.progress import Progress
+
+    out = io.StringIO()
+    progress = Progress(Console(file=out, width=80))
+    assert not progress.live_mode
+    line = "router: " + " ".join(f"word{i}" for i in range(40))
+    progress.log(line)
+    assert out.getvalue() == f"           {line}\n"

@@ -72,3 +72,54 @@ async def test_a_short_federated_run_loses_nothing(topics_scenario: TopicsScenar
     rep = await run_topics(load_topics_scenario(f), echo=lambda *a: None)
     assert rep.rows["global"]["expected"] > 0 and rep.rows["local"]["expected"] > 0
     assert (rep.total_lost, rep.total_duplicated, rep.total_unexpected) == (0, 0, 0)
+
+
+def test_one_loadtest_command_runs_a_topics_scenario(topics_scenario: TopicsScenario,
+                                                     tmp_path: Path) -> None:
+    """`gossiprouter loadtest` runs any scenario kind (issue 25, item 13); the old name
+    loadtest-topics still works, and --router (the classic kind's) is refused with why."""
+    from click.testing import CliRunner
+
+    from gossiprouter.cli import main
+
+    f = topics_scenario(duration=1.0, drain=0.5, subscribers=2, rate=5, churn_interval=0.5,
+                        settle=0.5, patterns=["+/pos/*"])
+    out = tmp_path / "run"
+    r = CliRunner().invoke(main, ["loadtest", str(f), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "scope" in r.stdout and f"audit them with: gossiprouter analyze {out}" in r.stdout
+    assert (out / "manifest.json").exists()
+    r = CliRunner().invoke(main, ["loadtest", str(f), "--router", "127.0.0.1:1"])
+    assert (r.exit_code, r.stderr) == (2, "gossiprouter: error: t.toml is a topics scenario, "
+                                          "which starts its own routers: drop --router\n")
+    bad = tmp_path / "bad.toml"
+    bad.write_text('kind = "topics"\nrouters = 0\n')
+    for name in ("loadtest", "loadtest-topics"):
+        r = CliRunner().invoke(main, [name, str(bad)])
+        assert r.exit_code == 2 and r.stderr.startswith("gossiprouter: error: "), r.output
+
+
+def test_a_router_that_exits_is_shown_with_its_log(topics_scenario: TopicsScenario,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A router of the run that exits at start shows why (its log's last lines) and the
+    path of the log, which is kept (issue 25, item 2)."""
+    import re
+    import shutil
+
+    from click.testing import CliRunner
+
+    from gossiprouter.cli import main
+
+    f = topics_scenario(duration=1.0, drain=0.5, subscribers=1, rate=5, churn_interval=0.5,
+                        settle=0.5, patterns=["+/pos/*"])
+    monkeypatch.setenv("GOSSIPROUTER_FAST_PATH", "bogus")  # the routers refuse to start
+    r = CliRunner().invoke(main, ["loadtest", str(f)])
+    assert r.exit_code == 1, r.output
+    *shown, last = r.stderr.splitlines()
+    m = re.fullmatch(r"gossiprouter: error: router 0 exited with status 2 \(its log is kept: "
+                     r"(\S+/router-0\.log)\)", last)
+    assert m is not None, r.stderr
+    log = Path(m.group(1))
+    assert shown == [f"  {line}" for line in log.read_text().splitlines()[-5:]]
+    assert "GOSSIPROUTER_FAST_PATH='bogus'" in shown[-1]
+    shutil.rmtree(log.parent)

@@ -51,6 +51,19 @@ def _one_line(exc: BaseException) -> str:
     return first if len(first) <= 300 else first[:297] + "..."
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _see(log_path: Path, before: int) -> str:
+    """Where Spark's log is, when this run wrote to it (a failure before Spark started
+    wrote nothing there)."""
+    return f" (Spark log: {log_path})" if _size(log_path) > before else ""
+
+
 @click.command("analyze")
 @click.argument("run_dir", metavar="RUN_DIR")
 @click.option("--master", metavar="URL", default=None,
@@ -103,6 +116,7 @@ def analyze_command(
             local_path,
         )
         from gossiprouter.analytics.report import format_summary
+        from gossiprouter.analytics.spark_io import check_java
         from gossiprouter.analytics.topics_audit import (
             analyze_topics,
             check_topics_run_dir,
@@ -118,6 +132,11 @@ def analyze_command(
     except AuditInputError as e:
         raise _fail(str(e), EXIT_INPUT) from None
 
+    try:
+        check_java()  # before Spark starts: PySpark would say "Java gateway process exited"
+    except SparkStartError as e:
+        raise _fail(str(e), EXIT_FAILED) from None
+
     # Spark's own log lines would bury the summary: they go to a file next to the report.
     local_out = local_path(out)
     if local_out is not None:
@@ -129,6 +148,7 @@ def analyze_command(
     else:
         log_path = Path(tempfile.gettempdir()) / "gossiprouter-analyze-spark.log"
 
+    logged = _size(log_path)
     try:
         if topics:
             report = analyze_topics(run_dir, out, master=master, sample=sample,
@@ -141,9 +161,9 @@ def analyze_command(
     except AuditInputError as e:
         raise _fail(str(e), EXIT_INPUT) from None
     except SparkStartError as e:
-        raise _fail(f"{e} (Spark log: {log_path})", EXIT_FAILED) from None
+        raise _fail(f"{e}{_see(log_path, logged)}", EXIT_FAILED) from None
     except (PySparkException, Py4JError, OSError) as e:
-        raise _fail(f"analysis failed: {_one_line(e)} (Spark log: {log_path})",
+        raise _fail(f"analysis failed: {_one_line(e)}{_see(log_path, logged)}",
                     EXIT_FAILED) from None
 
     click.echo(format_summary(report))

@@ -17,7 +17,9 @@ import ipaddress
 import json
 import os
 import re
+import shutil
 import socket
+import subprocess
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -47,6 +49,8 @@ __all__ = [
     "Phases",
     "RunStore",
     "SparkStartError",
+    "check_java",
+    "check_local_dir",
     "check_run_dir",
     "ddl",
     "driver_address",
@@ -128,9 +132,16 @@ def check_run_dir(run_dir: str) -> None:
         _check_local_inputs(local)
 
 
-def _check_local_inputs(run_dir: Path) -> None:
+def check_local_dir(run_dir: Path) -> None:
+    """Raise :class:`AuditInputError` unless ``run_dir`` is a directory, saying which it is
+    not (missing, or a file)."""
     if not run_dir.is_dir():
-        raise AuditInputError(f"run directory {run_dir} does not exist")
+        why = "is not a directory" if run_dir.exists() else "does not exist"
+        raise AuditInputError(f"run directory {run_dir} {why}")
+
+
+def _check_local_inputs(run_dir: Path) -> None:
+    check_local_dir(run_dir)
     records = run_dir / RECORDS_DIR
     if not records.is_dir() or not _visible_parquet(p.name for p in records.iterdir()):
         raise AuditInputError(f"no records in {run_dir} (expected {records}/*.parquet)")
@@ -252,7 +263,8 @@ def _check_masters_reachable(master: str, timeout: float = MASTER_CONNECT_TIMEOU
 
 def _log_cause(log_path: str | os.PathLike[str] | None) -> str | None:
     """The most telling line of Spark's log: the last ERROR line (such as "All masters are
-    unresponsive! Giving up."), without its timestamp and logger prefix."""
+    unresponsive! Giving up."), without its timestamp and logger prefix, or the message of
+    the exception that ended the JVM ("Master must either be yarn or start with ...")."""
     if log_path is None:
         return None
     try:
@@ -264,9 +276,42 @@ def _log_cause(log_path: str | os.PathLike[str] | None) -> str | None:
         return None
     for line in reversed(lines):
         m = re.search(r"\bERROR\b\s*(?:[\w.$]+:\s*)?(.*)", line)
+        if m is None:
+            m = re.match(r'Exception in thread "[^"]*" [\w.$]+:\s*(.*)', line)
         if m and m.group(1).strip():
             return m.group(1).strip()
     return None
+
+
+MIN_JAVA: Final = 17
+
+
+def check_java() -> None:
+    """Raise :class:`SparkStartError` unless the Java Spark would run (``$JAVA_HOME/bin/java``,
+    else ``java`` on PATH, as Spark's launcher picks it) is there and is Java 17 or newer;
+    PySpark's own report of a missing Java is "Java gateway process exited"."""
+    home = os.environ.get("JAVA_HOME")
+    advice = "install a JDK or set JAVA_HOME"
+    if home:
+        java: str | None = os.path.join(home, "bin", "java")
+        assert java is not None
+        if not os.access(java, os.X_OK):
+            raise SparkStartError(f"Java {MIN_JAVA}+ not found: JAVA_HOME={home} has no "
+                                  f"bin/java ({advice})")
+    else:
+        java = shutil.which("java")
+        if java is None:
+            raise SparkStartError(f"Java {MIN_JAVA}+ not found: {advice}")
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60,
+                             check=False).stderr
+    except (OSError, subprocess.SubprocessError) as e:
+        raise SparkStartError(f"Java {MIN_JAVA}+ not found: {java} does not run ({e}; "
+                              f"{advice})") from None
+    m = re.search(r'version "(?:1\.)?(\d+)', out)
+    if m is not None and int(m.group(1)) < MIN_JAVA:
+        raise SparkStartError(f"Java {MIN_JAVA}+ not found: {java} is Java {m.group(1)} "
+                              f"({advice} of a newer one)")
 
 
 def driver_address(spark: SparkSession) -> str:
@@ -314,6 +359,7 @@ def spark_session(
     if SparkContext._active_spark_context is not None:
         return SparkSession.builder.getOrCreate()
 
+    check_java()
     settings = session_settings(master, conf, log_to_file=log_path is not None)
     if settings.get("spark.driver.bindAddress") == LOOPBACK:
         # The environment variable covers the services that do not read
@@ -361,10 +407,19 @@ def _start_context(master: str, spark_conf: Any,
         # (A JVM left by an earlier, stopped context is reused; its output stays where it was.)
         sc = SparkContext(conf=spark_conf)
     else:
+        from pyspark.errors import PySparkException
+
         with open(log_path, "ab") as log:
             # The JVM inherits the file; it keeps writing there after we close our handle.
             launch: Any = launch_gateway  # untyped in PySpark
-            gateway = launch(spark_conf, popen_kwargs={"stdout": log, "stderr": log})
+            try:
+                gateway = launch(spark_conf, popen_kwargs={"stdout": log, "stderr": log})
+            except PySparkException as e:
+                # "Java gateway process exited": the JVM's own reason is in the log.
+                cause = _log_cause(log_path)
+                if cause is None:
+                    raise
+                raise SparkStartError(f"Spark could not start on {master}: {cause}") from e
         sc = SparkContext(conf=spark_conf, gateway=gateway)
     jsc: Any = sc._jsc
     if jsc.sc().isStopped():

@@ -68,6 +68,7 @@ from gossiprouter.analytics.spark_io import (
     AuditInputError,
     Phases,
     RunStore,
+    check_local_dir,
     local_path,
     open_session,
     rows,
@@ -118,8 +119,7 @@ def check_topics_run_dir(run_dir: str) -> None:
     local = local_path(run_dir)
     if local is None:
         return
-    if not local.is_dir():
-        raise AuditInputError(f"run directory {run_dir} does not exist")
+    check_local_dir(local)
     for name in (PUBLICATIONS_FILE, SUBSCRIPTIONS_FILE, DELIVERIES_FILE):
         if not (local / TOPICS_DIR / name).exists():
             raise AuditInputError(f"no {TOPICS_DIR}/{name} in {run_dir} (a topics run "

@@ -219,8 +219,8 @@ class AttackRunner:
             + ", ".join(a.kind for a in self.attacks))
         with open(self.run_dir / "logs" / "attacks.log", "ab") as logf:
             result = await trio.run_process(
-                [sys.executable, "-m", "gossiprouter.loadtest.attacks", str(config)],
-                stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, check=False)
+                command(config), stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+                check=False, preexec_fn=block_sigterm)
         if result.returncode != 0:
             say(f"the attack process exited with status {result.returncode} (see logs/"
                 "attacks.log)")
@@ -230,6 +230,11 @@ class AttackRunner:
         except (OSError, ValueError):
             return
         say("attacks done: " + "; ".join(_describe(a) for a in summary.get("attacks", [])))
+
+
+def command(config: Path) -> list[str]:
+    """The attack process for ``config``; start it with ``preexec_fn=block_sigterm``."""
+    return [sys.executable, "-m", "gossiprouter.loadtest.attacks", str(config)]
 
 
 def _describe(a: Mapping[str, Any]) -> str:
@@ -284,6 +289,8 @@ class Attack:
             await s.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             raise _Closed from None
+        if not self.c.bytes_out:
+            log.info("%s: first bytes sent", self.spec.kind)  # the attack is under way
         self.c.bytes_out += len(data)
 
     async def drain(self, s: trio.SocketStream, on_data: Callable[[bytes], None] | None = None
@@ -528,41 +535,76 @@ _CLASSES: Final[dict[str, type[Attack]]] = {
 }
 
 
-async def run_attacks(config: dict[str, Any], stop_on_sigterm: bool = False
-                      ) -> list[dict[str, Any]]:
-    """Run every attack of ``config`` from t0_ns to end_ns (time.monotonic_ns clock), or
-    until SIGTERM with ``stop_on_sigterm``."""
-    from gossiprouter.loadtest.peer import trio_time_at
+def _attacks(config: dict[str, Any]) -> list[Attack]:
     host, _, port = str(config["router"]).rpartition(":")
     specs = parse_attacks(config["attacks"], "<driver config>")
-    attacks = [_CLASSES[s.kind](s, host, int(port), config.get("metrics")) for s in specs]
-    with trio.move_on_at(trio_time_at(int(config["end_ns"]))) as scope:
-        async with trio.open_nursery() as n:
-            if stop_on_sigterm:
-                n.start_soon(_stop_on_sigterm, scope)
-            await trio.sleep_until(trio_time_at(int(config["t0_ns"])))
-            for a in attacks:
-                n.start_soon(a.run)
+    return [_CLASSES[s.kind](s, host, int(port), config.get("metrics")) for s in specs]
+
+
+def _results(attacks: list[Attack]) -> list[dict[str, Any]]:
     return [{**a.spec.to_dict(), "counters": a.c.__dict__} for a in attacks]
 
 
-async def _stop_on_sigterm(scope: trio.CancelScope) -> None:
+async def run_attacks(config: dict[str, Any], stop_on_sigterm: bool = False,
+                      attacks: list[Attack] | None = None) -> list[dict[str, Any]]:
+    """Run every attack of ``config`` (or ``attacks``, made from it) from t0_ns to end_ns
+    (time.monotonic_ns clock), or until SIGTERM with ``stop_on_sigterm``."""
+    from gossiprouter.loadtest.peer import trio_time_at
+    attacks = _attacks(config) if attacks is None else attacks
+    with trio.move_on_at(trio_time_at(int(config["end_ns"]))) as scope:
+        async with trio.open_nursery() as n:
+            if stop_on_sigterm:
+                await n.start(_stop_on_sigterm, scope)
+            await trio.sleep_until(trio_time_at(int(config["t0_ns"])))
+            for a in attacks:
+                n.start_soon(a.run)
+    return _results(attacks)
+
+
+# Set by main()'s first handler: a SIGTERM that came before trio listened for it.
+_early_sigterm = False
+
+
+def _note_sigterm(signum: int, frame: object) -> None:
+    global _early_sigterm
+    _early_sigterm = True
+
+
+def block_sigterm() -> None:
+    """``preexec_fn`` of the attack process: SIGTERM stays pending until main() has a
+    handler, so a driver that stops the process while Python is still importing does not
+    kill it before it writes attacks.json (the mask is inherited across exec)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
+async def _stop_on_sigterm(scope: trio.CancelScope, *,
+                           task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                           ) -> None:
     """The driver stops the attack process with SIGTERM when a run fails (the router died,
     say): stop attacking, but still write the counters."""
     with trio.open_signal_receiver(signal.SIGTERM) as signals:
-        async for _ in signals:
-            log.warning("SIGTERM: stopping the attacks")
-            scope.cancel()
-            return
+        task_status.started()
+        if not _early_sigterm:
+            await signals.__anext__()
+        log.warning("SIGTERM: stopping the attacks")
+        scope.cancel()
 
 
 def main() -> None:
+    # First of all: from here a SIGTERM is noted, not fatal (block_sigterm held it until now).
+    signal.signal(signal.SIGTERM, _note_sigterm)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = json.loads(Path(sys.argv[1]).read_text())
     t = time.monotonic()
-    results = trio.run(run_attacks, config, True)
-    Path(config["out"]).write_text(json.dumps({"attacks": results}, indent=2) + "\n")
+    attacks = _attacks(config)
+    try:
+        trio.run(run_attacks, config, True, attacks)
+    finally:
+        # On any exit, an attack's failure included: the counters of what was done.
+        results = _results(attacks)
+        Path(config["out"]).write_text(json.dumps({"attacks": results}, indent=2) + "\n")
     for r in results:
         log.info("%s", _describe(r))
     log.info("attacks ran for %.1f s", time.monotonic() - t)

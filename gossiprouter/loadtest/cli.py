@@ -42,14 +42,16 @@ def _fail(message: str, code: int) -> NoReturn:
 @click.option("--spawn-router", is_flag=True,
               help="Start a router on a free port of 127.0.0.1 for the run (needed for "
                    "restart-router events).")
-@click.option("--out", "run_dir", metavar="RUN_DIR", required=True,
+@click.option("--out", "run_dir", metavar="RUN_DIR", default=None,
               type=click.Path(file_okay=False, path_type=Path),
-              help="Run directory to create (new or empty): records, membership, manifest.")
+              help="Run directory to create (new or empty): records, membership, manifest. "
+                   "Required, but for a topics scenario (then: records for `gossiprouter "
+                   "analyze`).")
 @click.option("--progress/--no-progress", "live", default=None,
               help="Live progress table [default: when stderr is a terminal; plain lines "
                    "otherwise].")
 def loadtest_command(scenario_file: Path, router: str | None, spawn_router: bool,
-                     run_dir: Path, live: bool | None) -> None:
+                     run_dir: Path | None, live: bool | None) -> None:
     """Run the load-test SCENARIO (a TOML file) and write the run to RUN_DIR.
 
     Starts the scenario's peer processes (each runs many members, by default one
@@ -59,18 +61,27 @@ def loadtest_command(scenario_file: Path, router: str | None, spawn_router: bool
     the run with `gossiprouter analyze RUN_DIR`. The scenario format is described in
     docs/loadtest.md; examples are in scripts/scenarios/.
 
+    A topics scenario (kind = "topics", docs/topics.md) starts its own routers, federated
+    through a mosquitto, and audits the run itself; --out RUN_DIR is optional there.
+
     \b
     Examples:
       gossiprouter loadtest scripts/scenarios/small.toml --spawn-router --out runs/small-1
       gossiprouter loadtest my.toml --router 127.0.0.1:12001 --out runs/my-1 --no-progress
+      gossiprouter loadtest scripts/scenarios/topics.toml
     """
-    if (router is None) == (not spawn_router):
-        _fail("give either --router HOST:PORT or --spawn-router", EXIT_INPUT)
-    from gossiprouter.loadtest.topics import is_topics_scenario
+    from gossiprouter.loadtest.topics import is_topics_scenario, run_topics_command
 
     if is_topics_scenario(scenario_file):
-        _fail(f"{scenario_file.name} is a topic-multicast scenario: run "
-              f"gossiprouter loadtest-topics {scenario_file}", EXIT_INPUT)
+        if router is not None:
+            _fail(f"{scenario_file.name} is a topics scenario, which starts its own routers: "
+                  "drop --router", EXIT_INPUT)
+        run_topics_command(scenario_file, run_dir)
+        return
+    if (router is None) == (not spawn_router):
+        _fail("give either --router HOST:PORT or --spawn-router", EXIT_INPUT)
+    if run_dir is None:
+        _fail("give --out RUN_DIR: the directory the run is written to", EXIT_INPUT)
     try:
         scenario = load_scenario(scenario_file)
     except ScenarioError as e:

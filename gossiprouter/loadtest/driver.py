@@ -46,6 +46,7 @@ import json
 import os
 import platform
 import secrets
+import shutil
 import signal
 import time
 from dataclasses import dataclass, field
@@ -216,10 +217,18 @@ def parse_router_option(value: str) -> tuple[str, int]:
 
 
 def prepare_run_dir(run_dir: Path) -> None:
-    """Create ``run_dir``, which must not exist yet or be empty (one run per directory)."""
+    """Create ``run_dir``, which must not exist yet or be empty (one run per directory), or
+    hold a run that failed before it recorded anything (then it is emptied: the same
+    command works again once its cause is fixed)."""
     if run_dir.exists():
         if not run_dir.is_dir():
             raise RunInputError(f"--out {run_dir}: exists and is not a directory")
+        if _failed_before_recording(run_dir):
+            for entry in run_dir.iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
         if any(run_dir.iterdir()):
             raise RunInputError(f"--out {run_dir}: the directory is not empty (use a new "
                                 "directory for each run)")
@@ -557,6 +566,14 @@ def first_error(e: BaseException) -> LoadTestError | None:
             if found is not None:
                 return found
     return None
+
+
+def _failed_before_recording(run_dir: Path) -> bool:
+    try:
+        status = json.loads((run_dir / MANIFEST_FILE).read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return status == "failed" and not any((run_dir / RECORDS_DIR).glob("*.parquet"))
 
 
 async def run_loadtest(

@@ -63,7 +63,10 @@ class Progress:
 
     def log(self, text: str) -> None:
         stamp = f"{self.elapsed():7.2f} s  " if self._t0_ns is not None else "           "
-        self.console.print(Text(stamp + text), highlight=False)
+        # Off a terminal (a log file, a CI job) a line stays one line, however long: rich
+        # would wrap it at 80 columns mid-sentence.
+        self.console.print(Text(stamp + text), highlight=False,
+                           soft_wrap=not self.console.is_terminal)
 
     async def run(self, snapshot: Callable[[], tuple[str, list[PeerView]]]) -> None:
         """Refresh the display until cancelled."""

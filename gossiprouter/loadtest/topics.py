@@ -242,11 +242,29 @@ def _free_port() -> int:
         return port
 
 
-async def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
+class ProcessExited(RuntimeError):
+    """A process the run started exited before it listened; ``log`` is where it wrote."""
+
+    def __init__(self, what: str, status: int, log: Path | None) -> None:
+        where = f" (its log is kept: {log})" if log is not None else ""
+        super().__init__(f"{what} exited with status {status}{where}")
+        self.log = log
+
+    def last_lines(self, n: int = 5) -> list[str]:
+        if self.log is None:
+            return []
+        try:
+            return self.log.read_text(errors="replace").splitlines()[-n:]
+        except OSError:
+            return []
+
+
+async def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str,
+                     log: Path | None = None) -> None:
     with trio.fail_after(20):
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"{what} exited with status {proc.returncode}")
+                raise ProcessExited(what, proc.returncode, log)
             try:
                 s = await trio.open_tcp_stream("127.0.0.1", port)
                 await s.aclose()
@@ -380,6 +398,7 @@ async def _run(sc: TopicsScenario, echo: Any) -> Recorded:
     rnd = random.Random(sc.seed)
     tmp = Path(tempfile.mkdtemp(prefix="gossiprouter-topics-"))
     procs: list[subprocess.Popen[bytes]] = []
+    keep = False
     try:
         bport = _free_port()
         (tmp / "mosquitto.conf").write_text(
@@ -398,7 +417,11 @@ async def _run(sc: TopicsScenario, echo: Any) -> Recorded:
                  "--bridge-reconnect-max", "0.5", "--router-id", f"r{i}"],
                 stdout=log, stderr=log)
             procs.append(p)
-            await _wait_port(port, p, f"router {i}")
+            try:
+                await _wait_port(port, p, f"router {i}", tmp / f"router-{i}.log")
+            except ProcessExited:
+                keep = True  # the user reads why it exited
+                raise
             ports.append(port)
         echo(f"{sc.name}: {sc.routers} routers, mosquitto on {bport}, "
              f"{sc.publishers}x{sc.routers} publishers, {sc.subscribers}x{sc.routers} "
@@ -413,7 +436,8 @@ async def _run(sc: TopicsScenario, echo: Any) -> Recorded:
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _choose(sc: TopicsScenario, rnd: random.Random) -> TopicId:
@@ -549,7 +573,44 @@ def print_report(rep: Report, echo: Any = print) -> None:
              f"{r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['max_ms']:>8.2f}")
 
 
-@click.command("loadtest-topics")
+def run_topics_command(scenario_file: Path, out_dir: Path | None) -> None:
+    """What ``gossiprouter loadtest`` does with a topics scenario (see loadtest_command)."""
+    import importlib.util
+
+    from gossiprouter.cli_errors import BadInput, CommandError, needs_extra
+
+    try:
+        sc = load_topics_scenario(scenario_file)
+    except TopicsScenarioError as e:
+        raise BadInput(str(e)) from None
+    # Checked before anything starts: its routers would exit one after the other.
+    if importlib.util.find_spec("paho") is None:
+        raise CommandError(needs_extra("the topics load test", "paho-mqtt (its routers are "
+                                       "federated through the bridge)", "bridge"))
+    if out_dir is not None and importlib.util.find_spec("pyarrow") is None:
+        raise CommandError(needs_extra("--out", "pyarrow", "loadtest"))
+    if out_dir is not None and (out_dir.exists() and any(out_dir.iterdir())):
+        # A second run's records beside a first one's would be audited as one run.
+        raise BadInput(f"{out_dir} is not empty (the run directory must be new or empty)")
+    started = time.monotonic()
+    try:
+        rep = trio.run(run_topics, sc, click.echo, out_dir, scenario_file)
+    except ProcessExited as e:
+        for line in e.last_lines():
+            click.echo(f"  {line}", err=True)
+        raise CommandError(str(e)) from None
+    except (RuntimeError, OSError) as e:
+        raise CommandError(str(e)) from None
+    print_report(rep, click.echo)
+    click.echo(f"{time.monotonic() - started:.1f} s")
+    if out_dir is not None:
+        click.echo(f"records in {out_dir}; audit them with: gossiprouter analyze {out_dir}")
+    if rep.total_lost or rep.total_duplicated or rep.total_unexpected:
+        raise CommandError(f"{rep.total_lost} lost, {rep.total_duplicated} duplicated, "
+                           f"{rep.total_unexpected} unexpected deliveries")
+
+
+@click.command("loadtest-topics", hidden=True)  # listed as loadtest
 @click.argument("scenario_file", metavar="SCENARIO",
                 type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", "out_dir", metavar="RUN_DIR", default=None,
@@ -557,36 +618,8 @@ def print_report(rep: Report, echo: Any = print) -> None:
               help="Also write the run's records (Parquet) and manifest there, for "
                    "`gossiprouter analyze RUN_DIR`; it must be new or empty.")
 def loadtest_topics_command(scenario_file: Path, out_dir: Path | None) -> None:
-    """Run the topic-multicast load test SCENARIO (e.g. scripts/scenarios/topics.toml).
+    """The old name of `gossiprouter loadtest` for a topics scenario (kept for scripts).
 
-    Starts the routers (federated through a mosquitto it starts) on free ports of
-    127.0.0.1, publishes and subscribes with churn, and audits every publication
-    against the subscribers whose patterns matched at send time: lost, duplicated and
-    unexpected deliveries and latency by scope. With --out RUN_DIR the records are
-    written too, and `gossiprouter analyze RUN_DIR` audits them with Spark. Exit status
-    1 if anything was lost, duplicated or unexpected, 2 for a bad scenario or RUN_DIR.
+    `gossiprouter loadtest SCENARIO [--out RUN_DIR]` runs any scenario kind.
     """
-    try:
-        sc = load_topics_scenario(scenario_file)
-    except TopicsScenarioError as e:
-        click.echo(f"gossiprouter: error: {e}", err=True)
-        sys.exit(2)
-    if out_dir is not None and (out_dir.exists() and any(out_dir.iterdir())):
-        # A second run's records beside a first one's would be audited as one run.
-        click.echo(f"gossiprouter: error: {out_dir} is not empty (the run directory must "
-                   "be new or empty)", err=True)
-        sys.exit(2)
-    started = time.monotonic()
-    try:
-        rep = trio.run(run_topics, sc, click.echo, out_dir, scenario_file)
-    except (RuntimeError, OSError) as e:
-        click.echo(f"gossiprouter: error: {e}", err=True)
-        sys.exit(1)
-    print_report(rep, click.echo)
-    click.echo(f"{time.monotonic() - started:.1f} s")
-    if out_dir is not None:
-        click.echo(f"records in {out_dir}; audit them with: gossiprouter analyze {out_dir}")
-    if rep.total_lost or rep.total_duplicated or rep.total_unexpected:
-        click.echo(f"gossiprouter: error: {rep.total_lost} lost, {rep.total_duplicated} "
-                   f"duplicated, {rep.total_unexpected} unexpected deliveries", err=True)
-        sys.exit(1)
+    run_topics_command(scenario_file, out_dir)

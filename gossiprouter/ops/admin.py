@@ -34,6 +34,7 @@ import trio
 
 from gossiprouter import snapshot
 from gossiprouter.addresses import format_hostport
+from gossiprouter.cli_errors import needs_extra
 from gossiprouter.config import ConfigError, parse_listen
 from gossiprouter.ops.auth import load_secret
 from gossiprouter.routing import RoutingTable
@@ -238,8 +239,8 @@ class AdminServer:
         table = view.hub.table
         if path == "/metrics":
             if self.render_metrics is None:
-                return _json(503, {"error": "metrics need prometheus-client: pip install "
-                                            "'gossiprouter[ops]'"})
+                return _json(503, {"error": needs_extra("metrics", "prometheus-client",
+                                                        "metrics")})
             from gossiprouter.ops.metrics import CONTENT_TYPE
 
             return 200, CONTENT_TYPE, await self.render_metrics()

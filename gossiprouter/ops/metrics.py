@@ -276,6 +276,49 @@ def topic_metrics(st: Stats, members: snapshot.Membership,
     yield GaugeMetricFamily("gossiprouter_bridge_subscriptions",
                             "MQTT topic filters subscribed (the union of local patterns).",
                             value=len(bridge.filters))
+    yield from federation_metrics(bridge)
+
+
+def federation_metrics(bridge: Bridge) -> Iterator[Metric]:
+    """Federated membership and routing (docs/federation.md)."""
+    f = bridge.federation
+    s = f.stats
+    yield GaugeMetricFamily("gossiprouter_federation_routers",
+                            "Other routers of the federation known alive.",
+                            value=f.live_routers())
+    yield GaugeMetricFamily("gossiprouter_federation_remote_members",
+                            "Registrations held on other routers, as known here.",
+                            value=f.remote_members())
+    frames = CounterMetricFamily("gossiprouter_federation_frames",
+                                 "Routed frames across routers: sent to other routers, "
+                                 "received from them, lost because the broker was not "
+                                 "connected or too slow (not_forwarded), or received for a "
+                                 "member no longer here (undeliverable).", labels=["kind"])
+    for kind, value in (("out", s.routed_out), ("in", s.routed_in),
+                        ("not_forwarded", s.not_forwarded),
+                        ("undeliverable", s.undeliverable)):
+        frames.add_metric([kind], value)
+    yield frames
+    yield _counter("gossiprouter_federation_deliveries",
+                   "Copies of frames from other routers queued for local connections.",
+                   s.delivered_in)
+    records = CounterMetricFamily("gossiprouter_federation_records",
+                                  "Membership records published and applied.", labels=["kind"])
+    records.add_metric(["out"], s.records_out)
+    records.add_metric(["in"], s.records_in)
+    yield records
+    yield _counter("gossiprouter_federation_routers_lost",
+                   "Routers dropped: Last Will, resync, or this router cut off from the broker.",
+                   s.routers_lost)
+    yield _counter("gossiprouter_federation_resyncs",
+                   "Reconciles after a (re)connect to the broker.", s.resyncs)
+    yield _counter("gossiprouter_federation_ghosts_removed",
+                   "Remote members a resync found gone.", s.ghosts_removed)
+    yield _counter("gossiprouter_federation_conflicts",
+                   "Remote registrations a local rule refused (e.g. an in-process address).",
+                   s.conflicts)
+    yield _counter("gossiprouter_federation_malformed",
+                   "Federation messages that could not be read.", s.malformed)
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:

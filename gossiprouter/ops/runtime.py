@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from gossiprouter.cli_errors import install_hint
 from gossiprouter.config import Config, ConfigError, parse_listen
 from gossiprouter.hooks import ByteStream
 from gossiprouter.ops.access import AccessPolicy, describe, peer_host, peer_ip
@@ -208,8 +209,8 @@ def _metrics_class() -> type[Metrics] | None:
     try:
         from gossiprouter.ops.metrics import Metrics
     except ImportError:
-        log.warning("prometheus-client is not installed: /metrics answers 503 "
-                    "(pip install 'gossiprouter[ops]')")
+        log.warning("prometheus-client is not installed: /metrics answers 503 (%s)",
+                    install_hint("metrics"))
         return None
     return Metrics
 

@@ -242,13 +242,17 @@ def router_command(kind: str, port: int) -> list[str]:
 class Router:
     """The router under test as a child process on 127.0.0.1:``port``; restartable on that port."""
 
-    def __init__(self, kind: str, port: int, log_dir: Path) -> None:
+    def __init__(self, kind: str, port: int, log_dir: Path, args: Sequence[str] = (),
+                 name: str = "router") -> None:
         self.kind = kind
         self.port = port
         self.log_dir = log_dir
+        # More command-line options (e.g. a federation bridge); gossiprouter only.
+        self.args = list(args)
+        self.name = name
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
-        self.log_path = log_dir / "router-0.log"
+        self.log_path = log_dir / f"{name}-0.log"
 
     @property
     def address(self) -> str:
@@ -259,8 +263,8 @@ class Router:
         if self.proc is not None and self.proc.poll() is None:
             raise HarnessError("router already running")
         self.starts += 1
-        self.log_path = self.log_dir / f"router-{self.starts}.log"
-        cmd = router_command(self.kind, self.port)
+        self.log_path = self.log_dir / f"{self.name}-{self.starts}.log"
+        cmd = router_command(self.kind, self.port) + self.args
         with self.log_path.open("wb") as log:
             log.write(("$ " + " ".join(cmd) + "\n").encode())
             log.flush()

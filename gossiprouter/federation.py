@@ -1,0 +1,558 @@
+"""Federated membership and routing: the sans-IO state (docs/federation.md).
+
+The routers of a federation tell each other, through the MQTT broker, which members of
+each group they carry. This module holds that state and applies it to the router's own
+routing table; :mod:`gossiprouter.bridge` does the MQTT I/O (topics, Last Will, the
+subscriptions) and calls it with payloads. No trio, no sockets: tested with bytes.
+
+* A member registered on another router R is an ordinary entry of the table, carried by a
+  :class:`RemoteMember` (a :class:`~gossiprouter.routing.RemoteCarrier`): routing rules,
+  GET_MEMBERS, events and the JGroups member lists need nothing else. Its ``fanout`` is
+  the :class:`RemoteGroup` of (R, group), so a multicast goes once to each router.
+* Each router publishes, per group, the members it carries itself (:meth:`Federation.flush`,
+  :meth:`Federation.snapshot`); the others apply the difference (:meth:`Federation.on_record`).
+* Presence (:meth:`Federation.on_presence`): an empty payload is a router's Last Will; its
+  members are dropped as suspected.
+* Resync: :meth:`Federation.begin_sync` on every new broker session, :meth:`Federation.end_sync`
+  when the marker published after the subscriptions comes back: whatever was not seen again
+  in between is a ghost and goes.
+* Routed frames (:meth:`Federation.send`, :meth:`Federation.on_route`): one message per run
+  of frames and target router, delivered there once per member (exactly once for a member
+  on several routers: :meth:`Federation.receivers`).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import msgpack
+
+from gossiprouter.protocol.errors import ProtocolError
+from gossiprouter.protocol.jgroups_common import JAddress
+from gossiprouter.routing import Carrier, Entry, Group, Kind, Notice, RemoteCarrier, RoutingError
+from gossiprouter.sessions.base import Hub
+from gossiprouter.sessions.jgroups_common import JWire
+
+log = logging.getLogger("gossiprouter.federation")
+
+FORMAT = 1
+_HEAD_LEN = struct.Struct(">H")  # before a routed message's msgpack header
+RECEIVERS_CACHE = 10_000
+# A presence is republished every PRESENCE_TTL / 3 seconds and expires after PRESENCE_TTL (at
+# the broker too): a router whose Last Will was lost (it died while a persistent broker was
+# down) is dropped after that, instead of staying a ghost with its members.
+PRESENCE_TTL = 60
+# Records are republished every RECORD_TTL / 3 and expire after RECORD_TTL at the broker, so
+# the inert records of stopped routers do not pile up in a persistent broker.
+RECORD_TTL = 86_400
+# What one member record holds: addr, name, physical, kind, identity, live, wire.
+_Member = tuple[bytes, str | None, tuple[tuple[str, int], ...], Kind, str | None, bool, Any]
+
+
+@dataclass
+class FederationStats:
+    """What the federation counts (metrics ``gossiprouter_federation_*`` and /groups)."""
+
+    routed_out: int = 0  # frames sent to other routers (a run counts its frames)
+    routed_in: int = 0  # frames received from other routers
+    delivered_in: int = 0  # copies of those queued for local connections
+    not_forwarded: int = 0  # frames for another router lost: broker not connected or too slow
+    undeliverable: int = 0  # frames received for a member no longer here
+    records_out: int = 0  # membership records published
+    records_in: int = 0  # membership records applied
+    malformed: int = 0  # federation messages that could not be read
+    conflicts: int = 0  # remote registrations a local rule refused (e.g. an in-process address)
+    routers_lost: int = 0  # routers dropped: Last Will, resync, or this router cut off
+    resyncs: int = 0  # reconciles after a (re)connect
+    ghosts_removed: int = 0  # remote members a resync found gone
+
+
+class _NoQueue:
+    """The outbox of a remote carrier: never takes bytes directly, so the routing loops call
+    :meth:`RemoteGroup.push` / :meth:`RemoteMember.push` (which know the group)."""
+
+    __slots__ = ()
+
+    def push(self, data: bytes) -> bool:
+        return False
+
+
+_NO_QUEUE = _NoQueue()
+
+
+class _Remote:
+    """What both remote carriers share: they stand for router ``remote``, take no events
+    (each router derives its own from the federated membership) and no direct bytes."""
+
+    protocol: ClassVar[str] = "federation"
+    events_by_call: ClassVar[bool] = True
+    # Never learned by the compiled fast path (no socket): their frames stay in Python.
+    fast_id: ClassVar[None] = None
+
+    __slots__ = ()
+    remote: RemoteRouter
+
+    @property
+    def peer(self) -> str:
+        return f"router {self.remote.label}"
+
+    @property
+    def outbox(self) -> _NoQueue:
+        return _NO_QUEUE
+
+    @classmethod
+    def event_frame(cls, kind: str, entry: Entry) -> bytes | None:
+        return None
+
+    def notify(self, kind: str, entry: Entry) -> None:
+        pass
+
+
+class RemoteGroup(_Remote):
+    """The fan-out target "group ``group`` on router ``remote``": one per router and group."""
+
+    __slots__ = ("fed", "group", "remote")
+
+    def __init__(self, fed: Federation, remote: RemoteRouter, group: str) -> None:
+        self.fed = fed
+        self.remote = remote
+        self.group = group
+
+    def push(self, data: bytes, count: int = 1) -> None:
+        self.fed.send(self.remote, self.group, None, data, count)
+
+
+class RemoteMember(_Remote, RemoteCarrier):
+    """Member ``addr`` of ``group``, carried by router ``remote``: a carrier of its entry."""
+
+    __slots__ = ("addr", "data", "fanout", "fed", "group", "live", "remote", "router")
+
+    def __init__(self, fed: Federation, remote: RemoteRouter, group: str, addr: bytes) -> None:
+        self.fed = fed
+        self.remote = remote
+        self.router = remote.origin
+        self.group = group
+        self.addr = addr
+        self.fanout: Carrier = remote.fanout(group)
+        self.live = True
+        self.data: _Member | None = None
+
+    def push(self, data: bytes, count: int = 1) -> None:
+        self.fed.send(self.remote, self.group, self.addr, data, count)
+
+
+@dataclass(eq=False)
+class RemoteRouter:
+    """Another router of the federation, as this one knows it."""
+
+    origin: str
+    name: str = ""
+    alive: bool = False
+    # The broker session (Federation.epoch) in which its presence / a record was last seen.
+    epoch: int = 0
+    groups: dict[str, dict[bytes, RemoteMember]] = field(default_factory=dict)
+    record_epochs: dict[str, int] = field(default_factory=dict)
+    # Records received before its presence, during the first retained burst.
+    pending: dict[str, bytes] = field(default_factory=dict)
+    fanouts: dict[str, RemoteGroup] = field(default_factory=dict)
+    fed: Federation | None = None
+    # When its presence expires unless refreshed (None: never).
+    expires: float | None = None
+
+    @property
+    def label(self) -> str:
+        return self.name or self.origin
+
+    def fanout(self, group: str) -> RemoteGroup:
+        f = self.fanouts.get(group)
+        if f is None:
+            assert self.fed is not None
+            f = self.fanouts[group] = RemoteGroup(self.fed, self, group)
+        return f
+
+
+class Federation:
+    """This router's view of the federation, applied to ``hub.table``.
+
+    ``send(router origin, payload)`` publishes routed frames to that router (False: not
+    connected or too slow); ``dirty()`` asks the I/O side to call :meth:`flush` soon.
+    """
+
+    def __init__(self, hub: Hub, origin: str, name: str,
+                 send: Callable[[str, bytes], bool], dirty: Callable[[], None]) -> None:
+        self.hub = hub
+        self.table = hub.table
+        self.origin = origin
+        self.name = name
+        self._send = send
+        self._dirty_cb = dirty
+        self.stats = FederationStats()
+        self.routers: dict[str, RemoteRouter] = {}
+        self.epoch = 0
+        self.synced = False
+        # group -> addresses removed as suspected since its last record
+        self.dirty: dict[str, set[bytes]] = {}
+        # group -> (last payload published, the addresses it listed)
+        self.published: dict[str, tuple[bytes, frozenset[bytes]]] = {}
+        self.table.on_local = self.on_local
+        # (group, sending router) -> (the group, its rev, receivers): a multicast from another
+        # router walks the group's members once per change of the group, not once per message.
+        self._receivers: dict[tuple[str, str], tuple[Group, int, list[Carrier]]] = {}
+
+    # ------------------------------------------------------------------ views
+
+    def remote_members(self) -> int:
+        return sum(len(m) for r in self.routers.values() for m in r.groups.values())
+
+    def live_routers(self) -> int:
+        return sum(1 for r in self.routers.values() if r.alive)
+
+    # ------------------------------------------------------------------ publishing
+
+    def on_local(self, group: str, suspected: bytes | None) -> None:
+        """The table's hook: the members this router carries in ``group`` may have changed."""
+        s = self.dirty.get(group)
+        if s is None:
+            s = self.dirty[group] = set()
+            if len(self.dirty) == 1:
+                self._dirty_cb()
+        if suspected is not None:
+            s.add(suspected)
+
+    def presence(self) -> bytes:
+        out: bytes = msgpack.packb({"v": FORMAT, "name": self.name, "ttl": PRESENCE_TTL})
+        return out
+
+    def records(self) -> list[tuple[str, bytes]]:
+        """Every record as last published (the periodic refresh: see RECORD_TTL)."""
+        return [(group, rec[0]) for group, rec in self.published.items()]
+
+    def flush(self) -> list[tuple[str, bytes]]:
+        """The records to publish (retained) for the groups changed since the last call:
+        (group, payload), an empty payload deleting the group's record."""
+        dirty, self.dirty = self.dirty, {}
+        out = []
+        for group, suspected in dirty.items():
+            out += [(group, rec) for rec in self._record(group, suspected)]
+        return out
+
+    def snapshot(self) -> list[tuple[str, bytes]]:
+        """Every record, after a (re)connect: each group with members carried here, and an
+        empty record for every group published before that has none now (the broker may
+        still retain it from before the outage)."""
+        self.dirty = {}
+        old, self.published = self.published, {}
+        out = []
+        for name, g in self.table.groups.items():
+            if self._local(g):
+                out += [(name, rec) for rec in self._record(name, set())]
+        for name in old:
+            if name not in self.published:
+                self.stats.records_out += 1
+                out.append((name, b""))
+        return out
+
+    def _local(self, g: Group) -> list[list[Any]]:
+        out = []
+        for e in g.entries.values():
+            if e.kind == Kind.PROVISIONED:
+                continue  # every router has its own, from its config
+            live = any(not isinstance(c, RemoteCarrier) for c in e.carriers)
+            if not live and not (e.grace_until is not None and not e.carriers):
+                continue
+            out.append([e.addr, e.name, [list(p) for p in e.physical], int(e.kind), e.identity,
+                        live, _wire_out(e.wire)])
+        return out
+
+    def _record(self, group: str, suspected: set[bytes]) -> list[bytes]:
+        """What to publish for ``group`` now: nothing when its record is unchanged; an empty
+        payload deletes it. When the last members went as suspected, a record saying so
+        comes first (the empty one cannot), then the deletion."""
+        g = self.table.groups.get(group)
+        members = [] if g is None else self._local(g)
+        before = self.published.get(group)
+        gone = sorted(suspected & before[1]) if before is not None else []
+        if not members:
+            if before is None:
+                return []
+            del self.published[group]
+            out = [msgpack.packb({"m": [], "s": gone}), b""] if gone else [b""]
+            self.stats.records_out += len(out)
+            return out
+        payload: bytes = msgpack.packb({"m": members, "s": gone})
+        if before is not None and before[0] == payload:
+            return []
+        self.published[group] = (payload, frozenset(m[0] for m in members))
+        self.stats.records_out += 1
+        return [payload]
+
+    # ------------------------------------------------------------------ receiving state
+
+    def begin_sync(self) -> None:
+        """A new broker session: what its retained messages bring is the truth."""
+        self.epoch += 1
+        self.synced = False
+
+    def end_sync(self) -> None:
+        """The marker came back: every retained message of this session has been received.
+        Routers and records not seen since :meth:`begin_sync` are ghosts."""
+        self.stats.resyncs += 1
+        notices: list[Notice] = []
+        for r in list(self.routers.values()):
+            r.pending.clear()
+            if not r.alive or r.epoch < self.epoch:
+                n = self._drop_router(r)
+                notices += n
+                continue
+            for group in list(r.groups):
+                if r.record_epochs.get(group, 0) < self.epoch:
+                    self.stats.ghosts_removed += len(r.groups[group])
+                    notices += self._apply(r, group, [], set())
+        self.synced = True
+        self.hub.deliver(notices)
+
+    def cut_off(self) -> None:
+        """This router lost the broker for as long as the others take to declare it dead:
+        it does the same with them (their members are suspected)."""
+        notices: list[Notice] = []
+        for r in list(self.routers.values()):
+            notices += self._drop_router(r)
+        self.hub.deliver(notices)
+
+    def expire(self, now: float) -> None:
+        """Drop the routers whose presence was not refreshed in time (see PRESENCE_TTL). Only
+        while this router is connected: otherwise it could not have heard them."""
+        notices: list[Notice] = []
+        for r in list(self.routers.values()):
+            if r.alive and r.expires is not None and r.expires < now:
+                log.warning("federation: router %s has not refreshed its presence: dropped",
+                            r.label)
+                notices += self._drop_router(r)
+        self.hub.deliver(notices)
+
+    def on_presence(self, origin: str, payload: bytes, now: float = 0.0) -> None:
+        if origin == self.origin:
+            return
+        r = self.routers.get(origin)
+        if not payload:
+            if r is not None:
+                log.info("federation: router %s is gone (Last Will)", r.label)
+                self.hub.deliver(self._drop_router(r))
+            return
+        try:
+            info = msgpack.unpackb(payload)
+            name = info.get("name", "") if isinstance(info, dict) else ""
+            ttl = info.get("ttl") if isinstance(info, dict) else None
+            if not isinstance(name, str) or not (ttl is None or isinstance(ttl, int)):
+                raise ValueError("name or ttl")
+        except (ValueError, msgpack.UnpackException) as e:
+            self.stats.malformed += 1
+            log.debug("federation: bad presence of %r: %s", origin, e)
+            return
+        if r is None:
+            r = self.routers[origin] = RemoteRouter(origin, fed=self)
+            log.info("federation: router %s is up", name or origin)
+        r.name = name
+        r.expires = None if not ttl or ttl <= 0 else now + ttl
+        r.alive = True
+        r.epoch = self.epoch
+        pending, r.pending = r.pending, {}
+        for group, rec in pending.items():
+            self.on_record(origin, group, rec)
+
+    def on_record(self, origin: str, group: str, payload: bytes) -> None:
+        if origin == self.origin:
+            return
+        r = self.routers.get(origin)
+        if r is None or not r.alive:
+            if not self.synced:
+                # The retained burst may bring a record before its router's presence.
+                if r is None:
+                    r = self.routers[origin] = RemoteRouter(origin, fed=self)
+                r.pending[group] = payload
+            return
+        try:
+            members, suspected = _parse_record(payload)
+        except (ValueError, TypeError, ProtocolError, msgpack.UnpackException) as e:
+            self.stats.malformed += 1
+            log.debug("federation: bad record of %r for %r: %s", origin, group, e)
+            return
+        self.stats.records_in += 1
+        r.record_epochs[group] = self.epoch
+        self.hub.deliver(self._apply(r, group, members, suspected))
+
+    def _apply(self, r: RemoteRouter, group: str, members: list[_Member],
+               suspected: set[bytes]) -> list[Notice]:
+        table = self.table
+        held = r.groups.get(group, {})
+        new = {m[0]: m for m in members}
+        notices: list[Notice] = []
+        for addr in [a for a in held if a not in new]:
+            rm = held.pop(addr)
+            notices += table.unlink_remote(rm, group, addr, suspect=addr in suspected)
+        for addr, m in new.items():
+            known = held.get(addr)
+            if known is not None and known.data == m:
+                continue
+            rm = known if known is not None else RemoteMember(self, r, group, addr)
+            rm.live = m[5]
+            rm.data = m
+            try:
+                _, n, frames = table.connect(rm, group, addr, m[1], m[2], kind=m[3],
+                                             identity=m[4], wire=m[6], remote=True)
+            except RoutingError as e:
+                self.stats.conflicts += 1
+                log.debug("federation: %s's member %s of %r refused here: %s", r.label,
+                          addr.hex(), group, e.message)
+                if addr in held:
+                    notices += table.unlink_remote(held.pop(addr), group, addr, suspect=False)
+                continue
+            held[addr] = rm
+            notices += n
+            for f in frames:  # held here in grace: handed to the router it came back to
+                rm.push(f)
+        if held:
+            r.groups[group] = held
+        else:
+            r.groups.pop(group, None)
+            r.record_epochs.pop(group, None)
+            r.fanouts.pop(group, None)
+        return notices
+
+    def _drop_router(self, r: RemoteRouter) -> list[Notice]:
+        notices: list[Notice] = []
+        for group, held in r.groups.items():
+            for addr, rm in held.items():
+                notices += self.table.unlink_remote(rm, group, addr, suspect=True)
+        if r.alive:
+            self.stats.routers_lost += 1
+        self.routers.pop(r.origin, None)
+        r.groups.clear()
+        r.alive = False
+        return notices
+
+    # ------------------------------------------------------------------ routing
+
+    def send(self, remote: RemoteRouter, group: str, dest: bytes | None, frames: bytes,
+             count: int) -> None:
+        """Frames for ``dest`` (None: the group) through router ``remote``: one message."""
+        head: bytes = msgpack.packb([self.origin, group, dest, count])
+        if self._send(remote.origin, _HEAD_LEN.pack(len(head)) + head + frames):
+            self.stats.routed_out += count
+        else:
+            self.stats.not_forwarded += count
+
+    def on_route(self, payload: bytes) -> None:
+        """Frames another router sent here: delivered to local connections only, never sent
+        on (so nothing loops)."""
+        try:
+            # The header is read alone (its length first), so the frames are not copied
+            # into a decoder's buffer on the way.
+            (n,) = _HEAD_LEN.unpack_from(payload)
+            origin, group, dest, count = msgpack.unpackb(payload[2:2 + n])
+            if not (isinstance(origin, str) and isinstance(group, str)
+                    and (dest is None or isinstance(dest, bytes))
+                    and isinstance(count, int) and count > 0):
+                raise ValueError("bad header")
+            frames = payload[2 + n:]
+        except (ValueError, TypeError, struct.error, msgpack.UnpackException) as exc:
+            self.stats.malformed += 1
+            log.debug("federation: bad routed message: %s", exc)
+            return
+        self.stats.routed_in += count
+        table = self.table
+        g = table.groups.get(group)
+        if g is None:
+            self.stats.undeliverable += count
+            return
+        if dest is not None:
+            entry = g.entries.get(dest)
+            c = None if entry is None or not entry.carriers else entry.carriers[-1]
+            if c is not None and not isinstance(c, RemoteCarrier):
+                c.push(frames, count)
+                self.stats.delivered_in += count
+            elif entry is not None and not entry.carriers:
+                table.hold(entry, frames)
+            else:
+                self.stats.undeliverable += count
+            return
+        key = (group, origin)
+        cached = self._receivers.get(key)
+        if cached is not None and cached[0] is g and cached[1] == g.rev:
+            targets = cached[2]
+        else:
+            targets = self.receivers(g, origin)
+            if len(self._receivers) >= RECEIVERS_CACHE:
+                self._receivers.clear()
+            self._receivers[key] = (g, g.rev, targets)
+        for t in targets:
+            t.push(frames, count)
+        self.stats.delivered_in += count * len(targets)
+        for e in g.graced:
+            table.hold(e, frames)
+
+    def receivers(self, g: Group, origin: str) -> list[Carrier]:
+        """The local connections that get a multicast ``origin`` sent to group ``g``: one per
+        connection carrying a member this router must deliver to. A member with a live
+        connection to ``origin`` got it there; one with live connections to several other
+        routers gets it from the smallest router id (the one ``origin`` prefers)."""
+        me = self.origin
+        out: dict[Carrier, None] = {}
+        for e in g.entries.values():
+            cs = e.carriers
+            if not cs:
+                continue
+            c = cs[-1]
+            if isinstance(c, RemoteCarrier) or c in out:
+                continue
+            if len(cs) > 1 and any(isinstance(r, RemoteCarrier) and r.live
+                                   and (r.router == origin or r.router < me) for r in cs):
+                continue
+            out[c] = None
+        return list(out)
+
+
+# --------------------------------------------------------------------------- records
+
+
+def _wire_out(w: object) -> list[Any] | None:
+    if not isinstance(w, JWire):
+        return None
+    phys = None if w.physical is None else [a.raw for a in w.physical]
+    return [w.addr.version, w.addr.raw, phys]
+
+
+def _wire_in(w: Any) -> JWire | None:
+    if w is None:
+        return None
+    version, raw, phys = w
+    addr = JAddress.parse(raw, version=version)
+    if addr is None:
+        raise ValueError("null address")
+    physical = None
+    if phys is not None:
+        physical = tuple(a for a in (JAddress.parse(p, version=version) for p in phys)
+                         if a is not None)
+    return JWire(addr, physical)
+
+
+def _parse_record(payload: bytes) -> tuple[list[_Member], set[bytes]]:
+    if not payload:
+        return [], set()
+    data = msgpack.unpackb(payload)
+    if not isinstance(data, dict):
+        raise ValueError("not a map")
+    members: list[_Member] = []
+    for m in data.get("m", ()):
+        addr, name, physical, kind, identity, live, wire = m
+        if not isinstance(addr, bytes) or not (name is None or isinstance(name, str)) \
+                or not (identity is None or isinstance(identity, str)):
+            raise ValueError("bad member")
+        phys = tuple((str(h), int(p)) for h, p in physical)
+        members.append((addr, name, phys, Kind(kind), identity, bool(live), _wire_in(wire)))
+    suspected = {a for a in data.get("s", ()) if isinstance(a, bytes)}
+    return members, suspected
