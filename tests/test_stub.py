@@ -464,7 +464,7 @@ async def test_the_write_lock_hands_over_in_order_and_survives_cancellation() ->
     async with anyio.create_task_group() as tg, lock:
         for name in ("a", "b", "c"):
             tg.start_soon(take, name)
-            await anyio.sleep(0.01)  # queued in this order
+            await anyio.wait_all_tasks_blocked()  # queued in this order
         with anyio.CancelScope() as gone:  # a waiter that gives up
             gone.cancel()
             async with lock:
@@ -485,9 +485,9 @@ async def test_the_write_lock_hands_over_in_order_and_survives_cancellation() ->
         async with anyio.create_task_group() as tg:
             await lock.__aenter__()
             tg.start_soon(cancelled_at_the_handover)
-            await anyio.sleep(0.01)
+            await anyio.wait_all_tasks_blocked()
             tg.start_soon(take, "e")
-            await anyio.sleep(0.01)
+            await anyio.wait_all_tasks_blocked()
             doomed[0].cancel()  # cancelled, and in the same step handed the lock
             await lock.__aexit__()
     assert order[3:] == ["e"]
