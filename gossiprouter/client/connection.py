@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import anyio
-from anyio.abc import ByteStream, SocketStream
+from anyio.abc import ByteStream
 
 from gossiprouter.client.errors import (
     ConnectionLostError,
@@ -139,13 +139,11 @@ class Connection:
     """One live TCP connection to a router (a new object for every reconnect)."""
 
     def __init__(self, transport: RouterSlot, stream: ByteStream, welcome: wire.Welcome,
-                 decoder: wire.Decoder, write_timeout: float, raw: SocketStream,
-                 proto: NativeState) -> None:
+                 decoder: wire.Decoder, write_timeout: float, proto: NativeState) -> None:
         assert proto.state is State.OPEN, proto  # made only after WELCOME (open_connection)
         self.transport = transport
         self.router = transport.address
-        self.stream = stream  # the TLS stream over ``raw``, or ``raw`` itself
-        self.raw = raw
+        self.stream = stream  # TLS over the TCP stream, or the TCP stream itself
         self.welcome = welcome
         settings = welcome.settings
         mf = settings.get("max_frame")
@@ -392,4 +390,4 @@ async def open_connection(t: RouterSlot, *, connect_timeout: float,
             raise
     t.router_id = f.router_id
     t.hello_sent_at = None
-    return Connection(t, stream, f, decoder, write_timeout, raw, proto)
+    return Connection(t, stream, f, decoder, write_timeout, proto)
