@@ -29,6 +29,7 @@ from gossiprouter.client.model import Physical as Physical
 from gossiprouter.client.model import Policy as Policy
 from gossiprouter.client.model import RouterAddress as RouterAddress
 from gossiprouter.client.model import StubStats, parse_router
-from gossiprouter.client.streams import EventStream
+from gossiprouter.client.streams import EventStream, WouldBlock
 
-__all__ = [*client.__all__, "EventStream", "StubStats", "describe_error", "parse_router"]
+__all__ = [*client.__all__, "EventStream", "StubStats", "WouldBlock", "describe_error",
+           "parse_router"]

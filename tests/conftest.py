@@ -47,14 +47,25 @@ SANS_IO_MODULES = frozenset({
 def one_pass(item: pytest.Item) -> bool:
     """Whether scripts/test runs ``item`` in its first pass only: marked ``one_pass`` (it runs
     scripts, or sets the fast path itself), ``spark`` (the audit reads records, whichever path
-    relayed them), or in a sans-IO module."""
+    relayed them), in a sans-IO module, or a stub test's run on asyncio (its trio run is the
+    one that meets both read paths: the stub is the same code on either loop)."""
     module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+    callspec = getattr(item, "callspec", None)
+    loop = callspec.params.get("anyio_backend") if callspec is not None else None
     return (item.get_closest_marker("one_pass") is not None
             or item.get_closest_marker("spark") is not None
-            or module in SANS_IO_MODULES)
+            or module in SANS_IO_MODULES
+            or loop not in (None, "trio"))
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-trio's trio mode, see below
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Tests marked ``anyio`` (the stub's, on asyncio and trio: tests/stubkit.py) run under
+    # AnyIO's plugin on their ``anyio_backend``, not under pytest-trio's trio mode, which has
+    # just marked every async test ``trio``.
+    for item in items:
+        if item.get_closest_marker("anyio") is not None:
+            item.own_markers[:] = [m for m in item.own_markers if m.name != "trio"]
     # scripts/test runs the suite twice: with the compiled fast path, then with
     # --read-path-pass on the pure-Python path, where only the tests whose outcome can depend
     # on the read path run again (the rest are deselected, and pytest's summary says how many).

@@ -83,12 +83,19 @@ ALLOWED: dict[str, set[str]] = {
 
 # Layers that must stay sans-IO: no event loop, no sockets.
 NO_IO = {"protocol", "foundation", "config", "routing", "sessions"}
-IO_MODULES = {"trio", "socket", "ssl", "selectors", "asyncio"}
+IO_MODULES = {"trio", "anyio", "socket", "ssl", "selectors", "asyncio"}
 # Client modules that must stay sans-IO too (issue 14 item 3): the data, and the pure
 # registrar, merge and local delivery that are tested without sockets.
 NO_IO_MODULES = {"gossiprouter.client.errors", "gossiprouter.client.model",
                  "gossiprouter.client.registrar", "gossiprouter.client.merge",
                  "gossiprouter.client.local"}
+
+# The client runs on asyncio and trio through AnyIO (issue 23): its package imports no trio,
+# so an asyncio application never loads it. (importer, why) for the exceptions.
+CLIENT_TRIO_ALLOWED: dict[str, str] = {
+    "gossiprouter.client.tls": "wrap_client, for callers' own trio streams: imports trio when "
+                               "called (and for its annotations)",
+}
 
 # (importer, imported) -> why it is there and which issue item removes it.
 KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
@@ -224,6 +231,19 @@ def test_known_violations_are_documented() -> None:
     doc = (ROOT / "docs" / "architecture.md").read_text()
     for importer, imported in KNOWN_VIOLATIONS:
         assert f"`{importer}` → `{imported}`" in doc, (importer, imported)
+
+
+def client_trio_imports(root: Path = ROOT) -> set[str]:
+    """The modules of the client package that import trio (anywhere in the file)."""
+    return {module_name(f, root) for f in sorted((root / "gossiprouter" / "client").rglob("*.py"))
+            if "trio" in imports(f, root)[1]}
+
+
+def test_the_client_package_imports_no_trio() -> None:
+    found = client_trio_imports() - set(CLIENT_TRIO_ALLOWED)
+    assert not found, f"the client runs on asyncio too (use anyio): {sorted(found)} import trio"
+    gone = set(CLIENT_TRIO_ALLOWED) - client_trio_imports()
+    assert not gone, f"no longer imports trio, remove from CLIENT_TRIO_ALLOWED: {gone}"
 
 
 def test_ops_touches_no_private_attribute() -> None:

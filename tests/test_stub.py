@@ -1,4 +1,5 @@
-"""RouterStub against a real in-process router: shared transport, restart, errors, buffers.
+"""RouterStub against a real router: shared transport, restart, errors, buffers; on asyncio
+and on trio (tests/stubkit.py: the router runs on a thread of its own).
 
 Every wait is bounded; the stubs use short backoff and heartbeat settings so
 reconnects happen within a fraction of a second.
@@ -6,10 +7,9 @@ reconnects happen within a fraction of a second.
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Callable
 from typing import Any
 
+import anyio
 import pytest
 import trio
 
@@ -26,30 +26,32 @@ from gossiprouter import (
     RouterError,
     RouterStub,
 )
+from gossiprouter.client.connection import WriteLock
 from gossiprouter.config import Config
 from gossiprouter.ops.runtime import Operations
-from gossiprouter.protocol import native as wire
 from gossiprouter.server import Server
-from gossiprouter.stub import Channel, EventStream, StubEvent
-from tests.conftest import RouterFactory
-from tests.nclient import NativeClient
+from gossiprouter.stub import Channel, StubEvent
 
-FAST: dict[str, Any] = {
-    "reconnect_initial": 0.05,
-    "reconnect_max": 0.3,
-    "heartbeat_interval": 0.5,
-    "heartbeat_timeout": 2.0,
-    "send_timeout": 3.0,
-    "request_timeout": 3.0,
-    "connect_timeout": 2.0,
-}
+# The helpers live in tests/stubkit.py; other test modules import them from here too.
+from tests.stubkit import (
+    FAST,
+    RouterThread,
+    RouterThreads,
+    anyio_backend,
+    buffered,
+    connected,
+    drain,
+    eventually,
+    free_port,
+    router,
+    settle,
+    start_router,
+)
 
+__all__ = ["FAST", "InProcessRouter", "anyio_backend", "buffered", "connected", "drain",
+           "eventually", "free_port", "router", "settle", "start_router"]
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+pytestmark = pytest.mark.anyio
 
 
 class InProcessRouter:
@@ -88,7 +90,7 @@ class InProcessRouter:
             self.server.shutdown()
         else:
             self.scope.cancel()
-        with trio.fail_after(5):
+        with anyio.fail_after(5):
             await self.server.wait_closed()
         self.server = self.scope = None
 
@@ -97,55 +99,14 @@ class InProcessRouter:
         return {e.addr for e in self.server.hub.table.members(group)}
 
 
-async def eventually(cond: Callable[[], bool], timeout: float = 5.0, what: str = "") -> None:
-    with trio.fail_after(timeout):
-        while not cond():
-            await trio.sleep(0.01)
-
-
-def buffered(ch: Channel | EventStream[Any]) -> list[Any]:
-    """Everything buffered in ``ch`` now, taken out."""
-    out: list[Any] = []
-    while True:
-        try:
-            out.append(ch.receive_nowait())
-        except trio.WouldBlock:
-            return out
-
-
-async def drain(ch: Channel | EventStream[Any], wait: float = 0.3) -> list[Any]:
-    """Everything buffered after a bounded ``wait`` (the "and nothing else" check)."""
-    await trio.sleep(wait)
-    return buffered(ch)
-
-
-async def settle(*stubs: RouterStub) -> None:
-    """Return once every frame a router routed to ``stubs`` before now is in their buffers.
-
-    A GET_MEMBERS round trip on every connection of each stub: the router answers it behind
-    the frames already queued for that connection, and the stub's reader hands frames on in
-    order. Two passes: the first makes the router read what each stub sent before (and queue
-    the copies), the second brings those copies in. A drain after it counts a late message,
-    which a short sleep would miss.
-    """
-    for _ in range(2):
-        for stub in stubs:
-            await stub.members("settle")
-
-
-def connected(stub: RouterStub, router: tuple[str, int] | None = None) -> bool:
-    return any(s.state is ConnectionState.CONNECTED and (router is None or s.router == router)
-               for s in stub.status())
-
-
 # ------------------------------------------------------------------------------------------- 1
 
 
-async def test_shared_transport_delivers_to_exactly_the_right_channels(router: Server) -> None:
+async def test_shared_transport_delivers_to_exactly_the_right_channels(
+        router: RouterThread) -> None:
     """Two stubs, two channels in each of two groups per stub, one connection per stub:
     multicast reaches every other channel of the group (local ones included, never the
     sender), unicast reaches only the channel with that address in that group."""
-    assert router.address is not None
     async with RouterStub([router.address], **FAST) as s1, \
             RouterStub([router.address], **FAST) as s2:
         a1 = await s1.connect("g1", b"a1", name="a1")
@@ -158,7 +119,7 @@ async def test_shared_transport_delivers_to_exactly_the_right_channels(router: S
         b3 = await s2.connect("g2", b"b3", name="b3")
         everyone = [a1, a2, a1g2, a3, b1, b2, b1g2, b3]
         # One TCP connection per stub carries all eight registrations.
-        assert len(router.connections) == 2
+        assert router.connections() == 2
         assert all(st.connections == 1 for st in s1.status() + s2.status())
         assert {m.addr for m in await a1.members()} == {b"a1", b"a2", b"b1", b"b2"}
 
@@ -168,7 +129,7 @@ async def test_shared_transport_delivers_to_exactly_the_right_channels(router: S
         await a1.send(b"u2", dest=b"a2")  # unicast to a channel of the same stub
         await b2.send(b"u3", dest=b"b1")  # unicast within s2, group g1
 
-        await trio.sleep(0.3)
+        await anyio.sleep(0.3)
         got = {ch: [(m.sender, m.dest, m.payload) for m in await drain(ch, 0)] for ch in everyone}
         assert got[a1] == []
         assert got[a2] == [(b"a1", None, b"m1"), (b"a1", b"a2", b"u2")]
@@ -181,10 +142,9 @@ async def test_shared_transport_delivers_to_exactly_the_right_channels(router: S
         assert s1.stats.undeliverable == 0 and s2.stats.undeliverable == 0
 
 
-async def test_members_union_and_discovery_without_joining(router: Server) -> None:
+async def test_members_union_and_discovery_without_joining(router: RouterThread) -> None:
     """members() of a group the stub has not joined (TCPGOSSIP-style), of an unknown group,
     and of a JGroups namespace (allowed for listing)."""
-    assert router.address is not None
     async with RouterStub([router.address], **FAST) as s1, \
             RouterStub([router.address], **FAST) as s2:
         await s1.connect("demo", b"A", name="A", physical=[("10.0.0.5", 7800), "10.0.0.6:7801"])
@@ -197,10 +157,10 @@ async def test_members_union_and_discovery_without_joining(router: Server) -> No
 # ------------------------------------------------------------------------------------------- 2
 
 
-async def test_router_restart_reregisters_every_channel(nursery: trio.Nursery) -> None:
+async def test_router_restart_reregisters_every_channel(router: RouterThread) -> None:
     """The router restarts on the same port: each stub reconnects by itself, re-sends CONNECT
     for every channel (GET_MEMBERS lists them all again) and traffic flows again."""
-    r = await InProcessRouter(nursery).start()
+    r = router
     async with RouterStub([r.address], **FAST) as s1, RouterStub([r.address], **FAST) as s2:
         states = s1.state_changes()
         chans = [await s1.connect("g", b"A1"), await s1.connect("g", b"A2"),
@@ -209,25 +169,22 @@ async def test_router_restart_reregisters_every_channel(nursery: trio.Nursery) -
         before = r.members("g") | r.members("h")
         assert before == {b"A1", b"A2", b"A3", b"B1", b"B2"}
 
-        await r.stop()
+        await r.astop()
         await eventually(lambda: not connected(s1) and not connected(s2))
-        await r.start()
+        await r.astart()
         await eventually(lambda: connected(s1) and connected(s2))
         assert r.members("g") == {b"A1", b"A2", b"B1"}
         assert r.members("h") == {b"A3", b"B2"}
         # GET_MEMBERS from an unrelated client sees them too.
-        raw = await NativeClient.open(*r.address)
-        ok = await raw.request(wire.GetMembers(raw.req(), "g"))
-        await raw.aclose()
-        assert isinstance(ok, wire.Ok) and ok.members is not None
-        assert {m.addr for m in ok.members} == {b"A1", b"A2", b"B1"}
+        async with RouterStub([r.address], **FAST) as s3:
+            assert {m.addr for m in await s3.members("g")} == {b"A1", b"A2", b"B1"}
 
         await chans[3].send(b"after restart")  # B1 -> g
         for ch in chans[:2]:
-            with trio.fail_after(3):
+            with anyio.fail_after(3):
                 assert (await ch.receive()).payload == b"after restart"
         await chans[2].send(b"to B2", dest=b"B2")
-        with trio.fail_after(3):
+        with anyio.fail_after(3):
             assert (await chans[4].receive()).payload == b"to B2"
 
         seen = [e.state for e in await drain(states, 0.01)]
@@ -239,37 +196,39 @@ async def test_router_restart_reregisters_every_channel(nursery: trio.Nursery) -
 # ------------------------------------------------------------------------------------------- 3
 
 
-async def test_stubs_started_before_the_router_connect_when_it_starts(
-        nursery: trio.Nursery) -> None:
+async def test_stubs_started_before_the_router_connect_when_it_starts() -> None:
     port = free_port()
-    r = InProcessRouter(nursery, port)
+    r = RouterThread(port)
     addr = ("127.0.0.1", port)
     async with RouterStub([addr], **FAST) as s1, \
-            RouterStub([addr], **{**FAST, "send_timeout": 10.0}) as s2:
+            RouterStub([addr], **{**FAST, "send_timeout": 10.0}) as s2, \
+            anyio.create_task_group() as tasks:
         a = await s1.connect("g", b"A", wait=False)  # registered whenever a router comes up
         got: list[Channel] = []
 
         async def join_b() -> None:  # waits (bounded) for a router, then returns the channel
             got.append(await s2.connect("g", b"B"))
 
-        nursery.start_soon(join_b)
-        await trio.sleep(0.5)
+        tasks.start_soon(join_b)
+        await anyio.sleep(0.5)
         assert not connected(s1) and s1.status()[0].attempts >= 2
         assert "connection refused" in (s1.status()[0].last_error or "")
-        await r.start()
-        await eventually(lambda: bool(got) and connected(s1))
-        assert r.members("g") == {b"A", b"B"}
-        await got[0].send(b"hello")
-        with trio.fail_after(3):
-            assert (await a.receive()).payload == b"hello"
+        await r.astart()
+        try:
+            await eventually(lambda: bool(got) and connected(s1))
+            assert r.members("g") == {b"A", b"B"}
+            await got[0].send(b"hello")
+            with anyio.fail_after(3):
+                assert (await a.receive()).payload == b"hello"
+        finally:
+            await r.astop()
 
 
 # --------------------------------------------------------------------------- errors
 
 
-async def test_error_replies_raise_typed_exceptions(start_router: RouterFactory) -> None:
-    router = await start_router(addresses_per_connection=2)
-    assert router.address is not None
+async def test_error_replies_raise_typed_exceptions(start_router: RouterThreads) -> None:
+    router = start_router(addresses_per_connection=2)
     async with RouterStub([router.address], **FAST) as stub:
         with pytest.raises(ForbiddenError) as fe:
             await stub.connect("jgroups5:cluster", b"A")
@@ -304,19 +263,20 @@ async def test_send_while_every_router_is_down_raises_after_send_timeout() -> No
             await stub.members("g")
 
 
-async def test_send_waits_for_a_reconnect_within_send_timeout(nursery: trio.Nursery) -> None:
+async def test_send_waits_for_a_reconnect_within_send_timeout(
+        start_router: RouterThreads) -> None:
     """A send while the router restarts is held, then delivered: never dropped silently.
 
     The receiver is a second channel of the same stub: it is re-registered in the same
     first pass, before the connection carries the held message."""
-    r = await InProcessRouter(nursery, shutdown_timeout=0.5).start()
-    async with RouterStub([r.address], **FAST) as s1:
+    r = start_router(shutdown_timeout=0.5)
+    async with RouterStub([r.address], **FAST) as s1, anyio.create_task_group() as tasks:
         a = await s1.connect("g", b"A")
         b = await s1.connect("g", b"B")
         states = s1.state_changes()
-        await r.stop(graceful=True)
+        await r.astop(graceful=True)
         await eventually(lambda: not connected(s1))
-        with trio.fail_after(3):
+        with anyio.fail_after(3):
             lost = await states.receive()
         # The router said why before closing (ERROR shutting_down, no req).
         assert lost.state is ConnectionState.RECONNECTING
@@ -324,26 +284,27 @@ async def test_send_waits_for_a_reconnect_within_send_timeout(nursery: trio.Nurs
                               "router is shutting down")
 
         async def restart_soon() -> None:
-            await trio.sleep(0.5)
-            await r.start()
+            await anyio.sleep(0.5)
+            await r.astart()
 
-        nursery.start_soon(restart_soon)
+        tasks.start_soon(restart_soon)
         await a.send(b"held")  # waits for the reconnect (send_timeout 3 s)
-        with trio.fail_after(3):
+        with anyio.fail_after(3):
             assert (await b.receive()).payload == b"held"
 
 
 # --------------------------------------------------------------------------- events
 
 
-async def test_suspect_join_and_leave_events(router: Server) -> None:
-    assert router.address is not None
+async def test_suspect_join_and_leave_events(router: RouterThread) -> None:
     async with RouterStub([router.address], **FAST) as stub:
         chan = await stub.connect("g", b"A")
         watch = await stub.watch("g")
-        raw = await NativeClient.open(*router.address)
-        await raw.connect("g", b"X", "x", (("10.0.0.9", 7800),))
-        await raw.aclose()  # vanishes without DISCONNECT: suspect (members) + leave (watchers)
+        with anyio.CancelScope() as vanish:  # a cancelled stub leaves without DISCONNECT:
+            async with RouterStub([router.address], **FAST) as ghost:  # suspect + leave
+                await ghost.connect("g", b"X", name="x", physical=[("10.0.0.9", 7800)])
+                vanish.cancel()
+                await anyio.sleep_forever()
         async with RouterStub([router.address], **FAST) as other:
             c = await other.connect("g", b"Y", name="y")
             await c.disconnect()  # clean leave: no suspect
@@ -360,16 +321,15 @@ async def test_suspect_join_and_leave_events(router: Server) -> None:
         await watch.aclose()
 
         def unwatched() -> bool:
-            g = router.hub.table.group("g")
-            return g is not None and not g.watchers
+            g = router.call(lambda: router.hub.table.group("g"))
+            return g is not None and not router.call(lambda: bool(g.watchers))
 
         await eventually(unwatched)
 
 
-async def test_incoming_yields_messages_and_events_in_arrival_order(router: Server) -> None:
+async def test_incoming_yields_messages_and_events_in_arrival_order(router: RouterThread) -> None:
     """Separate streams lose the relative order of a join, a message and a leave; the merged
     ``incoming()`` view keeps it."""
-    assert router.address is not None
     async with RouterStub([router.address], **FAST) as s1, \
             RouterStub([router.address], **FAST) as s2:
         a = await s1.connect("g", b"A")
@@ -383,7 +343,7 @@ async def test_incoming_yields_messages_and_events_in_arrival_order(router: Serv
             addr = b"B%d" % i
             expected += [("join", addr), ("message", addr), ("leave", addr)]
         got: list[tuple[str, bytes]] = []
-        with trio.fail_after(3):
+        with anyio.fail_after(3):
             async for item in a.incoming():
                 if isinstance(item, Message):
                     got.append(("message", item.sender))
@@ -397,10 +357,9 @@ async def test_incoming_yields_messages_and_events_in_arrival_order(router: Serv
 # ------------------------------------------------------------------------------------------ buffers
 
 
-async def test_full_receive_buffer_drops_the_oldest_and_counts(router: Server) -> None:
+async def test_full_receive_buffer_drops_the_oldest_and_counts(router: RouterThread) -> None:
     """A channel nobody reads keeps the newest ``receive_buffer`` messages; the shared
     connection's reader never blocks, so other channels keep receiving."""
-    assert router.address is not None
     async with RouterStub([router.address], **{**FAST, "receive_buffer": 5}) as s1, \
             RouterStub([router.address], **FAST) as s2:
         idle = await s1.connect("g", b"idle")
@@ -410,7 +369,7 @@ async def test_full_receive_buffer_drops_the_oldest_and_counts(router: Server) -
         for i in range(20):
             await sender_g.send(b"%d" % i)
         await sender_h.send(b"still flowing")
-        with trio.fail_after(3):
+        with anyio.fail_after(3):
             assert (await busy.receive()).payload == b"still flowing"
         await settle(s1, s2)
         # Counted after the round trips: a late copy would show in dropped or in the buffer.
@@ -419,8 +378,8 @@ async def test_full_receive_buffer_drops_the_oldest_and_counts(router: Server) -
         assert s1.stats.undeliverable == 0
 
 
-async def test_disconnect_ends_the_stream_and_discovery_mode_cannot_send(router: Server) -> None:
-    assert router.address is not None
+async def test_disconnect_ends_the_stream_and_discovery_mode_cannot_send(
+        router: RouterThread) -> None:
     async with RouterStub([router.address], **FAST) as stub, \
             RouterStub([router.address], mode="discovery", **FAST) as disc:
         chan = await stub.connect("g", b"A")
@@ -437,29 +396,32 @@ async def test_disconnect_ends_the_stream_and_discovery_mode_cannot_send(router:
         async def run() -> None:
             result.append(await consume())
 
-        async with trio.open_nursery() as n:
+        async with anyio.create_task_group() as n:
             n.start_soon(run)
-            await trio.sleep(0.05)
+            await anyio.sleep(0.05)
             await chan.disconnect()
         assert result == [[]]  # the async-for ended
-        assert chan.closed and {e.addr for e in router.hub.table.members("g")} == {b"D"}
+        assert chan.closed and router.members("g") == {b"D"}
         with pytest.raises(ChannelClosedError):
             await chan.send(b"x")
     assert stub.closed
-    assert router.hub.table.members("g") == []  # leaving the block disconnected everyone
+    assert router.members("g") == set()  # leaving the block disconnected everyone
 
 
-async def test_state_changes_and_callback(nursery: trio.Nursery) -> None:
+async def test_state_changes_and_callback() -> None:
     port = free_port()
     seen: list[StubEvent] = []
     addr = ("127.0.0.1", port)
-    async with RouterStub([addr], on_state=seen.append, **FAST) as stub:
-        with pytest.raises(NotConnectedError) as e:
-            await stub.wait_connected(2.0, fail_fast=True)
-        assert str(e.value) == f"cannot reach router at 127.0.0.1:{port}: connection refused"
-        r = await InProcessRouter(nursery, port).start()
-        await stub.wait_connected(3.0)
-        assert r.server is not None
+    r = RouterThread(port)
+    try:
+        async with RouterStub([addr], on_state=seen.append, **FAST) as stub:
+            with pytest.raises(NotConnectedError) as e:
+                await stub.wait_connected(2.0, fail_fast=True)
+            assert str(e.value) == f"cannot reach router at 127.0.0.1:{port}: connection refused"
+            await r.astart()
+            await stub.wait_connected(3.0)
+    finally:
+        await r.astop()
     states = [ev.state for ev in seen]
     assert states[0] is ConnectionState.CONNECTING
     assert ConnectionState.RECONNECTING in states
@@ -467,8 +429,7 @@ async def test_state_changes_and_callback(nursery: trio.Nursery) -> None:
     assert all(ev.router == addr for ev in seen)
 
 
-async def test_exceptions_raised_inside_the_block_are_not_wrapped(router: Server) -> None:
-    assert router.address is not None
+async def test_exceptions_raised_inside_the_block_are_not_wrapped(router: RouterThread) -> None:
     with pytest.raises(KeyError):
         async with RouterStub([router.address], **FAST):
             raise KeyError("mine")
@@ -487,3 +448,47 @@ def test_bad_options_are_refused() -> None:
         RouterStub([("127.0.0.1", 1)], mode="tunnel")  # type: ignore[arg-type]
     assert RouterStub("127.0.0.1:1,127.0.0.1:2").routers == (("127.0.0.1", 1), ("127.0.0.1", 2))
 
+
+
+async def test_the_write_lock_hands_over_in_order_and_survives_cancellation() -> None:
+    """Connection.lock (WriteLock): waiters get it in arrival order, a cancelled waiter
+    leaves the queue, and one cancelled just as the lock was handed to it passes it on."""
+    lock = WriteLock()
+    order: list[str] = []
+
+    async def take(name: str) -> None:
+        async with lock:
+            order.append(name)
+            await anyio.sleep(0.01)
+
+    async with anyio.create_task_group() as tg, lock:
+        for name in ("a", "b", "c"):
+            tg.start_soon(take, name)
+            await anyio.wait_all_tasks_blocked()  # queued in this order
+        with anyio.CancelScope() as gone:  # a waiter that gives up
+            gone.cancel()
+            async with lock:
+                pytest.fail("a cancelled waiter got the lock")
+    assert order == ["a", "b", "c"]
+
+    # Handed over to a waiter that was cancelled before it could run: it passes the lock on
+    # to the next waiter, and the lock ends free.
+    doomed: list[anyio.CancelScope] = []
+
+    async def cancelled_at_the_handover() -> None:
+        with anyio.CancelScope() as scope:
+            doomed.append(scope)
+            async with lock:
+                order.append("handed")
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await lock.__aenter__()
+            tg.start_soon(cancelled_at_the_handover)
+            await anyio.wait_all_tasks_blocked()
+            tg.start_soon(take, "e")
+            await anyio.wait_all_tasks_blocked()
+            doomed[0].cancel()  # cancelled, and in the same step handed the lock
+            await lock.__aexit__()
+    assert order[3:] == ["e"]
+    assert not lock._held and not lock._waiters

@@ -5,21 +5,27 @@ answers with frames a real router would never send at that point (a second WELCO
 EVENT before WELCOME, a CONNECT). The stub must treat them as the protocol errors they are,
 reported as it reports other bad frames: refused handshakes name the peer as no gossiprouter;
 after the handshake the frame is dropped, counted in ``stats.bad_frames`` and logged, and
-the connection goes on.
+the connection goes on. The stub runs on asyncio and trio; the fake router on trio, on a
+thread (tests/stubkit.py).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
+import anyio
 import pytest
 import trio
 
 from gossiprouter import RouterStub
 from gossiprouter.protocol import native as wire
 from tests.nclient import NativeClient
-from tests.test_stub import FAST, connected, eventually
+from tests.stubkit import FAST, TrioThread, anyio_backend, connected, eventually
+
+__all__ = ["anyio_backend"]
+
+pytestmark = pytest.mark.anyio
 
 WELCOME = wire.Welcome(1, "fake", {})
 
@@ -60,23 +66,39 @@ class FakeLink(NativeClient):
 Script = Callable[[FakeLink], Awaitable[None]]
 
 
-async def fake_router(nursery: trio.Nursery, script: Script) -> tuple[str, int]:
-    """Serve ``script`` for every connection on a free 127.0.0.1 port."""
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-
-    async def handle(stream: trio.SocketStream) -> None:
-        try:
-            await script(await FakeLink.accept(stream))
-        except (EOFError, trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            await trio.aclose_forcefully(stream)
-
-    nursery.start_soon(trio.serve_listeners, handle, listeners)
-    return "127.0.0.1", listeners[0].socket.getsockname()[1]
+FakeRouter = Callable[[Script], tuple[str, int]]
 
 
-async def _illegal_after_welcome(nursery: trio.Nursery, caplog: pytest.LogCaptureFixture,
+@pytest.fixture
+def fake_router() -> Iterator[FakeRouter]:
+    """Serve a script for every connection on a free 127.0.0.1 port, in a trio thread."""
+    loops: list[TrioThread] = []
+
+    def start(script: Script) -> tuple[str, int]:
+        async def serve(*, task_status: trio.TaskStatus[int]) -> None:
+            listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+
+            async def handle(stream: trio.SocketStream) -> None:
+                try:
+                    await script(await FakeLink.accept(stream))
+                except (EOFError, trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+                finally:
+                    await trio.aclose_forcefully(stream)
+
+            task_status.started(listeners[0].socket.getsockname()[1])
+            await trio.serve_listeners(handle, listeners)
+
+        loop = TrioThread()
+        loops.append(loop)
+        return "127.0.0.1", loop.start(serve)
+
+    yield start
+    for loop in loops:
+        loop.stop()
+
+
+async def _illegal_after_welcome(fake_router: FakeRouter, caplog: pytest.LogCaptureFixture,
                                  bad: wire.Frame, message: str) -> None:
     """The router sends ``bad`` right after WELCOME: the stub drops it as a bad frame and
     goes on (a channel registers and receives a message afterwards)."""
@@ -88,12 +110,12 @@ async def _illegal_after_welcome(nursery: trio.Nursery, caplog: pytest.LogCaptur
         await link.serve_requests(
             lambda c: [wire.Route(c.group, c.addr, b"R", b"after the bad frame")])
 
-    addr = await fake_router(nursery, script)
+    addr = fake_router(script)
     with caplog.at_level(logging.WARNING, logger="gossiprouter.stub"):
         async with RouterStub([addr], **FAST) as stub:
             await stub.wait_connected(timeout=5)
             ch = await stub.connect("g", b"A")
-            with trio.fail_after(5):
+            with anyio.fail_after(5):
                 msg = await ch.receive()
             assert msg.payload == b"after the bad frame"
             # The bad frame came before the OK on the same stream: counted by now.
@@ -104,18 +126,18 @@ async def _illegal_after_welcome(nursery: trio.Nursery, caplog: pytest.LogCaptur
     assert len(hellos) == 1 and isinstance(hellos[0], wire.Hello)
 
 
-async def test_a_second_welcome_is_a_bad_frame(nursery: trio.Nursery,
+async def test_a_second_welcome_is_a_bad_frame(fake_router: FakeRouter,
                                                caplog: pytest.LogCaptureFixture) -> None:
-    await _illegal_after_welcome(nursery, caplog, WELCOME, "second WELCOME")
+    await _illegal_after_welcome(fake_router, caplog, WELCOME, "second WELCOME")
 
 
 async def test_a_client_frame_from_the_router_is_a_bad_frame(
-        nursery: trio.Nursery, caplog: pytest.LogCaptureFixture) -> None:
-    await _illegal_after_welcome(nursery, caplog, wire.Connect(1, "g", b"X"),
+        fake_router: FakeRouter, caplog: pytest.LogCaptureFixture) -> None:
+    await _illegal_after_welcome(fake_router, caplog, wire.Connect(1, "g", b"X"),
                                  "a router may not send Connect")
 
 
-async def test_an_event_before_welcome_fails_the_handshake(nursery: trio.Nursery) -> None:
+async def test_an_event_before_welcome_fails_the_handshake(fake_router: FakeRouter) -> None:
     attempts: list[int] = []
 
     async def script(link: FakeLink) -> None:
@@ -124,7 +146,7 @@ async def test_an_event_before_welcome_fails_the_handshake(nursery: trio.Nursery
         await link.send(wire.Event("g", "join", b"A"), WELCOME)
         await trio.sleep_forever()  # the stub must not wait for the WELCOME behind it
 
-    addr = await fake_router(nursery, script)
+    addr = fake_router(script)
     async with RouterStub([addr], **FAST) as stub:
         await eventually(lambda: stub.status()[0].last_error is not None)
         status = stub.status()[0]
@@ -134,13 +156,13 @@ async def test_an_event_before_welcome_fails_the_handshake(nursery: trio.Nursery
     assert attempts
 
 
-async def test_an_error_before_welcome_is_a_refused_hello(nursery: trio.Nursery) -> None:
+async def test_an_error_before_welcome_is_a_refused_hello(fake_router: FakeRouter) -> None:
     async def script(link: FakeLink) -> None:
         assert isinstance(await link.recv(), wire.Hello)
         await link.send(wire.Error(None, "unauthorized", "no token"))
         await trio.sleep_forever()
 
-    addr = await fake_router(nursery, script)
+    addr = fake_router(script)
     async with RouterStub([addr], **FAST) as stub:
         await eventually(lambda: stub.status()[0].last_error is not None)
         assert stub.status()[0].last_error == "router refused HELLO: unauthorized: no token"

@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal
 
-import trio
+from anyio.lowlevel import checkpoint
 
 from gossiprouter.client.errors import ChannelClosedError, ModeError, RouterError
 from gossiprouter.client.model import GroupEvent, Key, Member, Message, Physical, _check_addr
-from gossiprouter.client.streams import EventStream
+from gossiprouter.client.streams import EventStream, Waiters
 from gossiprouter.protocol import native as wire
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ class Channel:
         self.physical = physical
         self._messages: EventStream[Message] = EventStream(receive_buffer)
         self._events: EventStream[GroupEvent] = EventStream(event_buffer)
-        self._arrivals = trio.lowlevel.ParkingLot()  # wakes receive_any
+        self._arrivals = Waiters()  # wakes receive_any
         self._closed = False
         self._waiting = False  # connect() is waiting for the routers' answers
         # link -> None (accepted) or the router's refusal, for the connections it was sent on
@@ -102,7 +102,7 @@ class Channel:
         """Stop receiving publications through this pattern (other patterns still apply)."""
         self._patterns.discard(pattern(provider, broadcast, tuple(partition)))
         self._stub._wake_registrars()
-        await trio.lowlevel.checkpoint()
+        await checkpoint()
 
     @property
     def subscriptions(self) -> frozenset[TopicId]:
@@ -131,7 +131,8 @@ class Channel:
         return await self._messages.receive()
 
     def receive_nowait(self) -> Message:
-        """The next buffered message, or trio.WouldBlock."""
+        """The next buffered message, or :class:`~gossiprouter.client.streams.WouldBlock`
+        (an ``anyio.WouldBlock``; a ``trio.WouldBlock`` too under trio)."""
         return self._messages.receive_nowait()
 
     def __aiter__(self) -> Channel:
@@ -152,20 +153,16 @@ class Channel:
         """The next message *or* event, in the order they arrived (both streams share one
         sequence); ChannelClosedError once disconnected and drained. Use either this or
         :meth:`receive` / :meth:`events`, not both."""
-        await trio.lowlevel.checkpoint_if_cancelled()
+        await checkpoint()  # before anything is taken: see EventStream.receive
         while True:
             msgs, evs = self._messages._items, self._events._items
             if msgs or evs:
-                item: Message | GroupEvent
                 if msgs and (not evs or msgs[0].seq < evs[0].seq):
-                    item = msgs.popleft()
-                else:
-                    item = evs.popleft()
-                await trio.lowlevel.cancel_shielded_checkpoint()
-                return item
+                    return msgs.popleft()
+                return evs.popleft()
             if self._closed:
                 raise ChannelClosedError(f"{self!r} is closed")
-            await self._arrivals.park()
+            await self._arrivals.event().wait()
 
     async def incoming(self) -> AsyncIterator[Message | GroupEvent]:
         """``async for item in chan.incoming()``: messages and events in arrival order."""
@@ -192,14 +189,14 @@ class Channel:
 
     def _put_message(self, msg: Message) -> None:
         self._messages._put(msg)
-        self._arrivals.unpark_all()
+        self._arrivals.wake()
 
     def _put_event(self, ev: GroupEvent) -> None:
         self._events._put(ev)
-        self._arrivals.unpark_all()
+        self._arrivals.wake()
 
     def _close(self) -> None:
         self._closed = True
         self._messages._close()
         self._events._close()
-        self._arrivals.unpark_all()
+        self._arrivals.wake()

@@ -8,12 +8,15 @@ one router across all its connections (state, attempts, the current Connection).
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import ssl
+from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import trio
+import anyio
+from anyio.abc import ByteStream
 
 from gossiprouter.client.errors import (
     ConnectionLostError,
@@ -29,7 +32,7 @@ from gossiprouter.client.model import (
     fmt_router,
 )
 from gossiprouter.client.registrar import Held
-from gossiprouter.client.tls import wrap_client
+from gossiprouter.client.tls import start_tls
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
 from gossiprouter.protocol.native_state import NativeState, Role, State
@@ -39,21 +42,29 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gossiprouter.stub")
 
+# What a broken or closed stream raises, on either loop (OSError covers ssl.SSLError).
+STREAM_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
+                 OSError)
+
 def describe_error(e: BaseException) -> str:
     """A short lower-case reason for a failed connection ("connection refused", ...)."""
-    if isinstance(e, trio.TooSlowError):
+    if isinstance(e, TimeoutError):  # anyio.fail_after
         return "timed out"
     if isinstance(e, socket.gaierror):
         return f"cannot resolve host ({e.strerror})"
     if isinstance(e, OSError) and e.errno is None and isinstance(e.__cause__, BaseExceptionGroup):
-        # trio.open_tcp_stream wraps the per-address errors; the first one says it all.
+        # anyio.connect_tcp wraps the per-address errors; the first one says it all.
         leaves = [x for x in e.__cause__.exceptions if isinstance(x, OSError)]
         if leaves:
             return describe_error(leaves[0])
     if isinstance(e, ConnectionRefusedError):
         return "connection refused"
-    if isinstance(e, trio.BrokenResourceError) and isinstance(e.__cause__, ssl.SSLError):
-        return f"TLS handshake failed ({e.__cause__.reason or e.__cause__})"
+    if isinstance(e, OSError) and e.errno is None and isinstance(e.__cause__, OSError):
+        return describe_error(e.__cause__)  # anyio.connect_tcp, one address
+    if isinstance(e, anyio.BrokenResourceError) and isinstance(e.__cause__, ssl.SSLError):
+        e = e.__cause__
+    if isinstance(e, ssl.SSLError):
+        return f"TLS handshake failed ({e.reason or e})"
     if isinstance(e, OSError) and e.strerror:
         s = e.strerror
         return s[:1].lower() + s[1:]
@@ -64,7 +75,7 @@ class PendingRequest:
     __slots__ = ("event", "parts", "result")
 
     def __init__(self) -> None:
-        self.event = trio.Event()
+        self.event = anyio.Event()
         self.result: wire.Ok | StubError | None = None
         # The members of the OK parts received so far (a list longer than one frame).
         self.parts: list[wire.MemberInfo] = []
@@ -86,17 +97,53 @@ class PendingRequest:
 
 
 
+class WriteLock:
+    """The lock that keeps frames whole on a connection shared by many tasks: FIFO, handed
+    to the next waiter on release (the heartbeat's PING never starves behind a sending
+    loop), and free of any loop call when nobody holds it, the common case: anyio.Lock
+    looks the task up on acquire and release, which on asyncio is a system call each
+    (asyncio.current_task checks the process id), measured in bench_stub_loops."""
+
+    __slots__ = ("_held", "_waiters")
+
+    def __init__(self) -> None:
+        self._held = False
+        self._waiters: deque[anyio.Event] = deque()
+
+    async def __aenter__(self) -> None:
+        if not self._held:
+            self._held = True  # no checkpoint: the write that follows has its own
+            return
+        turn = anyio.Event()
+        self._waiters.append(turn)
+        try:
+            await turn.wait()  # set by __aexit__, which hands the lock over as held
+        except BaseException:
+            if turn.is_set():
+                self._release()  # handed over while being cancelled: pass it on
+            else:
+                self._waiters.remove(turn)
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        if self._waiters:
+            self._waiters.popleft().set()
+        else:
+            self._held = False
+
+
 class Connection:
     """One live TCP connection to a router (a new object for every reconnect)."""
 
-    def __init__(self, transport: RouterSlot, stream: trio.abc.Stream, welcome: wire.Welcome,
-                 decoder: wire.Decoder, write_timeout: float, raw: trio.SocketStream,
-                 proto: NativeState) -> None:
+    def __init__(self, transport: RouterSlot, stream: ByteStream, welcome: wire.Welcome,
+                 decoder: wire.Decoder, write_timeout: float, proto: NativeState) -> None:
         assert proto.state is State.OPEN, proto  # made only after WELCOME (open_connection)
         self.transport = transport
         self.router = transport.address
-        self.stream = stream  # the TLS stream over ``raw``, or ``raw`` itself
-        self.raw = raw
+        self.stream = stream  # TLS over the TCP stream, or the TCP stream itself
         self.welcome = welcome
         settings = welcome.settings
         mf = settings.get("max_frame")
@@ -108,8 +155,13 @@ class Connection:
         self.decoder = decoder
         decoder.max_frame = self.max_frame
         self.write_timeout = write_timeout
-        self.lock = trio.Lock()
-        self.scope = trio.CancelScope()
+        self.lock = WriteLock()
+        self.scope = anyio.CancelScope()
+        # The write under way: kill() cancels it (it is shielded from everything else);
+        # the heartbeat's watch_write notes when it first saw it.
+        self.writing: anyio.CancelScope | None = None
+        self._seen: anyio.CancelScope | None = None
+        self._seen_at = 0.0
         self.dead = False
         # The protocol state (protocol/native_state.py): every frame the router sends is run
         # through it by the reader, so one the table refuses (a second WELCOME, a CONNECT) is
@@ -119,13 +171,13 @@ class Connection:
         self.ready = False
         self.error: str | None = None
         self.farewell: str | None = None  # a connection-closing ERROR the router sent
-        self.last_recv = trio.current_time()
+        self.last_recv = anyio.current_time()
         self.pending: dict[int, PendingRequest] = {}
         # What this connection holds on the router, kept in step with the stub by the
         # registrar (registrar.plan updates it; the answers refine it).
         self.held: Held[Channel] = Held()
-        self.kick = trio.Event()
-        self.wake = trio.Event()
+        self.kick = anyio.Event()
+        self.wake = anyio.Event()
         self.pongs: list[int] = []
 
     def __repr__(self) -> str:
@@ -141,30 +193,66 @@ class Connection:
         self.error = self.farewell or reason
         log.info("connection to %s lost: %s", fmt_router(self.router), self.error)
         self.scope.cancel()
-        # Closing the socket wakes a task blocked in send_all/receive_some at once.
-        self.raw.socket.close()
+        # A write blocked on a router that stopped reading ends at once, half-written or
+        # not: the connection is dead. (The reader is in ``scope``; the stream is closed
+        # by the task that ran the connection.)
+        if self.writing is not None:
+            self.writing.cancel()
         lost = ConnectionLostError(f"connection to {fmt_router(self.router)} lost: {self.error}")
         for p in self.pending.values():
             p.set(lost)
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes, *, bounded: bool = False) -> None:
         """Write whole frames. The write itself is shielded (a cancelled half-written frame
-        would corrupt the stream) and bounded by ``write_timeout`` (a router that stopped
-        reading is dead)."""
+        would corrupt the stream); a router that stopped reading for ``write_timeout`` is
+        dead. With ``bounded`` (the heartbeat's own writes) this call ends the connection
+        itself after ``write_timeout``, waiting for the lock included; otherwise the
+        heartbeat does (:meth:`watch_write`), so an application's write costs no timer."""
         if self.dead:
             raise LinkDown(self.error)
+        if not bounded:
+            await self._write(data, math.inf)
+            return
+        deadline = anyio.current_time() + self.write_timeout
+        with anyio.CancelScope(deadline=deadline) as waiting:
+            await self._write(data, deadline)
+        if waiting.cancelled_caught:  # the lock's holder is blocked in its write
+            self.kill(f"write blocked for {self.write_timeout:g}s")
+            raise LinkDown(self.error)
+
+    async def _write(self, data: bytes, deadline: float) -> None:
         async with self.lock:
             if self.dead:
                 raise LinkDown(self.error)
-            with trio.CancelScope(shield=True), trio.move_on_after(self.write_timeout) as cs:
+            with anyio.CancelScope(shield=True, deadline=deadline) as cs:
+                self.writing = cs
                 try:
-                    await self.stream.send_all(data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+                    await self.stream.send(data)
+                except STREAM_ERRORS as e:
                     self.kill(f"write failed: {describe_error(e)}")
                     raise LinkDown(self.error) from None
+                finally:
+                    self.writing = None
             if cs.cancelled_caught:
+                # By its deadline, or by kill() (watch_write, the stub closing).
                 self.kill(f"write blocked for {self.write_timeout:g}s")
                 raise LinkDown(self.error)
+
+    def watch_write(self, now: float) -> float:
+        """The heartbeat's check of the write under way: a write first seen at an earlier
+        check and still going ``write_timeout`` later kills the connection (so a write is
+        ended within ``write_timeout`` plus the time between two checks). Returns when to
+        check next."""
+        w = self.writing
+        if w is None:
+            self._seen = None
+            return now + self.write_timeout
+        if w is not self._seen:
+            self._seen, self._seen_at = w, now
+        elif now - self._seen_at >= self.write_timeout:
+            self.kill(f"write blocked for {self.write_timeout:g}s")
+            return math.inf
+        return self._seen_at + self.write_timeout
 
 
 class RouterSlot:
@@ -235,7 +323,7 @@ def _pending_error(t: RouterSlot) -> str:
     """Why a router whose first attempt is still under way is not connected."""
     if t.hello_sent_at is None:
         return "not connected yet"
-    waited = trio.current_time() - t.hello_sent_at
+    waited = anyio.current_time() - t.hello_sent_at
     return f"{FOREIGN} (got no reply to HELLO in {waited:.1f}s)"
 
 
@@ -249,23 +337,23 @@ async def open_connection(t: RouterSlot, *, connect_timeout: float,
     """Open one connection to ``t``'s router: TCP, TLS if ``ssl_context``, HELLO, WELCOME.
 
     Raises HandshakeError when the peer refuses HELLO or is no gossiprouter (named from the
-    start of its reply), OSError / trio errors when TCP or TLS fail, TooSlowError after
-    ``connect_timeout``. ``t.hello_sent_at`` is set while WELCOME is awaited.
+    start of its reply), OSError / anyio stream errors (:data:`STREAM_ERRORS`) when TCP or
+    TLS fail, TimeoutError after ``connect_timeout``. ``t.hello_sent_at`` is set while
+    WELCOME is awaited.
     """
     host, port = t.address
     t.hello_sent_at = None
-    with trio.fail_after(connect_timeout):
-        raw = await trio.open_tcp_stream(host, port)
-        stream: trio.abc.Stream = raw
+    with anyio.fail_after(connect_timeout):
+        raw = await anyio.connect_tcp(host, port)
+        stream: ByteStream = raw
         try:
             if ssl_context is not None:
-                stream = await wrap_client(raw, ssl_context,
-                                           server_hostname or host)
+                stream = await start_tls(raw, ssl_context, server_hostname or host)
             proto = NativeState(Role.CLIENT)
             hello = wire.Hello(wire.SUPPORTED_VERSIONS, client_name, token)
             proto.send(type(hello))
-            await stream.send_all(wire.PREAMBLE + wire.encode(hello))
-            t.hello_sent_at = trio.current_time()
+            await stream.send(wire.PREAMBLE + wire.encode(hello))
+            t.hello_sent_at = anyio.current_time()
             decoder = wire.Decoder(max_frame=64 * 1024)
             got = b""  # the start of the reply, to show a peer that is no router
             while True:
@@ -274,7 +362,10 @@ async def open_connection(t: RouterSlot, *, connect_timeout: float,
                 except Exception:
                     raise _foreign(got) from None
                 if f is None:
-                    data = await stream.receive_some(RECV_SIZE)
+                    try:
+                        data = await stream.receive(RECV_SIZE)
+                    except anyio.EndOfStream:
+                        data = b""
                     if not data:
                         if got:
                             raise _foreign(got)
@@ -295,8 +386,8 @@ async def open_connection(t: RouterSlot, *, connect_timeout: float,
                 assert isinstance(f, wire.Welcome)
                 break
         except BaseException:
-            await trio.aclose_forcefully(stream)
+            await anyio.aclose_forcefully(stream)
             raise
     t.router_id = f.router_id
     t.hello_sent_at = None
-    return Connection(t, stream, f, decoder, write_timeout, raw, proto)
+    return Connection(t, stream, f, decoder, write_timeout, proto)

@@ -1,4 +1,5 @@
-"""RouterStub: the trio client library applications use to talk to gossiprouters.
+"""RouterStub: the client library applications use to talk to gossiprouters, on asyncio or
+trio (one implementation, on AnyIO: it runs on whichever loop calls it).
 
 One :class:`RouterStub` keeps **one** TCP connection per router (the shared
 transport) and carries any number of :class:`Channel` objects over it: a
@@ -50,11 +51,13 @@ reconnect and failover tests in tests/test_stub*.py the first):
   with anything, so it is kept out of the stub's nursery. Leaving the block normally leaves
   every group first (DISCONNECT, bounded by ``request_timeout``, 2 s at most).
 * **The caller is cancelled** (the task running ``run()`` or the ``async with`` block, or
-  its nursery): the connections close at once (no DISCONNECT: the routers report the
-  members as ``suspect``), every stream ends, and the cancellation propagates as trio's
-  always does. Cancelling one call (``send``, ``connect``, ``members``, ...) cancels that call
-  only: a ``connect`` withdraws its registration; a write already started completes
-  (shielded, bounded by the write timeout), so no frame is ever cut in half.
+  its nursery or task group; ``task.cancel()`` or ``asyncio.timeout`` on asyncio): the
+  connections close at once (no DISCONNECT: the routers report the members as
+  ``suspect``), every stream ends, and the cancellation propagates as the loop's always
+  does (``trio.Cancelled``, ``asyncio.CancelledError`` / ``TimeoutError``). Cancelling one
+  call (``send``, ``connect``, ``members``, ...) cancels that call only: a ``connect``
+  withdraws its registration; a write already started completes (shielded, bounded by the
+  write timeout), so no frame is ever cut in half.
 """
 
 from __future__ import annotations
@@ -64,9 +67,10 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-import trio
+import anyio
+from anyio.lowlevel import checkpoint
 
 from gossiprouter.client.channel import Channel
 from gossiprouter.client.connection import Connection, RouterSlot, not_connected
@@ -104,6 +108,14 @@ from gossiprouter.protocol import native as wire
 from gossiprouter.topics import TopicId
 
 T = TypeVar("T")
+V = TypeVar("V", contravariant=True)
+
+
+class TaskStatus(Protocol[V]):
+    """What ``run`` is started with: trio's ``TaskStatus`` (``nursery.start``) or AnyIO's
+    (``task_group.start``); both are one of these for the type checker."""
+
+    def started(self, value: V) -> None: ...
 
 
 def _nothing() -> None:
@@ -118,8 +130,10 @@ class RouterStub:
     * ``async with RouterStub(routers) as stub:`` or ``async with open_router_stub(routers)
       as stub:`` starts connecting to every router in the background (TCP + HELLO; no group
       is joined yet) and returns at once; leaving the block leaves every group and closes;
-    * ``stub = await nursery.start(RouterStub(routers).run)`` runs it in the caller's nursery
-      and returns once a router is connected; :meth:`aclose` (or cancelling) ends it.
+    * ``stub = await nursery.start(RouterStub(routers).run)`` (trio) or ``stub = await
+      task_group.start(RouterStub(routers).run)`` (an AnyIO task group, on asyncio or trio)
+      runs it in the caller's nursery and returns once a router is connected;
+      :meth:`aclose` (or cancelling) ends it.
 
     Args:
         routers: ``(host, port)`` tuples or ``"host:port"`` strings.
@@ -157,7 +171,7 @@ class RouterStub:
             certificate for mutual TLS). None: plain TCP.
         server_hostname: the name the router's certificate must be valid for
             (default: the host connected to).
-        on_state: called (in the trio thread, must not block) with every
+        on_state: called (in the event loop's thread, must not block) with every
             :class:`StubEvent`.
     """
 
@@ -213,7 +227,9 @@ class RouterStub:
         self.stats = self._local.stats
         self._links = Links(self, self._slots, self._local, self._emit)
         self._state_streams: list[EventStream[StubEvent]] = []
-        self._scope = trio.CancelScope()  # the stub's tasks: closing cancels them, not the caller
+        # The stub's tasks: closing cancels them, not the caller. Made when the stub runs
+        # (AnyIO makes a scope for the loop that runs it).
+        self._scope: anyio.CancelScope | None = None
         self._started = False
         self._closed = False
         self._failure: BaseExceptionGroup[Exception] | None = None  # what a task of ours raised
@@ -221,10 +237,12 @@ class RouterStub:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def run(self, *, task_status: trio.TaskStatus[RouterStub] = trio.TASK_STATUS_IGNORED
+    async def run(self, *, task_status: TaskStatus[RouterStub] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
         """Run the stub until :meth:`aclose` or cancellation: ``stub = await
-        nursery.start(RouterStub(routers).run)`` returns once a router is connected.
+        nursery.start(RouterStub(routers).run)`` (trio) or ``await
+        task_group.start(RouterStub(routers).run)`` (AnyIO) returns once a router is
+        connected.
 
         Before that, raises :class:`NotConnectedError` if no router is connected within
         ``send_timeout`` (the stub is then closed). Raises :class:`StubTaskError` if a task of
@@ -243,7 +261,7 @@ class RouterStub:
         self._started = True
 
     async def _serve(self, *, wait_connected: bool, on_failure: Callable[[], None],
-                     task_status: trio.TaskStatus[RouterStub]) -> NotConnectedError | None:
+                     task_status: TaskStatus[RouterStub]) -> NotConnectedError | None:
         """Keep every router connected until the stub closes; return why it never started
         (no router connected in time) if ``wait_connected``. A failing task is recorded in
         ``_failure`` (and ``on_failure`` called), not raised: the caller raises it, outside
@@ -252,8 +270,11 @@ class RouterStub:
         try:
             # The stub's tasks live in their own cancel scope: closing the stub must not
             # cancel the application code running in the body of ``async with``.
+            self._scope = anyio.CancelScope()
+            if self._closed:
+                self._scope.cancel()
             with self._scope:
-                async with trio.open_nursery() as tasks:
+                async with anyio.create_task_group() as tasks:
                     for t in self._slots:
                         tasks.start_soon(self._links.keep_connected, t)
                     if wait_connected:
@@ -281,16 +302,17 @@ class RouterStub:
 
     @asynccontextmanager
     async def _running(self) -> AsyncIterator[RouterStub]:
-        """The ``async with`` form: the stub's tasks in a nursery around the caller's block."""
+        """The ``async with`` form: the stub's tasks in a task group around the caller's
+        block."""
         self._begin()
         block_error: BaseException | None = None
-        async with trio.open_nursery() as nursery:
+        async with anyio.create_task_group() as group:
             # A failing task cancels the block; StubTaskError is raised below, after it.
-            await nursery.start(partial(self._serve, wait_connected=False,
-                                        on_failure=nursery.cancel_scope.cancel))
+            await group.start(partial(self._serve, wait_connected=False,
+                                      on_failure=group.cancel_scope.cancel))
             try:
                 yield self
-            except trio.Cancelled:
+            except anyio.get_cancelled_exc_class():
                 raise  # belongs to a cancel scope, which knows to catch it in a group
             except BaseException as e:
                 # The caller's own exception is not concurrent with anything: keep it out
@@ -327,14 +349,15 @@ class RouterStub:
         # A clean DISCONNECT lets the other members see ``leave`` instead of ``suspect``.
         self._local.close_all()
         self._wake_registrars()
-        await self._until(trio.current_time() + min(self.request_timeout, 2.0), lambda: not any(
+        await self._until(anyio.current_time() + min(self.request_timeout, 2.0), lambda: not any(
             lk.held.registered or lk.held.leaving for lk in self._links.live()))
 
     def _stop(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._scope.cancel()
+        if self._scope is not None:
+            self._scope.cancel()
         for t in self._slots:
             if t.link is not None:
                 t.link.kill("stub closed")
@@ -366,9 +389,9 @@ class RouterStub:
             result = done()
             if result:
                 return result
-            if trio.current_time() >= deadline:
+            if anyio.current_time() >= deadline:
                 return None
-            with trio.move_on_at(deadline):
+            with anyio.CancelScope(deadline=deadline):
                 await changed.wait()
 
     def _not_connected(self, waited: float | None) -> NotConnectedError:
@@ -412,7 +435,7 @@ class RouterStub:
                 raise self._not_connected(None)
             return False  # wait for the next change
 
-        if not await self._until(trio.current_time() + waited, connected):
+        if not await self._until(anyio.current_time() + waited, connected):
             raise self._not_connected(waited)
 
     # ------------------------------------------------------------------ groups
@@ -457,7 +480,7 @@ class RouterStub:
             return ok if ok and all(lk in ch._results for lk in self._links.ready()) else []
 
         try:
-            if await self._until(trio.current_time() + self.send_timeout, accepted) is None \
+            if await self._until(anyio.current_time() + self.send_timeout, accepted) is None \
                     and not any(r is None and not lk.dead for lk, r in ch._results.items()):
                 raise self._timeout("CONNECT", group)
             return ch
@@ -478,12 +501,12 @@ class RouterStub:
 
     async def _disconnect(self, ch: Channel) -> None:
         if ch._closed:
-            await trio.lowlevel.checkpoint()
+            await checkpoint()
             return
         self._local.remove_channel(ch)
         self._wake_registrars()
         # Bounded wait for the DISCONNECTs: the member is gone locally either way.
-        await self._until(trio.current_time() + self.request_timeout, lambda: not any(
+        await self._until(anyio.current_time() + self.request_timeout, lambda: not any(
             lk.held.registered.get(ch.key) is ch or ch in lk.held.leaving
             for lk in self._links.live()))
 
@@ -500,7 +523,7 @@ class RouterStub:
         """
         self._check_open()
         _check_group(group)
-        links = await self._until(trio.current_time() + self.send_timeout, self._links.ready)
+        links = await self._until(anyio.current_time() + self.send_timeout, self._links.ready)
         if not links:
             raise self._not_connected(self.send_timeout)
         answers: list[wire.Ok | StubError] = []
@@ -509,9 +532,9 @@ class RouterStub:
             answers.append(await self._links.request(
                 lk, wire.GetMembers(self._links.next_req(), group)))
 
-        async with trio.open_nursery() as n:
+        async with anyio.create_task_group() as asking:
             for lk in links:
-                n.start_soon(ask, lk)
+                asking.start_soon(ask, lk)
         return merge_members(answers)
 
     async def watch(self, group: str) -> Watch:
@@ -530,7 +553,7 @@ class RouterStub:
             return bool(ready) and all(group in lk.held.watch_acked for lk in ready)
 
         try:
-            if await self._until(trio.current_time() + self.send_timeout, acked) is None \
+            if await self._until(anyio.current_time() + self.send_timeout, acked) is None \
                     and not any(group in lk.held.watch_acked for lk in self._links.ready()):
                 raise self._timeout("WATCH", group)
             return w
@@ -560,7 +583,7 @@ class RouterStub:
             ready = self._links.registered(ch)
             return bool(ready) and all(pat in lk.held.sub_acked.get(ch.key, ()) for lk in ready)
 
-        if await self._until(trio.current_time() + self.send_timeout, answered) is None \
+        if await self._until(anyio.current_time() + self.send_timeout, answered) is None \
                 and not any(pat in lk.held.sub_acked.get(ch.key, ()) for lk in
                             self._links.registered(ch)):
             ch._patterns.discard(pat)
@@ -573,7 +596,7 @@ class RouterStub:
 
     async def _send(self, ch: Channel, data: bytes) -> None:
         self._check_open()
-        deadline = trio.current_time() + self.send_timeout
+        deadline: float | None = None  # read the clock only when the send has to wait
         last_error: str | None = None
         while True:
             changed = self._links.changed
@@ -590,12 +613,15 @@ class RouterStub:
                 except LinkDown as e:
                     # Fail over: try the next connected router at once.
                     last_error = f"{fmt_router(lk.router)}: {e}"
-            if trio.current_time() >= deadline:
+            now = anyio.current_time()
+            if deadline is None:
+                deadline = now + self.send_timeout
+            elif now >= deadline:
                 err = self._not_connected(self.send_timeout)
                 if last_error and err.last_error is None:
                     err.last_error = last_error
                 raise err
-            with trio.move_on_at(deadline):
+            with anyio.CancelScope(deadline=deadline):
                 await changed.wait()
 
     # ------------------------------------------------------------------ signals
@@ -624,7 +650,7 @@ class RouterStub:
 async def open_router_stub(routers: Sequence[str | tuple[str, int]],
                            **options: Any) -> AsyncIterator[RouterStub]:
     """``async with open_router_stub(routers, **options) as stub:``: a :class:`RouterStub`
-    (same arguments) running in a nursery for the length of the block; what ``async with
+    (same arguments) running in a task group for the length of the block; what ``async with
     RouterStub(...)`` does. Returns at once, connecting in the background."""
     async with RouterStub(routers, **options)._running() as stub:
         yield stub

@@ -30,11 +30,12 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
-import trio
+import anyio
 
 from gossiprouter.client import registrar
 from gossiprouter.client.channel import Channel
 from gossiprouter.client.connection import (
+    STREAM_ERRORS,
     Connection,
     HandshakeError,
     PendingRequest,
@@ -60,6 +61,7 @@ from gossiprouter.client.model import (
     Policy,
     fmt_router,
 )
+from gossiprouter.client.streams import Waiters
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
 from gossiprouter.topics import TopicId
@@ -126,13 +128,18 @@ class Links:
         self._req = itertools.count(1)
         self._nonce = itertools.count(1)
         self._rr = itertools.count()  # the round-robin position
-        self.changed = trio.Event()
+        self._changed = Waiters()
+
+    @property
+    def changed(self) -> anyio.Event:
+        """Set at the next change of connection or registration state: take it, check the
+        state, then wait on it."""
+        return self._changed.event()
 
     def notify_changed(self) -> None:
         """Wake every call waiting for a change of connection or registration state (they
         re-read the state, then wait on the new :attr:`changed`)."""
-        ev, self.changed = self.changed, trio.Event()
-        ev.set()
+        self._changed.wake()
 
     def live(self) -> list[Connection]:
         """The connections that are up (registered or not yet)."""
@@ -184,35 +191,35 @@ class Links:
                     t, connect_timeout=s.connect_timeout, ssl_context=s.ssl_context,
                     server_hostname=s.server_hostname, client_name=s.client_name,
                     token=s.token, write_timeout=write_timeout(s))
-            except (OSError, trio.TooSlowError, HandshakeError, trio.BrokenResourceError) as e:
+            except (*STREAM_ERRORS, TimeoutError, HandshakeError) as e:
                 t.failures += 1
                 t.last_error = describe_error(e) if not isinstance(e, HandshakeError) else str(e)
                 log.debug("cannot connect to %s: %s", fmt_router(t.address), t.last_error)
             else:
-                started = trio.current_time()
+                started = anyio.current_time()
                 await self._run_link(t, link)
                 t.last_error = link.error
-                if trio.current_time() - started >= s.reconnect_reset:
+                if anyio.current_time() - started >= s.reconnect_reset:
                     n = 0
             delay = self._backoff(n)
             n += 1
             self.emit(t, ConnectionState.RECONNECTING, t.last_error, delay)
-            await trio.sleep(delay)
+            await anyio.sleep(delay)
 
     async def _run_link(self, t: RouterSlot, link: Connection) -> None:
         t.link = link
         try:
             with link.scope:
-                async with trio.open_nursery() as n:
-                    n.start_soon(self._reader, link)
-                    n.start_soon(self._heartbeat, link)
-                    n.start_soon(self._registrar, link)
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(self._reader, link)
+                    tasks.start_soon(self._heartbeat, link)
+                    tasks.start_soon(self._registrar, link)
         finally:
             link.kill(link.error or "closed")
             t.link = None
             self.local.presence.forget_router(t.address)
-            with trio.CancelScope(shield=True):
-                await trio.aclose_forcefully(link.stream)
+            with anyio.CancelScope(shield=True):
+                await anyio.aclose_forcefully(link.stream)
             self.notify_changed()
 
     async def _reader(self, link: Connection) -> None:
@@ -237,14 +244,14 @@ class Links:
                     break
                 self.dispatch(link, f)
             try:
-                data = await stream.receive_some(RECV_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
-                link.kill(f"connection broken: {describe_error(e)}")
-                return
-            if not data:
+                data = await stream.receive(RECV_SIZE)
+            except anyio.EndOfStream:
                 link.kill("router closed the connection")
                 return
-            link.last_recv = trio.current_time()
+            except STREAM_ERRORS as e:
+                link.kill(f"connection broken: {describe_error(e)}")
+                return
+            link.last_recv = anyio.current_time()
             dec.feed(data)
 
     async def _heartbeat(self, link: Connection) -> None:
@@ -256,22 +263,28 @@ class Links:
             # Nor less than twice per idle timeout, whatever heartbeat_ms says.
             interval = min(interval, link.router_idle / 2)
         timeout = self.settings.heartbeat_timeout
-        next_ping = trio.current_time() + interval if interval > 0 else math.inf
+        next_ping = anyio.current_time() + interval if interval > 0 else math.inf
         try:
             while True:
-                link.wake = trio.Event()
-                now = trio.current_time()
+                link.wake = anyio.Event()
+                now = anyio.current_time()
                 if timeout > 0 and now - link.last_recv >= timeout:
                     link.kill(f"nothing received for {timeout:g}s (heartbeat timeout)")
                     return
                 if link.pongs:
                     pongs, link.pongs = link.pongs, []
-                    await link.write(b"".join(wire.encode(wire.Pong(x)) for x in pongs))
+                    await link.write(b"".join(wire.encode(wire.Pong(x)) for x in pongs),
+                                     bounded=True)
                 if now >= next_ping:
-                    await link.write(wire.encode(wire.Ping(next(self._nonce))))
+                    await link.write(wire.encode(wire.Ping(next(self._nonce))), bounded=True)
                     next_ping = now + interval
-                wake_at = min(next_ping, link.last_recv + timeout if timeout > 0 else math.inf)
-                with trio.move_on_at(wake_at):
+                # The others' writes are watched here, so they need no timer of their own.
+                watch = link.watch_write(anyio.current_time())
+                if link.dead:
+                    return
+                wake_at = min(next_ping, watch,
+                              link.last_recv + timeout if timeout > 0 else math.inf)
+                with anyio.CancelScope(deadline=wake_at):
                     await link.wake.wait()
         except LinkDown:
             return
@@ -288,7 +301,7 @@ class Links:
         t = link.transport
         try:
             while True:
-                link.kick = trio.Event()
+                link.kick = anyio.Event()
                 ops = self._plan(link)
                 if ops:
                     await self._run_ops(link, ops)
@@ -386,7 +399,7 @@ class Links:
             await link.write(b"".join(wire.encode(op.frame) for op in ops))
             for op in ops:
                 op.on_written()
-            with trio.move_on_after(self.settings.request_timeout):
+            with anyio.move_on_after(self.settings.request_timeout):
                 for _, p in pendings:
                     await p.event.wait()
         finally:
@@ -404,7 +417,7 @@ class Links:
                 await link.write(wire.encode(frame))
             except LinkDown as e:
                 return ConnectionLostError(f"connection to {fmt_router(link.router)} lost: {e}")
-            with trio.move_on_after(self.settings.request_timeout):
+            with anyio.move_on_after(self.settings.request_timeout):
                 await p.event.wait()
         finally:
             link.pending.pop(frame.req, None)
@@ -446,7 +459,7 @@ class Links:
             case wire.Pong():
                 pass  # last_recv is already updated: every frame counts as life
             case wire.Event():
-                local.deliver_event(link.router, f, trio.current_time())
+                local.deliver_event(link.router, f, anyio.current_time())
             # Nothing else gets here: the reader ran ``f`` through the state table, which lets
             # a router send an open connection exactly the types above.
 

@@ -1,15 +1,18 @@
 """Bounded streams the application reads: :class:`EventStream` and :class:`Watch`.
 
 The stub never waits on a stream: a full stream drops its oldest item (counted).
+They run on whichever loop runs the stub (AnyIO: asyncio or trio).
 """
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from types import TracebackType
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-import trio
+import anyio
+from anyio.lowlevel import checkpoint
 
 from gossiprouter.client.errors import ChannelClosedError
 from gossiprouter.client.model import GroupEvent
@@ -19,6 +22,53 @@ if TYPE_CHECKING:
 
 
 # --------------------------------------------------------------------------- bounded stream
+
+
+class WouldBlock(anyio.WouldBlock):
+    """Nothing is buffered (:meth:`EventStream.receive_nowait`). Where trio is loaded it is
+    a ``trio.WouldBlock`` as well, as it was before the client ran on AnyIO."""
+
+
+_trio_would_block: type[WouldBlock] | None = None
+
+
+def would_block() -> WouldBlock:
+    """The WouldBlock to raise: also a trio.WouldBlock if trio is loaded (never imported
+    here: an asyncio application does not load trio)."""
+    global _trio_would_block
+    trio = sys.modules.get("trio")
+    if trio is None:
+        return WouldBlock()
+    if _trio_would_block is None:
+        _trio_would_block = type("WouldBlock", (WouldBlock, trio.WouldBlock),
+                                 {"__module__": __name__, "__doc__": WouldBlock.__doc__})
+    return _trio_would_block()
+
+
+class Waiters:
+    """Wakes the tasks waiting for "something changed"; costs nothing while nobody waits.
+
+    The event is made only when a task waits (and needs a running loop then, not in
+    ``__init__``), so a stream that is read faster than it is filled never allocates one.
+    """
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event: anyio.Event | None = None
+
+    def event(self) -> anyio.Event:
+        """The event the next :meth:`wake` sets: take it *before* checking the condition."""
+        ev = self._event
+        if ev is None:
+            ev = self._event = anyio.Event()
+        return ev
+
+    def wake(self) -> None:
+        ev = self._event
+        if ev is not None:
+            self._event = None
+            ev.set()
 
 
 T = TypeVar("T")
@@ -37,7 +87,7 @@ class EventStream(Generic[T]):
             raise ValueError("buffer size must be at least 1")
         self._items: deque[T] = deque()
         self._maxlen = maxlen
-        self._lot = trio.lowlevel.ParkingLot()
+        self._waiters = Waiters()
         self._closed = False
         self.dropped = 0
 
@@ -48,11 +98,11 @@ class EventStream(Generic[T]):
             self._items.popleft()
             self.dropped += 1
         self._items.append(item)
-        self._lot.unpark()
+        self._waiters.wake()
 
     def _close(self) -> None:
         self._closed = True
-        self._lot.unpark_all()
+        self._waiters.wake()
 
     @property
     def closed(self) -> bool:
@@ -62,23 +112,24 @@ class EventStream(Generic[T]):
         return len(self._items)
 
     def receive_nowait(self) -> T:
-        """The next item; trio.WouldBlock if none is buffered, ChannelClosedError after close."""
+        """The next item; :class:`WouldBlock` (an ``anyio.WouldBlock``, and a
+        ``trio.WouldBlock`` under trio) if none is buffered, ChannelClosedError after close."""
         if self._items:
             return self._items.popleft()
         if self._closed:
             raise ChannelClosedError("closed")
-        raise trio.WouldBlock
+        raise would_block()
 
     async def receive(self) -> T:
         """Wait for the next item; ChannelClosedError once closed and drained."""
-        await trio.lowlevel.checkpoint_if_cancelled()
+        # One schedule point, before anything is taken: a cancelled receive loses no item,
+        # and after a wake-up nothing can cancel between the wait and the pop.
+        await checkpoint()
         while not self._items:
             if self._closed:
                 raise ChannelClosedError("closed")
-            await self._lot.park()
-        item = self._items.popleft()
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return item
+            await self._waiters.event().wait()
+        return self._items.popleft()
 
     def __aiter__(self) -> EventStream[T]:
         return self
@@ -105,7 +156,7 @@ class Watch(EventStream[GroupEvent]):
 
     async def aclose(self) -> None:
         self._stub._unwatch(self)
-        await trio.lowlevel.checkpoint()
+        await checkpoint()
 
     async def __aenter__(self) -> Watch:
         return self

@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import ssl
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import trio
+from anyio.abc import ByteStream
+from anyio.streams.tls import TLSStream
+
+if TYPE_CHECKING:
+    import trio
 
 
 def client_context(ca: str | Path | None = None, cert: str | Path | None = None,
@@ -26,14 +31,27 @@ def client_context(ca: str | Path | None = None, cert: str | Path | None = None,
     return ctx
 
 
+async def start_tls(stream: ByteStream, context: ssl.SSLContext,
+                    server_hostname: str) -> TLSStream:
+    """TLS over a connected AnyIO stream, handshake done: what the stub uses on any loop.
+
+    ``server_hostname`` is the name (or IP) the router's certificate must be valid for.
+    Raises ssl.SSLError (or anyio.BrokenResourceError from it) when the handshake fails.
+    """
+    return await TLSStream.wrap(stream, hostname=server_hostname, ssl_context=context)
+
+
 async def wrap_client(stream: trio.abc.Stream, context: ssl.SSLContext,
                       server_hostname: str) -> trio.SSLStream[trio.abc.Stream]:
-    """Wrap a connected stream in TLS and complete the handshake.
+    """Wrap a connected *trio* stream in TLS and complete the handshake (for trio code
+    that opens its own streams: tests, tools; the stub itself uses :func:`start_tls`).
 
     ``server_hostname`` is the name (or IP) the router's certificate must be
     valid for: the host the caller connected to. Raises trio.BrokenResourceError
     (its ``__cause__`` is the ssl.SSLError) when the handshake fails.
     """
+    import trio  # only here: the client does not load trio on asyncio
+
     tls = trio.SSLStream(stream, context, server_hostname=server_hostname)
     await tls.do_handshake()
     return tls
