@@ -69,6 +69,7 @@ SMOKE: dict[str, tuple[str, ...] | RunBy] = {
     "benchmarks/fuzz_router.py": RunBy("scripts/fuzz"),
     "benchmarks/bench_fastpath_churn.py": RunBy("tests/test_bench_fastpath_churn.py"),
     "benchmarks/bench_federation.py": RunBy("tests/test_bench_federation.py"),
+    "benchmarks/bench_stub_loops.py": RunBy("tests/test_bench_stub_loops.py"),
 }
 # Run in this process, on the module's local Spark (one JVM start for all of them).
 ON_SPARK = {"scripts/bench-analyze"}
