@@ -33,11 +33,14 @@ keeps every decision:
 
 A frame for a receiver that is evicted (or no longer attached) is not relayed: it goes to
 Python with the rest of its read, so Python's queue bounds, back-pressure (Congestion) and
-slow-consumer policy decide, as without the fast path. The thread's own bound on what it holds
-for a receiver (``outbound_queue_bytes``, SLOW upcall through :meth:`Session.overflowed`, or
-counted drops) is a backstop for the bytes of the one read that evicted it. Counters it keeps
-are folded into the hub's by :meth:`collect` (the reaper, and the operations layer before it
-reads them).
+slow-consumer policy decide, as without the fast path. The thread holds no more than Python
+would: it sends from its read buffer (one frame routed to many receivers is in memory once),
+copies only what a socket did not take (taken at once into the outbox: the EVICT upcall), keeps
+no buffer for a connection between reads except the start of a cut frame, in a buffer of its
+size, and keeps all that within ``fast_path_max_bytes`` router-wide (a frame whose copies could
+exceed it goes through Python). Counters it keeps, and the bytes it holds (in the
+``partial_bytes`` and queued-bytes gauges), are folded into the hub's by :meth:`collect` (the
+reaper, and the operations layer before it reads them).
 
 ``fast_path`` (option): ``auto`` (default) uses it when the extension is built, ``on``
 requires it, ``off`` never uses it. The environment variable ``GOSSIPROUTER_FAST_PATH``
@@ -140,7 +143,7 @@ class FastPath:
     def __init__(self, hub: Hub) -> None:
         assert _relay is not None, "check available() first"
         self.mod = _relay
-        self.relay = _relay.Relay()
+        self.relay = _relay.Relay(hub.config.fast_path_max_bytes)
         self.hub = hub
         # Connections the thread knows (open .. close), by id.
         self._sessions: dict[int, Session] = {}
@@ -150,7 +153,7 @@ class FastPath:
         # For tests and profiles: upcalls handled, routes learned, connections handed back to
         # their task for a wait (a spent turn or control budget, back-pressure).
         self.upcalls = 0
-        self.by_kind = [0] * 5  # upcalls by kind: DATA, EOF, ERROR, EVICT, SLOW
+        self.by_kind = [0] * 4  # upcalls by kind: DATA, EOF, ERROR, EVICT
         self.learned = 0
         self.handbacks = 0
         # The largest frame the thread holds across reads: what Python holds without charging
@@ -198,12 +201,6 @@ class FastPath:
                 if s is not None:
                     self._reclaim(s)
                 continue
-            if kind == mod.SLOW:
-                s = self._sessions.get(cid)
-                if s is not None and not s.outbox.closed:
-                    self.collect()
-                    s.overflowed()
-                continue
             slot = slots.get(cid)
             if slot is None:  # its connection is closing: nobody reads it any more
                 continue
@@ -239,7 +236,10 @@ class FastPath:
         is handed to the thread, which continues it with the next bytes (so a stream whose
         reads end inside frames stays on the thread); what the session cannot hand over makes
         the next chunk go to Python whole (``raw``)."""
-        held = session.hand_back(self.max_hold)
+        # The thread takes a cut frame only within its router-wide bound: beyond it Python
+        # keeps the frame, under its own budget (and the next chunk comes up whole).
+        held = session.hand_back(min(self.max_hold, self.relay.room())) if session.holding \
+            else None
         if held is None:
             self.relay.read(cid, session.holding)
         else:
@@ -267,8 +267,7 @@ class FastPath:
         # The thread holds a frame cut by a read only up to what Python holds without charging
         # its partial_frames_budget (Session._reserve): a larger one goes to Python, budget and
         # all, so the router-wide bound holds with the fast path too.
-        hold = self.max_hold
-        cid: int = self.relay.open(sock.fileno(), kind, ob.max_bytes, ob.policy == "drop", hold)
+        cid: int = self.relay.open(sock.fileno(), kind, self.max_hold)
         session.fast_id = cid
         self._sessions[cid] = session
         # Attached now, while its outbox is idle: a JGroups sender is one of the receivers of
@@ -447,16 +446,19 @@ class FastPath:
 
     def collect(self) -> None:
         """Fold what the thread relayed since the last call into the hub's counters and the
-        sessions' ``last_recv`` (the idle timeout's clock)."""
-        rows, now_ns = self.relay.collect()
+        sessions' ``last_recv`` (the idle timeout's clock), and what it holds now into the
+        gauges."""
+        rows, now_ns, partial, pending = self.relay.collect()
+        counters = self.hub.counters
+        counters.fast_partial_bytes = partial
+        counters.fast_pending_bytes = pending
         if not rows:
             return
-        counters = self.hub.counters
         # The thread's clock is CLOCK_MONOTONIC, trio's is time.perf_counter() plus an offset
         # (the same clock on Linux): ages carry over exactly.
         trio_now = _trio_now()
         sessions = self._sessions
-        for cid, bytes_in, frames, delivered, bytes_out, writes, drops, last_ns in rows:
+        for cid, bytes_in, frames, delivered, bytes_out, writes, last_ns in rows:
             counters.bytes_in += bytes_in
             counters.routed += frames
             counters.fast_relayed += frames
@@ -464,10 +466,6 @@ class FastPath:
             counters.bytes_out += bytes_out
             counters.writes += writes
             s = sessions.get(cid)
-            if drops:
-                counters.drop("slow_consumer", drops)
-                if s is not None:
-                    s.outbox.dropped += drops
             if s is not None and last_ns and trio_now is not None:
                 seen = trio_now - (now_ns - last_ns) / 1e9
                 if seen > s.last_recv:

@@ -412,6 +412,12 @@ class Counters:
     # Bytes reserved right now by incomplete frames across all connections (a gauge; see
     # Session._reserve): bounded by Config.partial_frames_budget beyond the small frames.
     partial_bytes: int = 0
+    # What the compiled fast path's thread holds (set by FastPath.collect; in the gauges
+    # beside the above and the outboxes' bytes): the starts of frames cut between reads, and
+    # bytes receivers' sockets did not take (until their outboxes take them). Bounded by
+    # Config.fast_path_max_bytes together.
+    fast_partial_bytes: int = 0
+    fast_pending_bytes: int = 0
     # Fairness (issue 12): turns a reader ended early to let others run (its share of the
     # loop used up), turns it waited because its connection's control budget was spent, and
     # connections closed for staying over that budget (ERROR rate_limited).
