@@ -109,8 +109,8 @@ typedef struct {
     size_t hlen, hcap;
     uint8_t *pend;   /* what its socket did not take (evicting), for take() */
     size_t plen;
-    route_t *routes; /* MAX_ROUTES, allocated at the first learn (idle connections have none) */
-    int nroutes;
+    route_t *routes; /* up to MAX_ROUTES, grown by learn (none until the first) */
+    int nroutes, caproutes;
     int last_hit;
     uint64_t epoch;
     /* since the last collect() */
@@ -195,6 +195,21 @@ static void free_routes(conn_t *c) {
     c->last_hit = 0;
     free(c->routes); /* an idle connection keeps no table (learn allocates one again) */
     c->routes = NULL;
+    c->caproutes = 0;
+}
+
+/* Room for one more route (most connections learn one or two): c->routes NULL if none. */
+static void routes_room(conn_t *c) {
+    if (c->nroutes < c->caproutes) return;
+    int cap = c->caproutes ? c->caproutes * 4 : 2;
+    if (cap > MAX_ROUTES) cap = MAX_ROUTES;
+    route_t *p = realloc(c->routes, sizeof(route_t) * (size_t)cap);
+    if (p == NULL) {
+        free_routes(c);
+        return;
+    }
+    c->routes = p;
+    c->caproutes = cap;
 }
 
 static void signal_python(Relay *r) {
@@ -1069,7 +1084,7 @@ static PyObject *Relay_learn(Relay *self, PyObject *args) {
             }
         }
         if (c->nroutes == MAX_ROUTES) free_routes(c);
-        if (c->routes == NULL) c->routes = malloc(sizeof(route_t) * MAX_ROUTES);
+        routes_room(c);
         route_t *rt = c->routes ? &c->routes[c->nroutes] : NULL;
         if (rt == NULL) {
             ok = 0;
@@ -1187,7 +1202,8 @@ static PyObject *Relay_room(Relay *self, PyObject *unused) {
 /* info() -> dict: counters for tests and profiles. */
 static PyObject *Relay_info(Relay *self, PyObject *unused) {
     pthread_mutex_lock(&self->mu);
-    size_t live = 0, reading = 0, attached = 0, routes = 0, holding = 0, buffers = 0;
+    size_t live = 0, reading = 0, attached = 0, routes = 0, holding = 0, buffers = 0,
+           tables = 0;
     for (size_t i = 0; i < self->nconns; i++) {
         conn_t *c = self->conns[i];
         if (c == NULL) continue;
@@ -1196,16 +1212,18 @@ static PyObject *Relay_info(Relay *self, PyObject *unused) {
         attached += c->attached;
         if (c->epoch == self->epoch) routes += (size_t)c->nroutes;
         holding += c->hlen > 0 || c->plen > 0;
-        buffers += (c->hold != NULL) + (c->pend != NULL) + (c->routes != NULL);
+        buffers += (c->hold != NULL) + (c->pend != NULL);
+        tables += c->routes != NULL;
     }
     PyObject *d = Py_BuildValue(
-        "{s:K,s:K,s:K,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:K,s:K}", "rounds",
+        "{s:K,s:K,s:K,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:K,s:K}", "rounds",
         (unsigned long long)self->rounds, "upcalls", (unsigned long long)self->upcalls,
         "invalidations", (unsigned long long)self->invalidations, "connections",
         (Py_ssize_t)live, "reading", (Py_ssize_t)reading, "attached", (Py_ssize_t)attached,
         "routes", (Py_ssize_t)routes, "queued", (Py_ssize_t)self->up_count, "held_partial",
         (Py_ssize_t)self->held_partial, "held_pending", (Py_ssize_t)self->held_pending,
-        "holding", (Py_ssize_t)holding, "buffers", (Py_ssize_t)buffers, "max_bytes",
+        "holding", (Py_ssize_t)holding, "buffers", (Py_ssize_t)buffers, "route_tables",
+        (Py_ssize_t)tables, "max_bytes",
         (Py_ssize_t)self->max_bytes, "over_cap", (unsigned long long)self->over_cap, "broken",
         (unsigned long long)self->broken);
     pthread_mutex_unlock(&self->mu);
