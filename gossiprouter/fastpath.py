@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, TypeVar
 import trio
 
 from gossiprouter.config import Config, ConfigError
-from gossiprouter.dispatch import END, READ, Feed
+from gossiprouter.dispatch import END, READ, Feed, Parked, current_task, wait_in
 
 if TYPE_CHECKING:
     from gossiprouter.routing import Carrier
@@ -133,7 +133,7 @@ class _Slot:
     def __init__(self, feeder: Feed, session: Session) -> None:
         self.feeder = feeder
         self.session = session
-        self.lot = trio.lowlevel.ParkingLot()
+        self.lot = Parked()
         self.outcome: int | BaseException = READ
 
 
@@ -251,7 +251,7 @@ class FastPath:
         if not isinstance(outcome, BaseException) and outcome not in (READ, END):
             self.handbacks += 1
         slot.outcome = outcome
-        slot.lot.unpark_all()
+        slot.lot.unpark()
 
     # ------------------------------------------------------------------ connections
 
@@ -371,8 +371,9 @@ class FastPath:
             slot.outcome = READ
             self._slots[cid] = slot
             self._read(cid, session)
+            slot.lot.task = current_task()
             try:
-                await slot.lot.park()
+                await wait_in(slot.lot.abort)
             finally:
                 if self._slots.get(cid) is slot:  # cancelled while the thread reads it
                     del self._slots[cid]
