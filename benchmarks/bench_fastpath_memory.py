@@ -297,7 +297,7 @@ def fmt(case: str, value: float) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--receivers", type=int, default=4000, help="multicast receivers")
-    ap.add_argument("--pairs", type=int, default=200, help="sender/receiver pairs")
+    ap.add_argument("--pairs", type=int, default=1000, help="sender/receiver pairs")
     ap.add_argument("--frames", type=int, default=20, help="frames per pair")
     ap.add_argument("--preauth", type=int, default=1000, help="connections before HELLO")
     ap.add_argument("--connections", type=int, default=10_000, help="idle registered ones")

@@ -144,6 +144,7 @@ class FastPath:
         assert _relay is not None, "check available() first"
         self.mod = _relay
         self.relay = _relay.Relay(hub.config.fast_path_max_bytes)
+        self.relay_send = self.relay.send
         self.hub = hub
         # Connections the thread knows (open .. close), by id.
         self._sessions: dict[int, Session] = {}
@@ -263,7 +264,6 @@ class FastPath:
         mod = self.mod
         kind = {"native": mod.NATIVE, "jgroups2": mod.JG2, "jgroups5": mod.JG5}.get(
             session.protocol, 0)
-        ob = session.outbox
         # The thread holds a frame cut by a read only up to what Python holds without charging
         # its partial_frames_budget (Session._reserve): a larger one goes to Python, budget and
         # all, so the router-wide bound holds with the fast path too.
@@ -275,7 +275,8 @@ class FastPath:
         # not be attached when the route is learned). Connections the thread does not write
         # pay one mutex per send (relay.send).
         self.attach(session)
-        relay_send = self.relay.send
+        # What the closure keeps is per connection: one bound method of the relay for all.
+        relay_send = self.relay_send
         raw_send = sock.send
 
         def direct(data: bytes) -> int:
@@ -287,18 +288,18 @@ class FastPath:
                     n = relay_send(cid, data)
                 except OSError:
                     session.fast_attached = False  # detached; the writer meets the error
-                    ob.reclaim = _no_bytes
+                    session.outbox.reclaim = _no_bytes
                     raise
                 if n == -1:  # the thread holds bytes for it: they go first, then ``data``
                     self._reclaim(session)
                     return 0
                 if n == -2:  # not attached after all (cannot happen: kept in step)
                     session.fast_attached = False
-                    ob.reclaim = _no_bytes
+                    session.outbox.reclaim = _no_bytes
                     n = raw_send(data)
                 elif n < len(data):  # the socket is full: the outbox's writer takes over
                     session.fast_attached = False
-                    ob.reclaim = _no_bytes
+                    session.outbox.reclaim = _no_bytes
             counters.bytes_out += n
             counters.writes += 1
             return n
@@ -316,10 +317,10 @@ class FastPath:
         if not self.relay.attach(cid):
             return False
         session.fast_attached = True
-        ob.reclaim = lambda: self._take(session)
+        ob.reclaim = session.fast_take
         return True
 
-    def _take(self, session: Session) -> bytes:
+    def take(self, session: Session) -> bytes:
         """The bytes the thread holds for ``session`` (which it stops writing)."""
         session.fast_attached = False
         session.outbox.reclaim = _no_bytes
@@ -335,7 +336,7 @@ class FastPath:
         ob = session.outbox
         if not session.fast_attached:
             return
-        pending = self._take(session)
+        pending = self.take(session)
         if pending and not ob.closed:
             ob.chunks.insert(0, pending)
             ob.nbytes += len(pending)

@@ -59,6 +59,8 @@ class FastRoutes(Protocol):
 
     def collect(self) -> None: ...
 
+    def take(self, session: Session) -> bytes: ...
+
 
 class Authority(Protocol):
     """What the native session asks of token authentication (``Hub.auth``), defined here so
@@ -509,6 +511,13 @@ class Session:
 
     def __repr__(self) -> str:
         return f"<{self.protocol} {self.peer}>"
+
+    def fast_take(self) -> bytes:
+        """The outbox's ``reclaim`` while the fast path's thread writes this connection: the
+        bytes it holds for it (it stops writing). A bound method rather than a closure per
+        connection: every plain-TCP connection has one (issue 24)."""
+        fast = self.hub.fast
+        return b"" if fast is None else fast.take(self)
 
     # --- called by the server
     def on_data(self, data: bytes, now: float) -> None:
