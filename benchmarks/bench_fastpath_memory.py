@@ -41,6 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.routers import free_port, wait_listening
 from gossiprouter.protocol import native as wire
 
 KIB = 1024
@@ -57,13 +58,6 @@ def rss(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @contextlib.contextmanager
 def router(fast: str, *options: str) -> Iterator[tuple[int, int]]:
     """A router process on 127.0.0.1 with ``--fast-path fast``: (pid, port)."""
@@ -75,15 +69,8 @@ def router(fast: str, *options: str) -> Iterator[tuple[int, int]]:
     env.pop("GOSSIPROUTER_FAST_PATH", None)
     p = subprocess.Popen(cmd, env=env)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if p.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the router did not start: {cmd}") from None
-                time.sleep(0.05)
+        if not wait_listening(p, port, 30):
+            raise RuntimeError(f"the router did not start: {cmd}")
         yield p.pid, port
     finally:
         p.terminate()
