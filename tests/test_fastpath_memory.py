@@ -128,3 +128,27 @@ async def test_a_cut_frame_over_the_cap_stays_with_python(start_router: Start) -
     assert fast.info()["held_partial"] == 0
     await a.send_raw(frame[1000:])
     assert await read_exactly(b, len(frame)) == frame
+
+
+async def test_what_a_full_socket_did_not_take_is_copied_once_and_taken_by_python(
+        start_router: Start) -> None:
+    """A receiver that does not read: the thread's send is cut short, the unsent rest is its
+    only copy, and Python's outbox takes it at once (the EVICT upcall), so the thread holds
+    none of it for long; then the receiver reads every byte, in order."""
+    router = await start_router(fast_path="on")
+    fast = fast_of(router)
+    a, b = await _group(router, 2)
+    frames = [wire.encode(wire.Route("g", b"R1", b"A", bytes([i % 251]) * 60_000))
+              for i in range(200)]
+    await a.send_raw(frames[0])  # teaches the thread the route
+    assert await read_exactly(b, len(frames[0])) == frames[0]
+    evicted = fast.by_kind[fast.mod.EVICT]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(a.send_raw, b"".join(frames[1:]))
+        await _until(lambda: fast.by_kind[fast.mod.EVICT] > evicted, "b evicted")
+        await _until(lambda: fast.info()["queued"] == 0, "the upcalls handled")
+        assert fast.info()["held_pending"] == 0
+        got = await read_exactly(b, sum(map(len, frames[1:])), timeout=30)
+    assert got == b"".join(frames[1:])
+    router.hub.sync()
+    assert router.hub.counters.fast_pending_bytes == 0
