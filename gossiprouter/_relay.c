@@ -79,6 +79,7 @@
 #define STAGE_INLINE 4
 /* A stage array this long is freed after the read that grew it (a fan-out to thousands). */
 #define STAGE_KEEP 1024
+#define WRAP_CHUNK (64 * 1024)
 #define MAX_EVENTS 256
 #define IDX_BITS 20
 #define IDX_MASK ((1u << IDX_BITS) - 1)
@@ -129,6 +130,13 @@ typedef struct {
     struct iovec inl[STAGE_INLINE];
 } stage_t;
 
+/* Frames sent re-wrapped, written once per read for all their receivers (wrap_alloc). */
+typedef struct wrap_s {
+    struct wrap_s *next;
+    size_t cap, len;
+    uint8_t data[];
+} wrap_t;
+
 typedef struct up_s {
     struct up_s *next;
     int64_t cid;
@@ -158,6 +166,7 @@ typedef struct {
     stage_t *dirty; /* the receivers with frames staged by the read being relayed */
     size_t ndirty, capdirty;
     uint8_t *scratch; /* RECV_SIZE: every read of a connection that holds no partial frame */
+    wrap_t *wrap;     /* the read's re-wrapped frames, newest chunk first */
     /* What the thread holds between reads (partial frames, pending bytes), what the read being
      * relayed has staged (each byte may become pending), and the bound on their sum. */
     size_t held_partial, held_pending, staged, max_bytes;
@@ -256,6 +265,40 @@ static void stop_reading(Relay *r, conn_t *c) {
 }
 
 /* ------------------------------------------------------------------ writing (mutex held) */
+
+/* ``n`` bytes in the read's wrap area (chunks never moved while the read's sends point into
+ * them; all but the first freed when the read is done), or NULL (no memory). */
+static uint8_t *wrap_alloc(Relay *r, size_t n) {
+    wrap_t *w = r->wrap;
+    if (w != NULL && w->cap - w->len >= n) {
+        uint8_t *p = w->data + w->len;
+        w->len += n;
+        return p;
+    }
+    size_t cap = n > WRAP_CHUNK ? n : WRAP_CHUNK;
+    wrap_t *x = malloc(sizeof(wrap_t) + cap);
+    if (x == NULL) return NULL;
+    x->next = w;
+    x->cap = cap;
+    x->len = n;
+    r->wrap = x;
+    return x->data;
+}
+
+static void wrap_reset(Relay *r) {
+    wrap_t *w = r->wrap;
+    while (w != NULL && w->next != NULL) { /* the oldest (first) chunk is kept */
+        wrap_t *next = w->next;
+        free(w);
+        w = next;
+    }
+    if (w != NULL && w->cap > WRAP_CHUNK) {
+        free(w);
+        w = NULL;
+    }
+    if (w != NULL) w->len = 0;
+    r->wrap = w;
+}
 
 static struct iovec *stage_iov(stage_t *s) { return s->heap ? s->heap : s->inl; }
 
@@ -424,6 +467,7 @@ static void flush_dirty(Relay *r) {
     }
     r->ndirty = 0;
     r->staged = 0;
+    wrap_reset(r);
     if (r->capdirty > STAGE_KEEP) {
         free(r->dirty);
         r->dirty = NULL;
@@ -592,9 +636,22 @@ static void relay_frames(Relay *r, conn_t *c, int64_t cid, const uint8_t *buf, s
                 up = 1;
                 break;
             }
+            const uint8_t *head = rt->out;
+            size_t hlen = rt->olen;
+            /* A frame sent re-wrapped (2.12): written once, after the read's earlier ones, and
+             * shared by its receivers, so that a run of them is one pointer per receiver as
+             * for the frames sent as received (no copy without it: two pointers a frame). */
+            uint8_t *w = hlen && rt->ndest > 1 ? wrap_alloc(r, hlen + tlen) : NULL;
+            if (w != NULL) {
+                memcpy(w, head, hlen);
+                memcpy(w + hlen, tail, tlen);
+                tail = w;
+                tlen += hlen;
+                head = NULL;
+                hlen = 0;
+            }
             for (int i = 0; i < rt->ndest; i++)
-                deliver(r, get_conn(r, rt->dests[i]), rt->dests[i], rt->out, rt->olen, tail,
-                        tlen);
+                deliver(r, get_conn(r, rt->dests[i]), rt->dests[i], head, hlen, tail, tlen);
             c->frames++;
             c->bytes_in += (uint64_t)flen; /* what goes up is counted by Python */
             c->touched = 1;
@@ -755,6 +812,11 @@ static void Relay_dealloc(Relay *self) {
     free(self->free_idx);
     free(self->dirty);
     free(self->scratch);
+    while (self->wrap != NULL) {
+        wrap_t *next = self->wrap->next;
+        free(self->wrap);
+        self->wrap = next;
+    }
     up_t *u = self->up_head;
     while (u) {
         up_t *next = u->next;
