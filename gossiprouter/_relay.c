@@ -411,8 +411,13 @@ static void flush_stage(Relay *r, conn_t *d, stage_t *s) {
         keep_pending(r, d, s->cid, iov, niov, 0);
         return;
     }
-    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
-    ssize_t n = sendmsg(d->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    ssize_t n;
+    if (niov == 1) { /* the usual case (a run of one route): send is a little cheaper */
+        n = send(d->fd, iov[0].iov_base, iov[0].iov_len, MSG_DONTWAIT | MSG_NOSIGNAL);
+    } else {
+        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+        n = sendmsg(d->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
     if (n > 0) {
         d->writes++;
         d->bytes_out += (uint64_t)n;
