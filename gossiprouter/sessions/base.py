@@ -647,7 +647,7 @@ class Session:
 
     def overflowed(self) -> None:
         """The outbound queue is full and the policy is ``disconnect``: close as a slow
-        consumer, discarding what is queued (also called by the compiled fast path)."""
+        consumer, discarding what is queued."""
         ob = self.outbox
         self.hub.counters.slow_consumer_disconnects += 1
         log.warning(
