@@ -20,10 +20,11 @@
  *     here and the rest by Python.
  *   - Writing. A connection Python ``attach``es is written by the thread and by Python's
  *     ``send`` only, under one mutex, so the bytes of two frames never interleave. The thread
- *     copies nothing to send: what one read routes to a receiver is staged as pointers into
- *     the read buffer (and the learned output header) and written with one ``sendmsg`` per
- *     receiver when the read is done, so one frame routed to many receivers is in memory once,
- *     as Python's one shared bytes object is. Only what a socket does not take is copied (the
+ *     copies nothing per receiver: what one read routes to a receiver is staged as pointers
+ *     into the read buffer (a frame sent re-wrapped, JG2, is written once per read into a wrap
+ *     area shared by its receivers) and written with one send per receiver when the read is
+ *     done, so one frame routed to many receivers is in memory once, as Python's one shared
+ *     bytes object is. Only what a socket does not take is copied (the
  *     pending bytes) and the connection is *evicted*: the thread writes nothing more to it,
  *     queues an EVICT upcall, and Python takes the pending bytes (``take``) into its own
  *     outbox, whose writer task, bounds and slow-consumer policy carry on as without the
