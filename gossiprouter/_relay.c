@@ -77,7 +77,7 @@
 #define MAX_BYTES_DEFAULT (64 * 1024 * 1024)
 /* Pointers one receiver's send may carry (Linux's IOV_MAX); more are sent at once. */
 #define STAGE_MAX_IOV 1024
-#define STAGE_INLINE 4
+#define STAGE_INLINE 2 /* a frame is at most two pointers: room for one after any flush */
 /* A stage array this long is freed after the read that grew it (a fan-out to thousands). */
 #define STAGE_KEEP 1024
 #define WRAP_CHUNK (64 * 1024)
@@ -445,7 +445,7 @@ static void deliver(Relay *r, conn_t *d, int64_t cid, const uint8_t *a, size_t a
     stage_t one = {.cid = cid, .cap = STAGE_INLINE};
     stage_t *s = stage_of(r, d, cid);
     if (s == NULL) s = &one; /* no memory to stage it: sent now */
-    if (stage_room(s, 2) < 0) {
+    if (stage_room(s, (alen > 0) + (blen > 0)) < 0) {
         flush_stage(r, d, s); /* what it has goes first; then there is inline room */
         if (d->evicting) {
             keep_pending(r, d, cid, frame, 2, 0);
