@@ -24,6 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.routers import free_port, wait_listening
+
 PREAMBLE = b"GRTR"
 TOKEN = "bench-partial-frames-0123456789"
 MiB = 1 << 20
@@ -42,13 +46,6 @@ def _rss_mb(pid: int) -> int:
         if line.startswith("VmRSS"):
             return int(line.split()[1]) // 1024
     return -1
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def main() -> None:
@@ -72,21 +69,14 @@ def main() -> None:
 
 
 def _run(python: str, tokens: Path, mode: str, rounds: int, n: int) -> None:
-    port = _free_port()
+    port = free_port()
     # cwd: not a checkout, so that ``-m`` imports the interpreter's own gossiprouter.
     proc = subprocess.Popen([python, "-m", "gossiprouter", "serve", "--port", str(port),
                              "--tokens-file", str(tokens), "--log-level", "error"],
                             cwd=tokens.parent)
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise SystemExit("the router did not start") from None
-                time.sleep(0.05)
+        if not wait_listening(proc, port, 20):
+            raise SystemExit("the router did not start")
         body = b"\x94" * (7 * MiB)
         for r in range(1, rounds + 1):
             conns: list[socket.socket] = []

@@ -161,6 +161,11 @@ OPTIONS: tuple[Option, ...] = (
            "on when "
            "built (the environment variable GOSSIPROUTER_FAST_PATH=on/off overrides it); 'on': "
            "required; 'off': the pure-Python path.", choices=("auto", "on", "off")),
+    Option("fast_path_max_bytes", int, 64 * 1024 * 1024,
+           "Router-wide bound on what the fast path's thread holds: frames cut between reads "
+           "and bytes a receiver's socket did not take (counted in the partial_frame_bytes and "
+           "outbound_queued_bytes gauges). A frame whose copies could take it over goes "
+           "through Python instead, under Python's own bounds.", minimum=0, unit="bytes"),
     Option("router_id", str, "",
            "Name announced in WELCOME (default: gossiprouter@HOST:PORT)."),
     Option("log_level", str, "info", "Log level.",
@@ -337,6 +342,7 @@ class Config:
     dispatcher: bool = True
     coalesce_writes: bool = False
     fast_path: str = "auto"
+    fast_path_max_bytes: int = 64 * 1024 * 1024
     router_id: str = ""
     log_level: str = "info"
     log_format: str = "text"

@@ -37,11 +37,14 @@ keeps every decision:
 
 A frame for a receiver that is evicted (or no longer attached) is not relayed: it goes to
 Python with the rest of its read, so Python's queue bounds, back-pressure (Congestion) and
-slow-consumer policy decide, as without the fast path. The thread's own bound on what it holds
-for a receiver (``outbound_queue_bytes``, SLOW upcall through :meth:`Session.overflowed`, or
-counted drops) is a backstop for the bytes of the one read that evicted it. Counters it keeps
-are folded into the hub's by :meth:`collect` (the reaper, and the operations layer before it
-reads them).
+slow-consumer policy decide, as without the fast path. The thread holds no more than Python
+would: it sends from its read buffer (one frame routed to many receivers is in memory once),
+copies only what a socket did not take (taken at once into the outbox: the EVICT upcall), keeps
+no buffer for a connection between reads except the start of a cut frame, in a buffer of its
+size, and keeps all that within ``fast_path_max_bytes`` router-wide (a frame whose copies could
+exceed it goes through Python). Counters it keeps, and the bytes it holds (in the
+``partial_bytes`` and queued-bytes gauges), are folded into the hub's by :meth:`collect` (the
+reaper, and the operations layer before it reads them).
 
 ``fast_path`` (option): ``auto`` (default) uses it when the extension is built, ``on``
 requires it, ``off`` never uses it. The environment variable ``GOSSIPROUTER_FAST_PATH``
@@ -63,7 +66,7 @@ from typing import TYPE_CHECKING, TypeVar
 import trio
 
 from gossiprouter.config import Config, ConfigError
-from gossiprouter.dispatch import END, READ, Feed
+from gossiprouter.dispatch import END, READ, Feed, Parked, current_task, wait_in
 
 if TYPE_CHECKING:
     from gossiprouter.routing import Carrier
@@ -144,7 +147,7 @@ class _Slot:
     def __init__(self, feeder: Feed, session: Session) -> None:
         self.feeder = feeder
         self.session = session
-        self.lot = trio.lowlevel.ParkingLot()
+        self.lot = Parked()
         self.outcome: int | BaseException = READ
 
 
@@ -154,7 +157,8 @@ class FastPath:
     def __init__(self, hub: Hub) -> None:
         assert _relay is not None, "check available() first"
         self.mod = _relay
-        self.relay = _relay.Relay()
+        self.relay = _relay.Relay(hub.config.fast_path_max_bytes)
+        self.relay_send = self.relay.send
         self.hub = hub
         # Connections the thread knows (open .. close), by id.
         self._sessions: dict[int, Session] = {}
@@ -164,7 +168,7 @@ class FastPath:
         # For tests and profiles: upcalls handled, routes learned, connections handed back to
         # their task for a wait (a spent turn or control budget, back-pressure).
         self.upcalls = 0
-        self.by_kind = [0] * 6  # upcalls by kind: DATA, EOF, ERROR, EVICT, SLOW, LOST
+        self.by_kind = [0] * 5  # upcalls by kind: DATA, EOF, ERROR, EVICT, LOST
         self.learned = 0
         self.handbacks = 0
         # The largest frame the thread holds across reads: what Python holds without charging
@@ -227,12 +231,6 @@ class FastPath:
                 if s is not None:
                     self._reclaim(s)
                 continue
-            if kind == mod.SLOW:
-                s = self._sessions.get(cid)
-                if s is not None and not s.outbox.closed:
-                    self.collect()
-                    s.overflowed()
-                continue
             if kind == mod.LOST:
                 # The thread had no memory to tell us something about this connection (bytes
                 # to handle, its end, an eviction): it cannot go on, so it is closed, counted
@@ -280,7 +278,10 @@ class FastPath:
         is handed to the thread, which continues it with the next bytes (so a stream whose
         reads end inside frames stays on the thread); what the session cannot hand over makes
         the next chunk go to Python whole (``raw``)."""
-        held = session.hand_back(self.max_hold)
+        # The thread takes a cut frame only within its router-wide bound: beyond it Python
+        # keeps the frame, under its own budget (and the next chunk comes up whole).
+        held = session.hand_back(min(self.max_hold, self.relay.room())) if session.holding \
+            else None
         if held is None:
             self.relay.read(cid, session.holding)
         else:
@@ -292,7 +293,7 @@ class FastPath:
         if not isinstance(outcome, BaseException) and outcome not in (READ, END):
             self.handbacks += 1
         slot.outcome = outcome
-        slot.lot.unpark_all()
+        slot.lot.unpark()
 
     # ------------------------------------------------------------------ connections
 
@@ -304,12 +305,10 @@ class FastPath:
         mod = self.mod
         kind = {"native": mod.NATIVE, "jgroups2": mod.JG2, "jgroups5": mod.JG5}.get(
             session.protocol, 0)
-        ob = session.outbox
         # The thread holds a frame cut by a read only up to what Python holds without charging
         # its partial_frames_budget (Session._reserve): a larger one goes to Python, budget and
         # all, so the router-wide bound holds with the fast path too.
-        hold = self.max_hold
-        cid: int = self.relay.open(sock.fileno(), kind, ob.max_bytes, ob.policy == "drop", hold)
+        cid: int = self.relay.open(sock.fileno(), kind, self.max_hold)
         session.fast_id = cid
         self._sessions[cid] = session
         # Attached now, while its outbox is idle: a JGroups sender is one of the receivers of
@@ -317,7 +316,8 @@ class FastPath:
         # not be attached when the route is learned). Connections the thread does not write
         # pay one mutex per send (relay.send).
         self.attach(session)
-        relay_send = self.relay.send
+        # What the closure keeps is per connection: one bound method of the relay for all.
+        relay_send = self.relay_send
         raw_send = sock.send
 
         def direct(data: bytes) -> int:
@@ -329,18 +329,18 @@ class FastPath:
                     n = relay_send(cid, data)
                 except OSError:
                     session.fast_attached = False  # detached; the writer meets the error
-                    ob.reclaim = _no_bytes
+                    session.outbox.reclaim = _no_bytes
                     raise
                 if n == -1:  # the thread holds bytes for it: they go first, then ``data``
                     self._reclaim(session)
                     return 0
                 if n == -2:  # not attached after all (cannot happen: kept in step)
                     session.fast_attached = False
-                    ob.reclaim = _no_bytes
+                    session.outbox.reclaim = _no_bytes
                     n = raw_send(data)
                 elif n < len(data):  # the socket is full: the outbox's writer takes over
                     session.fast_attached = False
-                    ob.reclaim = _no_bytes
+                    session.outbox.reclaim = _no_bytes
             counters.bytes_out += n
             counters.writes += 1
             return n
@@ -358,10 +358,10 @@ class FastPath:
         if not self.relay.attach(cid):
             return False
         session.fast_attached = True
-        ob.reclaim = lambda: self._take(session)
+        ob.reclaim = session.fast_take
         return True
 
-    def _take(self, session: Session) -> bytes:
+    def take(self, session: Session) -> bytes:
         """The bytes the thread holds for ``session`` (which it stops writing)."""
         session.fast_attached = False
         session.outbox.reclaim = _no_bytes
@@ -410,8 +410,9 @@ class FastPath:
             slot.outcome = READ
             self._slots[cid] = slot
             self._read(cid, session)
+            slot.lot.task = current_task()
             try:
-                await slot.lot.park()
+                await wait_in(slot.lot.abort)
             finally:
                 if self._slots.get(cid) is slot:  # cancelled while the thread reads it
                     del self._slots[cid]
@@ -485,16 +486,19 @@ class FastPath:
 
     def collect(self) -> None:
         """Fold what the thread relayed since the last call into the hub's counters and the
-        sessions' ``last_recv`` (the idle timeout's clock)."""
-        rows, now_ns = self.relay.collect()
+        sessions' ``last_recv`` (the idle timeout's clock), and what it holds now into the
+        gauges."""
+        rows, now_ns, partial, pending = self.relay.collect()
+        counters = self.hub.counters
+        counters.fast_partial_bytes = partial
+        counters.fast_pending_bytes = pending
         if not rows:
             return
-        counters = self.hub.counters
         # The thread's clock is CLOCK_MONOTONIC, trio's is time.perf_counter() plus an offset
         # (the same clock on Linux): ages carry over exactly.
         trio_now = _trio_now()
         sessions = self._sessions
-        for cid, bytes_in, frames, delivered, bytes_out, writes, drops, last_ns in rows:
+        for cid, bytes_in, frames, delivered, bytes_out, writes, last_ns in rows:
             counters.bytes_in += bytes_in
             counters.routed += frames
             counters.fast_relayed += frames
@@ -502,10 +506,6 @@ class FastPath:
             counters.bytes_out += bytes_out
             counters.writes += writes
             s = sessions.get(cid)
-            if drops:
-                counters.drop("slow_consumer", drops)
-                if s is not None:
-                    s.outbox.dropped += drops
             if s is not None and last_ns and trio_now is not None:
                 seen = trio_now - (now_ns - last_ns) / 1e9
                 if seen > s.last_recv:

@@ -47,14 +47,14 @@ from gossiprouter import snapshot
 from gossiprouter.addresses import format_hostport
 from gossiprouter.bridge import Bridge
 from gossiprouter.config import Config, ConfigError
-from gossiprouter.dispatch import END, READ, Dispatcher
+from gossiprouter.dispatch import END, READ, Dispatcher, Parked
 from gossiprouter.fastpath import FastPath, status
 from gossiprouter.hooks import ByteStream, NoHooks, ServerHooks, needs_hooks
 from gossiprouter.protocol import native as wire
 from gossiprouter.ratelog import RateLimitedLog
 from gossiprouter.sessions import jgroups2 as _jgroups2
 from gossiprouter.sessions import jgroups5 as _jgroups5
-from gossiprouter.sessions.base import TURN_CONTROLS, Hub, Session
+from gossiprouter.sessions.base import TURN_CONTROLS, Counters, Hub, Session
 from gossiprouter.sessions.native import NativeSession
 
 log = logging.getLogger("gossiprouter")
@@ -63,6 +63,7 @@ RECV_SIZE = 256 * 1024
 # The first read only has to tell the protocol; a small buffer keeps the
 # allocator from fragmenting on thousands of connections that say little.
 SNIFF_SIZE = 4096
+CONNECTION_TASK = "gossiprouter connection"
 # A writer sends at most about this much per send_all, so that its progress
 # (which tells a slow receiver from a stalled one) is seen often.
 WRITE_BATCH = 1 << 20
@@ -168,7 +169,7 @@ class Connection:
         self.peer = peer
         self.session: Session | None = None
         self.scope = trio.CancelScope()
-        self.lot = trio.lowlevel.ParkingLot()
+        self.lot = Parked()  # its writer task's, when it has one
         # The whole handshake (TLS, preamble, HELLO or the first JGroups frame) must be done
         # by then (the reaper enforces it once the session exists).
         self.handshake_deadline = math.inf
@@ -352,7 +353,8 @@ class Server:
                 else cfg.handshake_timeout)
             self.connections.add(conn)
             self._per_ip[ip] = self._per_ip.get(ip, 0) + 1
-            nursery.start_soon(self._handle, conn, ip)
+            # One name for every connection's task (trio would make a new string each).
+            nursery.start_soon(self._handle, conn, ip, name=CONNECTION_TASK)
             del conn, stream  # not kept alive by this loop until the next accept
 
     def _over_limit(self, ip: str) -> str:
@@ -439,6 +441,9 @@ class Server:
                      cfg.handshake_timeout)
             conn.close_reason = "handshake_timeout"
             return
+        # What this frame keeps is kept for the connection's lifetime (it awaits the reader
+        # below): not the handshake's scopes and chunk (thousands of idle connections).
+        del handshake, data
         factory = self.factories.get(verdict.protocol)
         session = None if factory is None else factory(self.hub, conn.peer, first)
         if session is None:
@@ -451,29 +456,17 @@ class Server:
         session.last_recv = now
         ob = session.outbox
         lot = conn.lot
-
-        def wake() -> None:
-            lot.unpark_all()
-
-        ob.wake = wake
+        ob.wake = lot.unpark
         if isinstance(conn.stream, trio.SocketStream) and cfg.direct_send:
             # trio keeps its sockets non-blocking, so the reader of another
             # connection may write straight to this one while its writer is
             # idle (Outbox.push); TLS streams always go through the writer.
             raw = getattr(conn.stream.socket, "_sock", None)
             if raw is not None:
-                counters = self.hub.counters
-                send = raw.send
-
-                def direct(data: bytes) -> int:
-                    n: int = send(data)
-                    counters.bytes_out += n
-                    counters.writes += 1
-                    return n
-
                 # With the fast path, through the relay thread's mutex while it writes too.
-                ob.direct = direct if self.fast is None else self.fast.open(session, raw,
-                                                                             counters)
+                ob.direct = (_direct_send(raw, self.hub.counters) if self.fast is None
+                             else self.fast.open(session, raw, self.hub.counters))
+            del raw
 
         def on_close() -> None:
             # The connection counts as closed at once (its members leave now, and
@@ -516,7 +509,7 @@ class Server:
                     # before the writer task does and would see a stall that is not one.
                     ob.last_progress = trio.current_time()
                 if writer:
-                    lot.unpark_all()
+                    lot.unpark()
                 else:
                     writer = True
                     nursery.start_soon(self._writer, conn, session, nursery.cancel_scope)
@@ -959,6 +952,20 @@ def _drop_unread(stream: trio.SocketStream) -> None:
         for _ in range(16):
             if not raw.recv(65536):
                 return
+
+
+def _direct_send(raw: _stdsocket.socket, counters: Counters) -> Callable[[bytes], int]:
+    """The outbox's non-blocking send on ``raw``, counted (made here, not in the connection's
+    task, so that its frame does not keep the closure's helpers for the connection's life)."""
+    send = raw.send
+
+    def direct(data: bytes) -> int:
+        n: int = send(data)
+        counters.bytes_out += n
+        counters.writes += 1
+        return n
+
+    return direct
 
 
 def _nothing_to_wake() -> None:

@@ -29,7 +29,7 @@ def relay_and_ids() -> Iterator[Relay]:
     assert mod is not None
     relay = mod.Relay()
     socks = [socket.socketpair() for _ in range(2)]
-    ids = [relay.open(a.fileno(), mod.NATIVE, 1 << 20, False, 4096) for a, _ in socks]
+    ids = [relay.open(a.fileno(), mod.NATIVE, 4096) for a, _ in socks]
     assert all(relay.attach(i) for i in ids)
     yield mod, relay, ids
     for i in ids:
@@ -81,9 +81,8 @@ def test_every_argument_is_checked(relay_and_ids: Relay) -> None:
     sock = socket.socket()
     try:
         fd = sock.fileno()
-        for bad_open in ((-1, mod.NATIVE, 100, False, 100), (fd, mod.NATIVE, -1, False, 1),
-                         (fd, mod.NATIVE, 100, False, -1),
-                         (fd, mod.NATIVE, 100, False, mod.MAX_HOLD + 1)):
+        for bad_open in ((-1, mod.NATIVE, 100), (fd, mod.NATIVE, -1),
+                         (fd, mod.NATIVE, mod.MAX_HOLD + 1)):
             with pytest.raises(ValueError):
                 relay.open(*bad_open)
     finally:

@@ -218,14 +218,16 @@ class RouterCollector(Collector):
                        "Requests to this endpoint refused for a missing or wrong bearer token.",
                        0 if ops.admin is None else ops.admin.unauthorized)
         yield GaugeMetricFamily("gossiprouter_outbound_queued_bytes",
-                                "Bytes queued for all connections.", value=conns.queued_bytes)
+                                "Bytes queued for all connections (the fast path's included).",
+                                value=conns.queued_bytes + c.fast_pending_bytes)
         yield GaugeMetricFamily("gossiprouter_outbound_queued_bytes_max",
                                 "Bytes queued for the most backed-up connection.",
                                 value=conns.queued_max)
         yield GaugeMetricFamily("gossiprouter_partial_frame_bytes",
                                 "Bytes reserved by incomplete frames, router-wide (bounded by "
-                                "partial_frames_budget beyond preauth_max_frame each).",
-                                value=c.partial_bytes)
+                                "partial_frames_budget beyond preauth_max_frame each; the fast "
+                                "path's included).",
+                                value=c.partial_bytes + c.fast_partial_bytes)
         yield from topic_metrics(table.stats, members, self.view.bridge)
 
 

@@ -59,6 +59,8 @@ class FastRoutes(Protocol):
 
     def collect(self) -> None: ...
 
+    def take(self, session: Session) -> bytes: ...
+
 
 class Authority(Protocol):
     """What the native session asks of token authentication (``Hub.auth``), defined here so
@@ -432,6 +434,12 @@ class Counters:
     # Bytes reserved right now by incomplete frames across all connections (a gauge; see
     # Session._reserve): bounded by Config.partial_frames_budget beyond the small frames.
     partial_bytes: int = 0
+    # What the compiled fast path's thread holds (set by FastPath.collect; in the gauges
+    # beside the above and the outboxes' bytes): the starts of frames cut between reads, and
+    # bytes receivers' sockets did not take (until their outboxes take them). Bounded by
+    # Config.fast_path_max_bytes together.
+    fast_partial_bytes: int = 0
+    fast_pending_bytes: int = 0
     # Fairness (issue 12): turns a reader ended early to let others run (its share of the
     # loop used up), turns it waited because its connection's control budget was spent, and
     # connections closed for staying over that budget (ERROR rate_limited).
@@ -523,6 +531,13 @@ class Session:
 
     def __repr__(self) -> str:
         return f"<{self.protocol} {self.peer}>"
+
+    def fast_take(self) -> bytes:
+        """The outbox's ``reclaim`` while the fast path's thread writes this connection: the
+        bytes it holds for it (it stops writing). A bound method rather than a closure per
+        connection: every plain-TCP connection has one (issue 24)."""
+        fast = self.hub.fast
+        return b"" if fast is None else fast.take(self)
 
     # --- called by the server
     def on_data(self, data: bytes, now: float) -> None:
@@ -652,7 +667,7 @@ class Session:
 
     def overflowed(self) -> None:
         """The outbound queue is full and the policy is ``disconnect``: close as a slow
-        consumer, discarding what is queued (also called by the compiled fast path)."""
+        consumer, discarding what is queued."""
         ob = self.outbox
         self.hub.counters.slow_consumer_disconnects += 1
         log.warning(
