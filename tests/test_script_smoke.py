@@ -70,6 +70,8 @@ SMOKE: dict[str, tuple[str, ...] | RunBy] = {
     "benchmarks/bench_fastpath_churn.py": RunBy("tests/test_bench_fastpath_churn.py"),
     "benchmarks/bench_federation.py": RunBy("tests/test_bench_federation.py"),
     "benchmarks/bench_stub_loops.py": RunBy("tests/test_bench_stub_loops.py"),
+    "benchmarks/bench_fastpath_memory.py": RunBy("tests/test_bench_fastpath_memory.py (--quick)"),
+    "benchmarks/routers.py": RunBy("a module: bench_fastpath_memory.py runs on it"),
 }
 # Run in this process, on the module's local Spark (one JVM start for all of them).
 ON_SPARK = {"scripts/bench-analyze"}
