@@ -31,8 +31,8 @@ __all__ = ["HISTOGRAM_BINS", "LATENCY_PRECISION", "Bucket", "bucket", "bucket_ag
 HISTOGRAM_BINS: Final = 80
 LATENCY_PRECISION: Final = 0.001
 _LOG_STEP: Final = math.log1p(LATENCY_PRECISION)
-# (numerator, denominator) of p50, p90, p99, p99.9: integer arithmetic for exact ranks.
-_PERCENTILE_FRACTIONS: Final = ((1, 2), (9, 10), (99, 100), (999, 1000))
+# (numerator, denominator) of p50, p90, p95, p99, p99.9: integer arithmetic for exact ranks.
+_PERCENTILE_FRACTIONS: Final = ((1, 2), (9, 10), (19, 20), (99, 100), (999, 1000))
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def latency_stats(buckets: Iterable[Bucket]) -> LatencyStats | None:
             seen += b.n
         return bs[-1].hi
 
-    p50, p90, p99, p999 = (value_at(max(1, -(-n * num // den)))
+    p50, p90, p95, p99, p999 = (value_at(max(1, -(-n * num // den)))
                            for num, den in _PERCENTILE_FRACTIONS)
     return LatencyStats(
         count=n,
@@ -94,6 +94,7 @@ def latency_stats(buckets: Iterable[Bucket]) -> LatencyStats | None:
         mean_ns=sum(b.total for b in bs) / n,
         p50_ns=p50,
         p90_ns=p90,
+        p95_ns=p95,
         p99_ns=p99,
         p999_ns=p999,
         max_ns=bs[-1].hi,

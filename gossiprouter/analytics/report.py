@@ -25,6 +25,7 @@ __all__ = [
     "EXIT_INPUT",
     "EXIT_LOSS",
     "EXIT_OK",
+    "EXIT_THRESHOLD",
     "Audit",
     "Breakdown",
     "Counts",
@@ -38,6 +39,7 @@ __all__ = [
     "ScopeBreakdown",
     "ThroughputBucket",
     "Verdict",
+    "fmt_ms",
     "format_summary",
     "load_errors",
     "render_html",
@@ -60,6 +62,8 @@ EXIT_LOSS: Final = 3
 """Deliveries were lost while the sender and the receiver were both registered."""
 EXIT_INCOMPLETE: Final = 4
 """The run did not complete (interrupted or failed): its figures are partial."""
+EXIT_THRESHOLD: Final = 5
+"""A latency threshold of the scenario ([thresholds], as k6's) was exceeded."""
 
 
 @dataclass
@@ -79,6 +83,7 @@ class LatencyStats:
     mean_ns: float
     p50_ns: int
     p90_ns: int
+    p95_ns: int
     p99_ns: int
     p999_ns: int
     max_ns: int
@@ -311,7 +316,59 @@ def _n(count: int, noun: str, plural: str | None = None) -> str:
     return f"{count:,} {noun if count == 1 else plural or noun + 's'}"
 
 
+@dataclass(frozen=True)
+class ThresholdResult:
+    """One ``[thresholds]`` entry of the scenario against the run's latency."""
+
+    key: str
+    """``p99_ms`` and the like (gossiprouter.loadtest.scenario.THRESHOLD_KEYS)."""
+    limit_ms: float
+    observed_ns: int | None
+    """None when nothing was delivered (nothing to measure: the threshold fails)."""
+
+    @property
+    def label(self) -> str:
+        name = self.key.removesuffix("_ms")
+        return "p99.9" if name == "p999" else name
+
+    @property
+    def ok(self) -> bool:
+        return self.observed_ns is not None and self.observed_ns <= self.limit_ms * 1e6
+
+
+def thresholds(report: Report) -> list[ThresholdResult]:
+    """The scenario's latency thresholds (from the manifest) against the run's latency."""
+    config = (report.manifest or {}).get("scenario_config")
+    table = config.get("thresholds") if isinstance(config, dict) else None
+    if not isinstance(table, dict):
+        return []
+    lat = report.latency
+    out = []
+    for key, limit in table.items():
+        if not isinstance(limit, int | float):
+            continue
+        field_name = key.removesuffix("_ms") + "_ns"
+        observed = getattr(lat, field_name, None) if lat is not None else None
+        out.append(ThresholdResult(key, float(limit),
+                                   observed if isinstance(observed, int) else None))
+    return out
+
+
 def _verdict(report: Report) -> Verdict:
+    # A loss (or an incomplete run) says more than a slow one: thresholds come after.
+    v = _audit_verdict(report)
+    failed = [t for t in thresholds(report) if not t.ok]
+    if not v.ok or not failed:
+        return v
+    text = "; ".join(
+        f"{t.label} latency {fmt_ms(t.observed_ns)} ms over the threshold of "
+        f"{t.limit_ms:g} ms" if t.observed_ns is not None else
+        f"no latency to hold to the {t.label} threshold ({t.limit_ms:g} ms): nothing was "
+        "delivered" for t in failed)
+    return Verdict("THRESHOLD", f"{text}; {v.text}", EXIT_THRESHOLD)
+
+
+def _audit_verdict(report: Report) -> Verdict:
     # Precedence: an incomplete run first (its losses may be the interruption's doing, so
     # they prove nothing either way), then an unexplained loss, then OK.
     a = report.audit
@@ -429,8 +486,20 @@ def _fmt_int(n: int) -> str:
     return f"{n:,}"
 
 
-def _fmt_us(ns: float) -> str:
-    return f"{ns / 1000:,.1f}"
+def fmt_ms(ns: float) -> str:
+    """A latency in milliseconds with 3 significant digits (2 below 0.1 ms is noise on
+    any real network), whole milliseconds from 100 ms: ``0.042``, ``1.25``, ``28.6``,
+    ``286``, ``1,234``. The one unit of every latency the report shows."""
+    ms = ns / 1e6
+    if ms >= 100:
+        return f"{ms:,.0f}"
+    if ms >= 10:
+        return f"{ms:.1f}"
+    if ms >= 1:
+        return f"{ms:.2f}"
+    if ms >= 0.1:
+        return f"{ms:.3f}"
+    return f"{ms:.2g}" if ms >= 1e-4 else "0"
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
@@ -448,12 +517,15 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
     return out
 
 
+LATENCY_HEADERS: Final = ("latency (ms)", "count", "p50", "p90", "p95", "p99", "p99.9", "max")
+
+
 def _latency_rows(report: Report) -> list[list[str]]:
     rows: list[list[str]] = []
 
     def add(label: str, s: LatencyStats) -> None:
-        rows.append([label, _fmt_int(s.count), _fmt_us(s.p50_ns), _fmt_us(s.p90_ns),
-                     _fmt_us(s.p99_ns), _fmt_us(s.p999_ns), _fmt_us(s.max_ns)])
+        rows.append([label, _fmt_int(s.count), *(fmt_ms(v) for v in (
+            s.p50_ns, s.p90_ns, s.p95_ns, s.p99_ns, s.p999_ns, s.max_ns))])
 
     if report.latency is not None:
         add("all", report.latency)
@@ -472,28 +544,111 @@ def _latency_rows(report: Report) -> list[list[str]]:
 def _scope_table(report: Report) -> tuple[list[str], list[list[str]]]:
     """Headers and rows of the "by scope" table of a topics run."""
     headers = ["scope", "sent", "expected", "delivered", "lost", "duplicated",
-               "extra copies", "unexpected", "in flux", "p50 µs", "p99 µs", "max µs"]
+               "extra copies", "unexpected", "in flux", "p50 ms", "p95 ms", "p99 ms", "max ms"]
     rows = []
     for key, b in report.by_scope.items():
         lat = b.latency
         rows.append([key, *(_fmt_int(n) for n in (
             b.sent, b.expected, b.delivered, b.lost, b.duplicated, b.duplicate_copies,
             b.unexpected, b.in_flux)),
-            *((_fmt_us(lat.p50_ns), _fmt_us(lat.p99_ns), _fmt_us(lat.max_ns)) if lat
-              else ("-", "-", "-"))])
+            *((fmt_ms(lat.p50_ns), fmt_ms(lat.p95_ns), fmt_ms(lat.p99_ns), fmt_ms(lat.max_ns))
+              if lat else ("-",) * 4)])
     return headers, rows
 
 
-def _throughput_summary(report: Report) -> tuple[float, float, int]:
-    """(mean deliveries/s over the run's seconds, peak deliveries/s, seconds)."""
+@dataclass(frozen=True)
+class ThroughputSummary:
+    """Deliveries per second: ``mean`` over every second of the run (drain included),
+    ``peak`` of one second, and ``steady`` over the sending window only (the seconds
+    before ``duration``, when the load was on: the rate the router sustained, which the
+    drain's idle seconds would dilute); ``steady_sends`` is the send rate then. None
+    when the manifest gives no duration."""
+
+    mean: float
+    peak: float
+    seconds: int
+    steady: float | None = None
+    steady_sends: float | None = None
+    steady_s: float = 0.0
+
+
+def throughput_summary(report: Report) -> ThroughputSummary:
     series = [b for b in report.throughput if b.covered_s > 0]
     if not series:
-        return 0.0, 0.0, 0
+        return ThroughputSummary(0.0, 0.0, 0)
     total = sum(b.deliveries for b in series)
     span = sum(b.covered_s for b in series)
     peak = max(b.deliveries / b.covered_s for b in series if b.covered_s >= 0.5) \
         if any(b.covered_s >= 0.5 for b in series) else 0.0
-    return total / span, peak, len(series)
+    config = (report.manifest or {}).get("scenario_config")
+    duration = config.get("duration") if isinstance(config, dict) else None
+    if not isinstance(duration, int | float) or duration <= 0:
+        return ThroughputSummary(total / span, peak, len(series))
+    # Each second's share inside [0, duration): a run of 2.5 s counts half of second 2.
+    window = [(b, min(b.covered_s, duration - b.t_s)) for b in series if b.t_s < duration]
+    steady_s = sum(w for _, w in window)
+    if steady_s <= 0:
+        return ThroughputSummary(total / span, peak, len(series))
+    deliveries = sum(b.deliveries * w / b.covered_s for b, w in window)
+    sends = sum(b.sends * w / b.covered_s for b, w in window)
+    return ThroughputSummary(total / span, peak, len(series), deliveries / steady_s,
+                             sends / steady_s, steady_s)
+
+
+def _fmt_throughput(tp: ThroughputSummary) -> str:
+    mean = f"{tp.mean:,.0f}/s mean over {tp.seconds} s with the drain, {tp.peak:,.0f}/s peak"
+    if tp.steady is None:
+        return f"{tp.mean:,.0f} deliveries/s mean over {tp.seconds} s, {tp.peak:,.0f}/s peak"
+    return (f"{tp.steady:,.0f} deliveries/s steady (sending window, {tp.steady_s:g} s); "
+            + mean)
+
+
+@dataclass(frozen=True)
+class SendSchedule:
+    """Target against achieved sends, from the peers' pacing counters
+    (:mod:`gossiprouter.loadtest.pacing`): ``slots`` the schedule had, ``skipped`` (never
+    sent: the loader was over a second behind), ``late`` (sent a whole interval or more
+    behind their slot) and the worst lag. Skipped and late slots are where a loader hides
+    coordinated omission: the latency of what was not sent on time is not measured."""
+
+    slots: int
+    late: int
+    skipped: int
+    max_lag_s: float
+
+    @property
+    def achieved(self) -> int:
+        return self.slots - self.skipped
+
+    @property
+    def on_time(self) -> bool:
+        return self.late == 0 and self.skipped == 0
+
+
+def send_schedule(manifest: dict[str, Any] | None) -> SendSchedule | None:
+    """The pacing counters summed over the peer processes (None if none were paced: no
+    manifest, an older run, or every sender at rate "max")."""
+    counters = (manifest or {}).get("counters")
+    if not isinstance(counters, dict):
+        return None
+    slots = late = skipped = 0
+    lag = 0.0
+    for c in counters.values():
+        if isinstance(c, dict) and isinstance(c.get("slots"), int):
+            slots += c["slots"]
+            late += int(c.get("slots_late") or 0)
+            skipped += int(c.get("slots_skipped") or 0)
+            lag = max(lag, float(c.get("send_lag_max_s") or 0.0))
+    return SendSchedule(slots, late, skipped, lag) if slots else None
+
+
+def _fmt_schedule(sc: SendSchedule) -> str:
+    share = 100 * sc.achieved / sc.slots
+    text = f"{sc.achieved:,} of {sc.slots:,} scheduled ({share:.1f} %)"
+    if sc.on_time:
+        return text + ", every one on time"
+    return (text + f"; {sc.skipped:,} skipped, {sc.late:,} late (a slot or more behind), "
+            f"worst {fmt_ms(sc.max_lag_s * 1e9)} ms behind")
 
 
 def _scenario_name(report: Report) -> str:
@@ -502,11 +657,23 @@ def _scenario_name(report: Report) -> str:
 
 
 def _checks(report: Report) -> list[tuple[str, str, str, str]]:
-    """(check, threshold, observed, result) rows; result is pass, FAIL, accepted or info."""
+    """(check, threshold, observed, result) rows; result is pass, FAIL, accepted, warn or
+    info."""
     a = report.audit
     status = report.run_status
     rows = [("the load test completed", "status ok", status or "unknown (no manifest)",
              "info" if status is None else "pass" if status == "ok" else "FAIL")]
+    for t in thresholds(report):
+        rows.append((f"latency {t.label}", f"<= {t.limit_ms:g} ms",
+                     "no deliveries" if t.observed_ns is None else
+                     f"{fmt_ms(t.observed_ns)} ms", "pass" if t.ok else "FAIL"))
+    schedule = send_schedule(report.manifest)
+    if schedule is not None:
+        # Not a failure by itself (k6 counts dropped iterations, too), but a latency
+        # measured by a loader that fell behind is understated: shown where it is judged.
+        rows.append(("sends on schedule (coordinated omission)", "0 skipped, 0 late",
+                     f"{_fmt_int(schedule.skipped)} skipped, {_fmt_int(schedule.late)} late "
+                     f"of {_fmt_int(schedule.slots)}", "pass" if schedule.on_time else "warn"))
     if report.kind == "topics":
         lost = a.lost.count
         rows += [
@@ -536,10 +703,18 @@ def _checks(report: Report) -> list[tuple[str, str, str, str]]:
 def format_summary(report: Report) -> str:
     """The plain-text summary table printed by ``gossiprouter analyze``."""
     c, a = report.counts, report.audit
-    mean_tp, peak_tp, seconds = _throughput_summary(report)
     name = _scenario_name(report)
     scenario = f"  (scenario {name})" if name else ""
     v = report.verdict
+    tail = [["throughput", _fmt_throughput(throughput_summary(report))]]
+    schedule = send_schedule(report.manifest)
+    if schedule is not None:
+        tail.append(["sends", _fmt_schedule(schedule)])
+    tail += [
+        ["analysis", f"{report.analysis_s:.1f} s on {report.spark_master} "
+                     f"(Spark {report.spark_version})"],
+        ["verdict", f"{v.status}: {v.text}"],
+    ]
     rows = [
         ["run", ", ".join(report.runs) + scenario],
         ["records", f"{_fmt_int(c.records)}  (send {_fmt_int(c.send_records)}, "
@@ -560,11 +735,7 @@ def format_summary(report: Report) -> str:
         ["undetermined", f"{_fmt_int(a.undetermined.count)}  (delivered "
                          f"{_fmt_int(a.undetermined_delivered)}, settle {report.settle_s:g} s)"],
         ["unexpected", _fmt_int(a.unexpected.count)],
-        ["throughput", f"{mean_tp:,.0f} deliveries/s mean, {peak_tp:,.0f}/s peak, "
-                       f"over {seconds} s"],
-        ["analysis", f"{report.analysis_s:.1f} s on {report.spark_master} "
-                     f"(Spark {report.spark_version})"],
-        ["verdict", f"{v.status}: {v.text}"],
+        *tail,
     ]
     if report.kind == "topics":
         # Topics runs have no membership, reconnects or ordering audit: their own rows.
@@ -579,7 +750,7 @@ def format_summary(report: Report) -> str:
                 ["unexpected", f"{_fmt_int(a.unexpected.count)}  (copies)"],
                 ["in flux", f"{_fmt_int(a.undetermined.count)}  (subscriber changing "
                             f"patterns, settle {report.settle_s:g} s; not audited)"],
-                *rows[-3:]]
+                *tail]
     width = max(len(r[0]) for r in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
     errors = report.load_errors
@@ -595,7 +766,7 @@ def format_summary(report: Report) -> str:
     lat = _latency_rows(report)
     if lat:
         lines.append("")
-        lines += _table(["latency (µs)", "count", "p50", "p90", "p99", "p99.9", "max"], lat)
+        lines += _table(LATENCY_HEADERS, lat)
     for w in report.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
@@ -661,9 +832,9 @@ def _legend(fig: Any, ax: Any) -> None:
 def _latency_histogram(fig: Any, ax: Any, report: Report) -> None:
     hist = report.latency_histogram
     if hist.counts and sum(hist.counts) > 0:
-        edges_us = [e / 1000 for e in hist.edges_ns]
-        widths = [b - a for a, b in itertools.pairwise(edges_us)]
-        ax.bar(edges_us[:-1], hist.counts, width=widths, align="edge",
+        edges_ms = [e / 1e6 for e in hist.edges_ns]
+        widths = [b - a for a, b in itertools.pairwise(edges_ms)]
+        ax.bar(edges_ms[:-1], hist.counts, width=widths, align="edge",
                color=_COLORS["delivered"], label="deliveries")
         ax.set_xscale("log")
         total = sum(hist.counts)
@@ -673,7 +844,7 @@ def _latency_histogram(fig: Any, ax: Any, report: Report) -> None:
             acc += n
             cdf.append(acc / total)
         ax2 = ax.twinx()
-        ax2.plot(edges_us[1:], cdf, color=_COLORS["p99"], label="cumulative share")
+        ax2.plot(edges_ms[1:], cdf, color=_COLORS["p99"], label="cumulative share")
         ax2.set_ylim(0, 1.01)
         ax2.set_ylabel("CDF")
         h1, l1 = ax.get_legend_handles_labels()
@@ -682,7 +853,7 @@ def _latency_histogram(fig: Any, ax: Any, report: Report) -> None:
                    fontsize=9)
     else:
         _no_deliveries(ax)
-    ax.set_xlabel("latency (µs, log scale)")
+    ax.set_xlabel("latency (ms, log scale)")
     ax.set_ylabel("deliveries")
 
 
@@ -691,12 +862,12 @@ def _latency_over_time(fig: Any, ax: Any, report: Report) -> None:
     if pts:
         ts = [p.t_s + 0.5 for p in pts]  # drawn at the middle of its second
         for key, label in (("max_ns", "max"), ("p99_ns", "p99"), ("p50_ns", "p50")):
-            ax.plot(ts, [getattr(p, key) / 1000 for p in pts], marker=".",
+            ax.plot(ts, [getattr(p, key) / 1e6 for p in pts], marker=".",
                     color=_COLORS[label], label=label)
         ax.set_yscale("log")
     else:
         _no_deliveries(ax)
-    _over_the_run(fig, ax, report, "latency (µs, log scale)")
+    _over_the_run(fig, ax, report, "latency (ms, log scale)")
 
 
 def _throughput(fig: Any, ax: Any, report: Report) -> None:
@@ -822,16 +993,22 @@ def _scenario_rows(report: Report) -> list[tuple[str, str]]:
     add("scenario file", m.get("scenario_file"))
     if isinstance(config.get("duration"), int | float):
         add("duration", f"{config['duration']:g} s sending + {config.get('drain', 0):g} s drain")
-    groups = config.get("groups")
-    if isinstance(groups, list):
+    groups = [g for g in config.get("groups") or () if isinstance(g, dict)]
+    if groups:
         add("groups", ", ".join(f"{g.get('name')} ({g.get('members')} members)"
-                                for g in groups if isinstance(g, dict)))
+                                for g in groups))
+        # The scenario's [send] is folded into each group (Scenario.to_dict): one line when
+        # every group sends alike, else one pattern per group.
+        patterns = {g.get("name"): _send_pattern(g) for g in groups}
+        if len(set(patterns.values())) == 1:
+            add("send pattern", next(iter(patterns.values())))
+        else:
+            add("send pattern", "; ".join(f"{k}: {v}" for k, v in patterns.items()))
     processes = m.get("processes")
     if isinstance(processes, list):
         add("peer processes", len(processes))
-    send = config.get("send")
-    if isinstance(send, dict):
-        add("send", ", ".join(f"{k} {v}" for k, v in send.items()))
+    if report.kind == "topics":
+        rows += _topics_rows(config)
     router = m.get("router")
     if isinstance(router, dict):
         how = "spawned" if router.get("spawned") else "external"
@@ -842,6 +1019,44 @@ def _scenario_rows(report: Report) -> list[tuple[str, str]]:
     add("finished", m.get("finished_at"))
     add("load-test status", report.run_status)
     add("settle window", f"{report.settle_s:g} s")
+    return rows
+
+
+def _send_pattern(group: dict[str, Any]) -> str:
+    """``10 msg/s per member, 256 B, 20 % unicast`` from a group of the scenario config."""
+    rate = group.get("rate")
+    how = "as fast as possible" if rate == "max" else f"{rate:g} msg/s per member" \
+        if isinstance(rate, int | float) else "?"
+    sizes = group.get("sizes")
+    if isinstance(sizes, dict):
+        size = f"{sizes.get('min')}-{sizes.get('max')} B"
+    elif isinstance(sizes, list):
+        size = "/".join(str(v) for v in sizes) + " B"
+    else:
+        size = "? B"
+    unicast = group.get("unicast")
+    cast = (f"{unicast * 100:g} % unicast" if isinstance(unicast, int | float) and unicast
+            else "multicast only")
+    return f"{how}, {size}, {cast}"
+
+
+def _topics_rows(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """The Scenario rows of a topics run (its config is a TopicsScenario as a dict)."""
+    def get(key: str) -> str:
+        v = config.get(key)
+        return f"{v:g}" if isinstance(v, int | float) else "?"
+
+    rows = [("routers", f"{get('routers')} (federated through one MQTT broker)"),
+            ("publishers", f"{get('publishers')} per router, {get('rate')} publications/s "
+                           f"each, {get('size')} B, "
+                           f"{float(config.get('global_share') or 0) * 100:g} % global"),
+            ("subscribers", f"{get('subscribers')} per router, one pattern changed every "
+                            f"{get('churn_interval')} s on average (settle "
+                            f"{get('settle')} s)")]
+    patterns = config.get("patterns")
+    if isinstance(patterns, list) and patterns:
+        rows.append(("patterns", ", ".join(str(p) for p in patterns)
+                     + " ({p}: a publisher's number)"))
     return rows
 
 
@@ -863,16 +1078,24 @@ def render_html(report: Report) -> str:
         f"<tr><td>{esc(check)}</td><td>{esc(th)}</td><td>{esc(obs)}</td>"
         f'<td class="r-{esc(res.lower())}">{esc(res)}</td></tr>'
         for check, th, obs, res in _checks(report))
-    mean_tp, peak_tp, seconds = _throughput_summary(report)
+    tp = throughput_summary(report)
+    schedule = send_schedule(report.manifest)
     lat = report.latency
     figures = [
         ("messages sent", _fmt_int(c.messages)),
         ("deliveries expected / made", f"{_fmt_int(a.expected)} / {_fmt_int(a.delivered)}"),
-        ("latency p50 / p99 / max",
-         f"{_fmt_us(lat.p50_ns)} / {_fmt_us(lat.p99_ns)} / {_fmt_us(lat.max_ns)} µs"
-         if lat else "no deliveries"),
-        ("throughput", f"{mean_tp:,.0f} deliveries/s mean, {peak_tp:,.0f}/s peak, "
-                       f"{seconds} s"),
+        ("latency p50 / p95 / p99 / max",
+         " / ".join(fmt_ms(v) for v in (lat.p50_ns, lat.p95_ns, lat.p99_ns, lat.max_ns))
+         + " ms" if lat else "no deliveries"),
+        ("throughput (steady / mean / peak)",
+         f"{tp.steady:,.0f} / {tp.mean:,.0f} / {tp.peak:,.0f} deliveries/s"
+         if tp.steady is not None else
+         f"{tp.mean:,.0f} deliveries/s mean, {tp.peak:,.0f}/s peak, {tp.seconds} s"),
+        ("sends achieved / scheduled",
+         f"{_fmt_int(schedule.achieved)} / {_fmt_int(schedule.slots)}"
+         + ("" if schedule.on_time else
+            f" ({_fmt_int(schedule.skipped)} skipped, {_fmt_int(schedule.late)} late)")
+         if schedule else "not paced (rate max)" if report.manifest else "unknown"),
         ("records", f"{_fmt_int(c.records)} (send {_fmt_int(c.send_records)}, "
                     f"recv {_fmt_int(c.recv_records)})"),
         ("senders / receivers / groups", f"{c.senders} / {c.receivers} / {c.groups}"),
@@ -880,8 +1103,7 @@ def render_html(report: Report) -> str:
     figures_html = "".join(f"<div class=fig><div class=k>{esc(k)}</div>"
                            f"<div class=v>{esc(val)}</div></div>" for k, val in figures)
     latency_rows = _latency_rows(report)
-    latency_table = _html_table(["latency (µs)", "count", "p50", "p90", "p99", "p99.9", "max"],
-                                latency_rows, "num") if latency_rows else ""
+    latency_table = _html_table(LATENCY_HEADERS, latency_rows, "num") if latency_rows else ""
 
     def breakdown_table(title: str, parts: dict[str, Breakdown]) -> str:
         return _html_table(
@@ -940,7 +1162,7 @@ def render_html(report: Report) -> str:
         ".verdict.bad{background:#fdecea;border:1px solid #c22}"
         ".warnings{background:#fff4e0;border:1px solid #d80;padding:.6em 2em}"
         ".r-pass{color:#2a7;font-weight:600}.r-fail{color:#c22;font-weight:600}"
-        ".r-accepted{color:#d80;font-weight:600}.r-info{color:#666}"
+        ".r-accepted,.r-warn{color:#d80;font-weight:600}.r-info{color:#666}"
         ".figs{display:flex;flex-wrap:wrap;gap:.8em}"
         ".fig{border:1px solid #ddd;border-radius:6px;padding:.5em .9em;min-width:13em}"
         ".fig .k{color:#666;font-size:85%}.fig .v{font-size:115%;font-weight:600}"
