@@ -30,6 +30,7 @@ from gossiprouter.analytics.audit import analyze
 from gossiprouter.analytics.report import Report
 from gossiprouter.loadtest.cli import EXIT_INPUT, loadtest_command
 from gossiprouter.loadtest.driver import RunInputError, RunResult, run_loadtest
+from gossiprouter.loadtest.pacing import Pacer, PaceStats
 from gossiprouter.loadtest.peer import HEADER, decode_header, encode_payload
 from gossiprouter.loadtest.scenario import (
     MIN_PAYLOAD,
@@ -97,6 +98,29 @@ member = "h-2"
         ("h-2", 0, False)]
 
 
+def test_thresholds_reach_the_manifest_config(tmp_path: Path) -> None:
+    s = load_scenario(write(tmp_path, MINIMAL + "[thresholds]\nmax_ms = 200\np99_ms = 50\n"))
+    assert s.thresholds == (("p99_ms", 50.0), ("max_ms", 200.0))
+    assert s.to_dict()["thresholds"] == {"p99_ms": 50.0, "max_ms": 200.0}
+    assert parse_scenario(s.to_dict(), source="t.toml") == s
+
+
+async def test_pacer_counts_late_and_skipped_slots(autojump_clock: trio.abc.Clock) -> None:
+    # Four slots a second (0.25 s apart, exact in binary). The second send takes 0.6 s:
+    # the third slot starts 0.35 s behind (late), the fourth 0.1 s (on time). The fifth
+    # takes 3 s: the sixth is 2.75 s behind, so 11 slots are skipped and it is sent on the
+    # grid.
+    stats = PaceStats()
+    pacer = Pacer(4, trio.current_time(), stats)
+    for took in (0, 0.6, 0, 0, 3.0, 0):
+        await pacer.wait()
+        await trio.sleep(took)
+    assert (stats.slots, stats.late, stats.skipped) == (17, 1, 11)
+    assert stats.max_lag_s == pytest.approx(2.75)
+    assert stats.counters() == {"slots": 17, "slots_late": 1, "slots_skipped": 11,
+                                "send_lag_max_s": 2.75}
+
+
 def test_group_overrides_and_size_range(tmp_path: Path) -> None:
     s = load_scenario(write(tmp_path, """
 duration = 3
@@ -120,7 +144,7 @@ BAD: list[tuple[str, str]] = [
      "t.toml: duration: expected a number > 0 and <= 86400, got -1"),
     (MINIMAL.replace("duration = 5", "duraton = 5"),
      "t.toml: unknown key 'duraton' (expected one of: name, description, duration, drain, "
-     "seed, peers, send, stub, router, groups, events, attacks)"),
+     "seed, peers, send, stub, router, groups, events, attacks, thresholds)"),
     (MINIMAL + "[send]\nrate = -5\n",
      't.toml: send.rate: expected a number > 0 and <= 1e+06 (messages per second per member) '
      'or "max", got -5'),
@@ -176,6 +200,15 @@ BAD: list[tuple[str, str]] = [
     (MINIMAL + '[[events]]\nat = 1\naction = "restart-router"\nsignal = "HUP"\n',
      't.toml: events[0].signal: expected one of "TERM", "KILL", got \'HUP\''),
     ("duration = 5\n[[groups]\n", "t.toml: not valid TOML: "),
+    (MINIMAL + "[thresholds]\np99_ms = -5\n",
+     "t.toml: thresholds.p99_ms: expected a number > 0 and <= 600000, got -5"),
+    (MINIMAL + '[thresholds]\np99_ms = "50ms"\n',
+     "t.toml: thresholds.p99_ms: expected a number > 0 and <= 600000, got '50ms'"),
+    (MINIMAL + "[thresholds]\np98_ms = 5\n",
+     "t.toml: unknown key 'p98_ms' in [thresholds] (expected one of: p50_ms, p90_ms, p95_ms, "
+     "p99_ms, p999_ms, max_ms)"),
+    (MINIMAL.replace("duration = 5", "duration = 5\nthresholds = 50"),
+     "t.toml: thresholds: expected a table such as [thresholds] p99_ms = 50, got 50"),
 ]
 
 

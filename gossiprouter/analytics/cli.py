@@ -8,7 +8,8 @@ Exit codes (the verdict decides 0, 3 and 4; see docs/loadtest.md): 0 OK, or LOSS
 with ``--allow-loss``; 1 the analysis failed (Spark error, PySpark or Java missing, master
 unreachable); 2 bad input (no such run directory, no records); 3 LOSS: deliveries lost while
 the sender and the receiver were both registered; 4 INCOMPLETE: the load test itself was
-interrupted or failed, so its figures cover a partial run.
+interrupted or failed, so its figures cover a partial run; 5 THRESHOLD: a latency
+threshold of the scenario ([thresholds] p99_ms = 50, ...) was exceeded.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from gossiprouter.analytics.report import (
     EXIT_INPUT,
     EXIT_LOSS,
     EXIT_OK,
+    EXIT_THRESHOLD,
 )
 from gossiprouter.cli_errors import PREFIX, needs_extra
 
 __all__ = ["EXIT_FAILED", "EXIT_INCOMPLETE", "EXIT_INPUT", "EXIT_LOSS", "EXIT_OK",
-           "analyze_command"]
+           "EXIT_THRESHOLD", "analyze_command"]
 
 
 def _progress(line: str) -> None:
@@ -155,6 +157,6 @@ def analyze_command(
         hint = ("; --allow-loss to accept"
                 if dataclasses.replace(report, allow_loss=True).verdict.ok else "")
         raise _fail(f"{verdict.text} (see the report{hint})", EXIT_LOSS)
-    if verdict.exit_code == EXIT_INCOMPLETE:
-        raise _fail(verdict.text, EXIT_INCOMPLETE)
+    if verdict.exit_code in (EXIT_INCOMPLETE, EXIT_THRESHOLD):
+        raise _fail(verdict.text, verdict.exit_code)
     assert verdict.exit_code == EXIT_OK

@@ -48,6 +48,8 @@ from typing import Any
 import click
 import trio
 
+from gossiprouter.loadtest.pacing import Pacer, PaceStats
+from gossiprouter.loadtest.scenario import ScenarioError, parse_thresholds
 from gossiprouter.stub import Channel, Publication, RouterStub
 from gossiprouter.topics import (
     TopicError,
@@ -86,6 +88,8 @@ class TopicsScenario:
     churn_interval: float  # mean seconds between pattern changes of one subscriber
     settle: float
     patterns: tuple[str, ...]  # with {p}: a publisher index
+    # [thresholds] (p99_ms = 50, ...): latency limits the analysis holds the run to.
+    thresholds: dict[str, float] = field(default_factory=dict)
 
 
 def is_topics_scenario(path: Path) -> bool:
@@ -122,6 +126,10 @@ def load_topics_scenario(path: Path) -> TopicsScenario:
             pattern(*parse_topic(p.replace("{p}", "0")))
         except TopicError as e:
             raise TopicsScenarioError(f"{path.name}: topics.patterns: {p!r}: {e}") from None
+    try:
+        thresholds = dict(parse_thresholds(raw.get("thresholds", {}), path.name))
+    except ScenarioError as e:
+        raise TopicsScenarioError(str(e)) from None
     return TopicsScenario(
         name=str(raw.get("name", path.stem)),
         duration=num(raw, "duration", 10, 0.5, 3600), drain=num(raw, "drain", 2, 0, 60),
@@ -131,7 +139,7 @@ def load_topics_scenario(path: Path) -> TopicsScenario:
         rate=num(t, "rate", 20, 0.1, 10_000), global_share=num(t, "global", 0.5, 0, 1),
         size=int(num(t, "size", 100, _STAMP.size, 1 << 16)),
         churn_interval=num(t, "churn_interval", 1.0, 0.05, 3600),
-        settle=num(t, "settle", 0.5, 0, 60), patterns=tuple(pats))
+        settle=num(t, "settle", 0.5, 0, 60), patterns=tuple(pats), thresholds=thresholds)
 
 
 # --------------------------------------------------------------------------- records
@@ -263,6 +271,8 @@ class Recorded:
     sent: list[Sent]
     subs: list[Subscriber]
     t0: float
+    # The publishers' send slots (late, skipped: gossiprouter.loadtest.pacing).
+    pacing: PaceStats = field(default_factory=PaceStats)
 
 
 def publisher_name(sc: TopicsScenario, index: int) -> str:
@@ -366,7 +376,8 @@ async def run_topics(sc: TopicsScenario, echo: Any = print, out: Path | None = N
     write_run(out, sc, rec, run)
     _write_json(out / MANIFEST_FILE, _manifest(
         sc, source, run, status, started_at=started, finished_at=_now_iso(),
-        t0_ns=_ns(rec.t0), in_process_audit=rep.rows))
+        t0_ns=_ns(rec.t0), in_process_audit=rep.rows,
+        counters={"publishers": {"sent": len(rec.sent), **rec.pacing.counters()}}))
     return rep
 
 
@@ -457,6 +468,7 @@ async def _load(sc: TopicsScenario, rnd: random.Random, ports: list[int]) -> Rec
         await trio.sleep(sc.settle + 0.5)  # every bridge has subscribed the broker
         t0 = trio.current_time()
         t_end = t0 + sc.duration
+        pacing = PaceStats()
 
         async def receive(sub: Subscriber) -> None:
             async for m in sub.channel:
@@ -469,11 +481,9 @@ async def _load(sc: TopicsScenario, rnd: random.Random, ports: list[int]) -> Rec
         async def publish(index: int, router: int, ch: Channel) -> None:
             prng = random.Random(sc.seed * 1000 + index)
             seq = 0
-            interval = 1.0 / sc.rate
-            nxt = trio.current_time()
-            while nxt < t_end:
-                await trio.sleep_until(nxt)
-                nxt += interval
+            pacer = Pacer(sc.rate, t0, pacing)
+            while pacer.next_t < t_end:
+                await pacer.wait()
                 tid = _publication_id(index, prng)
                 scope = "global" if prng.random() < sc.global_share else "local"
                 now = trio.current_time()
@@ -530,7 +540,7 @@ async def _load(sc: TopicsScenario, rnd: random.Random, ports: list[int]) -> Rec
             await trio.sleep(sc.drain)
             load.cancel_scope.cancel()
         n.cancel_scope.cancel()
-    return Recorded(sent, subs, t0)
+    return Recorded(sent, subs, t0, pacing)
 
 
 async def _hold(stub: RouterStub, *, task_status: trio.TaskStatus[None]) -> None:
