@@ -29,9 +29,15 @@ from gossiprouter.analytics.report import (
     RunEvent,
     ScopeBreakdown,
     ThroughputBucket,
+    _figure,
+    _latency_histogram,
+    _latency_over_time,
+    _pyplot,
     fmt_ms,
     format_summary,
     load_errors,
+    log_ticks,
+    plot_caption,
     render_html,
     run_events,
     size_bucket,
@@ -334,3 +340,59 @@ def test_scheduled_sends_show_coordinated_omission() -> None:
                      format_summary(on_time), re.M)
     # An older run (no pacing counters) or every sender at rate "max": no such row.
     assert "scheduled" not in format_summary(make_report(manifest=dict(MANIFEST)))
+
+
+def _drawn(draw: Any, report: Report) -> tuple[Any, Any]:
+    plt = _pyplot()
+    fig, ax = _figure(plt, "test")
+    draw(fig, ax, report)
+    fig.canvas.draw()
+    return fig, ax
+
+
+def _labels(axis: Any) -> list[str]:
+    lo, hi = sorted(axis.get_view_interval())
+    return [t.label1.get_text() for t in axis.get_major_ticks()
+            if t.label1.get_text() and lo <= t.get_loc() <= hi]
+
+
+def test_log_latency_axes_have_enough_tick_labels() -> None:
+    # 1 to 4 µs: less than a decade, where matplotlib's own log locator labels nothing.
+    report = make_report()
+    fig, ax = _drawn(_latency_histogram, report)
+    assert _labels(ax.xaxis) == ["0.001", "0.002", "0.003", "0.004"]
+    _pyplot().close(fig)
+    fig, ax = _drawn(_latency_over_time, report)
+    assert len(_labels(ax.yaxis)) >= 4
+    _pyplot().close(fig)
+    assert log_ticks(0.5, 300) == [0.5, 1, 2, 5, 10, 20, 50, 100, 200]
+    assert log_ticks(1.2, 2.9) == [1.25, 1.5, 1.75, 2, 2.25, 2.5, 2.75]
+
+
+def test_plot_captions_only_for_what_is_drawn() -> None:
+    assert plot_caption(make_report()) == ""  # no events, no manifest: no drain either
+    assert "Caption" not in render_html(make_report()) and "<p class=caption>" not in \
+        render_html(make_report())
+    plain = dict(MANIFEST, events=[])
+    assert plot_caption(make_report(manifest=plain)) == (
+        "<p class=caption>The grey span is the drain (sending stopped).</p>")
+    report = make_report(manifest=dict(MANIFEST), events=run_events(MANIFEST, T0))
+    caption = plot_caption(report)
+    assert caption.startswith("<p class=caption>Dashed lines mark the scenario&#x27;s events; "
+                              "a shaded span is an outage")
+    kill_only = make_report(manifest=dict(MANIFEST), events=run_events(MANIFEST, T0)[:1])
+    assert "outage" not in plot_caption(kill_only)
+    assert render_html(report).count(caption) == 2  # latency over time and throughput
+
+
+def test_topics_histogram_draws_local_and_global_apart() -> None:
+    def scope(edges: list[float], counts: list[int]) -> ScopeBreakdown:
+        return ScopeBreakdown(sent=5, expected=5, delivered=5, histogram=Histogram(edges, counts))
+
+    edges = [1e6, 2e6, 4e6, 8e6]
+    report = make_report(kind="topics", by_scope={"local": scope(edges, [5, 0, 0]),
+                                                  "global": scope(edges, [0, 1, 4])})
+    fig, _ = _drawn(_latency_histogram, report)
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "local deliveries", "global deliveries", "local CDF", "global CDF"]
+    _pyplot().close(fig)

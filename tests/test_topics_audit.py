@@ -139,6 +139,10 @@ def test_hand_made_faults_are_found_exactly(unit_report: Report) -> None:
     assert loc.latency is not None and loc.latency.count == 2
     assert loc.latency.max_ns == 1 * MS  # first copies only: the duplicate came at 3 ms
     assert g.latency is not None and g.latency.max_ns == 5 * MS
+    # Each scope's histogram on the same bins, so the report can draw them apart.
+    assert loc.histogram is not None and g.histogram is not None
+    assert (sum(loc.histogram.counts), sum(g.histogram.counts)) == (2, 3)
+    assert loc.histogram.edges_ns == g.histogram.edges_ns == unit_report.latency_histogram.edges_ns
     # Latency over time, by send second since t0: p0-0/3 (sent at 7 s) took 5 ms.
     over = {p.t_s: p for p in unit_report.latency_over_time}
     assert sorted(over) == [1, 2, 5, 7, 8] and over[7].max_ns == 5 * MS

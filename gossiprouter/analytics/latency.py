@@ -101,13 +101,16 @@ def latency_stats(buckets: Iterable[Bucket]) -> LatencyStats | None:
     )
 
 
-def histogram(buckets: Iterable[Bucket]) -> Histogram:
-    """Re-bin the fine buckets into HISTOGRAM_BINS log-spaced bins for the plot."""
+def histogram(buckets: Iterable[Bucket], span: Iterable[Bucket] | None = None) -> Histogram:
+    """Re-bin the fine buckets into HISTOGRAM_BINS log-spaced bins for the plot; the bins
+    cover the buckets of ``span`` when given (histograms drawn together share their
+    bins: a topics run's local and global latency)."""
     bs = [b for b in buckets if b.n > 0]
     if not bs:
         return Histogram(edges_ns=[], counts=[])
-    lo = math.log10(max(min(b.lo for b in bs), 1))
-    hi = math.log10(max(max(b.hi for b in bs), 1)) + 1e-9
+    edges = [b for b in span if b.n > 0] if span is not None else bs
+    lo = math.log10(max(min(b.lo for b in edges), 1))
+    hi = math.log10(max(max(b.hi for b in edges), 1)) + 1e-9
     width = max(hi - lo, 1e-6) / HISTOGRAM_BINS
     counts = [0] * HISTOGRAM_BINS
     for b in bs:

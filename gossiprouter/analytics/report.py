@@ -153,6 +153,8 @@ class ScopeBreakdown:
     unexpected: int = 0
     in_flux: int = 0
     latency: LatencyStats | None = None
+    histogram: Histogram | None = None
+    """The latency histogram of this scope, on the bins of the run's (drawn together)."""
 
 
 @dataclass
@@ -799,10 +801,9 @@ def _pyplot() -> Any:
 def _mark_events(ax: Any, report: Report) -> None:
     """Dashed lines for the scenario's events, a shaded span for each router outage (from
     going down until every member was registered again), and the drain period greyed."""
-    config = (report.manifest or {}).get("scenario_config")
-    if isinstance(config, dict) and isinstance(config.get("duration"), int | float):
-        end = float(config["duration"]) + float(config.get("drain") or 0)
-        ax.axvspan(float(config["duration"]), end, color="#eeeeee", zorder=0)
+    drain = _drain_span(report)
+    if drain is not None:
+        ax.axvspan(*drain, color="#eeeeee", zorder=0)
     for i, ev in enumerate(report.events):
         ax.axvline(ev.t_s, color="#555555", linestyle="--", linewidth=1, zorder=1)
         if ev.end_s is not None:
@@ -829,30 +830,89 @@ def _legend(fig: Any, ax: Any) -> None:
                    frameon=False, fontsize=9)
 
 
+def log_ticks(lo: float, hi: float, at_least: int = 4) -> list[float]:
+    """Tick positions for a log axis over [lo, hi] (> 0) with at least ``at_least`` of
+    them inside: 1-2-5 per decade, else every digit, else evenly spaced values. (On less
+    than a decade matplotlib's log locator labels one tick or none.)"""
+    if not 0 < lo <= hi:
+        return []
+    first, last = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    for subs in ((1, 2, 5), tuple(range(1, 10))):
+        ticks = [m * 10.0 ** e for e in range(first, last + 1) for m in subs]
+        inside = [t for t in ticks if lo <= t * (1 + 1e-9) and t <= hi * (1 + 1e-9)]
+        if len(inside) >= at_least:
+            return inside
+    # A narrow range: evenly spaced round values, the widest step that gives enough.
+    top = math.floor(math.log10(hi - lo)) if hi > lo else math.floor(math.log10(hi))
+    steps = sorted((m * 10.0 ** e for e in range(top - 3, top + 1) for m in (1, 2, 2.5, 5)),
+                   reverse=True)
+    inside = [lo]
+    for step in steps:
+        inside = [float(f"{k * step:.12g}") for k in range(math.ceil(lo / step - 1e-9),
+                                                          math.floor(hi / step + 1e-9) + 1)]
+        if len(inside) >= at_least:
+            break
+    return inside
+
+
+def _tick_label(ms: float) -> str:
+    return fmt_ms(ms * 1e6)
+
+
+def _log_axis(axis: Any, lo: float, hi: float) -> None:
+    """A log-scale latency axis (ms) over [lo, hi] with readable labels at every tick."""
+    from matplotlib import ticker
+
+    ticks = log_ticks(lo, hi)
+    axis.set_major_locator(ticker.FixedLocator(ticks))
+    axis.set_major_formatter(ticker.FixedFormatter([_tick_label(t) for t in ticks]))
+    axis.set_minor_formatter(ticker.NullFormatter())
+
+
+def _cdf(counts: Sequence[int]) -> list[float]:
+    total = sum(counts) or 1
+    return list(itertools.accumulate(n / total for n in counts))
+
+
 def _latency_histogram(fig: Any, ax: Any, report: Report) -> None:
-    hist = report.latency_histogram
-    if hist.counts and sum(hist.counts) > 0:
+    # A topics run draws each scope on its own: local and global latency are two
+    # different paths (one router, or two and the broker), one histogram would mix them.
+    scoped = {k: b.histogram for k, b in report.by_scope.items()
+              if b.histogram is not None and sum(b.histogram.counts) > 0}
+    series = list(scoped.items()) if report.kind == "topics" and scoped else \
+        [("deliveries", report.latency_histogram)]
+    series = [(k, h) for k, h in series if h.counts and sum(h.counts) > 0]
+    if not series:
+        _no_deliveries(ax)
+        ax.set_xlabel("latency (ms, log scale)")
+        ax.set_ylabel("deliveries")
+        return
+    ax2 = ax.twinx()
+    colors = [_COLORS["delivered"], _COLORS["reconnect"], _COLORS["sent"]]
+    lo = hi = 0.0
+    for i, (label, hist) in enumerate(series):
         edges_ms = [e / 1e6 for e in hist.edges_ns]
         widths = [b - a for a, b in itertools.pairwise(edges_ms)]
-        ax.bar(edges_ms[:-1], hist.counts, width=widths, align="edge",
-               color=_COLORS["delivered"], label="deliveries")
-        ax.set_xscale("log")
-        total = sum(hist.counts)
-        cdf: list[float] = []
-        acc = 0
-        for n in hist.counts:
-            acc += n
-            cdf.append(acc / total)
-        ax2 = ax.twinx()
-        ax2.plot(edges_ms[1:], cdf, color=_COLORS["p99"], label="cumulative share")
-        ax2.set_ylim(0, 1.01)
-        ax2.set_ylabel("CDF")
-        h1, l1 = ax.get_legend_handles_labels()
-        h2, l2 = ax2.get_legend_handles_labels()
-        fig.legend(h1 + h2, l1 + l2, loc="outside upper right", ncols=2, frameon=False,
-                   fontsize=9)
-    else:
-        _no_deliveries(ax)
+        color = colors[i % len(colors)]
+        name = label if label == "deliveries" else f"{label} deliveries"
+        ax.bar(edges_ms[:-1], hist.counts, width=widths, align="edge", color=color,
+               alpha=0.85 if len(series) == 1 else 0.55, label=name)
+        ax2.plot(edges_ms[1:], _cdf(hist.counts), color=color if len(series) > 1
+                 else _COLORS["p99"], linestyle="-" if len(series) == 1 else "--",
+                 label="cumulative share" if len(series) == 1 else f"{label} CDF")
+        used = [(a, b) for (a, b), n in zip(itertools.pairwise(edges_ms), hist.counts,
+                                             strict=True) if n]
+        lo = min(lo or used[0][0], used[0][0])
+        hi = max(hi, used[-1][1])
+    ax.set_xscale("log")
+    ax.set_xlim(lo, hi)
+    _log_axis(ax.xaxis, lo, hi)
+    ax2.set_ylim(0, 1.01)
+    ax2.set_ylabel("CDF")
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    fig.legend(h1 + h2, l1 + l2, loc="outside upper right", ncols=len(h1 + h2),
+               frameon=False, fontsize=9)
     ax.set_xlabel("latency (ms, log scale)")
     ax.set_ylabel("deliveries")
 
@@ -861,10 +921,17 @@ def _latency_over_time(fig: Any, ax: Any, report: Report) -> None:
     pts = report.latency_over_time
     if pts:
         ts = [p.t_s + 0.5 for p in pts]  # drawn at the middle of its second
+        values = []
         for key, label in (("max_ns", "max"), ("p99_ns", "p99"), ("p50_ns", "p50")):
-            ax.plot(ts, [getattr(p, key) / 1e6 for p in pts], marker=".",
-                    color=_COLORS[label], label=label)
+            ys = [getattr(p, key) / 1e6 for p in pts]
+            values += ys
+            ax.plot(ts, ys, marker=".", color=_COLORS[label], label=label)
         ax.set_yscale("log")
+        positive = [v for v in values if v > 0]
+        if positive:
+            lo, hi = min(positive) / 1.15, max(positive) * 1.15
+            ax.set_ylim(lo, hi)
+            _log_axis(ax.yaxis, lo, hi)
     else:
         _no_deliveries(ax)
     _over_the_run(fig, ax, report, "latency (ms, log scale)")
@@ -1060,9 +1127,36 @@ def _topics_rows(config: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def _drain_span(report: Report) -> tuple[float, float] | None:
+    config = (report.manifest or {}).get("scenario_config")
+    if isinstance(config, dict) and isinstance(config.get("duration"), int | float):
+        duration = float(config["duration"])
+        return duration, duration + float(config.get("drain") or 0)
+    return None
+
+
+def plot_caption(report: Report) -> str:
+    """What the marks on the plots over the run mean: only the marks there are (a run
+    without events has no dashed lines to explain)."""
+    parts = []
+    if report.events:
+        parts.append("dashed lines mark the scenario's events")
+    if any(e.end_s is not None for e in report.events):
+        parts.append("a shaded span is an outage: from a router going down until every "
+                     "member was registered again")
+    drain = _drain_span(report)
+    if drain is not None and drain[1] > drain[0]:
+        parts.append("the grey span is the drain (sending stopped)")
+    if not parts:
+        return ""
+    text = "; ".join(parts)
+    return f"<p class=caption>{html.escape(text[0].upper() + text[1:])}.</p>"
+
+
 def render_html(report: Report) -> str:
     """The self-contained report.html."""
     plots = _plots(report)
+    caption = plot_caption(report)
     a, c = report.audit, report.counts
     esc = html.escape
     v = report.verdict
@@ -1167,6 +1261,7 @@ def render_html(report: Report) -> str:
         ".fig{border:1px solid #ddd;border-radius:6px;padding:.5em .9em;min-width:13em}"
         ".fig .k{color:#666;font-size:85%}.fig .v{font-size:115%;font-weight:600}"
         "details summary{cursor:pointer;color:#246}"
+        ".caption{color:#555;font-size:90%;margin-top:-.4em}"
         "footer{color:#777;font-size:85%;margin-top:2em}"
     )
     title = f"Load-test report{': ' + name if name else ''}"
@@ -1188,12 +1283,12 @@ def render_html(report: Report) -> str:
 <section id="summary"><h2>Summary</h2><div class="figs">{figures_html}</div></section>
 <section id="latency"><h2>Latency</h2>
 {_img(plots, "latency-over-time", "latency percentiles over time")}
+{caption}
 {_img(plots, "latency-histogram", "latency distribution")}
 {latency_table}</section>
 <section id="throughput"><h2>Throughput</h2>
 {_img(plots, "throughput", "throughput over time")}
-<p>Dashed lines mark the scenario's events; a shaded span runs from a router going down
-until every member was registered again; the grey span is the drain.</p></section>
+{caption}</section>
 <section id="breakdown"><h2>Breakdown</h2>
 {breakdown or "<p>Nothing to break down.</p>"}</section>
 <section id="errors"><h2>Load-test errors</h2>

@@ -366,9 +366,10 @@ class _TopicsJob:
         hist: dict[str, list[Bucket]] = {}
         for r in s["latency"]:
             hist.setdefault(str(r["scope"]), []).append(bucket(r))
+        every = [b for bs in hist.values() for b in bs]
         for scope, bs in hist.items():
             by_scope[scope].latency = latency_stats(bs)
-        every = [b for bs in hist.values() for b in bs]
+            by_scope[scope].histogram = histogram(bs, span=every)
         latency: LatencyStats | None = latency_stats(every)
 
         if s["orphans"]:
