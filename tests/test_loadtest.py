@@ -322,6 +322,21 @@ def test_small_scenario_end_to_end(small_run: tuple[Path, str], spark: SparkSess
     assert set(manifest["versions"]) >= {"gossiprouter", "python", "trio", "pyarrow"}
     assert manifest["host"]["cores"] >= 1 and manifest["host"]["memory_bytes"] > 0
     assert manifest["scenario_config"]["peers"]["processes"] == 3
+    # The environment: the spawned router's settings and CPU and memory from its metrics
+    # port, the peers' from their counters, about once a second over the 12 s run.
+    res = manifest["resources"]
+    assert res["router_settings"]["dispatcher"] == "on"
+    assert res["router_settings"]["fast_path"] in ("on", "off")
+    assert 5 <= len(res["samples"]) <= 14
+    last = res["samples"][-1]["processes"]
+    assert set(last) == {"router", "p0", "p1", "p2"}
+    assert last["router"]["cpu_s"] > 0 and last["router"]["rss_bytes"] > 1 << 20
+    assert last["p0"]["cpu_s"] > 0 and last["p0"]["rss_bytes"] > 1 << 20
+    # Every slot the peers' schedule had: 8 members x 50/s x 10 s, skipped or sent.
+    slots = sum(manifest["counters"][f"p{i}"]["slots"] for i in range(3))
+    assert 3900 <= slots <= 4010
+    skipped = sum(manifest["counters"][f"p{i}"]["slots_skipped"] for i in range(3))
+    assert sent == slots - skipped
     # One or more record files per process, holding every row each process counted.
     files = sorted(p.name for p in (run_dir / "records").glob("*.parquet"))
     assert {f[:5] for f in files} == {"p0000", "p0001", "p0002"}

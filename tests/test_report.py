@@ -19,6 +19,7 @@ from gossiprouter.analytics.report import (
     EXIT_LOSS,
     EXIT_THRESHOLD,
     Audit,
+    BaselineError,
     Breakdown,
     Counts,
     Finding,
@@ -33,8 +34,11 @@ from gossiprouter.analytics.report import (
     _latency_histogram,
     _latency_over_time,
     _pyplot,
+    comparison_rows,
+    environment_rows,
     fmt_ms,
     format_summary,
+    load_baseline,
     load_errors,
     log_ticks,
     plot_caption,
@@ -396,3 +400,107 @@ def test_topics_histogram_draws_local_and_global_apart() -> None:
     assert [t.get_text() for t in fig.legends[0].get_texts()] == [
         "local deliveries", "global deliveries", "local CDF", "global CDF"]
     _pyplot().close(fig)
+
+
+def test_baseline_comparison(tmp_path: Path) -> None:
+    old = make_report(manifest=dict(MANIFEST))
+    write_report(old, str(tmp_path / "old" / "report"))
+    baseline = load_baseline(str(tmp_path / "old"))  # the run directory: its report/
+    assert baseline["runs"] == ["r-1"] and baseline["key_figures"]["p99_ms"] == 0.005
+    assert load_baseline(str(tmp_path / "old" / "report" / "report.json")) == baseline
+    slower = LatencyStats(10, 1000, 2_000_000.0, 1_500_000, 3_000_000, 4_000_000, 6_200_000,
+                          9_000_000, 9_000_000)
+    new = make_report(audit(lost=2), dict(MANIFEST), lat=slower, baseline=baseline)
+    rows = {r[0]: r[1:] for r in comparison_rows(new)}
+    assert rows["verdict"] == ["OK", "LOSS", "changed"]
+    assert rows["lost"] == ["0", "2", "+2"]
+    assert rows["deliveries made"] == ["100", "98", "-2 (-2.0 %)"]
+    assert rows["latency p99 (ms)"] == ["0.005", "6.20", "+6.20 ms (+123,900.0 %)"]
+    assert rows["throughput steady (deliveries/s)"] == ["50", "50", "same"]
+    assert "sends skipped" not in rows  # neither run was paced
+    summary = format_summary(new)
+    assert f"compared with the baseline r-1 ({tmp_path}/old/report/report.json):" in summary
+    assert re.search(r"^key figure\s+baseline\s+this run\s+change$", summary, re.M)
+    page = render_html(new)
+    assert re.findall(r'<section id="([a-z]+)">', page)[3] == "baseline"
+    assert "<tr><td>lost</td><td>0</td><td>2</td><td>+2</td></tr>" in page
+    assert 'id="baseline"' not in render_html(old)
+    data = json.loads((tmp_path / "old" / "report" / "report.json").read_text())
+    assert data["key_figures"]["verdict"] == "OK"
+
+
+@pytest.mark.parametrize(("setup", "message"), [
+    (lambda p: None, "--baseline {p}: no such run directory or report"),
+    (lambda p: p.mkdir(), "--baseline {p}: no report.json there or in {p}/report (run "
+                          "`gossiprouter analyze {p}` first)"),
+    (lambda p: (p.mkdir(), (p / "report.json").write_text('{"format": "x"}')),
+     "--baseline {p}: {p}/report.json is not a report of gossiprouter analyze"),
+    (lambda p: (p.mkdir(), (p / "report.json").write_text(
+        '{"format": "gossiprouter-loadtest-report/2"}')),
+     "--baseline {p}: {p}/report.json was written by an older version without key figures "
+     "(run `gossiprouter analyze {p}` again)"),
+])
+def test_baseline_errors_say_why(tmp_path: Path, setup: Any, message: str) -> None:
+    p = tmp_path / "other"
+    setup(p)
+    with pytest.raises(BaselineError) as e:
+        load_baseline(str(p))
+    assert str(e.value) == message.format(p=p)
+
+
+RESOURCES: dict[str, Any] = {
+    "cores": 2, "interval_s": 1.0,
+    "router_settings": {"fast_path": "on", "dispatcher": "on", "direct_send": "on",
+                        "coalesce_writes": "off", "slow_consumer_policy": "disconnect",
+                        "jgroups_slow_consumer_policy": "drop",
+                        "outbound_queue_bytes": "16777216", "write_timeout": "10"},
+    "samples": [
+        {"t_s": 0.0, "load1": 0.5, "processes": {
+            "router": {"cpu_s": 1.0, "rss_bytes": 50 << 20},
+            "p0": {"cpu_s": 2.0, "rss_bytes": 40 << 20},
+            "p1": {"cpu_s": 2.0, "rss_bytes": 40 << 20}}},
+        {"t_s": 1.0, "load1": 1.5, "processes": {
+            "router": {"cpu_s": 1.5, "rss_bytes": 60 << 20},
+            "p0": {"cpu_s": 2.25, "rss_bytes": 40 << 20},
+            "p1": {"cpu_s": 2.25, "rss_bytes": 41 << 20}}},
+        # The router restarted: its CPU counter starts again (no negative step drawn).
+        {"t_s": 2.0, "load1": 2.5, "processes": {
+            "router": {"cpu_s": 0.1, "rss_bytes": 30 << 20},
+            "p0": {"cpu_s": 2.75, "rss_bytes": 40 << 20},
+            "p1": {"cpu_s": 2.75, "rss_bytes": 40 << 20}}},
+    ]}
+HOST = {"host": {"hostname": "box", "platform": "Linux-6", "cores": 2,
+                 "memory_bytes": 8 << 30},
+        "versions": {"gossiprouter": "1.0", "python": "3.11.2", "rich": None}}
+
+
+def test_environment_router_settings_cpu_memory_and_load() -> None:
+    report = make_report(manifest=dict(MANIFEST, resources=RESOURCES, **HOST))
+    rows = dict(environment_rows(report))
+    assert rows["router settings"] == (
+        "fast path on, dispatcher on, direct send on, coalesced writes off, slow consumers: "
+        "disconnect, JGroups slow consumers: drop, outbound queue 16 MiB, write timeout 10 s")
+    assert rows["host"] == "box, 2 cores, 8,192 MiB memory, Linux-6"
+    assert rows["versions"] == "gossiprouter 1.0, python 3.11.2"
+    assert rows["host load average (1 min)"] == "0.50 to 2.50, mean 1.50 (2 cores)"
+    # The router: 50 % of a core in the first second; the restart's step is not drawn.
+    assert rows["router"] == "CPU 50 % mean, 50 % max (100 % = one core); memory 60 MiB max"
+    # The peers summed: 25 % + 25 %, then 50 % + 50 %.
+    assert rows["load generator"] == ("CPU 75 % mean, 100 % max (100 % = one core); "
+                                      "memory 81 MiB max")
+    summary = format_summary(report)
+    assert re.search(r"^router settings\s+fast path on, dispatcher on,", summary, re.M)
+    assert re.search(r"^host load average \(1 min\)\s+0\.50 to 2\.50", summary, re.M)
+    page = render_html(report)
+    assert re.findall(r'<section id="([a-z]+)">', page)[5] == "environment"
+    assert "CPU and memory over time" in _images(page)
+    assert "<tr><th>router settings</th><td>fast path on," in page
+    # An external router is not sampled: said so, not left blank.
+    external = dict(MANIFEST, router={"address": "127.0.0.1:1", "spawned": False},
+                    resources=dict(RESOURCES, router_settings={}, samples=[
+                        {"t_s": 0.0, "load1": 1.0, "processes": {}}]), **HOST)
+    assert dict(environment_rows(make_report(manifest=external)))["router settings"] == (
+        "not known: an external router is not sampled")
+    # An older run's manifest has none of it: no section, no rows.
+    assert environment_rows(make_report(manifest=dict(MANIFEST))) == []
+    assert 'id="environment"' not in render_html(make_report(manifest=dict(MANIFEST)))

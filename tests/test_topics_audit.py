@@ -18,7 +18,7 @@ import trio
 from click.testing import CliRunner
 
 from gossiprouter.analytics.cli import EXIT_INPUT, EXIT_LOSS, EXIT_OK, analyze_command
-from gossiprouter.analytics.report import Report
+from gossiprouter.analytics.report import Report, environment_rows
 from gossiprouter.analytics.topics_audit import analyze_topics, match_table, run_kind
 from gossiprouter.loadtest.records import MANIFEST_FILE
 from gossiprouter.loadtest.topic_records import (
@@ -201,4 +201,14 @@ def test_a_real_run_spark_agrees_with_the_in_process_audit(
         assert sp.lost == 0
     manifest = json.loads((out / MANIFEST_FILE).read_text())
     assert manifest["status"] == "ok" and manifest["in_process_audit"]["global"]["lost"] == 0
+    # The environment: both routers and the loader sampled; the publishers' schedule.
+    samples = manifest["resources"]["samples"]
+    assert samples and set(samples[-1]["processes"]) == {"router-0", "router-1", "loader"}
+    assert manifest["resources"]["router_settings"]["dispatcher"] == "on"
+    assert manifest["host"]["cores"] >= 1
+    pacing = manifest["counters"]["publishers"]
+    assert pacing["sent"] == report.counts.messages and pacing["slots"] >= pacing["sent"]
+    env = dict(environment_rows(report))
+    assert env["router settings"].startswith("fast path ")
+    assert env["router"].startswith("CPU ") and env["load generator"].startswith("CPU ")
     assert report.verdict.exit_code == EXIT_OK

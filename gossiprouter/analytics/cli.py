@@ -27,6 +27,8 @@ from gossiprouter.analytics.report import (
     EXIT_LOSS,
     EXIT_OK,
     EXIT_THRESHOLD,
+    BaselineError,
+    load_baseline,
 )
 from gossiprouter.cli_errors import PREFIX, needs_extra
 
@@ -67,6 +69,9 @@ def _one_line(exc: BaseException) -> str:
 @click.option("--conf", "conf", multiple=True, metavar="KEY=VALUE",
               help="Extra Spark configuration, repeatable (e.g. spark.executor.memory=4g; "
                    "on a real cluster spark.driver.host=ADDRESS the executors can reach).")
+@click.option("--baseline", "baseline_dir", metavar="OTHER_RUN", default=None,
+              help="An earlier analysed run (its directory, or its report directory or "
+                   "report.json) to compare with: both runs' key figures side by side.")
 @click.option("--allow-loss", is_flag=True,
               help="Exit 0 (verdict LOSS ACCEPTED) even if deliveries were lost while the "
                    "sender and the receiver were both registered.")
@@ -78,6 +83,7 @@ def analyze_command(
     sample: int,
     conf: tuple[str, ...],
     allow_loss: bool,
+    baseline_dir: str | None,
 ) -> None:
     """Audit the load-test run in RUN_DIR (a path or a Hadoop URI) with Apache Spark.
 
@@ -92,6 +98,13 @@ def analyze_command(
             raise _fail(f"--conf expects KEY=VALUE, got {item!r}", EXIT_INPUT)
         settings[key.strip()] = value
     out = out_dir or run_dir.rstrip("/") + "/report"
+    baseline = None
+    if baseline_dir is not None:
+        # Read before Spark starts: a wrong path fails in a second, not after the audit.
+        try:
+            baseline = load_baseline(baseline_dir)
+        except BaselineError as e:
+            raise _fail(str(e), EXIT_INPUT) from None
 
     try:
         from py4j.protocol import Py4JError  # type: ignore[import-untyped]
@@ -135,11 +148,11 @@ def analyze_command(
         if topics:
             report = analyze_topics(run_dir, out, master=master, sample=sample,
                                     conf=settings, spark_log=log_path, progress=_progress,
-                                    allow_loss=allow_loss)
+                                    allow_loss=allow_loss, baseline=baseline)
         else:
             report = analyze(run_dir, out, master=master, settle_s=settle, sample=sample,
                              conf=settings, spark_log=log_path, progress=_progress,
-                             allow_loss=allow_loss)
+                             allow_loss=allow_loss, baseline=baseline)
     except AuditInputError as e:
         raise _fail(str(e), EXIT_INPUT) from None
     except SparkStartError as e:

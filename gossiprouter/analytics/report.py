@@ -26,7 +26,9 @@ __all__ = [
     "EXIT_LOSS",
     "EXIT_OK",
     "EXIT_THRESHOLD",
+    "KEY_FIGURES",
     "Audit",
+    "BaselineError",
     "Breakdown",
     "Counts",
     "Finding",
@@ -39,8 +41,11 @@ __all__ = [
     "ScopeBreakdown",
     "ThroughputBucket",
     "Verdict",
+    "comparison_rows",
     "fmt_ms",
     "format_summary",
+    "key_figures",
+    "load_baseline",
     "load_errors",
     "render_html",
     "run_events",
@@ -48,7 +53,7 @@ __all__ = [
     "write_report",
 ]
 
-REPORT_FORMAT: Final = "gossiprouter-loadtest-report/2"
+REPORT_FORMAT: Final = "gossiprouter-loadtest-report/3"
 
 T = TypeVar("T")
 
@@ -280,6 +285,9 @@ class Report:
     """``"route"`` (the ROUTE load test) or ``"topics"`` (``loadtest-topics``)."""
     by_scope: dict[str, ScopeBreakdown] = field(default_factory=dict)
     """Topics runs: the audit by scope."""
+    baseline: dict[str, Any] | None = None
+    """``analyze --baseline``: the earlier run to compare with, from :func:`load_baseline`
+    (its ``runs``, ``path`` and ``key_figures``)."""
 
     @property
     def run_status(self) -> str | None:
@@ -309,9 +317,137 @@ class Report:
             "verdict": {"status": v.status, "text": v.text, "exit_code": v.exit_code},
             "run_status": self.run_status,
             "load_errors": [dataclasses.asdict(e) for e in self.load_errors],
+            "key_figures": key_figures(self),
         }
         data.update(dataclasses.asdict(self))
         return data
+
+
+# The figures two runs are compared by (analyze --baseline): key, label, how to show it.
+KEY_FIGURES: Final = (
+    ("verdict", "verdict", "text"),
+    ("messages", "messages sent", "int"),
+    ("expected", "deliveries expected", "int"),
+    ("delivered", "deliveries made", "int"),
+    ("lost", "lost", "int"),
+    ("duplicated", "duplicated", "int"),
+    ("p50_ms", "latency p50 (ms)", "ms"),
+    ("p95_ms", "latency p95 (ms)", "ms"),
+    ("p99_ms", "latency p99 (ms)", "ms"),
+    ("p999_ms", "latency p99.9 (ms)", "ms"),
+    ("max_ms", "latency max (ms)", "ms"),
+    ("steady_per_s", "throughput steady (deliveries/s)", "rate"),
+    ("mean_per_s", "throughput mean (deliveries/s)", "rate"),
+    ("sends_skipped", "sends skipped", "int"),
+    ("sends_late", "sends late", "int"),
+)
+
+
+def key_figures(report: Report) -> dict[str, Any]:
+    """The run's headline figures (KEY_FIGURES), as report.json's ``key_figures``: what a
+    later run is compared with. Latencies in ms; None where the run has no such figure."""
+    a, lat = report.audit, report.latency
+    tp = throughput_summary(report)
+    schedule = send_schedule(report.manifest)
+    lost = a.lost.count if report.kind == "topics" else a.lost_registered.count
+    figures: dict[str, Any] = {
+        "verdict": report.verdict.status, "messages": report.counts.messages,
+        "expected": a.expected, "delivered": a.delivered, "lost": lost,
+        "duplicated": a.duplicated.count,
+    }
+    for key in ("p50", "p95", "p99", "p999", "max"):
+        ns = getattr(lat, f"{key}_ns", None) if lat is not None else None
+        figures[f"{key}_ms"] = None if ns is None else ns / 1e6
+    figures["steady_per_s"] = None if tp.steady is None else round(tp.steady, 3)
+    figures["mean_per_s"] = round(tp.mean, 3)
+    figures["sends_skipped"] = schedule.skipped if schedule else None
+    figures["sends_late"] = schedule.late if schedule else None
+    return figures
+
+
+class BaselineError(ValueError):
+    """``--baseline`` names no usable report; the message is one line saying why."""
+
+
+def load_baseline(path: str) -> dict[str, Any]:
+    """The key figures of an earlier analysed run, for ``analyze --baseline PATH``: PATH is
+    its run directory (its report in PATH/report), a report directory or a report.json."""
+    p = Path(path)
+    candidates = [p] if p.suffix == ".json" else [p / "report" / "report.json",
+                                                   p / "report.json"]
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is None:
+        if not p.exists():
+            raise BaselineError(f"--baseline {path}: no such run directory or report")
+        raise BaselineError(f"--baseline {path}: no report.json there or in {path}/report "
+                            f"(run `gossiprouter analyze {path}` first)")
+    try:
+        data = json.loads(found.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise BaselineError(f"--baseline {path}: cannot read {found}: {e}") from None
+    if not isinstance(data, dict) or not str(data.get("format", "")).startswith(
+            "gossiprouter-loadtest-report/"):
+        raise BaselineError(f"--baseline {path}: {found} is not a report of gossiprouter "
+                            "analyze")
+    figures = data.get("key_figures")
+    if not isinstance(figures, dict):
+        raise BaselineError(f"--baseline {path}: {found} was written by an older version "
+                            f"without key figures (run `gossiprouter analyze {path}` again)")
+    runs = data.get("runs")
+    return {"path": str(found), "runs": runs if isinstance(runs, list) else [],
+            "kind": data.get("kind"), "key_figures": figures}
+
+
+def _show_figure(value: Any, how: str) -> str:
+    if value is None:
+        return "-"
+    if how == "ms" and isinstance(value, int | float):
+        return fmt_ms(value * 1e6)
+    if how == "rate" and isinstance(value, int | float):
+        return f"{value:,.0f}"
+    if how == "int" and isinstance(value, int | float):
+        return f"{value:,.0f}"
+    return str(value)
+
+
+def _change(old: Any, new: Any, how: str) -> str:
+    """``+1.20 ms (+24.0 %)``, ``-50/s (-2.1 %)``, ``+3``, ``same``, ``changed``."""
+    if how == "text" or not isinstance(old, int | float) or not isinstance(new, int | float):
+        if old is None or new is None:
+            return "-"
+        return "same" if old == new else "changed"
+    delta = new - old
+    if delta == 0:
+        return "same"
+    if how == "ms":
+        text = f"{'+' if delta > 0 else '-'}{fmt_ms(abs(delta) * 1e6)} ms"
+    elif how == "rate":
+        text = f"{delta:+,.0f}/s"
+    else:
+        text = f"{delta:+,.0f}"
+    return text + (f" ({delta / old * 100:+,.1f} %)" if old else "")
+
+
+def comparison_rows(report: Report) -> list[list[str]]:
+    """[figure, baseline, this run, change] for each key figure either run has."""
+    if report.baseline is None:
+        return []
+    old_figures = report.baseline.get("key_figures") or {}
+    new_figures = key_figures(report)
+    rows = []
+    for key, label, how in KEY_FIGURES:
+        old, new = old_figures.get(key), new_figures.get(key)
+        if old is None and new is None:
+            continue
+        rows.append([label, _show_figure(old, how), _show_figure(new, how),
+                     _change(old, new, how)])
+    return rows
+
+
+def _baseline_name(report: Report) -> str:
+    b = report.baseline or {}
+    runs = ", ".join(str(r) for r in b.get("runs") or []) or "an earlier run"
+    return f"{runs} ({b.get('path')})"
 
 
 def _n(count: int, noun: str, plural: str | None = None) -> str:
@@ -653,6 +789,161 @@ def _fmt_schedule(sc: SendSchedule) -> str:
             f"worst {fmt_ms(sc.max_lag_s * 1e9)} ms behind")
 
 
+@dataclass
+class ProcessSeries:
+    """One process (or role) of the run over time: CPU as a share of one core (%,
+    between consecutive samples) and resident memory (bytes)."""
+
+    t_s: list[float] = field(default_factory=list)
+    cpu_pct: list[float] = field(default_factory=list)
+    rss_t_s: list[float] = field(default_factory=list)
+    rss_bytes: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Environment:
+    """What the machine and the router were doing: from the manifest's ``host``,
+    ``versions`` and ``resources`` (gossiprouter.loadtest.resources)."""
+
+    router_settings: dict[str, str]
+    cores: int | None
+    memory_bytes: int | None
+    hostname: str
+    platform: str
+    versions: dict[str, str]
+    load: list[tuple[float, float]]
+    """(seconds since the start, the host's one-minute load average)."""
+    series: dict[str, ProcessSeries]
+    """By role: ``router`` (each router of a topics run), ``peers`` (the peer processes
+    summed: the load generator) and their processes."""
+    router_sampled: bool
+
+
+def _role(name: str) -> str:
+    return "router" if name.startswith("router") else "load generator"
+
+
+def environment(report: Report) -> Environment | None:
+    """The run's environment (None for a manifest without any of it: an older run)."""
+    m = report.manifest or {}
+    host = m.get("host") if isinstance(m.get("host"), dict) else {}
+    res = m.get("resources") if isinstance(m.get("resources"), dict) else {}
+    assert isinstance(host, dict) and isinstance(res, dict)
+    if not host and not res:
+        return None
+    samples = [s for s in res.get("samples") or () if isinstance(s, dict)
+               and isinstance(s.get("t_s"), int | float)]
+    load = [(float(s["t_s"]), float(s["load1"])) for s in samples
+            if isinstance(s.get("load1"), int | float)]
+    # Per process first (a CPU counter is per process; a restarted router starts at 0
+    # again, so a negative step is no step), then summed by role.
+    per_proc: dict[str, list[tuple[float, float | None, int | None]]] = {}
+    for s in samples:
+        for name, v in (s.get("processes") or {}).items():
+            if isinstance(v, dict):
+                cpu, rss = v.get("cpu_s"), v.get("rss_bytes")
+                per_proc.setdefault(str(name), []).append(
+                    (float(s["t_s"]), float(cpu) if isinstance(cpu, int | float) else None,
+                     int(rss) if isinstance(rss, int) else None))
+    by_role: dict[str, dict[float, list[float]]] = {}
+    rss_role: dict[str, dict[float, int]] = {}
+    for name, pts in per_proc.items():
+        role = _role(name)
+        for (t1, c1, _), (t2, c2, _) in itertools.pairwise(pts):
+            if c1 is not None and c2 is not None and t2 > t1 and c2 >= c1:
+                by_role.setdefault(role, {}).setdefault(t2, []).append(
+                    (c2 - c1) / (t2 - t1) * 100)
+        for t, _, rss in pts:
+            if rss is not None:
+                rss_role.setdefault(role, {})[t] = rss_role.get(role, {}).get(t, 0) + rss
+    series: dict[str, ProcessSeries] = {}
+    for role in sorted(set(by_role) | set(rss_role), key=lambda r: r != "router"):
+        ps = series[role] = ProcessSeries()
+        for t, vals in sorted(by_role.get(role, {}).items()):
+            ps.t_s.append(t)
+            ps.cpu_pct.append(sum(vals))
+        for t, rss in sorted(rss_role.get(role, {}).items()):
+            ps.rss_t_s.append(t)
+            ps.rss_bytes.append(rss)
+    versions = m.get("versions") if isinstance(m.get("versions"), dict) else {}
+    assert isinstance(versions, dict)
+    settings = res.get("router_settings")
+    cores = host.get("cores", res.get("cores"))
+    return Environment(
+        router_settings={str(k): str(v) for k, v in settings.items()}
+        if isinstance(settings, dict) else {},
+        cores=cores if isinstance(cores, int) else None,
+        memory_bytes=host.get("memory_bytes") if isinstance(host.get("memory_bytes"), int)
+        else None,
+        hostname=str(host.get("hostname") or ""), platform=str(host.get("platform") or ""),
+        versions={str(k): str(v) for k, v in versions.items() if v},
+        load=load, series=series, router_sampled="router" in series)
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:,.0f} MiB"
+
+
+_SETTING_WORDS: Final = (("fast_path", "fast path"), ("dispatcher", "dispatcher"),
+                         ("direct_send", "direct send"), ("coalesce_writes", "coalesced writes"),
+                         ("slow_consumer_policy", "slow consumers:"),
+                         ("jgroups_slow_consumer_policy", "JGroups slow consumers:"),
+                         ("outbound_queue_bytes", "outbound queue"),
+                         ("write_timeout", "write timeout"))
+
+
+def _settings_text(settings: dict[str, str]) -> str:
+    parts = []
+    for key, words in _SETTING_WORDS:
+        v = settings.get(key)
+        if v is None:
+            continue
+        if key == "outbound_queue_bytes" and v.isdigit():
+            v = _mb(int(v))
+        elif key == "write_timeout":
+            v = f"{v} s"
+        parts.append(f"{words} {v}")
+    return ", ".join(parts)
+
+
+def environment_rows(report: Report) -> list[tuple[str, str]]:
+    """The environment in words: router settings, host, load average, CPU and memory."""
+    env = environment(report)
+    if env is None:
+        return []
+    rows: list[tuple[str, str]] = []
+    if env.router_settings:
+        rows.append(("router settings", _settings_text(env.router_settings)))
+    elif not env.router_sampled:
+        router = (report.manifest or {}).get("router")
+        spawned = isinstance(router, dict) and router.get("spawned")
+        rows.append(("router settings", "not known: " + (
+            "the router had no metrics (prometheus-client not installed)" if spawned or
+            report.kind == "topics" else "an external router is not sampled")))
+    host = [env.hostname, f"{env.cores} cores" if env.cores else "",
+            _mb(env.memory_bytes).replace("MiB", "MiB memory") if env.memory_bytes else "",
+            env.platform]
+    rows.append(("host", ", ".join(h for h in host if h)))
+    if env.versions:
+        rows.append(("versions", ", ".join(f"{k} {v}" for k, v in env.versions.items())))
+    if env.load:
+        values = [v for _, v in env.load]
+        rows.append(("host load average (1 min)",
+                     f"{min(values):.2f} to {max(values):.2f}, mean "
+                     f"{sum(values) / len(values):.2f}"
+                     + (f" ({env.cores} cores)" if env.cores else "")))
+    for role, ps in env.series.items():
+        what = []
+        if ps.cpu_pct:
+            what.append(f"CPU {sum(ps.cpu_pct) / len(ps.cpu_pct):,.0f} % mean, "
+                        f"{max(ps.cpu_pct):,.0f} % max (100 % = one core)")
+        if ps.rss_bytes:
+            what.append(f"memory {_mb(max(ps.rss_bytes))} max")
+        if what:
+            rows.append((role, "; ".join(what)))
+    return rows
+
+
 def _scenario_name(report: Report) -> str:
     name = (report.manifest or {}).get("scenario")
     return str(name) if isinstance(name, str | int | float) else ""
@@ -712,6 +1003,7 @@ def format_summary(report: Report) -> str:
     schedule = send_schedule(report.manifest)
     if schedule is not None:
         tail.append(["sends", _fmt_schedule(schedule)])
+    tail += [[k, v] for k, v in environment_rows(report)]
     tail += [
         ["analysis", f"{report.analysis_s:.1f} s on {report.spark_master} "
                      f"(Spark {report.spark_version})"],
@@ -769,6 +1061,10 @@ def format_summary(report: Report) -> str:
     if lat:
         lines.append("")
         lines += _table(LATENCY_HEADERS, lat)
+    compared = comparison_rows(report)
+    if compared:
+        lines += ["", f"compared with the baseline {_baseline_name(report)}:"]
+        lines += _table(["key figure", "baseline", "this run", "change"], compared)
     for w in report.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
@@ -968,6 +1264,35 @@ def _over_the_run(fig: Any, ax: Any, report: Report, ylabel: str) -> None:
     _legend(fig, ax)
 
 
+def _resources(fig: Any, ax: Any, env: Environment) -> None:
+    """CPU (% of one core) of the router and the load generator, the host's load average
+    on the same scale (a load of 1 is one busy core), and their memory on the right."""
+    colors = {"router": _COLORS["delivered"], "load generator": _COLORS["sent"]}
+    for role, ps in env.series.items():
+        if ps.cpu_pct:
+            ax.plot(ps.t_s, ps.cpu_pct, marker=".", color=colors.get(role, "#555555"),
+                    label=f"{role} CPU")
+    if env.load:
+        ax.plot([t for t, _ in env.load], [v * 100 for _, v in env.load], color="#8c8c8c",
+                linestyle=":", label="host load average x 100")
+    ax.set_ylim(bottom=0)
+    ax.set_xlim(left=0)
+    ax.set_xlabel("seconds since the start of the run")
+    ax.set_ylabel("% of one core")
+    ax2 = ax.twinx()
+    for role, ps in env.series.items():
+        if ps.rss_bytes:
+            ax2.plot(ps.rss_t_s, [b / 2**20 for b in ps.rss_bytes], linestyle="--",
+                     color=colors.get(role, "#555555"), label=f"{role} memory")
+    ax2.set_ylim(bottom=0)
+    ax2.set_ylabel("resident memory (MiB)")
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    if h1 + h2:
+        fig.legend(h1 + h2, l1 + l2, loc="outside upper right", ncols=len(h1 + h2),
+                   frameon=False, fontsize=9)
+
+
 def _breakdown_size(parts: dict[str, Breakdown]) -> tuple[float, float]:
     return (12.0, max(2.2, 0.9 + 0.45 * len(parts)))
 
@@ -1013,6 +1338,9 @@ def _plots(report: Report) -> dict[str, str]:
                                  report),
         "throughput": png("Throughput", _throughput, report),
     }
+    env = environment(report)
+    if env is not None and env.series:
+        plots["resources"] = png("CPU and memory over time", _resources, env)
     for key, title, parts in (("by-group", "By group (receivers)", report.by_group),
                               ("by-process", "By peer process (receivers)",
                                report.by_process)):
@@ -1196,6 +1524,20 @@ def render_html(report: Report) -> str:
     ]
     figures_html = "".join(f"<div class=fig><div class=k>{esc(k)}</div>"
                            f"<div class=v>{esc(val)}</div></div>" for k, val in figures)
+    compared = comparison_rows(report)
+    baseline_html = (
+        '<section id="baseline"><h2>Compared with the baseline</h2>'
+        f"<p>Baseline: {esc(_baseline_name(report))}.</p>"
+        + _html_table(["key figure", "baseline", "this run", "change"], compared, "num")
+        + "</section>") if compared else ""
+    env_rows = environment_rows(report)
+    environment_html = (
+        '<section id="environment"><h2>Environment</h2>'
+        + (_img(plots, "resources", "CPU and memory over time") if "resources" in plots
+           else "")
+        + '<table class="kv">' + "".join(f"<tr><th>{esc(k)}</th><td>{esc(val)}</td></tr>"
+                                         for k, val in env_rows)
+        + "</table></section>") if env_rows else ""
     latency_rows = _latency_rows(report)
     latency_table = _html_table(LATENCY_HEADERS, latency_rows, "num") if latency_rows else ""
 
@@ -1281,6 +1623,7 @@ def render_html(report: Report) -> str:
 <table><thead><tr><th>check</th><th>threshold</th><th>observed</th><th>result</th></tr>
 </thead><tbody>{checks}</tbody></table></section>
 <section id="summary"><h2>Summary</h2><div class="figs">{figures_html}</div></section>
+{baseline_html}
 <section id="latency"><h2>Latency</h2>
 {_img(plots, "latency-over-time", "latency percentiles over time")}
 {caption}
@@ -1289,6 +1632,7 @@ def render_html(report: Report) -> str:
 <section id="throughput"><h2>Throughput</h2>
 {_img(plots, "throughput", "throughput over time")}
 {caption}</section>
+{environment_html}
 <section id="breakdown"><h2>Breakdown</h2>
 {breakdown or "<p>Nothing to break down.</p>"}</section>
 <section id="errors"><h2>Load-test errors</h2>

@@ -41,10 +41,8 @@ import from here.
 from __future__ import annotations
 
 import datetime
-import importlib.metadata
 import json
 import os
-import platform
 import secrets
 import signal
 import time
@@ -54,7 +52,6 @@ from typing import Any, Final
 
 import trio
 
-import gossiprouter
 from gossiprouter.addresses import parse_hostport
 from gossiprouter.loadtest.attacks import AttackRunner
 from gossiprouter.loadtest.errors import LoadTestError, RunInputError
@@ -74,6 +71,12 @@ from gossiprouter.loadtest.records import (
     MEMBERSHIP_FILE,
     RECORDS_DIR,
     MembershipWriter,
+)
+from gossiprouter.loadtest.resources import (
+    ResourceSampler,
+    host_facts,
+    metrics_available,
+    scrape_router,
 )
 from gossiprouter.loadtest.scenario import Event, Scenario
 from gossiprouter.stub import RouterStub, StubError
@@ -154,45 +157,6 @@ def _n(count: int, noun: str) -> str:
     return f"{count:,} {noun}{'es' if noun.endswith('s') else 's'}"
 
 
-# --------------------------------------------------------------------------- host facts
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _memory_bytes() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def host_facts() -> dict[str, Any]:
-    """Versions and machine facts for the manifest."""
-    return {
-        "versions": {
-            "gossiprouter": gossiprouter.__version__,
-            "python": platform.python_version(),
-            "python_implementation": platform.python_implementation(),
-            "trio": trio.__version__,
-            "pyarrow": _version("pyarrow"),
-            "msgpack": _version("msgpack"),
-            "rich": _version("rich"),
-        },
-        "host": {
-            "hostname": platform.node(),
-            "platform": platform.platform(),
-            "machine": platform.machine(),
-            "cores": os.cpu_count(),
-            "memory_bytes": _memory_bytes(),
-        },
-    }
-
-
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
@@ -213,6 +177,16 @@ def parse_router_option(value: str) -> tuple[str, int]:
         raise RunInputError(f"--router {value!r}: the load test runs on one machine, so the "
                             "router must be on 127.0.0.1")
     return HOST, port
+
+
+def _metrics_option(args: tuple[str, ...]) -> str | None:
+    """The ``--metrics HOST:PORT`` among the router's arguments, if any."""
+    for i, a in enumerate(args):
+        if a == "--metrics" and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith("--metrics="):
+            return a.split("=", 1)[1]
+    return None
 
 
 def prepare_run_dir(run_dir: Path) -> None:
@@ -242,9 +216,16 @@ class _Run:
         self.router: SpawnedRouter | None = None
         self.attacks = AttackRunner(scenario.attacks, run_dir, router_args=scenario.router_args,
                                     spawned=self.spawn)
+        # The spawned router's metrics port, scraped for its CPU, memory and settings.
+        self.metrics_addr: str | None = None
+        self.sampler = ResourceSampler()
         if self.spawn:
-            self.router = SpawnedRouter(self.port, scenario.router_args + self.attacks.router_args,
-                                        run_dir / LOGS_DIR / "router.log")
+            args = scenario.router_args + self.attacks.router_args
+            self.metrics_addr = _metrics_option(args)
+            if self.metrics_addr is None and metrics_available():
+                self.metrics_addr = f"{HOST}:{free_port()}"
+                args += ("--metrics", self.metrics_addr)
+            self.router = SpawnedRouter(self.port, args, run_dir / LOGS_DIR / "router.log")
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         self.run_id = f"{scenario.name}-{stamp}-{secrets.token_hex(2)}"
         self.membership = MembershipWriter(run_dir / MEMBERSHIP_FILE, autoflush=False)
@@ -337,6 +318,7 @@ class _Run:
                                                   if k not in ("ev", "t_ns")}
                                          for p in self.peers}
             self.manifest["warnings"] = self.warnings
+            self.manifest["resources"] = self.sampler.to_manifest()
             self.write_manifest()
         totals = total_view([p.view() for p in self.peers])
         router_errors: dict[str, int] = {}
@@ -390,6 +372,7 @@ class _Run:
             p.state = "running"
         self.progress.set_t0(self.t0_ns)
         self.phase = "sending"
+        nursery.start_soon(self._sample_resources)
         if self.attacks.active:
             nursery.start_soon(self.attacks.run, self.router_addr, self.t0_ns,
                                self.t0_ns + round(s.duration * 1e9), say)
@@ -418,6 +401,25 @@ class _Run:
                                 f"{FINISH_GRACE:g} s after the drain")
         self.phase = "done"
         say("all peers finished")
+
+    async def _sample_resources(self) -> None:
+        """About once a second until the run ends: the router's CPU and memory from its
+        metrics port, the peers' from their counters (gossiprouter.loadtest.resources)."""
+        assert self.t0_ns is not None
+        while True:
+            procs: dict[str, tuple[float | None, int | None]] = {}
+            if self.metrics_addr is not None:
+                scraped = await trio.to_thread.run_sync(scrape_router, self.metrics_addr,
+                                                        abandon_on_cancel=True)
+                if scraped is not None:  # None while the router is down for a restart
+                    procs["router"] = (scraped.cpu_s, scraped.rss_bytes)
+                    self.sampler.router_settings = scraped.settings
+            for p in self.peers:
+                cpu = p.stats.get("cpu_s")
+                if isinstance(cpu, int | float) and p.proc_no not in self.killed:
+                    procs[p.name] = (float(cpu), p.stats.get("rss_bytes"))
+            self.sampler.add((time.monotonic_ns() - self.t0_ns) / 1e9, procs)
+            await trio.sleep(self.sampler.interval_s)
 
     async def _play(self, nursery: trio.Nursery, ev: Event) -> None:
         say = self.progress.log

@@ -56,6 +56,7 @@ import trio
 
 from gossiprouter.loadtest.pacing import Pacer, PaceStats
 from gossiprouter.loadtest.records import RecordWriter
+from gossiprouter.loadtest.resources import own_usage
 from gossiprouter.loadtest.scenario import MemberSpec, Scenario, SendPattern, parse_scenario
 from gossiprouter.stub import Channel, ChannelClosedError, RouterStub, StubError
 
@@ -296,6 +297,7 @@ class Peer:
             for code, n in st.stats.async_errors.items():
                 by_code[code] = by_code.get(code, 0) + n
         router_errors = sum(by_code.values())
+        cpu_s, rss_bytes = own_usage()
         return {
             "t_ns": time.monotonic_ns(),
             "sent": self.sent,
@@ -310,6 +312,9 @@ class Peer:
             "files": len(self.writer.files),
             "last_error": self.last_error,
             **self.pacing.counters(),
+            # For the run's environment (gossiprouter.loadtest.resources).
+            "cpu_s": round(cpu_s, 3),
+            "rss_bytes": rss_bytes,
         }
 
     async def stats_loop(self) -> None:

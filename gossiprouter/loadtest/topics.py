@@ -49,6 +49,13 @@ import click
 import trio
 
 from gossiprouter.loadtest.pacing import Pacer, PaceStats
+from gossiprouter.loadtest.resources import (
+    ResourceSampler,
+    host_facts,
+    metrics_available,
+    own_usage,
+    scrape_router,
+)
 from gossiprouter.loadtest.scenario import ScenarioError, parse_thresholds
 from gossiprouter.stub import Channel, Publication, RouterStub
 from gossiprouter.topics import (
@@ -273,6 +280,8 @@ class Recorded:
     t0: float
     # The publishers' send slots (late, skipped: gossiprouter.loadtest.pacing).
     pacing: PaceStats = field(default_factory=PaceStats)
+    # The routers' and this process's CPU and memory (gossiprouter.loadtest.resources).
+    resources: dict[str, Any] = field(default_factory=dict)
 
 
 def publisher_name(sc: TopicsScenario, index: int) -> str:
@@ -376,7 +385,7 @@ async def run_topics(sc: TopicsScenario, echo: Any = print, out: Path | None = N
     write_run(out, sc, rec, run)
     _write_json(out / MANIFEST_FILE, _manifest(
         sc, source, run, status, started_at=started, finished_at=_now_iso(),
-        t0_ns=_ns(rec.t0), in_process_audit=rep.rows,
+        t0_ns=_ns(rec.t0), in_process_audit=rep.rows, resources=rec.resources, **host_facts(),
         counters={"publishers": {"sent": len(rec.sent), **rec.pacing.counters()}}))
     return rep
 
@@ -400,13 +409,18 @@ async def _run(sc: TopicsScenario, echo: Any) -> Recorded:
         procs.append(broker)
         await _wait_port(bport, broker, "mosquitto")
         ports = []
+        metrics: list[str] = []  # their metrics ports, scraped for CPU, memory, settings
         for i in range(sc.routers):
             port = _free_port()
+            extra = []
+            if metrics_available():
+                metrics.append(f"127.0.0.1:{_free_port()}")
+                extra = ["--metrics", metrics[-1]]
             log = open(tmp / f"router-{i}.log", "ab")  # noqa: SIM115 - closed with the process
             p = subprocess.Popen(
                 [sys.executable, "-m", "gossiprouter", "serve", "--host", "127.0.0.1",
                  "--port", str(port), "--bridge", f"mqtt://127.0.0.1:{bport}",
-                 "--bridge-reconnect-max", "0.5", "--router-id", f"r{i}"],
+                 "--bridge-reconnect-max", "0.5", "--router-id", f"r{i}", *extra],
                 stdout=log, stderr=log)
             procs.append(p)
             await _wait_port(port, p, f"router {i}")
@@ -414,7 +428,7 @@ async def _run(sc: TopicsScenario, echo: Any) -> Recorded:
         echo(f"{sc.name}: {sc.routers} routers, mosquitto on {bport}, "
              f"{sc.publishers}x{sc.routers} publishers, {sc.subscribers}x{sc.routers} "
              f"subscribers, {sc.duration:g} s")
-        return await _load(sc, rnd, ports)
+        return await _load(sc, rnd, ports, metrics)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -436,7 +450,24 @@ def _publication_id(pub: int, rnd: random.Random) -> TopicId:
     return topic_id(f"v{pub}", "pos", [rnd.choice(["eu", "us"]), rnd.choice(["de", "fr"])])
 
 
-async def _load(sc: TopicsScenario, rnd: random.Random, ports: list[int]) -> Recorded:
+async def _sample(sampler: ResourceSampler, metrics: list[str], t0: float) -> None:
+    """The routers' CPU and memory and this process's (every publisher and subscriber is
+    in it), about once a second, until cancelled."""
+    while True:
+        procs: dict[str, tuple[float | None, int | None]] = {}
+        for i, address in enumerate(metrics):
+            scraped = await trio.to_thread.run_sync(scrape_router, address,
+                                                    abandon_on_cancel=True)
+            if scraped is not None:
+                procs[f"router-{i}"] = (scraped.cpu_s, scraped.rss_bytes)
+                sampler.router_settings = scraped.settings
+        procs["loader"] = own_usage()
+        sampler.add(trio.current_time() - t0, procs)
+        await trio.sleep(sampler.interval_s)
+
+
+async def _load(sc: TopicsScenario, rnd: random.Random, ports: list[int],
+                metrics: Sequence[str] = ()) -> Recorded:
     subs: list[Subscriber] = []
     sent: list[Sent] = []
     async with trio.open_nursery() as n:
@@ -469,6 +500,7 @@ async def _load(sc: TopicsScenario, rnd: random.Random, ports: list[int]) -> Rec
         t0 = trio.current_time()
         t_end = t0 + sc.duration
         pacing = PaceStats()
+        sampler = ResourceSampler()
 
         async def receive(sub: Subscriber) -> None:
             async for m in sub.channel:
@@ -531,6 +563,7 @@ async def _load(sc: TopicsScenario, rnd: random.Random, ports: list[int]) -> Rec
                 span.settled = change[1]
 
         async with trio.open_nursery() as load:
+            load.start_soon(_sample, sampler, list(metrics), t0)
             for sub in subs:
                 load.start_soon(receive, sub)
                 load.start_soon(churn, sub)
@@ -540,7 +573,7 @@ async def _load(sc: TopicsScenario, rnd: random.Random, ports: list[int]) -> Rec
             await trio.sleep(sc.drain)
             load.cancel_scope.cancel()
         n.cancel_scope.cancel()
-    return Recorded(sent, subs, t0, pacing)
+    return Recorded(sent, subs, t0, pacing, sampler.to_manifest())
 
 
 async def _hold(stub: RouterStub, *, task_status: trio.TaskStatus[None]) -> None:
