@@ -33,6 +33,7 @@ from gossiprouter.analytics.cli import (
     EXIT_INCOMPLETE,
     EXIT_INPUT,
     EXIT_LOSS,
+    EXIT_THRESHOLD,
     analyze_command,
 )
 from gossiprouter.analytics.report import Report, load_baseline
@@ -414,6 +415,12 @@ RESTART_MANIFEST: dict[str, object] = {
     "status": "ok", "t0_ns": T0,
     "events": [{"at": 2.5, "action": "restart-router", "what": "restart router",
                 "t_ns": T0 + 5 * S // 2, "up_ns": T0 + 3 * S, "registered_ns": T0 + 7 * S // 2}],
+    "host": {"hostname": "unit", "platform": "Linux", "cores": 2, "memory_bytes": 8 << 30},
+    "resources": {"cores": 2, "interval_s": 1.0,
+                  "router_settings": {"fast_path": "on", "dispatcher": "on"},
+                  "samples": [{"t_s": float(t), "load1": 0.5 + t / 10, "processes": {
+                      "router": {"cpu_s": 0.2 * t, "rss_bytes": (40 + t) << 20},
+                      "p0": {"cpu_s": 0.1 * t, "rss_bytes": 30 << 20}}} for t in range(30)]},
     "counters": {"p0": {"send_errors": 0, "router_errors_by_code": {"unknown_destination": 30},
                         "slots": 90, "slots_late": 2, "slots_skipped": 4,
                         "send_lag_max_s": 1.25},
@@ -473,6 +480,16 @@ def test_only_reconnect_losses_read_ok(
                      r"both registered; 6 deliveries lost across a reconnect \(router "
                      r"restart\), as expected$", result.stdout, re.M)
     assert "LOSS" not in result.stdout
+    # The same run held to a p50 of 0.5 ms (it has 1 ms): THRESHOLD, exit 5, said last.
+    config = RESTART_MANIFEST["scenario_config"]
+    assert isinstance(config, dict)
+    manifest["scenario_config"] = {**config, "thresholds": {"p50_ms": 0.5}}
+    path = _variant(run_dir, tmp_path / "held", manifest)
+    result = CliRunner().invoke(analyze_command, [str(path), "--allow-loss"])
+    assert result.exit_code == EXIT_THRESHOLD, result.output
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "gossiprouter: error: p50 latency 1.00 ms over the threshold of 0.5 ms; no delivery "
+        "lost while")
 
 
 @pytest.mark.spark
@@ -575,20 +592,23 @@ def test_report_in_headless_chromium(restart_run: tuple[Path, Report], tmp_path:
         scenario = browser.evaluate("document.getElementById('scenario').innerText")
         checks = browser.evaluate("document.getElementById('checks').innerText")
         baseline = browser.evaluate("document.getElementById('baseline').innerText")
+        environment = browser.evaluate("document.getElementById('environment').innerText")
         page_width = browser.evaluate("document.documentElement.scrollWidth")
         console = browser.console_errors()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
     assert sections == ["scenario", "checks", "summary", "baseline", "latency", "throughput",
-                        "breakdown", "errors", "anomalies", "manifest"]
+                        "environment", "breakdown", "errors", "anomalies", "manifest"]
     assert "send pattern\tg1: 1 msg/s per member, 100 B, multicast only; g2: 1 msg/s per " \
         "member, 1000 B, 100 % unicast" in scenario
     assert "latency max\t<= 5000 ms\t2,002 ms\tpass" in checks
     assert "sends on schedule (coordinated omission)\t0 skipped, 0 late\t4 skipped, 2 late " \
         "of 90\twarn" in checks
     assert "lost\t6\t4\t-2 (-33.3 %)" in baseline
+    assert "router settings\tfast path on, dispatcher on" in environment
+    assert "router\tCPU 20 % mean, 20 % max (100 % = one core); memory 69 MiB max" in environment
     assert [alt for alt, *_ in images] == [
         "latency percentiles over time", "latency distribution", "throughput over time",
-        "breakdown by group", "breakdown by peer process"]
+        "CPU and memory over time", "breakdown by group", "breakdown by peer process"]
     for alt, complete, natural, shown in images:
         assert complete and natural > 0, alt
         assert shown > 1000, alt  # drawn at the page's width (1280 px less margins)

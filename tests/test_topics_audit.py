@@ -29,6 +29,7 @@ from gossiprouter.loadtest.topic_records import (
 )
 from gossiprouter.loadtest.topics import load_topics_scenario, run_topics
 from gossiprouter.topics import matches, parse_topic
+from tests.chromium import Browser, find_chromium
 from tests.conftest import TopicsScenario
 
 if TYPE_CHECKING:
@@ -212,3 +213,29 @@ def test_a_real_run_spark_agrees_with_the_in_process_audit(
     assert env["router settings"].startswith("fast path ")
     assert env["router"].startswith("CPU ") and env["load generator"].startswith("CPU ")
     assert report.verdict.exit_code == EXIT_OK
+
+
+@pytest.mark.spark
+def test_topics_report_in_headless_chromium(unit_report: Report, unit_run: Path,
+                                            tmp_path: Path) -> None:
+    if find_chromium() is None:
+        pytest.skip("chromium is not installed (scripts/setup installs it)")
+    with Browser() as browser:
+        browser.open((unit_run / "report" / "report.html").as_uri(), width=1280)
+        images = browser.evaluate(
+            "[...document.images].map(i => [i.alt, i.complete, i.naturalWidth])")
+        scenario = browser.evaluate("document.getElementById('scenario').innerText")
+        scopes = browser.evaluate("document.querySelector('#by-scope + table').innerText")
+        latency = browser.evaluate("document.querySelector('#latency table').innerText")
+        captions = browser.evaluate("document.querySelectorAll('.caption').length")
+        console = browser.console_errors()
+    assert [alt for alt, *_ in images] == [
+        "latency percentiles over time", "latency distribution", "throughput over time"]
+    assert all(complete and natural > 0 for _, complete, natural in images)
+    assert "duration\t8.5 s sending + 0.5 s drain" in scenario
+    # One unit for every latency: ms, with p95, in the scope table and the latency table.
+    assert scopes.splitlines()[0].endswith("p50 ms\tp95 ms\tp99 ms\tmax ms")
+    assert latency.splitlines()[0] == "latency (ms)\tcount\tp50\tp90\tp95\tp99\tp99.9\tmax"
+    assert "µs" not in scopes + latency
+    assert captions == 2  # the drain, under both plots over the run; no events to explain
+    assert console == []

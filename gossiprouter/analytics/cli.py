@@ -4,7 +4,7 @@ Exports :func:`analyze_command`, a click command that the main ``gossiprouter`` 
 registers. PySpark is imported only when the command runs, so the rest of the CLI starts
 fast and works without it.
 
-Exit codes (the verdict decides 0, 3 and 4; see docs/loadtest.md): 0 OK, or LOSS ACCEPTED
+Exit codes (the verdict decides 0, 3, 4 and 5; see docs/loadtest.md): 0 OK, or LOSS ACCEPTED
 with ``--allow-loss``; 1 the analysis failed (Spark error, PySpark or Java missing, master
 unreachable); 2 bad input (no such run directory, no records); 3 LOSS: deliveries lost while
 the sender and the receiver were both registered; 4 INCOMPLETE: the load test itself was

@@ -57,7 +57,7 @@ REPORT_FORMAT: Final = "gossiprouter-loadtest-report/3"
 
 T = TypeVar("T")
 
-# Exit codes of ``gossiprouter analyze`` (the verdict decides 0, 3 and 4).
+# Exit codes of ``gossiprouter analyze`` (the verdict decides 0, 3, 4 and 5).
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
 """The analysis itself failed (Spark error, PySpark or Java missing, master unreachable)."""
