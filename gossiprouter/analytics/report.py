@@ -876,7 +876,9 @@ def environment(report: Report) -> Environment | None:
         memory_bytes=host.get("memory_bytes") if isinstance(host.get("memory_bytes"), int)
         else None,
         hostname=str(host.get("hostname") or ""), platform=str(host.get("platform") or ""),
-        versions={str(k): str(v) for k, v in versions.items() if v},
+        # "python_implementation CPython" says nothing; another implementation is news.
+        versions={str(k): str(v) for k, v in versions.items()
+                  if v and (k, v) != ("python_implementation", "CPython")},
         load=load, series=series, router_sampled="router" in series)
 
 
@@ -1094,9 +1096,10 @@ def _pyplot() -> Any:
     return plt
 
 
-def _mark_events(ax: Any, report: Report) -> None:
+def _mark_events(ax: Any, report: Report, labels: bool = True) -> None:
     """Dashed lines for the scenario's events, a shaded span for each router outage (from
-    going down until every member was registered again), and the drain period greyed."""
+    going down until every member was registered again), and the drain period greyed;
+    the events named when ``labels``."""
     drain = _drain_span(report)
     if drain is not None:
         ax.axvspan(*drain, color="#eeeeee", zorder=0)
@@ -1104,6 +1107,8 @@ def _mark_events(ax: Any, report: Report) -> None:
         ax.axvline(ev.t_s, color="#555555", linestyle="--", linewidth=1, zorder=1)
         if ev.end_s is not None:
             ax.axvspan(ev.t_s, ev.end_s, color=_COLORS["reconnect"], alpha=0.15, zorder=0)
+        if not labels:
+            continue
         # Labels on three staggered rows, so that events close in time stay readable.
         ax.annotate(ev.what, xy=(ev.t_s, 1), xycoords=("data", "axes fraction"),
                     xytext=(3, -3 - 11 * (i % 3)), textcoords="offset points", ha="left",
@@ -1152,7 +1157,9 @@ def log_ticks(lo: float, hi: float, at_least: int = 4) -> list[float]:
 
 
 def _tick_label(ms: float) -> str:
-    return fmt_ms(ms * 1e6)
+    # Round tick values read best without trailing zeros ("50", not "50.0").
+    text = f"{ms:.3g}" if ms < 1000 else f"{ms:,.0f}"
+    return fmt_ms(ms * 1e6) if "e" in text else text
 
 
 def _log_axis(axis: Any, lo: float, hi: float) -> None:
@@ -1264,32 +1271,43 @@ def _over_the_run(fig: Any, ax: Any, report: Report, ylabel: str) -> None:
     _legend(fig, ax)
 
 
-def _resources(fig: Any, ax: Any, env: Environment) -> None:
-    """CPU (% of one core) of the router and the load generator, the host's load average
-    on the same scale (a load of 1 is one busy core), and their memory on the right."""
+def _resources(fig: Any, ax: Any, report: Report) -> None:
+    """Three panels over the run: CPU (% of one core) of the router and of the load
+    generator, their resident memory, and the host's load average (each on its own
+    scale: a loaded host's load would flatten a process's CPU on a shared axis)."""
+    env = environment(report)
+    assert env is not None
+    title = ax.get_title(loc="left")
+    ax.remove()
+    cpu_ax, mem_ax, load_ax = fig.subplots(3, 1, sharex=True)
+    cpu_ax.set_title(title, loc="left", fontsize=11)
     colors = {"router": _COLORS["delivered"], "load generator": _COLORS["sent"]}
     for role, ps in env.series.items():
+        color = colors.get(role, "#555555")
         if ps.cpu_pct:
-            ax.plot(ps.t_s, ps.cpu_pct, marker=".", color=colors.get(role, "#555555"),
-                    label=f"{role} CPU")
-    if env.load:
-        ax.plot([t for t, _ in env.load], [v * 100 for _, v in env.load], color="#8c8c8c",
-                linestyle=":", label="host load average x 100")
-    ax.set_ylim(bottom=0)
-    ax.set_xlim(left=0)
-    ax.set_xlabel("seconds since the start of the run")
-    ax.set_ylabel("% of one core")
-    ax2 = ax.twinx()
-    for role, ps in env.series.items():
+            cpu_ax.plot(ps.t_s, ps.cpu_pct, marker=".", color=color, label=role)
         if ps.rss_bytes:
-            ax2.plot(ps.rss_t_s, [b / 2**20 for b in ps.rss_bytes], linestyle="--",
-                     color=colors.get(role, "#555555"), label=f"{role} memory")
-    ax2.set_ylim(bottom=0)
-    ax2.set_ylabel("resident memory (MiB)")
-    h1, l1 = ax.get_legend_handles_labels()
-    h2, l2 = ax2.get_legend_handles_labels()
-    if h1 + h2:
-        fig.legend(h1 + h2, l1 + l2, loc="outside upper right", ncols=len(h1 + h2),
+            mem_ax.plot(ps.rss_t_s, [b / 2**20 for b in ps.rss_bytes], marker=".",
+                        color=color)
+    if env.load:
+        load_ax.plot([t for t, _ in env.load], [v for _, v in env.load], marker=".",
+                     color=_COLORS["undetermined"])
+        if env.cores:
+            load_ax.axhline(env.cores, color="#555555", linestyle=":", linewidth=1)
+            load_ax.annotate(f"{env.cores} cores", xy=(0, env.cores),
+                             xycoords=("axes fraction", "data"), xytext=(3, 2),
+                             textcoords="offset points", fontsize=8, color="#333333")
+    for a, label in ((cpu_ax, "CPU (% of a core)"), (mem_ax, "memory (MiB)"),
+                     (load_ax, "host load (1 min)")):
+        a.grid(True, axis="y", color="#e5e5e5")
+        a.set_ylim(bottom=0, top=max(a.get_ylim()[1], 1))
+        a.set_ylabel(label, fontsize=9)
+        _mark_events(a, report, labels=a is cpu_ax)
+    load_ax.set_xlim(left=0)
+    load_ax.set_xlabel("seconds since the start of the run")
+    handles, labels = cpu_ax.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside upper right", ncols=len(handles),
                    frameon=False, fontsize=9)
 
 
@@ -1339,8 +1357,9 @@ def _plots(report: Report) -> dict[str, str]:
         "throughput": png("Throughput", _throughput, report),
     }
     env = environment(report)
-    if env is not None and env.series:
-        plots["resources"] = png("CPU and memory over time", _resources, env)
+    if env is not None and (env.series or env.load):
+        plots["resources"] = png("CPU, memory and host load over time", _resources, report,
+                                 (12.0, 6.4))
     for key, title, parts in (("by-group", "By group (receivers)", report.by_group),
                               ("by-process", "By peer process (receivers)",
                                report.by_process)):
