@@ -32,6 +32,7 @@ from gossiprouter.loadtest.cli import EXIT_INPUT, loadtest_command
 from gossiprouter.loadtest.driver import RunInputError, RunResult, run_loadtest
 from gossiprouter.loadtest.pacing import Pacer, PaceStats
 from gossiprouter.loadtest.peer import HEADER, decode_header, encode_payload
+from gossiprouter.loadtest.resources import ResourceSampler, metrics_option
 from gossiprouter.loadtest.scenario import (
     MIN_PAYLOAD,
     Scenario,
@@ -119,6 +120,21 @@ async def test_pacer_counts_late_and_skipped_slots(autojump_clock: trio.abc.Cloc
     assert stats.max_lag_s == pytest.approx(2.75)
     assert stats.counters() == {"slots": 17, "slots_late": 1, "slots_skipped": 11,
                                 "send_lag_max_s": 2.75}
+
+
+def test_resource_samples_stay_bounded_over_a_long_run() -> None:
+    # An hour at one sample a second: never more than max_samples, the whole run covered.
+    sampler = ResourceSampler(max_samples=100)
+    t = 0.0
+    while t < 3600:
+        sampler.add(t, {"router": (t / 10, 1 << 20)})
+        t += sampler.interval_s
+    assert 50 <= len(sampler.samples) < 100
+    assert sampler.samples[0]["t_s"] == 0 and sampler.samples[-1]["t_s"] > 3500
+    assert sampler.interval_s == 64.0
+    assert metrics_option(("--log-level", "info", "--metrics", "127.0.0.1:9")) == "127.0.0.1:9"
+    assert metrics_option(("--metrics=127.0.0.1:8",)) == "127.0.0.1:8"
+    assert metrics_option(("--grace", "1")) is None
 
 
 def test_group_overrides_and_size_range(tmp_path: Path) -> None:

@@ -76,6 +76,7 @@ from gossiprouter.loadtest.resources import (
     ResourceSampler,
     host_facts,
     metrics_available,
+    metrics_option,
     scrape_router,
 )
 from gossiprouter.loadtest.scenario import Event, Scenario
@@ -179,16 +180,6 @@ def parse_router_option(value: str) -> tuple[str, int]:
     return HOST, port
 
 
-def _metrics_option(args: tuple[str, ...]) -> str | None:
-    """The ``--metrics HOST:PORT`` among the router's arguments, if any."""
-    for i, a in enumerate(args):
-        if a == "--metrics" and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith("--metrics="):
-            return a.split("=", 1)[1]
-    return None
-
-
 def prepare_run_dir(run_dir: Path) -> None:
     """Create ``run_dir``, which must not exist yet or be empty (one run per directory)."""
     if run_dir.exists():
@@ -221,7 +212,7 @@ class _Run:
         self.sampler = ResourceSampler()
         if self.spawn:
             args = scenario.router_args + self.attacks.router_args
-            self.metrics_addr = _metrics_option(args)
+            self.metrics_addr = metrics_option(args)
             if self.metrics_addr is None and metrics_available():
                 self.metrics_addr = f"{HOST}:{free_port()}"
                 args += ("--metrics", self.metrics_addr)

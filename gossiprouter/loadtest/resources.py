@@ -27,8 +27,8 @@ import trio
 
 import gossiprouter
 
-__all__ = ["MAX_SAMPLES", "ResourceSampler", "RouterScrape", "host_facts", "own_usage",
-           "parse_metrics", "scrape_router"]
+__all__ = ["MAX_SAMPLES", "ResourceSampler", "RouterScrape", "host_facts", "metrics_available",
+           "metrics_option", "own_usage", "parse_metrics", "scrape_router"]
 
 MAX_SAMPLES: Final = 600
 SCRAPE_TIMEOUT: Final = 2.0
@@ -128,6 +128,16 @@ def scrape_router(address: str, timeout: float = SCRAPE_TIMEOUT) -> RouterScrape
         return None
 
 
+def metrics_option(args: tuple[str, ...]) -> str | None:
+    """The ``--metrics HOST:PORT`` among the router's arguments, if any."""
+    for i, a in enumerate(args):
+        if a == "--metrics" and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith("--metrics="):
+            return a.split("=", 1)[1]
+    return None
+
+
 def metrics_available() -> bool:
     """Whether a router started from this Python can serve /metrics (prometheus-client)."""
     try:
@@ -145,15 +155,11 @@ class ResourceSampler:
     max_samples: int = MAX_SAMPLES
     samples: list[dict[str, Any]] = field(default_factory=list)
     router_settings: dict[str, str] = field(default_factory=dict)
-    _next_t: float = 0.0
-
-    def due(self, t_s: float) -> bool:
-        """Whether a sample at ``t_s`` (seconds since the run's start) is due."""
-        return t_s >= self._next_t
 
     def add(self, t_s: float, processes: dict[str, tuple[float | None, int | None]]) -> None:
-        """One sample: ``processes`` maps a name ("router", "p0", ...) to (CPU seconds so
-        far, resident bytes). The host's load average is taken here."""
+        """One sample (the caller waits ``interval_s`` before the next): ``processes``
+        maps a name ("router", "p0", ...) to (CPU seconds so far, resident bytes). The
+        host's load average is taken here."""
         self.samples.append({
             "t_s": round(t_s, 3), "load1": host_load(),
             "processes": {k: {"cpu_s": None if cpu is None else round(cpu, 3),
@@ -163,7 +169,6 @@ class ResourceSampler:
             # Keep the whole run in the same space: every other sample, twice as sparse.
             self.samples = self.samples[::2]
             self.interval_s *= 2
-        self._next_t = t_s + self.interval_s
 
     def to_manifest(self) -> dict[str, Any]:
         """The manifest's ``resources``: ``cores``, ``interval_s``, ``router_settings``
