@@ -485,8 +485,8 @@ def test_environment_router_settings_cpu_memory_and_load() -> None:
     # The router: 50 % of a core in the first second; the restart's step is not drawn.
     assert rows["router"] == "CPU 50 % mean, 50 % max (100 % = one core); memory 60 MiB max"
     # The peers summed: 25 % + 25 %, then 50 % + 50 %.
-    assert rows["load generator"] == ("CPU 75 % mean, 100 % max (100 % = one core); "
-                                      "memory 81 MiB max")
+    assert rows["load generator (2 processes)"] == (
+        "CPU 75 % mean, 100 % max (100 % = one core); memory 81 MiB max")
     summary = format_summary(report)
     assert re.search(r"^router settings\s+fast path on, dispatcher on,", summary, re.M)
     assert re.search(r"^host load average \(1 min\)\s+0\.50 to 2\.50", summary, re.M)

@@ -211,7 +211,8 @@ def test_a_real_run_spark_agrees_with_the_in_process_audit(
     assert pacing["sent"] == report.counts.messages and pacing["slots"] >= pacing["sent"]
     env = dict(environment_rows(report))
     assert env["router settings"].startswith("fast path ")
-    assert env["router"].startswith("CPU ") and env["load generator"].startswith("CPU ")
+    assert env["router (2 processes)"].startswith("CPU ")
+    assert env["load generator"].startswith("CPU ")
     assert report.verdict.exit_code == EXIT_OK
 
 

@@ -798,6 +798,8 @@ class ProcessSeries:
     cpu_pct: list[float] = field(default_factory=list)
     rss_t_s: list[float] = field(default_factory=list)
     rss_bytes: list[int] = field(default_factory=list)
+    processes: int = 1
+    """How many processes are summed (a topics run's routers, the peer processes)."""
 
 
 @dataclass
@@ -858,7 +860,7 @@ def environment(report: Report) -> Environment | None:
                 rss_role.setdefault(role, {})[t] = rss_role.get(role, {}).get(t, 0) + rss
     series: dict[str, ProcessSeries] = {}
     for role in sorted(set(by_role) | set(rss_role), key=lambda r: r != "router"):
-        ps = series[role] = ProcessSeries()
+        ps = series[role] = ProcessSeries(processes=sum(_role(n) == role for n in per_proc))
         for t, vals in sorted(by_role.get(role, {}).items()):
             ps.t_s.append(t)
             ps.cpu_pct.append(sum(vals))
@@ -942,7 +944,8 @@ def environment_rows(report: Report) -> list[tuple[str, str]]:
         if ps.rss_bytes:
             what.append(f"memory {_mb(max(ps.rss_bytes))} max")
         if what:
-            rows.append((role, "; ".join(what)))
+            label = f"{role} ({ps.processes} processes)" if ps.processes > 1 else role
+            rows.append((label, "; ".join(what)))
     return rows
 
 
