@@ -348,6 +348,7 @@ def test_small_scenario_end_to_end(small_run: tuple[Path, str], spark: SparkSess
     assert set(last) == {"router", "p0", "p1", "p2"}
     assert last["router"]["cpu_s"] > 0 and last["router"]["rss_bytes"] > 1 << 20
     assert last["p0"]["cpu_s"] > 0 and last["p0"]["rss_bytes"] > 1 << 20
+    assert last["p0"]["t_s"] <= res["samples"][-1]["t_s"]  # when its counters were taken
     # Every slot the peers' schedule had: 8 members x 50/s x 10 s, skipped or sent.
     slots = sum(manifest["counters"][f"p{i}"]["slots"] for i in range(3))
     assert 3900 <= slots <= 4010

@@ -500,6 +500,14 @@ def test_environment_router_settings_cpu_memory_and_load() -> None:
                         {"t_s": 0.0, "load1": 1.0, "processes": {}}]), **HOST)
     assert dict(environment_rows(make_report(manifest=external)))["router settings"] == (
         "not known: an external router is not sampled")
+    # A peer's figures taken before the sample (its last counters): its rate is over its
+    # own interval, 0.25 CPU s in 0.5 s.
+    stale = json.loads(json.dumps(RESOURCES))
+    stale["samples"] = stale["samples"][:2]
+    del stale["samples"][1]["processes"]["p1"]
+    stale["samples"][1]["processes"]["p0"]["t_s"] = 0.5
+    rows = dict(environment_rows(make_report(manifest=dict(MANIFEST, resources=stale))))
+    assert rows["load generator (2 processes)"].startswith("CPU 50 % mean, 50 % max")
     # An older run's manifest has none of it: no section, no rows.
     assert environment_rows(make_report(manifest=dict(MANIFEST))) == []
     assert 'id="environment"' not in render_html(make_report(manifest=dict(MANIFEST)))

@@ -839,23 +839,28 @@ def environment(report: Report) -> Environment | None:
             if isinstance(s.get("load1"), int | float)]
     # Per process first (a CPU counter is per process; a restarted router starts at 0
     # again, so a negative step is no step), then summed by role.
-    per_proc: dict[str, list[tuple[float, float | None, int | None]]] = {}
+    # (the sample's time, when the process's figures were taken, CPU s, RSS bytes)
+    per_proc: dict[str, list[tuple[float, float, float | None, int | None]]] = {}
     for s in samples:
         for name, v in (s.get("processes") or {}).items():
             if isinstance(v, dict):
-                cpu, rss = v.get("cpu_s"), v.get("rss_bytes")
+                cpu, rss, taken = v.get("cpu_s"), v.get("rss_bytes"), v.get("t_s")
+                t = float(s["t_s"])
                 per_proc.setdefault(str(name), []).append(
-                    (float(s["t_s"]), float(cpu) if isinstance(cpu, int | float) else None,
+                    (t, float(taken) if isinstance(taken, int | float) else t,
+                     float(cpu) if isinstance(cpu, int | float) else None,
                      int(rss) if isinstance(rss, int) else None))
     by_role: dict[str, dict[float, list[float]]] = {}
     rss_role: dict[str, dict[float, int]] = {}
     for name, pts in per_proc.items():
         role = _role(name)
-        for (t1, c1, _), (t2, c2, _) in itertools.pairwise(pts):
-            if c1 is not None and c2 is not None and t2 > t1 and c2 >= c1:
+        # The rate over the process's own interval, drawn at the sample's time, so the
+        # processes of a role add up sample by sample.
+        for (_, a1, c1, _), (t2, a2, c2, _) in itertools.pairwise(pts):
+            if c1 is not None and c2 is not None and a2 > a1 and c2 >= c1:
                 by_role.setdefault(role, {}).setdefault(t2, []).append(
-                    (c2 - c1) / (t2 - t1) * 100)
-        for t, _, rss in pts:
+                    (c2 - c1) / (a2 - a1) * 100)
+        for t, _, _, rss in pts:
             if rss is not None:
                 rss_role.setdefault(role, {})[t] = rss_role.get(role, {}).get(t, 0) + rss
     series: dict[str, ProcessSeries] = {}

@@ -399,6 +399,7 @@ class _Run:
         assert self.t0_ns is not None
         while True:
             procs: dict[str, tuple[float | None, int | None]] = {}
+            taken: dict[str, float] = {}
             if self.metrics_addr is not None:
                 scraped = await trio.to_thread.run_sync(scrape_router, self.metrics_addr,
                                                         abandon_on_cancel=True)
@@ -406,10 +407,12 @@ class _Run:
                     procs["router"] = (scraped.cpu_s, scraped.rss_bytes)
                     self.sampler.router_settings = scraped.settings
             for p in self.peers:
-                cpu = p.stats.get("cpu_s")
+                cpu, at = p.stats.get("cpu_s"), p.stats.get("t_ns")
                 if isinstance(cpu, int | float) and p.proc_no not in self.killed:
                     procs[p.name] = (float(cpu), p.stats.get("rss_bytes"))
-            self.sampler.add((time.monotonic_ns() - self.t0_ns) / 1e9, procs)
+                    if isinstance(at, int):  # its last counters, up to 0.5 s old
+                        taken[p.name] = (at - self.t0_ns) / 1e9
+            self.sampler.add((time.monotonic_ns() - self.t0_ns) / 1e9, procs, taken)
             await trio.sleep(self.sampler.interval_s)
 
     async def _play(self, nursery: trio.Nursery, ev: Event) -> None:

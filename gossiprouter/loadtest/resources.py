@@ -156,15 +156,20 @@ class ResourceSampler:
     samples: list[dict[str, Any]] = field(default_factory=list)
     router_settings: dict[str, str] = field(default_factory=dict)
 
-    def add(self, t_s: float, processes: dict[str, tuple[float | None, int | None]]) -> None:
+    def add(self, t_s: float, processes: dict[str, tuple[float | None, int | None]],
+            taken_s: dict[str, float] | None = None) -> None:
         """One sample (the caller waits ``interval_s`` before the next): ``processes``
-        maps a name ("router", "p0", ...) to (CPU seconds so far, resident bytes). The
-        host's load average is taken here."""
-        self.samples.append({
-            "t_s": round(t_s, 3), "load1": host_load(),
-            "processes": {k: {"cpu_s": None if cpu is None else round(cpu, 3),
-                              "rss_bytes": rss}
-                          for k, (cpu, rss) in processes.items()}})
+        maps a name ("router", "p0", ...) to (CPU seconds so far, resident bytes);
+        ``taken_s`` when a process's figures are older than ``t_s`` (a peer's last
+        counters), so its CPU rate is over the right interval. The host's load average
+        is taken here."""
+        taken = taken_s or {}
+        procs: dict[str, dict[str, Any]] = {}
+        for k, (cpu, rss) in processes.items():
+            procs[k] = {"cpu_s": None if cpu is None else round(cpu, 3), "rss_bytes": rss}
+            if k in taken:
+                procs[k]["t_s"] = round(taken[k], 3)
+        self.samples.append({"t_s": round(t_s, 3), "load1": host_load(), "processes": procs})
         if len(self.samples) >= self.max_samples:
             # Keep the whole run in the same space: every other sample, twice as sparse.
             self.samples = self.samples[::2]
