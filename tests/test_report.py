@@ -424,6 +424,9 @@ def test_baseline_comparison(tmp_path: Path) -> None:
     assert re.findall(r'<section id="([a-z]+)">', page)[3] == "baseline"
     assert "<tr><td>lost</td><td>0</td><td>2</td><td>+2</td></tr>" in page
     assert 'id="baseline"' not in render_html(old)
+    topics = make_report(manifest=dict(MANIFEST), kind="topics", baseline=baseline)
+    assert f"({tmp_path}/old/report/report.json; a route run against this topics run):" in \
+        format_summary(topics)
     data = json.loads((tmp_path / "old" / "report" / "report.json").read_text())
     assert data["key_figures"]["verdict"] == "OK"
 

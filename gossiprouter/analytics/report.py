@@ -447,7 +447,11 @@ def comparison_rows(report: Report) -> list[list[str]]:
 def _baseline_name(report: Report) -> str:
     b = report.baseline or {}
     runs = ", ".join(str(r) for r in b.get("runs") or []) or "an earlier run"
-    return f"{runs} ({b.get('path')})"
+    other = b.get("kind")
+    # Runs of two kinds can be set side by side, but their figures measure different paths.
+    kinds = (f"; a {other} run against this {report.kind} run"
+             if isinstance(other, str) and other != report.kind else "")
+    return f"{runs} ({b.get('path')}{kinds})"
 
 
 def _n(count: int, noun: str, plural: str | None = None) -> str:
