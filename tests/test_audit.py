@@ -33,9 +33,10 @@ from gossiprouter.analytics.cli import (
     EXIT_INCOMPLETE,
     EXIT_INPUT,
     EXIT_LOSS,
+    EXIT_THRESHOLD,
     analyze_command,
 )
-from gossiprouter.analytics.report import Report
+from gossiprouter.analytics.report import Report, load_baseline
 from gossiprouter.analytics.spark_io import HadoopFs, _log_cause
 from gossiprouter.loadtest.records import (
     MEMBERSHIP_SCHEMA,
@@ -319,12 +320,21 @@ def test_cli_exit_codes(spark: SparkSession, run_dir: Path, tmp_path: Path) -> N
 
 @pytest.mark.spark
 def test_cli_allow_loss_settle_and_sample(
-    spark: SparkSession, run_dir: Path, tmp_path: Path,
+    spark: SparkSession, run_dir: Path, report: Report, tmp_path: Path,
 ) -> None:
     out = tmp_path / "settle0"
+    # Compared with the same run at the default settle window (the report fixture's).
     result = CliRunner().invoke(analyze_command, [
-        str(run_dir), "--out", str(out), "--allow-loss", "--settle", "0", "--sample", "2"])
+        str(run_dir), "--out", str(out), "--allow-loss", "--settle", "0", "--sample", "2",
+        "--baseline", str(run_dir)])
     assert result.exit_code == 0, result.output
+    assert f"compared with the baseline unit-run ({run_dir}/report/report.json):" in \
+        result.stdout
+    assert re.search(r"^verdict\s+LOSS\s+LOSS ACCEPTED\s+changed$", result.stdout, re.M)
+    assert re.search(r"^lost\s+6\s+7\s+\+1 \(\+16\.7 %\)$", result.stdout, re.M)
+    assert re.search(r"^deliveries expected\s+120\s+122\s+\+2 \(\+1\.7 %\)$", result.stdout,
+                     re.M)
+    assert re.search(r"^latency p50 \(ms\)\s+1\.00\s+1\.00\s+same$", result.stdout, re.M)
     a = json.loads((out / "report.json").read_text())["audit"]
     # With no settle window nothing is undetermined: a/9, sent the instant d left, was due
     # to d (and delivered); a/19, sent the instant e was killed, was due to e and is lost;
@@ -369,6 +379,13 @@ def test_cli_input_errors(tmp_path: Path) -> None:
     assert len(result.output.strip().splitlines()) == 1
     with pytest.raises(AuditInputError):
         analyze(str(tmp_path / "empty"), str(tmp_path / "out"))
+    # A baseline that was never analysed fails before Spark starts, in one line.
+    result = runner.invoke(analyze_command, [str(tmp_path / "empty"), "--baseline",
+                                             str(tmp_path / "empty")])
+    assert result.exit_code == EXIT_INPUT
+    assert result.output.strip() == (
+        f"gossiprouter: error: --baseline {tmp_path / 'empty'}: no report.json there or in "
+        f"{tmp_path / 'empty'}/report (run `gossiprouter analyze {tmp_path / 'empty'}` first)")
 
 
 # --------------------------------------------------------------------------- run variants
@@ -387,24 +404,37 @@ RESTART_MANIFEST: dict[str, object] = {
     "format": "gossiprouter-loadtest-run/1", "run": "unit-run", "scenario": "unit-restart",
     "scenario_config": {"name": "unit-restart", "description": "hand-made, one restart",
                         "duration": 29.0, "drain": 1.0,
-                        "groups": [{"name": "g1", "members": 6}, {"name": "g2", "members": 2}],
-                        "send": {"rate": 1}, "events": []},
+                        "groups": [{"name": "g1", "members": 6, "rate": 1.0, "sizes": [100],
+                                    "unicast": 0.0},
+                                   {"name": "g2", "members": 2, "rate": 1.0, "sizes": [1000],
+                                    "unicast": 1.0}],
+                        "events": [], "thresholds": {"max_ms": 5000.0}},
     "router": {"address": "127.0.0.1:1", "spawned": True},
     "processes": [{"proc": 0, "members": ["a", "b", "c"]}, {"proc": 1, "members": ["d", "e", "f"]},
                   {"proc": 2, "members": ["x", "y"]}],
     "status": "ok", "t0_ns": T0,
     "events": [{"at": 2.5, "action": "restart-router", "what": "restart router",
                 "t_ns": T0 + 5 * S // 2, "up_ns": T0 + 3 * S, "registered_ns": T0 + 7 * S // 2}],
-    "counters": {"p0": {"send_errors": 0, "router_errors_by_code": {"unknown_destination": 30}},
+    "host": {"hostname": "unit", "platform": "Linux", "cores": 2, "memory_bytes": 8 << 30},
+    "resources": {"cores": 2, "interval_s": 1.0,
+                  "router_settings": {"fast_path": "on", "dispatcher": "on"},
+                  "samples": [{"t_s": float(t), "load1": 0.5 + t / 10, "processes": {
+                      "router": {"cpu_s": 0.2 * t, "rss_bytes": (40 + t) << 20},
+                      "p0": {"cpu_s": 0.1 * t, "rss_bytes": 30 << 20}}} for t in range(30)]},
+    "counters": {"p0": {"send_errors": 0, "router_errors_by_code": {"unknown_destination": 30},
+                        "slots": 90, "slots_late": 2, "slots_skipped": 4,
+                        "send_lag_max_s": 1.25},
                  "p2": {"send_errors": 2, "router_errors_by_code": {}}},
 }
 
 
 @pytest.fixture(scope="module")
-def restart_run(spark: SparkSession, run_dir: Path,
+def restart_run(spark: SparkSession, run_dir: Path, report: Report,
                 tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Report]:
+    # Compared with the plain hand-made run (the report fixture wrote its report).
     path = _variant(run_dir, tmp_path_factory.mktemp("restart") / "run", RESTART_MANIFEST)
-    return path, analyze(str(path), str(path / "report"), spark=spark)
+    return path, analyze(str(path), str(path / "report"), spark=spark,
+                         baseline=load_baseline(str(run_dir)))
 
 
 @pytest.mark.spark
@@ -467,6 +497,16 @@ def test_only_reconnect_losses_read_ok(
                      r"both registered; 6 deliveries lost across a reconnect \(router "
                      r"restart\), as expected$", result.stdout, re.M)
     assert "LOSS" not in result.stdout
+    # The same run held to a p50 of 0.5 ms (it has 1 ms): THRESHOLD, exit 5, said last.
+    config = RESTART_MANIFEST["scenario_config"]
+    assert isinstance(config, dict)
+    manifest["scenario_config"] = {**config, "thresholds": {"p50_ms": 0.5}}
+    path = _variant(run_dir, tmp_path / "held", manifest)
+    result = CliRunner().invoke(analyze_command, [str(path), "--allow-loss"])
+    assert result.exit_code == EXIT_THRESHOLD, result.output
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "gossiprouter: error: p50 latency 1.00 ms over the threshold of 0.5 ms; no delivery "
+        "lost while")
 
 
 @pytest.mark.spark
@@ -566,14 +606,26 @@ def test_report_in_headless_chromium(restart_run: tuple[Path, Report], tmp_path:
         verdict = browser.evaluate("document.getElementById('verdict').innerText")
         errors_table = browser.evaluate("document.querySelector('#errors table').innerText")
         undetermined = browser.evaluate("document.getElementById('anomalies').innerText")
+        scenario = browser.evaluate("document.getElementById('scenario').innerText")
+        checks = browser.evaluate("document.getElementById('checks').innerText")
+        baseline = browser.evaluate("document.getElementById('baseline').innerText")
+        environment = browser.evaluate("document.getElementById('environment').innerText")
         page_width = browser.evaluate("document.documentElement.scrollWidth")
         console = browser.console_errors()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
-    assert sections == ["scenario", "checks", "summary", "latency", "throughput", "breakdown",
-                        "errors", "anomalies", "manifest"]
+    assert sections == ["scenario", "checks", "summary", "baseline", "latency", "throughput",
+                        "environment", "breakdown", "errors", "anomalies", "manifest"]
+    assert "send pattern\tg1: 1 msg/s per member, 100 B, multicast only; g2: 1 msg/s per " \
+        "member, 1000 B, 100 % unicast" in scenario
+    assert "latency max\t<= 5000 ms\t2,002 ms\tpass" in checks
+    assert "sends on schedule (coordinated omission)\t0 skipped, 0 late\t4 skipped, 2 late " \
+        "of 90\twarn" in checks
+    assert "lost\t6\t4\t-2 (-33.3 %)" in baseline
+    assert "router settings\tfast path on, dispatcher on" in environment
+    assert "router\tCPU 20 % mean, 20 % max (100 % = one core); memory 69 MiB max" in environment
     assert [alt for alt, *_ in images] == [
         "latency percentiles over time", "latency distribution", "throughput over time",
-        "breakdown by group", "breakdown by peer process"]
+        "CPU and memory over time", "breakdown by group", "breakdown by peer process"]
     for alt, complete, natural, shown in images:
         assert complete and natural > 0, alt
         assert shown > 1000, alt  # drawn at the page's width (1280 px less margins)

@@ -30,7 +30,9 @@ from gossiprouter.analytics.audit import analyze
 from gossiprouter.analytics.report import Report
 from gossiprouter.loadtest.cli import EXIT_INPUT, loadtest_command
 from gossiprouter.loadtest.driver import RunInputError, RunResult, run_loadtest
+from gossiprouter.loadtest.pacing import Pacer, PaceStats
 from gossiprouter.loadtest.peer import HEADER, decode_header, encode_payload
+from gossiprouter.loadtest.resources import ResourceSampler, metrics_option
 from gossiprouter.loadtest.scenario import (
     MIN_PAYLOAD,
     Scenario,
@@ -127,6 +129,44 @@ async def test_federation_needs_spawned_routers(tmp_path: Path) -> None:
     assert not (tmp_path / "r").exists()
 
 
+def test_thresholds_reach_the_manifest_config(tmp_path: Path) -> None:
+    s = load_scenario(write(tmp_path, MINIMAL + "[thresholds]\nmax_ms = 200\np99_ms = 50\n"))
+    assert s.thresholds == (("p99_ms", 50.0), ("max_ms", 200.0))
+    assert s.to_dict()["thresholds"] == {"p99_ms": 50.0, "max_ms": 200.0}
+    assert parse_scenario(s.to_dict(), source="t.toml") == s
+
+
+async def test_pacer_counts_late_and_skipped_slots(autojump_clock: trio.abc.Clock) -> None:
+    # Four slots a second (0.25 s apart, exact in binary). The second send takes 0.6 s:
+    # the third slot starts 0.35 s behind (late), the fourth 0.1 s (on time). The fifth
+    # takes 3 s: the sixth is 2.75 s behind, so 11 slots are skipped and it is sent on the
+    # grid.
+    stats = PaceStats()
+    pacer = Pacer(4, trio.current_time(), stats)
+    for took in (0, 0.6, 0, 0, 3.0, 0):
+        await pacer.wait()
+        await trio.sleep(took)
+    assert (stats.slots, stats.late, stats.skipped) == (17, 1, 11)
+    assert stats.max_lag_s == pytest.approx(2.75)
+    assert stats.counters() == {"slots": 17, "slots_late": 1, "slots_skipped": 11,
+                                "send_lag_max_s": 2.75}
+
+
+def test_resource_samples_stay_bounded_over_a_long_run() -> None:
+    # An hour at one sample a second: never more than max_samples, the whole run covered.
+    sampler = ResourceSampler(max_samples=100)
+    t = 0.0
+    while t < 3600:
+        sampler.add(t, {"router": (t / 10, 1 << 20)})
+        t += sampler.interval_s
+    assert 50 <= len(sampler.samples) < 100
+    assert sampler.samples[0]["t_s"] == 0 and sampler.samples[-1]["t_s"] > 3500
+    assert sampler.interval_s == 64.0
+    assert metrics_option(("--log-level", "info", "--metrics", "127.0.0.1:9")) == "127.0.0.1:9"
+    assert metrics_option(("--metrics=127.0.0.1:8",)) == "127.0.0.1:8"
+    assert metrics_option(("--grace", "1")) is None
+
+
 def test_group_overrides_and_size_range(tmp_path: Path) -> None:
     s = load_scenario(write(tmp_path, """
 duration = 3
@@ -150,7 +190,7 @@ BAD: list[tuple[str, str]] = [
      "t.toml: duration: expected a number > 0 and <= 86400, got -1"),
     (MINIMAL.replace("duration = 5", "duraton = 5"),
      "t.toml: unknown key 'duraton' (expected one of: name, description, duration, drain, "
-     "seed, peers, send, stub, router, federation, groups, events, attacks)"),
+     "seed, peers, send, stub, router, federation, groups, events, attacks, thresholds)"),
     (MINIMAL + "[send]\nrate = -5\n",
      't.toml: send.rate: expected a number > 0 and <= 1e+06 (messages per second per member) '
      'or "max", got -5'),
@@ -214,6 +254,15 @@ BAD: list[tuple[str, str]] = [
     (MINIMAL + '[router]\nargs = ["--bridge", "mqtt://x:1"]\n[federation]\nrouters = 2\n',
      "t.toml: router.args: expected no --bridge with [federation] (the tool starts the broker "
      "and bridges the routers itself), got ['--bridge', 'mqtt://x:1']"),
+    (MINIMAL + "[thresholds]\np99_ms = -5\n",
+     "t.toml: thresholds.p99_ms: expected a number > 0 and <= 600000, got -5"),
+    (MINIMAL + '[thresholds]\np99_ms = "50ms"\n',
+     "t.toml: thresholds.p99_ms: expected a number > 0 and <= 600000, got '50ms'"),
+    (MINIMAL + "[thresholds]\np98_ms = 5\n",
+     "t.toml: unknown key 'p98_ms' in [thresholds] (expected one of: p50_ms, p90_ms, p95_ms, "
+     "p99_ms, p999_ms, max_ms)"),
+    (MINIMAL.replace("duration = 5", "duration = 5\nthresholds = 50"),
+     "t.toml: thresholds: expected a table such as [thresholds] p99_ms = 50, got 50"),
 ]
 
 
@@ -347,6 +396,22 @@ def test_small_scenario_end_to_end(small_run: tuple[Path, str], spark: SparkSess
     assert set(manifest["versions"]) >= {"gossiprouter", "python", "trio", "pyarrow"}
     assert manifest["host"]["cores"] >= 1 and manifest["host"]["memory_bytes"] > 0
     assert manifest["scenario_config"]["peers"]["processes"] == 3
+    # The environment: the spawned router's settings and CPU and memory from its metrics
+    # port, the peers' from their counters, about once a second over the 12 s run.
+    res = manifest["resources"]
+    assert res["router_settings"]["dispatcher"] == "on"
+    assert res["router_settings"]["fast_path"] in ("on", "off")
+    assert 5 <= len(res["samples"]) <= 14
+    last = res["samples"][-1]["processes"]
+    assert set(last) == {"router", "p0", "p1", "p2"}
+    assert last["router"]["cpu_s"] > 0 and last["router"]["rss_bytes"] > 1 << 20
+    assert last["p0"]["cpu_s"] > 0 and last["p0"]["rss_bytes"] > 1 << 20
+    assert last["p0"]["t_s"] <= res["samples"][-1]["t_s"]  # when its counters were taken
+    # Every slot the peers' schedule had: 8 members x 50/s x 10 s, skipped or sent.
+    slots = sum(manifest["counters"][f"p{i}"]["slots"] for i in range(3))
+    assert 3900 <= slots <= 4010
+    skipped = sum(manifest["counters"][f"p{i}"]["slots_skipped"] for i in range(3))
+    assert sent == slots - skipped
     # One or more record files per process, holding every row each process counted.
     files = sorted(p.name for p in (run_dir / "records").glob("*.parquet"))
     assert {f[:5] for f in files} == {"p0000", "p0001", "p0002"}

@@ -66,6 +66,17 @@ def test_the_shipped_scenario_loads_and_bad_ones_say_why(tmp_path: Path) -> None
     assert not is_topics_scenario(small)
 
 
+def test_topics_scenario_thresholds(tmp_path: Path) -> None:
+    f = tmp_path / "t.toml"
+    f.write_text('kind = "topics"\n[thresholds]\np95_ms = 20\n')
+    assert load_topics_scenario(f).thresholds == {"p95_ms": 20.0}
+    f.write_text('kind = "topics"\n[thresholds]\np95 = 20\n')
+    with pytest.raises(TopicsScenarioError) as e:
+        load_topics_scenario(f)
+    assert str(e.value) == ("t.toml: unknown key 'p95' in [thresholds] (expected one of: "
+                            "p50_ms, p90_ms, p95_ms, p99_ms, p999_ms, max_ms)")
+
+
 async def test_a_short_federated_run_loses_nothing(topics_scenario: TopicsScenario) -> None:
     f = topics_scenario(duration=1.5, drain=1.0, subscribers=3, rate=10, churn_interval=0.5,
                         settle=1.0, patterns=["+/pos/*", "v{p}/pos/eu/+"])

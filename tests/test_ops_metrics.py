@@ -89,10 +89,17 @@ async def test_metrics_move_with_traffic(start_router: RouterFactory) -> None:
             await trio.sleep(0.02)
     assert v(s, "gossiprouter_grace_entries") == 1
     assert v(s, "gossiprouter_connections", protocol="native") == 1
-    # No per-address or per-group label anywhere.
-    for _, labels in s:
-        assert {k for k, _ in labels} <= {"protocol", "type", "reason", "kind", "what",
-                                          "result", "version", "router_id", "code"}
+    # No per-address or per-group label anywhere (the settings are the config's).
+    for name, labels in s:
+        if name != "gossiprouter_settings_info":
+            assert {k for k, _ in labels} <= {"protocol", "type", "reason", "kind", "what",
+                                              "result", "version", "router_id", "code"}
+    [settings] = [dict(labels) for name, labels in s if name == "gossiprouter_settings_info"]
+    assert settings == {
+        "fast_path": "off" if server.fast is None else "on", "dispatcher": "on",
+        "direct_send": "on", "coalesce_writes": "off", "slow_consumer_policy": "disconnect",
+        "jgroups_slow_consumer_policy": "drop",
+        "outbound_queue_bytes": str(server.config.outbound_queue_bytes), "write_timeout": "10"}
 
 
 def closes(samples: Samples) -> dict[str, float]:

@@ -17,7 +17,9 @@ import pytest
 from gossiprouter.analytics.report import (
     EXIT_INCOMPLETE,
     EXIT_LOSS,
+    EXIT_THRESHOLD,
     Audit,
+    BaselineError,
     Breakdown,
     Counts,
     Finding,
@@ -26,9 +28,20 @@ from gossiprouter.analytics.report import (
     LatencyStats,
     Report,
     RunEvent,
+    ScopeBreakdown,
     ThroughputBucket,
+    _figure,
+    _latency_histogram,
+    _latency_over_time,
+    _pyplot,
+    comparison_rows,
+    environment_rows,
+    fmt_ms,
     format_summary,
+    load_baseline,
     load_errors,
+    log_ticks,
+    plot_caption,
     render_html,
     run_events,
     size_bucket,
@@ -54,8 +67,9 @@ def audit(lost: int = 0, reconnect: int = 0, undetermined: int = 0) -> Audit:
 
 
 def make_report(a: Audit | None = None, manifest: dict[str, Any] | None = None,
-                allow_loss: bool = False, **kw: Any) -> Report:
-    lat = LatencyStats(10, 1000, 2000.0, 1500, 3000, 5000, 9000, 9000)
+                allow_loss: bool = False, lat: LatencyStats | None = None,
+                **kw: Any) -> Report:
+    lat = lat or LatencyStats(10, 1000, 2000.0, 1500, 3000, 4000, 5000, 9000, 9000)
     return Report(
         run_dir="runs/r", out_dir="runs/r/report", generated_at="now", settle_s=1.0,
         spark_master="local[1]", spark_version="4", analysis_s=1.0, manifest=manifest,
@@ -73,8 +87,9 @@ def make_report(a: Audit | None = None, manifest: dict[str, Any] | None = None,
 MANIFEST: dict[str, Any] = {
     "scenario": "small", "status": "ok", "t0_ns": T0,
     "scenario_config": {"description": "two groups", "duration": 2.0, "drain": 1.0,
-                        "groups": [{"name": "alpha", "members": 4}],
-                        "send": {"rate": 50, "unicast": 0.2}},
+                        # As Scenario.to_dict writes it: [send] folded into each group.
+                        "groups": [{"name": "alpha", "members": 4, "rate": 50,
+                                    "sizes": [256], "unicast": 0.2}]},
     "processes": [{"proc": 0, "members": ["alpha-0"]}],
     "events": [{"at": 1.0, "action": "kill", "what": "kill process 1", "t_ns": T0 + S + S // 10},
                {"at": 1.5, "action": "restart-router", "what": "restart router",
@@ -200,8 +215,13 @@ def test_summary_tables() -> None:
     assert re.search(r"^router error: unknown_destination\s+30\s+p0 12, p1 18$", summary, re.M)
     assert re.search(r"^size 64-127 B\s+10\s", summary, re.M)
     # Rates over the covered part of each second: the last quarter-second's 5 deliveries
-    # are not counted as a 5/s dip; the mean is 105 deliveries over 2.25 s.
-    assert re.search(r"^throughput\s+47 deliveries/s mean, 60/s peak, over 3 s$", summary, re.M)
+    # are not counted as a 5/s dip; the mean is 105 deliveries over 2.25 s. The steady
+    # rate is over the sending window (2 s): 100 deliveries.
+    assert re.search(r"^throughput\s+50 deliveries/s steady \(sending window, 2 s\); 47/s "
+                     r"mean over 3 s with the drain, 60/s peak$", summary, re.M)
+    # Without a duration there is no sending window to tell from the drain.
+    summary = format_summary(make_report(audit(), {"status": "ok"}))
+    assert re.search(r"^throughput\s+47 deliveries/s mean over 3 s, 60/s peak$", summary, re.M)
 
 
 def test_report_of_an_empty_audit_renders(tmp_path: Path) -> None:
@@ -220,3 +240,277 @@ def test_report_of_an_empty_audit_renders(tmp_path: Path) -> None:
     write_report(report, str(tmp_path))
     assert json.loads((tmp_path / "report.json").read_text())["latency"] is None
     assert (tmp_path / "report.html").read_text().count("data:image/png;base64,") == 3
+
+
+@pytest.mark.parametrize(("ns", "text"), [
+    (286_251_500_000, "286,252"), (286_251_500, "286"), (28_625_150, "28.6"),
+    (1_500_000, "1.50"), (286_000, "0.286"), (42_000, "0.042"), (3_000, "0.003"), (0, "0")])
+def test_latency_is_in_ms_with_few_significant_digits(ns: int, text: str) -> None:
+    assert fmt_ms(ns) == text
+
+
+def test_every_latency_table_is_in_ms_with_p95() -> None:
+    lat = LatencyStats(10, 1000, 2_000_000.0, 1_500_000, 3_000_000, 4_000_000, 5_000_000,
+                       286_251_500, 286_251_500)
+    by_scope = {"local": ScopeBreakdown(sent=5, expected=5, delivered=5, latency=lat)}
+    for kind, scopes in (("route", {}), ("topics", by_scope)):
+        report = make_report(manifest=dict(MANIFEST), kind=kind, lat=lat, by_scope=scopes)
+        summary, page = format_summary(report), render_html(report)
+        for text in (summary, page):
+            assert "µs" not in text and "286,251" not in text
+        assert re.search(r"^latency \(ms\)\s+count\s+p50\s+p90\s+p95\s+p99\s+p99\.9\s+max$",
+                         summary, re.M)
+        assert re.search(r"^all\s+10\s+1\.50\s+3\.00\s+4\.00\s+5\.00\s+286\s+286$", summary,
+                         re.M)
+        assert "<th>latency (ms)</th><th>count</th><th>p50</th><th>p90</th><th>p95</th>" in page
+        assert "1.50 / 4.00 / 5.00 / 286 ms" in page
+    assert re.search(r"^local\s.*\s1\.50\s+4\.00\s+5\.00\s+286$", summary, re.M)
+    assert "<th>p50 ms</th><th>p95 ms</th><th>p99 ms</th><th>max ms</th>" in page
+
+
+def test_scenario_table_shows_the_send_pattern() -> None:
+    page = render_html(make_report(manifest=dict(MANIFEST)))
+    assert ("<tr><th>send pattern</th><td>50 msg/s per member, 256 B, 20 % unicast</td>"
+            "</tr>") in page
+    # Groups that send differently: one pattern each.
+    config = dict(MANIFEST["scenario_config"], groups=[
+        {"name": "a", "members": 2, "rate": "max", "sizes": {"min": 64, "max": 128},
+         "unicast": 0.0},
+        {"name": "b", "members": 2, "rate": 5, "sizes": [64, 1024], "unicast": 0.5}])
+    page = render_html(make_report(manifest=dict(MANIFEST, scenario_config=config)))
+    assert ("<td>a: as fast as possible, 64-128 B, multicast only; b: 5 msg/s per member, "
+            "64/1024 B, 50 % unicast</td>") in page
+
+
+def test_scenario_table_of_a_topics_run() -> None:
+    config = {"name": "topics", "duration": 8.0, "drain": 1.0, "seed": 1, "routers": 2,
+              "publishers": 2, "subscribers": 10, "rate": 20.0, "global_share": 0.5,
+              "size": 100, "churn_interval": 1.0, "settle": 0.5,
+              "patterns": ["v{p}/pos/*", "+/pos/eu/+"]}
+    page = render_html(make_report(manifest={"kind": "topics", "scenario": "topics",
+                                             "status": "ok", "scenario_config": config},
+                                   kind="topics"))
+    for row in ("<tr><th>routers</th><td>2 (federated through one MQTT broker)</td></tr>",
+                "<tr><th>publishers</th><td>2 per router, 20 publications/s each, 100 B, "
+                "50 % global</td></tr>",
+                "<tr><th>subscribers</th><td>10 per router, one pattern changed every 1 s "
+                "on average (settle 0.5 s)</td></tr>",
+                "<tr><th>patterns</th><td>v{p}/pos/*, +/pos/eu/+ ({p}: a publisher&#x27;s "
+                "number)</td></tr>"):
+        assert row in page
+
+
+def _with_thresholds(**limits: float) -> dict[str, Any]:
+    return dict(MANIFEST, scenario_config=dict(MANIFEST["scenario_config"],
+                                               thresholds=limits))
+
+
+def test_a_latency_threshold_fails_the_verdict() -> None:
+    # make_report's latency: p99 5,000 ns (0.005 ms), max 9,000 ns.
+    report = make_report(manifest=_with_thresholds(p99_ms=0.004, max_ms=1))
+    v = report.verdict
+    assert (v.status, v.exit_code) == ("THRESHOLD", EXIT_THRESHOLD)
+    assert v.text.startswith("p99 latency 0.005 ms over the threshold of 0.004 ms; no "
+                             "delivery lost")
+    page = render_html(report)
+    assert ('<tr><td>latency p99</td><td>&lt;= 0.004 ms</td><td>0.005 ms</td>'
+            '<td class="r-fail">FAIL</td></tr>') in page
+    assert ('<tr><td>latency max</td><td>&lt;= 1 ms</td><td>0.009 ms</td>'
+            '<td class="r-pass">pass</td></tr>') in page
+    assert make_report(manifest=_with_thresholds(p99_ms=0.005)).verdict.status == "OK"
+    # A loss says more than a slow run; nothing delivered fails a threshold.
+    assert make_report(audit(lost=1), _with_thresholds(p99_ms=0.004)).verdict.status == "LOSS"
+    empty = make_report(manifest=_with_thresholds(p50_ms=1))
+    empty.latency = None
+    assert empty.verdict.text.startswith("no latency to hold to the p50 threshold (1 ms)")
+
+
+def test_scheduled_sends_show_coordinated_omission() -> None:
+    counters = {
+        "p0": {"slots": 1000, "slots_late": 3, "slots_skipped": 40, "send_lag_max_s": 1.5},
+        "p1": {"slots": 1000, "slots_late": 0, "slots_skipped": 0, "send_lag_max_s": 0.002},
+    }
+    report = make_report(manifest=dict(MANIFEST, counters=counters))
+    assert re.search(r"^sends\s+1,960 of 2,000 scheduled \(98\.0 %\); 40 skipped, 3 late \(a "
+                     r"slot or more behind\), worst 1,500 ms behind$", format_summary(report),
+                     re.M)
+    page = render_html(report)
+    assert ("<tr><td>sends on schedule (coordinated omission)</td><td>0 skipped, 0 late</td>"
+            '<td>40 skipped, 3 late of 2,000</td><td class="r-warn">warn</td></tr>') in page
+    assert "1,960 / 2,000 (40 skipped, 3 late)" in page
+    assert report.verdict.status == "OK"  # shown, not failed
+    on_time = make_report(manifest=dict(MANIFEST, counters={"p1": counters["p1"]}))
+    assert re.search(r"^sends\s+1,000 of 1,000 scheduled \(100\.0 %\), every one on time$",
+                     format_summary(on_time), re.M)
+    # An older run (no pacing counters) or every sender at rate "max": no such row.
+    assert "scheduled" not in format_summary(make_report(manifest=dict(MANIFEST)))
+
+
+def _drawn(draw: Any, report: Report) -> tuple[Any, Any]:
+    plt = _pyplot()
+    fig, ax = _figure(plt, "test")
+    draw(fig, ax, report)
+    fig.canvas.draw()
+    return fig, ax
+
+
+def _labels(axis: Any) -> list[str]:
+    lo, hi = sorted(axis.get_view_interval())
+    return [t.label1.get_text() for t in axis.get_major_ticks()
+            if t.label1.get_text() and lo <= t.get_loc() <= hi]
+
+
+def test_log_latency_axes_have_enough_tick_labels() -> None:
+    # 1 to 4 µs: less than a decade, where matplotlib's own log locator labels nothing.
+    report = make_report()
+    fig, ax = _drawn(_latency_histogram, report)
+    assert _labels(ax.xaxis) == ["0.001", "0.002", "0.003", "0.004"]
+    _pyplot().close(fig)
+    fig, ax = _drawn(_latency_over_time, report)
+    assert len(_labels(ax.yaxis)) >= 4
+    _pyplot().close(fig)
+    assert log_ticks(0.5, 300) == [0.5, 1, 2, 5, 10, 20, 50, 100, 200]
+    assert log_ticks(1.2, 2.9) == [1.25, 1.5, 1.75, 2, 2.25, 2.5, 2.75]
+
+
+def test_plot_captions_only_for_what_is_drawn() -> None:
+    assert plot_caption(make_report()) == ""  # no events, no manifest: no drain either
+    assert "<p class=caption>" not in render_html(make_report())
+    plain = dict(MANIFEST, events=[])
+    assert plot_caption(make_report(manifest=plain)) == (
+        "<p class=caption>The grey span is the drain (sending stopped).</p>")
+    report = make_report(manifest=dict(MANIFEST), events=run_events(MANIFEST, T0))
+    caption = plot_caption(report)
+    assert caption.startswith("<p class=caption>Dashed lines mark the scenario&#x27;s events; "
+                              "a shaded span is an outage")
+    kill_only = make_report(manifest=dict(MANIFEST), events=run_events(MANIFEST, T0)[:1])
+    assert "outage" not in plot_caption(kill_only)
+    assert render_html(report).count(caption) == 2  # latency over time and throughput
+
+
+def test_topics_histogram_draws_local_and_global_apart() -> None:
+    def scope(edges: list[float], counts: list[int]) -> ScopeBreakdown:
+        return ScopeBreakdown(sent=5, expected=5, delivered=5, histogram=Histogram(edges, counts))
+
+    edges = [1e6, 2e6, 4e6, 8e6]
+    report = make_report(kind="topics", by_scope={"local": scope(edges, [5, 0, 0]),
+                                                  "global": scope(edges, [0, 1, 4])})
+    fig, _ = _drawn(_latency_histogram, report)
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "local deliveries", "global deliveries", "local CDF", "global CDF"]
+    _pyplot().close(fig)
+
+
+def test_baseline_comparison(tmp_path: Path) -> None:
+    old = make_report(manifest=dict(MANIFEST))
+    write_report(old, str(tmp_path / "old" / "report"))
+    baseline = load_baseline(str(tmp_path / "old"))  # the run directory: its report/
+    assert baseline["runs"] == ["r-1"] and baseline["key_figures"]["p99_ms"] == 0.005
+    assert load_baseline(str(tmp_path / "old" / "report" / "report.json")) == baseline
+    slower = LatencyStats(10, 1000, 2_000_000.0, 1_500_000, 3_000_000, 4_000_000, 6_200_000,
+                          9_000_000, 9_000_000)
+    new = make_report(audit(lost=2), dict(MANIFEST), lat=slower, baseline=baseline)
+    rows = {r[0]: r[1:] for r in comparison_rows(new)}
+    assert rows["verdict"] == ["OK", "LOSS", "changed"]
+    assert rows["lost"] == ["0", "2", "+2"]
+    assert rows["deliveries made"] == ["100", "98", "-2 (-2.0 %)"]
+    assert rows["latency p99 (ms)"] == ["0.005", "6.20", "+6.20 ms (+123,900.0 %)"]
+    assert rows["throughput steady (deliveries/s)"] == ["50", "50", "same"]
+    assert "sends skipped" not in rows  # neither run was paced
+    summary = format_summary(new)
+    assert f"compared with the baseline r-1 ({tmp_path}/old/report/report.json):" in summary
+    assert re.search(r"^key figure\s+baseline\s+this run\s+change$", summary, re.M)
+    page = render_html(new)
+    assert re.findall(r'<section id="([a-z]+)">', page)[3] == "baseline"
+    assert "<tr><td>lost</td><td>0</td><td>2</td><td>+2</td></tr>" in page
+    assert 'id="baseline"' not in render_html(old)
+    topics = make_report(manifest=dict(MANIFEST), kind="topics", baseline=baseline)
+    assert f"({tmp_path}/old/report/report.json; a route run against this topics run):" in \
+        format_summary(topics)
+    data = json.loads((tmp_path / "old" / "report" / "report.json").read_text())
+    assert data["key_figures"]["verdict"] == "OK"
+
+
+@pytest.mark.parametrize(("setup", "message"), [
+    (lambda p: None, "--baseline {p}: no such run directory or report"),
+    (lambda p: p.mkdir(), "--baseline {p}: no report.json there or in {p}/report (run "
+                          "`gossiprouter analyze {p}` first)"),
+    (lambda p: (p.mkdir(), (p / "report.json").write_text('{"format": "x"}')),
+     "--baseline {p}: {p}/report.json is not a report of gossiprouter analyze"),
+    (lambda p: (p.mkdir(), (p / "report.json").write_text(
+        '{"format": "gossiprouter-loadtest-report/2"}')),
+     "--baseline {p}: {p}/report.json was written by an older version without key figures "
+     "(run `gossiprouter analyze {p}` again)"),
+])
+def test_baseline_errors_say_why(tmp_path: Path, setup: Any, message: str) -> None:
+    p = tmp_path / "other"
+    setup(p)
+    with pytest.raises(BaselineError) as e:
+        load_baseline(str(p))
+    assert str(e.value) == message.format(p=p)
+
+
+RESOURCES: dict[str, Any] = {
+    "cores": 2, "interval_s": 1.0,
+    "router_settings": {"fast_path": "on", "dispatcher": "on", "direct_send": "on",
+                        "coalesce_writes": "off", "slow_consumer_policy": "disconnect",
+                        "jgroups_slow_consumer_policy": "drop",
+                        "outbound_queue_bytes": "16777216", "write_timeout": "10"},
+    "samples": [
+        {"t_s": 0.0, "load1": 0.5, "processes": {
+            "router": {"cpu_s": 1.0, "rss_bytes": 50 << 20},
+            "p0": {"cpu_s": 2.0, "rss_bytes": 40 << 20},
+            "p1": {"cpu_s": 2.0, "rss_bytes": 40 << 20}}},
+        {"t_s": 1.0, "load1": 1.5, "processes": {
+            "router": {"cpu_s": 1.5, "rss_bytes": 60 << 20},
+            "p0": {"cpu_s": 2.25, "rss_bytes": 40 << 20},
+            "p1": {"cpu_s": 2.25, "rss_bytes": 41 << 20}}},
+        # The router restarted: its CPU counter starts again (no negative step drawn).
+        {"t_s": 2.0, "load1": 2.5, "processes": {
+            "router": {"cpu_s": 0.1, "rss_bytes": 30 << 20},
+            "p0": {"cpu_s": 2.75, "rss_bytes": 40 << 20},
+            "p1": {"cpu_s": 2.75, "rss_bytes": 40 << 20}}},
+    ]}
+HOST = {"host": {"hostname": "box", "platform": "Linux-6", "cores": 2,
+                 "memory_bytes": 8 << 30},
+        "versions": {"gossiprouter": "1.0", "python": "3.11.2", "rich": None}}
+
+
+def test_environment_router_settings_cpu_memory_and_load() -> None:
+    report = make_report(manifest=dict(MANIFEST, resources=RESOURCES, **HOST))
+    rows = dict(environment_rows(report))
+    assert rows["router settings"] == (
+        "fast path on, dispatcher on, direct send on, coalesced writes off, slow consumers: "
+        "disconnect, JGroups slow consumers: drop, outbound queue 16 MiB, write timeout 10 s")
+    assert rows["host"] == "box, 2 cores, 8,192 MiB memory, Linux-6"
+    assert rows["versions"] == "gossiprouter 1.0, python 3.11.2"
+    assert rows["host load average (1 min)"] == "0.50 to 2.50, mean 1.50 (2 cores)"
+    # The router: 50 % of a core in the first second; the restart's step is not drawn.
+    assert rows["router"] == "CPU 50 % mean, 50 % max (100 % = one core); memory 60 MiB max"
+    # The peers summed: 25 % + 25 %, then 50 % + 50 %.
+    assert rows["load generator (2 processes)"] == (
+        "CPU 75 % mean, 100 % max (100 % = one core); memory 81 MiB max")
+    summary = format_summary(report)
+    assert re.search(r"^router settings\s+fast path on, dispatcher on,", summary, re.M)
+    assert re.search(r"^host load average \(1 min\)\s+0\.50 to 2\.50", summary, re.M)
+    page = render_html(report)
+    assert re.findall(r'<section id="([a-z]+)">', page)[5] == "environment"
+    assert "CPU and memory over time" in _images(page)
+    assert "<tr><th>router settings</th><td>fast path on," in page
+    # An external router is not sampled: said so, not left blank.
+    external = dict(MANIFEST, router={"address": "127.0.0.1:1", "spawned": False},
+                    resources=dict(RESOURCES, router_settings={}, samples=[
+                        {"t_s": 0.0, "load1": 1.0, "processes": {}}]), **HOST)
+    assert dict(environment_rows(make_report(manifest=external)))["router settings"] == (
+        "not known: an external router is not sampled")
+    # A peer's figures taken before the sample (its last counters): its rate is over its
+    # own interval, 0.25 CPU s in 0.5 s.
+    stale = json.loads(json.dumps(RESOURCES))
+    stale["samples"] = stale["samples"][:2]
+    del stale["samples"][1]["processes"]["p1"]
+    stale["samples"][1]["processes"]["p0"]["t_s"] = 0.5
+    rows = dict(environment_rows(make_report(manifest=dict(MANIFEST, resources=stale))))
+    assert rows["load generator (2 processes)"].startswith("CPU 50 % mean, 50 % max")
+    # An older run's manifest has none of it: no section, no rows.
+    assert environment_rows(make_report(manifest=dict(MANIFEST))) == []
+    assert 'id="environment"' not in render_html(make_report(manifest=dict(MANIFEST)))

@@ -18,7 +18,7 @@ import trio
 from click.testing import CliRunner
 
 from gossiprouter.analytics.cli import EXIT_INPUT, EXIT_LOSS, EXIT_OK, analyze_command
-from gossiprouter.analytics.report import Report
+from gossiprouter.analytics.report import Report, environment_rows
 from gossiprouter.analytics.topics_audit import analyze_topics, match_table, run_kind
 from gossiprouter.loadtest.records import MANIFEST_FILE
 from gossiprouter.loadtest.topic_records import (
@@ -29,6 +29,7 @@ from gossiprouter.loadtest.topic_records import (
 )
 from gossiprouter.loadtest.topics import load_topics_scenario, run_topics
 from gossiprouter.topics import matches, parse_topic
+from tests.chromium import Browser, find_chromium
 from tests.conftest import TopicsScenario
 
 if TYPE_CHECKING:
@@ -139,6 +140,10 @@ def test_hand_made_faults_are_found_exactly(unit_report: Report) -> None:
     assert loc.latency is not None and loc.latency.count == 2
     assert loc.latency.max_ns == 1 * MS  # first copies only: the duplicate came at 3 ms
     assert g.latency is not None and g.latency.max_ns == 5 * MS
+    # Each scope's histogram on the same bins, so the report can draw them apart.
+    assert loc.histogram is not None and g.histogram is not None
+    assert (sum(loc.histogram.counts), sum(g.histogram.counts)) == (2, 3)
+    assert loc.histogram.edges_ns == g.histogram.edges_ns == unit_report.latency_histogram.edges_ns
     # Latency over time, by send second since t0: p0-0/3 (sent at 7 s) took 5 ms.
     over = {p.t_s: p for p in unit_report.latency_over_time}
     assert sorted(over) == [1, 2, 5, 7, 8] and over[7].max_ns == 5 * MS
@@ -197,4 +202,41 @@ def test_a_real_run_spark_agrees_with_the_in_process_audit(
         assert sp.lost == 0
     manifest = json.loads((out / MANIFEST_FILE).read_text())
     assert manifest["status"] == "ok" and manifest["in_process_audit"]["global"]["lost"] == 0
+    # The environment: both routers and the loader sampled; the publishers' schedule.
+    samples = manifest["resources"]["samples"]
+    assert samples and set(samples[-1]["processes"]) == {"router-0", "router-1", "loader"}
+    assert manifest["resources"]["router_settings"]["dispatcher"] == "on"
+    assert manifest["host"]["cores"] >= 1
+    pacing = manifest["counters"]["publishers"]
+    assert pacing["sent"] == report.counts.messages and pacing["slots"] >= pacing["sent"]
+    env = dict(environment_rows(report))
+    assert env["router settings"].startswith("fast path ")
+    assert env["router (2 processes)"].startswith("CPU ")
+    assert env["load generator"].startswith("CPU ")
     assert report.verdict.exit_code == EXIT_OK
+
+
+@pytest.mark.spark
+def test_topics_report_in_headless_chromium(unit_report: Report, unit_run: Path,
+                                            tmp_path: Path) -> None:
+    if find_chromium() is None:
+        pytest.skip("chromium is not installed (scripts/setup installs it)")
+    with Browser() as browser:
+        browser.open((unit_run / "report" / "report.html").as_uri(), width=1280)
+        images = browser.evaluate(
+            "[...document.images].map(i => [i.alt, i.complete, i.naturalWidth])")
+        scenario = browser.evaluate("document.getElementById('scenario').innerText")
+        scopes = browser.evaluate("document.querySelector('#by-scope + table').innerText")
+        latency = browser.evaluate("document.querySelector('#latency table').innerText")
+        captions = browser.evaluate("document.querySelectorAll('.caption').length")
+        console = browser.console_errors()
+    assert [alt for alt, *_ in images] == [
+        "latency percentiles over time", "latency distribution", "throughput over time"]
+    assert all(complete and natural > 0 for _, complete, natural in images)
+    assert "duration\t8.5 s sending + 0.5 s drain" in scenario
+    # One unit for every latency: ms, with p95, in the scope table and the latency table.
+    assert scopes.splitlines()[0].endswith("p50 ms\tp95 ms\tp99 ms\tmax ms")
+    assert latency.splitlines()[0] == "latency (ms)\tcount\tp50\tp90\tp95\tp99\tp99.9\tmax"
+    assert "µs" not in scopes + latency
+    assert captions == 2  # the drain, under both plots over the run; no events to explain
+    assert console == []

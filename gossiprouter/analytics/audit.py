@@ -191,6 +191,7 @@ def analyze(
     spark_log: str | os.PathLike[str] | None = None,
     progress: Callable[[str], None] | None = None,
     allow_loss: bool = False,
+    baseline: dict[str, Any] | None = None,
 ) -> Report:
     """Audit the run in ``run_dir``, write report.json and report.html to ``out_dir``.
 
@@ -200,8 +201,10 @@ def analyze(
     of anomaly. ``conf`` and ``spark_log`` go to :func:`spark_session`. ``progress`` is
     called with a short line at each phase, prefixed with the time since the start, and
     once at the end with each phase's duration. ``allow_loss`` goes into the report's
-    verdict. Raises :class:`AuditInputError` for a run directory that is missing or holds
-    no records, :class:`SparkStartError` when Spark cannot start.
+    verdict. ``baseline`` (from :func:`~gossiprouter.analytics.report.load_baseline`) is
+    the earlier run the report compares with. Raises :class:`AuditInputError` for a run
+    directory that is missing or holds no records, :class:`SparkStartError` when Spark
+    cannot start.
     """
     if settle_s < 0:
         raise ValueError("settle_s must not be negative")
@@ -211,8 +214,9 @@ def analyze(
     check_run_dir(run_dir)
     spark, own = open_session(spark, master, conf, spark_log, phases)
     try:
-        report = _Job(spark, run_dir, out_dir, settle_s, sample, phases, started,
-                      allow_loss).run()
+        job = _Job(spark, run_dir, out_dir, settle_s, sample, phases, started, allow_loss)
+        job.baseline = baseline
+        report = job.run()
     finally:
         if own:
             spark.stop()
@@ -251,6 +255,7 @@ class _Job:
         self.phases = phases
         self.started = started
         self.allow_loss = allow_loss
+        self.baseline: dict[str, Any] | None = None
         self.warnings: list[str] = []
         self._cached: list[DataFrame] = []
 
@@ -307,6 +312,7 @@ class _Job:
         report = self._report(manifest, n_records, summary, anomalies, origin)
         self.phases.start("report", "writing report…")
         report.analysis_s = round(time.monotonic() - self.started, 3)
+        report.baseline = self.baseline
         write_report(report, self.out_dir, self.store.write)
         return report
 

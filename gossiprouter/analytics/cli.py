@@ -4,11 +4,12 @@ Exports :func:`analyze_command`, a click command that the main ``gossiprouter`` 
 registers. PySpark is imported only when the command runs, so the rest of the CLI starts
 fast and works without it.
 
-Exit codes (the verdict decides 0, 3 and 4; see docs/loadtest.md): 0 OK, or LOSS ACCEPTED
+Exit codes (the verdict decides 0, 3, 4 and 5; see docs/loadtest.md): 0 OK, or LOSS ACCEPTED
 with ``--allow-loss``; 1 the analysis failed (Spark error, PySpark or Java missing, master
 unreachable); 2 bad input (no such run directory, no records); 3 LOSS: deliveries lost while
 the sender and the receiver were both registered; 4 INCOMPLETE: the load test itself was
-interrupted or failed, so its figures cover a partial run.
+interrupted or failed, so its figures cover a partial run; 5 THRESHOLD: a latency
+threshold of the scenario ([thresholds] p99_ms = 50, ...) was exceeded.
 """
 
 from __future__ import annotations
@@ -25,11 +26,14 @@ from gossiprouter.analytics.report import (
     EXIT_INPUT,
     EXIT_LOSS,
     EXIT_OK,
+    EXIT_THRESHOLD,
+    BaselineError,
+    load_baseline,
 )
 from gossiprouter.cli_errors import PREFIX, needs_extra
 
 __all__ = ["EXIT_FAILED", "EXIT_INCOMPLETE", "EXIT_INPUT", "EXIT_LOSS", "EXIT_OK",
-           "analyze_command"]
+           "EXIT_THRESHOLD", "analyze_command"]
 
 
 def _progress(line: str) -> None:
@@ -78,6 +82,9 @@ def _see(log_path: Path, before: int) -> str:
 @click.option("--conf", "conf", multiple=True, metavar="KEY=VALUE",
               help="Extra Spark configuration, repeatable (e.g. spark.executor.memory=4g; "
                    "on a real cluster spark.driver.host=ADDRESS the executors can reach).")
+@click.option("--baseline", "baseline_dir", metavar="OTHER_RUN", default=None,
+              help="An earlier analysed run (its directory, or its report directory or "
+                   "report.json) to compare with: both runs' key figures side by side.")
 @click.option("--allow-loss", is_flag=True,
               help="Exit 0 (verdict LOSS ACCEPTED) even if deliveries were lost while the "
                    "sender and the receiver were both registered.")
@@ -89,6 +96,7 @@ def analyze_command(
     sample: int,
     conf: tuple[str, ...],
     allow_loss: bool,
+    baseline_dir: str | None,
 ) -> None:
     """Audit the load-test run in RUN_DIR (a path or a Hadoop URI) with Apache Spark.
 
@@ -103,6 +111,13 @@ def analyze_command(
             raise _fail(f"--conf expects KEY=VALUE, got {item!r}", EXIT_INPUT)
         settings[key.strip()] = value
     out = out_dir or run_dir.rstrip("/") + "/report"
+    baseline = None
+    if baseline_dir is not None:
+        # Read before Spark starts: a wrong path fails in a second, not after the audit.
+        try:
+            baseline = load_baseline(baseline_dir)
+        except BaselineError as e:
+            raise _fail(str(e), EXIT_INPUT) from None
 
     try:
         from py4j.protocol import Py4JError  # type: ignore[import-untyped]
@@ -153,11 +168,11 @@ def analyze_command(
         if topics:
             report = analyze_topics(run_dir, out, master=master, sample=sample,
                                     conf=settings, spark_log=log_path, progress=_progress,
-                                    allow_loss=allow_loss)
+                                    allow_loss=allow_loss, baseline=baseline)
         else:
             report = analyze(run_dir, out, master=master, settle_s=settle, sample=sample,
                              conf=settings, spark_log=log_path, progress=_progress,
-                             allow_loss=allow_loss)
+                             allow_loss=allow_loss, baseline=baseline)
     except AuditInputError as e:
         raise _fail(str(e), EXIT_INPUT) from None
     except SparkStartError as e:
@@ -175,6 +190,6 @@ def analyze_command(
         hint = ("; --allow-loss to accept"
                 if dataclasses.replace(report, allow_loss=True).verdict.ok else "")
         raise _fail(f"{verdict.text} (see the report{hint})", EXIT_LOSS)
-    if verdict.exit_code == EXIT_INCOMPLETE:
-        raise _fail(verdict.text, EXIT_INCOMPLETE)
+    if verdict.exit_code in (EXIT_INCOMPLETE, EXIT_THRESHOLD):
+        raise _fail(verdict.text, verdict.exit_code)
     assert verdict.exit_code == EXIT_OK

@@ -31,8 +31,8 @@ __all__ = ["HISTOGRAM_BINS", "LATENCY_PRECISION", "Bucket", "bucket", "bucket_ag
 HISTOGRAM_BINS: Final = 80
 LATENCY_PRECISION: Final = 0.001
 _LOG_STEP: Final = math.log1p(LATENCY_PRECISION)
-# (numerator, denominator) of p50, p90, p99, p99.9: integer arithmetic for exact ranks.
-_PERCENTILE_FRACTIONS: Final = ((1, 2), (9, 10), (99, 100), (999, 1000))
+# (numerator, denominator) of p50, p90, p95, p99, p99.9: integer arithmetic for exact ranks.
+_PERCENTILE_FRACTIONS: Final = ((1, 2), (9, 10), (19, 20), (99, 100), (999, 1000))
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def latency_stats(buckets: Iterable[Bucket]) -> LatencyStats | None:
             seen += b.n
         return bs[-1].hi
 
-    p50, p90, p99, p999 = (value_at(max(1, -(-n * num // den)))
+    p50, p90, p95, p99, p999 = (value_at(max(1, -(-n * num // den)))
                            for num, den in _PERCENTILE_FRACTIONS)
     return LatencyStats(
         count=n,
@@ -94,19 +94,23 @@ def latency_stats(buckets: Iterable[Bucket]) -> LatencyStats | None:
         mean_ns=sum(b.total for b in bs) / n,
         p50_ns=p50,
         p90_ns=p90,
+        p95_ns=p95,
         p99_ns=p99,
         p999_ns=p999,
         max_ns=bs[-1].hi,
     )
 
 
-def histogram(buckets: Iterable[Bucket]) -> Histogram:
-    """Re-bin the fine buckets into HISTOGRAM_BINS log-spaced bins for the plot."""
+def histogram(buckets: Iterable[Bucket], span: Iterable[Bucket] | None = None) -> Histogram:
+    """Re-bin the fine buckets into HISTOGRAM_BINS log-spaced bins for the plot; the bins
+    cover the buckets of ``span`` when given (histograms drawn together share their
+    bins: a topics run's local and global latency)."""
     bs = [b for b in buckets if b.n > 0]
     if not bs:
         return Histogram(edges_ns=[], counts=[])
-    lo = math.log10(max(min(b.lo for b in bs), 1))
-    hi = math.log10(max(max(b.hi for b in bs), 1)) + 1e-9
+    edges = [b for b in span if b.n > 0] if span is not None else bs
+    lo = math.log10(max(min(b.lo for b in edges), 1))
+    hi = math.log10(max(max(b.hi for b in edges), 1)) + 1e-9
     width = max(hi - lo, 1e-6) / HISTOGRAM_BINS
     counts = [0] * HISTOGRAM_BINS
     for b in bs:

@@ -157,6 +157,7 @@ def analyze_topics(
     spark_log: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
     allow_loss: bool = False,
+    baseline: dict[str, Any] | None = None,
 ) -> Report:
     """Audit the topics run in ``run_dir``; write report.json and report.html to
     ``out_dir``. The arguments are those of :func:`gossiprouter.analytics.audit.analyze`
@@ -166,7 +167,9 @@ def analyze_topics(
     check_topics_run_dir(run_dir)
     spark, own = open_session(spark, master, conf, spark_log, phases)
     try:
-        report = _TopicsJob(spark, run_dir, out_dir, sample, phases, allow_loss).run()
+        job = _TopicsJob(spark, run_dir, out_dir, sample, phases, allow_loss)
+        job.baseline = baseline
+        report = job.run()
     finally:
         if own:
             spark.stop()
@@ -184,6 +187,7 @@ class _TopicsJob:
         self.sample = max(0, sample)
         self.phases = phases
         self.allow_loss = allow_loss
+        self.baseline: dict[str, Any] | None = None
         self.warnings: list[str] = []
 
     def _manifest(self) -> dict[str, Any]:
@@ -226,6 +230,7 @@ class _TopicsJob:
         self.phases.start("report", "writing report…")
         report = self._report(manifest, n_pubs, n_recv, summary, settle)
         report.analysis_s = round(time.monotonic() - started, 3)
+        report.baseline = self.baseline
         write_report(report, self.out_dir, self.store.write)
         return report
 
@@ -366,9 +371,10 @@ class _TopicsJob:
         hist: dict[str, list[Bucket]] = {}
         for r in s["latency"]:
             hist.setdefault(str(r["scope"]), []).append(bucket(r))
+        every = [b for bs in hist.values() for b in bs]
         for scope, bs in hist.items():
             by_scope[scope].latency = latency_stats(bs)
-        every = [b for bs in hist.values() for b in bs]
+            by_scope[scope].histogram = histogram(bs, span=every)
         latency: LatencyStats | None = latency_stats(every)
 
         if s["orphans"]:

@@ -51,6 +51,8 @@ from typing import Any, Final
 
 import trio
 
+from gossiprouter.loadtest.resources import metrics_option
+
 __all__ = ["KINDS", "AttackRunner", "AttackSpec", "parse_attacks"]
 
 log = logging.getLogger("gossiprouter.loadtest.attacks")
@@ -193,12 +195,11 @@ class AttackRunner:
         self.warnings: list[str] = []
         if not any(a.kind == "admin-poll" for a in attacks):
             return
-        if "--metrics" in router_args:
-            self.metrics = router_args[router_args.index("--metrics") + 1]
-        elif spawned:
+        self.metrics = metrics_option(router_args)
+        if self.metrics is None and spawned:
             self.metrics = f"127.0.0.1:{_free_port()}"
             self.router_args = ("--metrics", self.metrics)
-        else:
+        elif self.metrics is None:
             self.warnings.append("admin-poll attack skipped: the router's --metrics address "
                                  "is unknown (give it in router.args, or use --spawn-router)")
 

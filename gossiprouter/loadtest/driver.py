@@ -43,10 +43,8 @@ import from here.
 from __future__ import annotations
 
 import datetime
-import importlib.metadata
 import json
 import os
-import platform
 import secrets
 import shutil
 import signal
@@ -57,7 +55,6 @@ from typing import Any, Final
 
 import trio
 
-import gossiprouter
 from gossiprouter.addresses import parse_hostport
 from gossiprouter.loadtest.attacks import AttackRunner
 from gossiprouter.loadtest.errors import LoadTestError, RunInputError, first_error
@@ -78,6 +75,13 @@ from gossiprouter.loadtest.records import (
     MEMBERSHIP_FILE,
     RECORDS_DIR,
     MembershipWriter,
+)
+from gossiprouter.loadtest.resources import (
+    ResourceSampler,
+    host_facts,
+    metrics_available,
+    metrics_option,
+    scrape_router,
 )
 from gossiprouter.loadtest.scenario import Event, Scenario
 from gossiprouter.stub import RouterStub, StubError
@@ -159,45 +163,6 @@ def _n(count: int, noun: str) -> str:
     return f"{count:,} {noun}{'es' if noun.endswith('s') else 's'}"
 
 
-# --------------------------------------------------------------------------- host facts
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _memory_bytes() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def host_facts() -> dict[str, Any]:
-    """Versions and machine facts for the manifest."""
-    return {
-        "versions": {
-            "gossiprouter": gossiprouter.__version__,
-            "python": platform.python_version(),
-            "python_implementation": platform.python_implementation(),
-            "trio": trio.__version__,
-            "pyarrow": _version("pyarrow"),
-            "msgpack": _version("msgpack"),
-            "rich": _version("rich"),
-        },
-        "host": {
-            "hostname": platform.node(),
-            "platform": platform.platform(),
-            "machine": platform.machine(),
-            "cores": os.cpu_count(),
-            "memory_bytes": _memory_bytes(),
-        },
-    }
-
-
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
@@ -258,6 +223,10 @@ class _Run:
         # With [federation]: a mosquitto and its routers; self.router is router 0, the one
         # the attacks and the progress line name.
         self.federation: SpawnedFederation | None = None
+        # A spawned router's metrics port, scraped for its CPU, memory and settings (not a
+        # federation's routers: they share their arguments, so not one metrics port).
+        self.metrics_addr: str | None = None
+        self.sampler = ResourceSampler()
         args = scenario.router_args + self.attacks.router_args
         if scenario.federation:
             self.federation = SpawnedFederation(scenario.federation, args, run_dir / LOGS_DIR)
@@ -265,6 +234,10 @@ class _Run:
             self.port = self.router.port
             self.router_addr = f"{HOST}:{self.port}"
         elif self.spawn:
+            self.metrics_addr = metrics_option(args)
+            if self.metrics_addr is None and metrics_available():
+                self.metrics_addr = f"{HOST}:{free_port()}"
+                args += ("--metrics", self.metrics_addr)
             self.router = SpawnedRouter(self.port, args, run_dir / LOGS_DIR / "router.log")
         self.spawned = self.federation.routers if self.federation else (
             [self.router] if self.router else [])
@@ -364,6 +337,7 @@ class _Run:
                                                   if k not in ("ev", "t_ns")}
                                          for p in self.peers}
             self.manifest["warnings"] = self.warnings
+            self.manifest["resources"] = self.sampler.to_manifest()
             self.write_manifest()
         totals = total_view([p.view() for p in self.peers])
         router_errors: dict[str, int] = {}
@@ -421,6 +395,7 @@ class _Run:
             p.state = "running"
         self.progress.set_t0(self.t0_ns)
         self.phase = "sending"
+        nursery.start_soon(self._sample_resources)
         if self.attacks.active:
             nursery.start_soon(self.attacks.run, self.router_addr, self.t0_ns,
                                self.t0_ns + round(s.duration * 1e9), say)
@@ -449,6 +424,28 @@ class _Run:
                                 f"{FINISH_GRACE:g} s after the drain")
         self.phase = "done"
         say("all peers finished")
+
+    async def _sample_resources(self) -> None:
+        """About once a second until the run ends: the router's CPU and memory from its
+        metrics port, the peers' from their counters (gossiprouter.loadtest.resources)."""
+        assert self.t0_ns is not None
+        while True:
+            procs: dict[str, tuple[float | None, int | None]] = {}
+            taken: dict[str, float] = {}
+            if self.metrics_addr is not None:
+                scraped = await trio.to_thread.run_sync(scrape_router, self.metrics_addr,
+                                                        abandon_on_cancel=True)
+                if scraped is not None:  # None while the router is down for a restart
+                    procs["router"] = (scraped.cpu_s, scraped.rss_bytes)
+                    self.sampler.router_settings = scraped.settings
+            for p in self.peers:
+                cpu, at = p.stats.get("cpu_s"), p.stats.get("t_ns")
+                if isinstance(cpu, int | float) and p.proc_no not in self.killed:
+                    procs[p.name] = (float(cpu), p.stats.get("rss_bytes"))
+                    if isinstance(at, int):  # its last counters, up to 0.5 s old
+                        taken[p.name] = (at - self.t0_ns) / 1e9
+            self.sampler.add((time.monotonic_ns() - self.t0_ns) / 1e9, procs, taken)
+            await trio.sleep(self.sampler.interval_s)
 
     async def _play(self, nursery: trio.Nursery, ev: Event) -> None:
         say = self.progress.log

@@ -55,7 +55,9 @@ from typing import Any, Final, NoReturn
 
 import trio
 
+from gossiprouter.loadtest.pacing import Pacer, PaceStats
 from gossiprouter.loadtest.records import RecordWriter
+from gossiprouter.loadtest.resources import own_usage
 from gossiprouter.loadtest.scenario import MemberSpec, Scenario, SendPattern, parse_scenario
 from gossiprouter.stub import Channel, ChannelClosedError, RouterStub, StubError
 
@@ -221,6 +223,7 @@ class Peer:
         self.errors = 0
         self.bad_payloads = 0
         self.dropped_closed = 0  # receive-buffer drops of channels already closed
+        self.pacing = PaceStats()  # every member's send slots together
         self.last_error: str | None = None
         self._nursery: trio.Nursery | None = None
 
@@ -298,6 +301,7 @@ class Peer:
             for code, n in st.stats.async_errors.items():
                 by_code[code] = by_code.get(code, 0) + n
         router_errors = sum(by_code.values())
+        cpu_s, rss_bytes = own_usage()
         return {
             "t_ns": time.monotonic_ns(),
             "sent": self.sent,
@@ -311,6 +315,10 @@ class Peer:
             "joined": sum(1 for m in self.members.values() if m.chan is not None),
             "files": len(self.writer.files),
             "last_error": self.last_error,
+            **self.pacing.counters(),
+            # For the run's environment (gossiprouter.loadtest.resources).
+            "cpu_s": round(cpu_s, 3),
+            "rss_bytes": rss_bytes,
         }
 
     async def stats_loop(self) -> None:
@@ -444,21 +452,17 @@ class Peer:
         rate = m.pattern.rate
         try:
             with scope:
-                next_t = trio_time_at(max(self.t0_ns, time.monotonic_ns()))
                 if rate is None:
                     while True:  # ends at the scope's deadline (the end of sending)
                         await self.send_one(m, chan)
-                interval = 1.0 / rate
+                # Late and skipped slots are counted (coordinated omission, see pacing.py);
+                # more than a second behind (the router was down, say), the missed slots
+                # are skipped instead of sent in a burst.
+                pacer = Pacer(rate, trio_time_at(max(self.t0_ns, time.monotonic_ns())),
+                              self.pacing)
                 while True:
-                    now = trio.current_time()
-                    if next_t > now:
-                        await trio.sleep_until(next_t)
-                    elif now - next_t > 1.0:
-                        # More than a second behind (the router was down, say): skip the
-                        # missed slots instead of bursting to catch up.
-                        next_t = now
+                    await pacer.wait()
                     await self.send_one(m, chan)
-                    next_t += interval
         except ChannelClosedError:
             pass  # the stub or channel closed under us: this member sends no more
         finally:

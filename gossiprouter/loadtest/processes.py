@@ -240,16 +240,22 @@ class SpawnedBroker(_Spawned):
 class SpawnedFederation:
     """A mosquitto and ``routers`` routers bridged to it (``--bridge``, ``--router-id rN``),
     every one on a free port of 127.0.0.1: the federation the topic and federated load tests
-    run against. The routers' logs are ``router-N.log`` in ``log_dir``."""
+    run against. The routers' logs are ``router-N.log`` in ``log_dir``. With ``metrics``
+    each router also serves its metrics on a port of its own (``self.metrics``, in the
+    routers' order)."""
 
-    def __init__(self, routers: int, args: tuple[str, ...], log_dir: Path) -> None:
+    def __init__(self, routers: int, args: tuple[str, ...], log_dir: Path, *,
+                 metrics: bool = False) -> None:
         self.broker = SpawnedBroker(log_dir)
         # A router whose broker was away reconnects within half a second, not the
         # production default's 30 s: runs are short.
         bridge = ("--bridge", self.broker.url, "--bridge-reconnect-max", "0.5")
-        self.routers = [SpawnedRouter(free_port(), (*args, *bridge, "--router-id", f"r{i}"),
-                                      log_dir / f"router-{i}.log", name=f"router {i}")
-                        for i in range(routers)]
+        self.metrics = [f"{HOST}:{free_port()}" for _ in range(routers)] if metrics else []
+        self.routers = [
+            SpawnedRouter(free_port(), (*args, *bridge, "--router-id", f"r{i}",
+                                        *(("--metrics", self.metrics[i]) if metrics else ())),
+                          log_dir / f"router-{i}.log", name=f"router {i}")
+            for i in range(routers)]
 
     @property
     def addresses(self) -> list[str]:

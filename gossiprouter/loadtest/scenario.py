@@ -37,6 +37,7 @@ __all__ = [
     "ACTIONS",
     "MAX_PAYLOAD",
     "MIN_PAYLOAD",
+    "THRESHOLD_KEYS",
     "Event",
     "GroupSpec",
     "MemberSpec",
@@ -46,6 +47,7 @@ __all__ = [
     "StubOptions",
     "load_scenario",
     "parse_scenario",
+    "parse_thresholds",
 ]
 
 Action = Literal["leave", "join", "kill", "restart-router"]
@@ -65,6 +67,10 @@ MAX_DURATION: Final = 24 * 3600.0
 MAX_RATE: Final = 1_000_000.0
 MAX_ROUTERS: Final = 8
 _GROUP_NAME: Final = re.compile(r"[A-Za-z0-9_.]+")
+# [thresholds]: the most a latency percentile of the run may be, in milliseconds, as k6's
+# thresholds (``p(99)<50``); the analysis fails the verdict when one is exceeded.
+THRESHOLD_KEYS: Final = ("p50_ms", "p90_ms", "p95_ms", "p99_ms", "p999_ms", "max_ms")
+MAX_THRESHOLD_MS: Final = 600_000.0
 
 
 class ScenarioError(ValueError):
@@ -196,6 +202,8 @@ class Scenario:
     events: tuple[Event, ...] = ()
     # Hostile clients run beside the members (gossiprouter.loadtest.attacks); not members.
     attacks: tuple[AttackSpec, ...] = ()
+    thresholds: tuple[tuple[str, float], ...] = ()
+    """(key of THRESHOLD_KEYS, milliseconds), in THRESHOLD_KEYS order."""
     source: str = "<scenario>"
     members: tuple[MemberSpec, ...] = field(default=(), compare=False)
 
@@ -238,6 +246,7 @@ class Scenario:
                        for g in self.groups],
             "events": [e.to_dict() for e in self.events],
             "attacks": [a.to_dict() for a in self.attacks],
+            "thresholds": dict(self.thresholds),
         }
 
 
@@ -261,6 +270,18 @@ def load_scenario(path: str | Path) -> Scenario:
     except tomllib.TOMLDecodeError as e:
         raise ScenarioError(f"{source}: not valid TOML: {e}") from None
     return parse_scenario(data, source=source, default_name=p.stem)
+
+
+def parse_thresholds(value: Any, source: str) -> tuple[tuple[str, float], ...]:
+    """The ``[thresholds]`` table of a scenario (either kind): ``p99_ms = 50`` and the
+    like; :class:`ScenarioError` naming the key, the value and what was expected."""
+    p = _Parser(source)
+    if not isinstance(value, Mapping):
+        raise p.error("thresholds", "a table such as [thresholds] p99_ms = 50", value)
+    p.check_keys(value, "[thresholds]", THRESHOLD_KEYS)
+    return tuple((k, p.number(value, k, f"thresholds.{k}", 0.0, low=0, high=MAX_THRESHOLD_MS,
+                              low_open=True))
+                 for k in THRESHOLD_KEYS if k in value)
 
 
 def parse_scenario(
@@ -352,7 +373,7 @@ class _Parser:
             raise ScenarioError(f"{self.source}: expected a TOML table at the top level")
         self.check_keys(data, "", ("name", "description", "duration", "drain", "seed",
                                    "peers", "send", "stub", "router", "federation",
-                                   "groups", "events", "attacks"))
+                                   "groups", "events", "attacks", "thresholds"))
         name = data.get("name", default_name)
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
             raise self.error("name", "1 to 64 letters, digits, '_', '.' or '-'", name)
@@ -425,6 +446,7 @@ class _Parser:
         events = self.events(data, duration, processes, members, max(1, federation))
         from gossiprouter.loadtest.attacks import parse_attacks  # it imports this module
         attacks = parse_attacks(data.get("attacks", []), self.source)
+        thresholds = parse_thresholds(data.get("thresholds", {}), self.source)
         first: dict[str, str] = {}
         for e in events:
             if e.member is not None:
@@ -438,7 +460,8 @@ class _Parser:
             processes=processes, stubs=stubs,  # type: ignore[arg-type]
             receive_only=frozenset(receive_only), stub=stub, router_args=tuple(router_args),
             federation=federation,
-            groups=tuple(groups), events=tuple(events), attacks=attacks, source=self.source,
+            groups=tuple(groups), events=tuple(events), attacks=attacks,
+            thresholds=thresholds, source=self.source,
             members=tuple(members),
         )
 

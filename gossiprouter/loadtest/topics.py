@@ -47,6 +47,15 @@ import click
 import trio
 
 from gossiprouter.loadtest.errors import first_error
+from gossiprouter.loadtest.pacing import Pacer, PaceStats
+from gossiprouter.loadtest.resources import (
+    ResourceSampler,
+    host_facts,
+    metrics_available,
+    own_usage,
+    scrape_router,
+)
+from gossiprouter.loadtest.scenario import ScenarioError, parse_thresholds
 from gossiprouter.stub import Channel, Publication, RouterStub
 from gossiprouter.topics import (
     TopicError,
@@ -84,6 +93,8 @@ class TopicsScenario:
     churn_interval: float  # mean seconds between pattern changes of one subscriber
     settle: float
     patterns: tuple[str, ...]  # with {p}: a publisher index
+    # [thresholds] (p99_ms = 50, ...): latency limits the analysis holds the run to.
+    thresholds: dict[str, float] = field(default_factory=dict)
 
 
 def is_topics_scenario(path: Path) -> bool:
@@ -120,6 +131,10 @@ def load_topics_scenario(path: Path) -> TopicsScenario:
             pattern(*parse_topic(p.replace("{p}", "0")))
         except TopicError as e:
             raise TopicsScenarioError(f"{path.name}: topics.patterns: {p!r}: {e}") from None
+    try:
+        thresholds = dict(parse_thresholds(raw.get("thresholds", {}), path.name))
+    except ScenarioError as e:
+        raise TopicsScenarioError(str(e)) from None
     return TopicsScenario(
         name=str(raw.get("name", path.stem)),
         duration=num(raw, "duration", 10, 0.5, 3600), drain=num(raw, "drain", 2, 0, 60),
@@ -129,7 +144,7 @@ def load_topics_scenario(path: Path) -> TopicsScenario:
         rate=num(t, "rate", 20, 0.1, 10_000), global_share=num(t, "global", 0.5, 0, 1),
         size=int(num(t, "size", 100, _STAMP.size, 1 << 16)),
         churn_interval=num(t, "churn_interval", 1.0, 0.05, 3600),
-        settle=num(t, "settle", 0.5, 0, 60), patterns=tuple(pats))
+        settle=num(t, "settle", 0.5, 0, 60), patterns=tuple(pats), thresholds=thresholds)
 
 
 # --------------------------------------------------------------------------- records
@@ -256,6 +271,10 @@ class Recorded:
     sent: list[Sent]
     subs: list[Subscriber]
     t0: float
+    # The publishers' send slots (late, skipped: gossiprouter.loadtest.pacing).
+    pacing: PaceStats = field(default_factory=PaceStats)
+    # The routers' and this process's CPU and memory (gossiprouter.loadtest.resources).
+    resources: dict[str, Any] = field(default_factory=dict)
 
 
 def publisher_name(sc: TopicsScenario, index: int) -> str:
@@ -359,7 +378,8 @@ async def run_topics(sc: TopicsScenario, echo: Any = print, out: Path | None = N
     write_run(out, sc, rec, run)
     _write_json(out / MANIFEST_FILE, _manifest(
         sc, source, run, status, started_at=started, finished_at=_now_iso(),
-        t0_ns=_ns(rec.t0), in_process_audit=rep.rows))
+        t0_ns=_ns(rec.t0), in_process_audit=rep.rows, resources=rec.resources, **host_facts(),
+        counters={"publishers": {"sent": len(rec.sent), **rec.pacing.counters()}}))
     return rep
 
 
@@ -374,7 +394,7 @@ async def _run(sc: TopicsScenario, echo: Any) -> Recorded:
 
     rnd = random.Random(sc.seed)
     tmp = Path(tempfile.mkdtemp(prefix="gossiprouter-topics-"))
-    fed = SpawnedFederation(sc.routers, (), tmp)
+    fed = SpawnedFederation(sc.routers, (), tmp, metrics=metrics_available())
     keep = False
     try:
         async with trio.open_nursery() as n:
@@ -383,7 +403,7 @@ async def _run(sc: TopicsScenario, echo: Any) -> Recorded:
                 echo(f"{sc.name}: {sc.routers} routers, mosquitto on {fed.broker.port}, "
                      f"{sc.publishers}x{sc.routers} publishers, {sc.subscribers}x{sc.routers} "
                      f"subscribers, {sc.duration:g} s")
-                return await _load(sc, rnd, [r.port for r in fed.routers])
+                return await _load(sc, rnd, [r.port for r in fed.routers], fed.metrics)
             finally:
                 with trio.CancelScope(shield=True):
                     await fed.stop()
@@ -411,7 +431,24 @@ def _publication_id(pub: int, rnd: random.Random) -> TopicId:
     return topic_id(f"v{pub}", "pos", [rnd.choice(["eu", "us"]), rnd.choice(["de", "fr"])])
 
 
-async def _load(sc: TopicsScenario, rnd: random.Random, ports: list[int]) -> Recorded:
+async def _sample(sampler: ResourceSampler, metrics: list[str], t0: float) -> None:
+    """The routers' CPU and memory and this process's (every publisher and subscriber is
+    in it), about once a second, until cancelled."""
+    while True:
+        procs: dict[str, tuple[float | None, int | None]] = {}
+        for i, address in enumerate(metrics):
+            scraped = await trio.to_thread.run_sync(scrape_router, address,
+                                                    abandon_on_cancel=True)
+            if scraped is not None:
+                procs[f"router-{i}"] = (scraped.cpu_s, scraped.rss_bytes)
+                sampler.router_settings = scraped.settings
+        procs["loader"] = own_usage()
+        sampler.add(trio.current_time() - t0, procs)
+        await trio.sleep(sampler.interval_s)
+
+
+async def _load(sc: TopicsScenario, rnd: random.Random, ports: list[int],
+                metrics: Sequence[str] = ()) -> Recorded:
     subs: list[Subscriber] = []
     sent: list[Sent] = []
     async with trio.open_nursery() as n:
@@ -443,6 +480,8 @@ async def _load(sc: TopicsScenario, rnd: random.Random, ports: list[int]) -> Rec
         await trio.sleep(sc.settle + 0.5)  # every bridge has subscribed the broker
         t0 = trio.current_time()
         t_end = t0 + sc.duration
+        pacing = PaceStats()
+        sampler = ResourceSampler()
 
         async def receive(sub: Subscriber) -> None:
             async for m in sub.channel:
@@ -455,11 +494,9 @@ async def _load(sc: TopicsScenario, rnd: random.Random, ports: list[int]) -> Rec
         async def publish(index: int, router: int, ch: Channel) -> None:
             prng = random.Random(sc.seed * 1000 + index)
             seq = 0
-            interval = 1.0 / sc.rate
-            nxt = trio.current_time()
-            while nxt < t_end:
-                await trio.sleep_until(nxt)
-                nxt += interval
+            pacer = Pacer(sc.rate, t0, pacing)
+            while pacer.next_t < t_end:
+                await pacer.wait()
                 tid = _publication_id(index, prng)
                 scope = "global" if prng.random() < sc.global_share else "local"
                 now = trio.current_time()
@@ -507,6 +544,7 @@ async def _load(sc: TopicsScenario, rnd: random.Random, ports: list[int]) -> Rec
                 span.settled = change[1]
 
         async with trio.open_nursery() as load:
+            load.start_soon(_sample, sampler, list(metrics), t0)
             for sub in subs:
                 load.start_soon(receive, sub)
                 load.start_soon(churn, sub)
@@ -516,7 +554,7 @@ async def _load(sc: TopicsScenario, rnd: random.Random, ports: list[int]) -> Rec
             await trio.sleep(sc.drain)
             load.cancel_scope.cancel()
         n.cancel_scope.cancel()
-    return Recorded(sent, subs, t0)
+    return Recorded(sent, subs, t0, pacing, sampler.to_manifest())
 
 
 async def _hold(stub: RouterStub, *, task_status: trio.TaskStatus[None]) -> None:

@@ -15,20 +15,21 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from gossiprouter import snapshot
+from gossiprouter import fastpath, snapshot
 from gossiprouter._version import __version__
 from gossiprouter.ops.access import PROTOCOLS
 from gossiprouter.protocol.errors import ERROR_CODES
 
 if TYPE_CHECKING:
     from gossiprouter.bridge import Bridge
+    from gossiprouter.config import Config
     from gossiprouter.ops.runtime import Operations
     from gossiprouter.routing import Stats
     from gossiprouter.snapshot import RouterView
@@ -74,6 +75,7 @@ class RouterCollector(Collector):
                                  labels=["version", "router_id"])
         info.add_metric([__version__, hub.config.name], 1)
         yield info
+        yield _settings(hub.config)
 
         # --- connections (the scrape's snapshot, see refresh)
         by_proto = dict.fromkeys((*PROTOCOLS, "handshake"), 0) | dict(conns.by_protocol)
@@ -321,6 +323,27 @@ def federation_metrics(bridge: Bridge) -> Iterator[Metric]:
                    s.conflicts)
     yield _counter("gossiprouter_federation_malformed",
                    "Federation messages that could not be read.", s.malformed)
+
+
+# The settings that change how the router performs: a load test's report shows them
+# beside its latency (gossiprouter.loadtest.resources scrapes them).
+_SETTINGS: Final = ("dispatcher", "direct_send", "coalesce_writes", "slow_consumer_policy",
+                    "jgroups_slow_consumer_policy", "outbound_queue_bytes", "write_timeout")
+
+
+def _settings(config: Config) -> GaugeMetricFamily:
+    def show(v: object) -> str:
+        return ("on" if v else "off") if isinstance(v, bool) else f"{v:g}" \
+            if isinstance(v, float) else str(v)
+
+    # The fast path as it runs (the option, the environment and the build decide it).
+    fast_path = "on" if fastpath.status(config)[0] else "off"
+    g = GaugeMetricFamily("gossiprouter_settings_info",
+                          "The router's performance settings as it runs (fast_path: whether "
+                          "the compiled relay thread is in use).",
+                          labels=["fast_path", *_SETTINGS])
+    g.add_metric([fast_path, *(show(getattr(config, k)) for k in _SETTINGS)], 1)
+    return g
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
