@@ -83,6 +83,9 @@ log = logging.getLogger("gossiprouter.bridge")
 ORIGIN_PROPERTY = "gossiprouter-origin"
 SENDER_PROPERTY = "gossiprouter-sender"
 SEQ_PROPERTY = "gossiprouter-seq"
+# On the presence deletion a router publishes when it shuts down cleanly: its members leave
+# the others' views instead of being suspected (docs/federation.md, "Life cycle").
+LEFT_PROPERTY = "gossiprouter-left"
 # Publications remembered per origin to drop the broker's extra copies (see _Dedup).
 DEDUP_WINDOW = 4096
 MAX_ORIGINS = 1024
@@ -322,6 +325,11 @@ class Bridge:
         self.federation = Federation(hub, self.origin, config.name, self._send_route,
                                      self._mark_dirty)
         self._session_scope: trio.CancelScope | None = None
+        # leave() was called (the router shuts down cleanly); ``left`` is set once the
+        # leave is written and the broker connection closed with DISCONNECT (or there was
+        # no connection to leave by).
+        self._leaving = False
+        self.left = trio.Event()
         self._seq = 0
         self._dedup = _Dedup()
         self._wake_writer = trio.Event()
@@ -390,6 +398,34 @@ class Bridge:
         if records:
             self._kick_writer()
 
+    def leave(self) -> None:
+        """The router shuts down cleanly (Server.shutdown), before it closes its connections:
+        delete its records and presence at the broker, then DISCONNECT, so the broker does
+        not publish the Last Will. The other routers see its members leave, not suspected;
+        a router killed (or cancelled) still goes by its Last Will, and is suspected."""
+        if self._leaving:
+            return
+        self._leaving = True
+        records = self.federation.leave()
+        if self.state != "connected":
+            # Nothing can be published: its presence is gone already (Last Will) or expires.
+            self.left.set()
+            return
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        self.state = "leaving"  # routed frames and publications from now: not forwarded
+        self._publish_records(records)
+        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        props.UserProperty = [(LEFT_PROPERTY, "1")]
+        # After the records on the one connection, so every router has applied them (leave)
+        # before it drops this router.
+        self._client.publish(presence_topic(self.prefix, self.origin), b"", qos=1, retain=True,
+                             properties=props)
+        self._client.disconnect()  # queued after them: paho writes it last
+        self._kick_writer()
+        log.info("bridge: leaving the federation (%d records withdrawn)", len(records))
+
     def _unwritten(self) -> int:
         # paho keeps unwritten packets in _out_packet and offers no public count of them.
         q = getattr(self._client, "_out_packet", ())
@@ -417,6 +453,13 @@ class Bridge:
         if reason.is_failure:
             self.last_error = f"broker refused the connection: {reason}"
             log.warning("bridge: %s", self.last_error)
+            return
+        if self._leaving:
+            # Connected while the router was already shutting down: nothing to announce,
+            # and a clean DISCONNECT keeps the Last Will from being published.
+            self.state = "leaving"
+            client.disconnect()
+            self._kick_writer()
             return
         from paho.mqtt.subscribeoptions import SubscribeOptions
 
@@ -449,6 +492,9 @@ class Bridge:
             log.warning("bridge lost the broker: %s", reason)
             self.last_error = f"disconnected: {reason}"
         # (Otherwise the CONNACK refusal, already in last_error, says more.)
+        if self.state == "leaving":
+            log.info("bridge: left the federation")
+            self.left.set()
         self.state = "disconnected"
         if self._session_scope is not None:
             self._session_scope.cancel()
@@ -470,7 +516,10 @@ class Bridge:
 
     def _on_message(self, client: Client, userdata: Any, msg: MQTTMessage) -> None:
         if msg.topic.startswith(self._fed_root):
-            self._on_federation(msg.topic, bytes(msg.payload))
+            props = getattr(msg, "properties", None)
+            left = any(k == LEFT_PROPERTY for k, _ in
+                       getattr(props, "UserProperty", None) or ())
+            self._on_federation(msg.topic, bytes(msg.payload), left)
             return
         origin = sender = seq = None
         props = getattr(msg, "properties", None)
@@ -508,7 +557,7 @@ class Bridge:
         self.hub.counters.delivered += deliver_publication(self.table, group, addr, tid, frame,
                                                            False)
 
-    def _on_federation(self, topic: str, payload: bytes) -> None:
+    def _on_federation(self, topic: str, payload: bytes, left: bool = False) -> None:
         fed = self.federation
         if topic == self._route_topic:
             fed.on_route(payload)
@@ -519,7 +568,8 @@ class Bridge:
         levels = topic[len(self._fed_root):].split("/")
         try:
             if levels[0] == "router" and len(levels) == 2:
-                fed.on_presence(unescape_level(levels[1]), payload, trio.current_time())
+                fed.on_presence(unescape_level(levels[1]), payload, trio.current_time(),
+                                left=left)
             elif levels[0] == "members" and len(levels) == 3:
                 fed.on_record(unescape_level(levels[1]), unescape_level(levels[2]), payload)
             else:
@@ -557,7 +607,7 @@ class Bridge:
     async def _connect_loop(self) -> None:
         n = 0
         try:
-            while True:
+            while not self._leaving:
                 self.state = "connecting"
                 started = trio.current_time()
                 try:
@@ -574,6 +624,8 @@ class Bridge:
                     log.info("bridge: %s", self.last_error)
                 else:
                     await self._session()
+                    if self._leaving:
+                        return  # (the finally below sets ``left``)
                     self._lost_at = trio.current_time()
                     self._cut.set()
                     if trio.current_time() - started > 30.0:
@@ -585,6 +637,7 @@ class Bridge:
                 await trio.sleep(delay)
         finally:
             self.state = "stopped"
+            self.left.set()  # whatever was not written by now never will be
             sock = self._client.socket()
             if sock is not None:
                 sock.close()

@@ -67,6 +67,7 @@ class FederationStats:
     malformed: int = 0  # federation messages that could not be read
     conflicts: int = 0  # remote registrations a local rule refused (e.g. an in-process address)
     routers_lost: int = 0  # routers dropped: Last Will, resync, or this router cut off
+    routers_left: int = 0  # routers that shut down cleanly (their members left, unsuspected)
     resyncs: int = 0  # reconciles after a (re)connect
     ghosts_removed: int = 0  # remote members a resync found gone
 
@@ -194,6 +195,9 @@ class Federation:
         self.routers: dict[str, RemoteRouter] = {}
         self.epoch = 0
         self.synced = False
+        # Set by leave(): this router is shutting down and has withdrawn its records, so the
+        # connections it closes now change nothing the others see.
+        self.leaving = False
         # group -> addresses removed as suspected since its last record
         self.dirty: dict[str, set[bytes]] = {}
         # group -> (last payload published, the addresses it listed)
@@ -215,6 +219,8 @@ class Federation:
 
     def on_local(self, group: str, suspected: bytes | None) -> None:
         """The table's hook: the members this router carries in ``group`` may have changed."""
+        if self.leaving:
+            return
         s = self.dirty.get(group)
         if s is None:
             s = self.dirty[group] = set()
@@ -239,6 +245,16 @@ class Federation:
         for group, suspected in dirty.items():
             out += [(group, rec) for rec in self._record(group, suspected)]
         return out
+
+    def leave(self) -> list[tuple[str, bytes]]:
+        """A clean shutdown: the deletion of every record published, so the others see this
+        router's members leave (not suspected), and nothing published after it (the local
+        connections closing next would otherwise be suspects in the records)."""
+        self.leaving = True
+        self.dirty = {}
+        old, self.published = self.published, {}
+        self.stats.records_out += len(old)
+        return [(group, b"") for group in old]
 
     def snapshot(self) -> list[tuple[str, bytes]]:
         """Every record, after a (re)connect: each group with members carried here, and an
@@ -334,14 +350,19 @@ class Federation:
                 notices += self._drop_router(r)
         self.hub.deliver(notices)
 
-    def on_presence(self, origin: str, payload: bytes, now: float = 0.0) -> None:
+    def on_presence(self, origin: str, payload: bytes, now: float = 0.0,
+                    left: bool = False) -> None:
+        """A router's presence; empty: it is gone, by its Last Will (its members are
+        suspected) or, with ``left``, by a clean shutdown (they leave, unsuspected: its
+        record deletions normally removed them already)."""
         if origin == self.origin:
             return
         r = self.routers.get(origin)
         if not payload:
             if r is not None:
-                log.info("federation: router %s is gone (Last Will)", r.label)
-                self.hub.deliver(self._drop_router(r))
+                log.info("federation: router %s %s", r.label,
+                         "left (shut down)" if left else "is gone (Last Will)")
+                self.hub.deliver(self._drop_router(r, suspect=not left))
             return
         try:
             info = msgpack.unpackb(payload)
@@ -423,13 +444,16 @@ class Federation:
             r.fanouts.pop(group, None)
         return notices
 
-    def _drop_router(self, r: RemoteRouter) -> list[Notice]:
+    def _drop_router(self, r: RemoteRouter, suspect: bool = True) -> list[Notice]:
         notices: list[Notice] = []
         for group, held in r.groups.items():
             for addr, rm in held.items():
-                notices += self.table.unlink_remote(rm, group, addr, suspect=True)
+                notices += self.table.unlink_remote(rm, group, addr, suspect=suspect)
         if r.alive:
-            self.stats.routers_lost += 1
+            if suspect:
+                self.stats.routers_lost += 1
+            else:
+                self.stats.routers_left += 1
         self.routers.pop(r.origin, None)
         r.groups.clear()
         r.alive = False

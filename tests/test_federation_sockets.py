@@ -422,3 +422,50 @@ async def test_a_stub_sees_the_whole_group_through_any_router(nursery: trio.Nurs
         await b.send(wire.Route(G, b"t", b"b", b"marker"))
         with trio.fail_after(5):
             assert (await twin.receive()).payload == b"marker"
+
+
+async def test_a_router_shut_down_leaves_cleanly_and_a_cancelled_one_is_suspected(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    """A graceful shutdown withdraws the router's records and presence before DISCONNECT:
+    its members leave everywhere, unsuspected (and its retained state is gone from the
+    broker). A router cancelled outright goes by its Last Will: suspected, as before."""
+    ra, rb, rc = await federation(nursery, broker, 3)
+    w = await member(ra, b"w")  # a member and a watcher: it would see a suspect first
+    assert isinstance(await w.request(wire.Watch(w.req(), G)), wire.Ok)
+    b, c = await member(rb, b"b"), await member(rc, b"c")
+    await everywhere([ra, rb, rc], {b"w", b"b", b"c"})
+    assert sorted(await events(w, 2)) == [("join", b"b"), ("join", b"c")]
+    fa = bridge_of(ra).federation
+    await rb.stop(graceful=True)
+    await everywhere([ra, rc], {b"w", b"c"})
+    assert await events(w, 1) == [("leave", b"b")]
+    assert (fa.stats.routers_left, fa.stats.routers_lost, fa.live_routers()) == (1, 0, 1)
+    await rc.stop()  # cancelled: the socket closes without DISCONNECT
+    await everywhere([ra], {b"w"})
+    assert await events(w, 2) == [("suspect", b"c"), ("leave", b"c")]
+    assert (fa.stats.routers_left, fa.stats.routers_lost) == (1, 1)
+    # A router starting now gets no retained record or presence of B (withdrawn); C's
+    # records stay retained, inert without a presence.
+    [rd] = [await InProcessRouter(nursery, bridge=broker.url, router_id="r3", **FED).start()]
+    fd = bridge_of(rd).federation
+    await eventually(lambda: fd.synced)
+    assert fd.routers.keys() == {bridge_of(ra).origin} and table_members(rd) == {b"w"}
+    del b, c
+
+
+async def test_sigterm_leaves_the_federation_and_exits(nursery: trio.Nursery, broker: Mosquitto,
+                                                       tmp_path: Path) -> None:
+    """SIGTERM on a router process (cli's signal handler, Server.shutdown): the other router
+    sees its member leave, with no suspect, and the process exits 0."""
+    [ra] = await federation(nursery, broker, 1)
+    w = await member(ra, b"w")
+    with RouterProcess(None, "--bridge", broker.url, "--router-id", "p1",
+                       log=tmp_path / "p1.log") as pb:
+        b = await NativeClient.open("127.0.0.1", pb.port)
+        assert isinstance(await b.connect(G, b"b"), wire.Ok)
+        await everywhere([ra], {b"w", b"b"})
+        assert isinstance(await w.request(wire.Watch(w.req(), G)), wire.Ok)
+        assert await trio.to_thread.run_sync(pb.stop) == 0
+        assert await events(w, 1) == [("leave", b"b")]
+        fa = bridge_of(ra).federation
+        assert (fa.stats.routers_left, fa.stats.routers_lost) == (1, 0)

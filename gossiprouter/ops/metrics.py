@@ -310,6 +310,9 @@ def federation_metrics(bridge: Bridge) -> Iterator[Metric]:
     yield _counter("gossiprouter_federation_routers_lost",
                    "Routers dropped: Last Will, resync, or this router cut off from the broker.",
                    s.routers_lost)
+    yield _counter("gossiprouter_federation_routers_left",
+                   "Routers that shut down cleanly (their members left, unsuspected).",
+                   s.routers_left)
     yield _counter("gossiprouter_federation_resyncs",
                    "Reconciles after a (re)connect to the broker.", s.resyncs)
     yield _counter("gossiprouter_federation_ghosts_removed",
