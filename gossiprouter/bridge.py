@@ -559,15 +559,13 @@ class Bridge:
 
     def _on_federation(self, topic: str, payload: bytes, left: bool = False) -> None:
         fed = self.federation
-        if topic == self._route_topic:
-            fed.on_route(payload)
-            return
-        if topic == self._sync_topic:
-            fed.end_sync()
-            return
         levels = topic[len(self._fed_root):].split("/")
         try:
-            if levels[0] == "router" and len(levels) == 2:
+            if topic == self._route_topic:
+                fed.on_route(payload)
+            elif topic == self._sync_topic:
+                fed.end_sync()
+            elif levels[0] == "router" and len(levels) == 2:
                 fed.on_presence(unescape_level(levels[1]), payload, trio.current_time(),
                                 left=left)
             elif levels[0] == "members" and len(levels) == 3:
@@ -577,6 +575,12 @@ class Bridge:
         except ValueError as e:
             fed.stats.malformed += 1
             log.debug("bridge: dropping %r: %s", topic, e)
+        except Exception:
+            # Last resort: raised here, it would leave paho's callback and end the bridge's
+            # task, and with it the router. The decoders count what they cannot read; this
+            # is for what they missed (a bug), logged with its traceback.
+            fed.stats.malformed += 1
+            log.exception("bridge: federation message on %r could not be handled", topic)
 
     # ------------------------------------------------------------------ the connection
 

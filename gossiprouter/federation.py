@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 import msgpack
 
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.protocol.jgroups_common import JAddress
+from gossiprouter.protocol.jgroups_common import V2, V5, JAddress
 from gossiprouter.routing import Carrier, Entry, Group, Kind, Notice, RemoteCarrier, RoutingError
 from gossiprouter.sessions.base import Hub
 from gossiprouter.sessions.jgroups_common import JWire
@@ -398,7 +398,8 @@ class Federation:
             return
         try:
             members, suspected = _parse_record(payload)
-        except (ValueError, TypeError, ProtocolError, msgpack.UnpackException) as e:
+        except (ValueError, TypeError, OverflowError, ProtocolError,
+                msgpack.UnpackException) as e:
             self.stats.malformed += 1
             log.debug("federation: bad record of %r for %r: %s", origin, group, e)
             return
@@ -423,6 +424,11 @@ class Federation:
             rm.live = m[5]
             rm.data = m
             try:
+                if table.check is not None:
+                    # This router's own bounds and codecs too: the other router's may differ
+                    # (another config or version, or a hostile publisher on the broker), and
+                    # a member stored here must never make a reply to a local client fail.
+                    table.check(group, addr, m[1], m[2], m[6])
                 _, n, frames = table.connect(rm, group, addr, m[1], m[2], kind=m[3],
                                              identity=m[4], wire=m[6], remote=True)
             except RoutingError as e:
@@ -554,6 +560,11 @@ def _wire_in(w: Any) -> JWire | None:
     if w is None:
         return None
     version, raw, phys = w
+    # Checked before parsing: the codec trusts its caller's version and types.
+    if version not in (V2, V5) or isinstance(version, bool) or not isinstance(raw, bytes) \
+            or not (phys is None or (isinstance(phys, list)
+                                     and all(isinstance(p, bytes) for p in phys))):
+        raise ValueError("bad JGroups encoding")
     addr = JAddress.parse(raw, version=version)
     if addr is None:
         raise ValueError("null address")
@@ -576,7 +587,14 @@ def _parse_record(payload: bytes) -> tuple[list[_Member], set[bytes]]:
         if not isinstance(addr, bytes) or not (name is None or isinstance(name, str)) \
                 or not (identity is None or isinstance(identity, str)):
             raise ValueError("bad member")
-        phys = tuple((str(h), int(p)) for h, p in physical)
+        phys = tuple((h, p) for h, p in physical)
+        if not all(isinstance(h, str) and isinstance(p, int) and 0 <= p <= 0xFFFF
+                   for h, p in phys):
+            raise ValueError("bad physical address")
+        # Provisioned entries are never federated (each router has its own): one in a record
+        # would be an entry no record could remove.
+        if kind not in (Kind.CONNECTION, Kind.IN_PROCESS) or isinstance(kind, bool):
+            raise ValueError(f"bad kind {kind!r}")
         members.append((addr, name, phys, Kind(kind), identity, bool(live), _wire_in(wire)))
     suspected = {a for a in data.get("s", ()) if isinstance(a, bytes)}
     return members, suspected
