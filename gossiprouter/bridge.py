@@ -324,6 +324,7 @@ class Bridge:
         self._fed_mid: int | None = None
         self.federation = Federation(hub, self.origin, config.name, self._send_route,
                                      self._mark_dirty)
+        self.federation.publish = self._publish_group
         self._session_scope: trio.CancelScope | None = None
         # leave() was called (the router shuts down cleanly); ``left`` is set once the
         # leave is written and the broker connection closed with DISCONNECT (or there was
@@ -425,6 +426,12 @@ class Bridge:
         self._client.disconnect()  # queued after them: paho writes it last
         self._kick_writer()
         log.info("bridge: leaving the federation (%d records withdrawn)", len(records))
+
+    def _publish_group(self, group: str) -> None:
+        # Before a routed message of that group (Federation.send); while not connected the
+        # change stays dirty, and the snapshot after the reconnect carries it.
+        if self.state == "connected":
+            self._publish_records(self.federation.flush_group(group))
 
     def _unwritten(self) -> int:
         # paho keeps unwritten packets in _out_packet and offers no public count of them.

@@ -203,6 +203,8 @@ class Federation:
         # group -> (last payload published, the addresses it listed)
         self.published: dict[str, tuple[bytes, frozenset[bytes]]] = {}
         self.table.on_local = self.on_local
+        # Set by the I/O side: publishes flush_group(group) at once if it can (see send()).
+        self.publish: Callable[[str], None] | None = None
         # (group, sending router) -> (the group, its rev, receivers): a multicast from another
         # router walks the group's members once per change of the group, not once per message.
         self._receivers: dict[tuple[str, str], tuple[Group, int, list[Carrier]]] = {}
@@ -255,6 +257,11 @@ class Federation:
         old, self.published = self.published, {}
         self.stats.records_out += len(old)
         return [(group, b"") for group in old]
+
+    def flush_group(self, group: str) -> list[tuple[str, bytes]]:
+        """:meth:`flush` for one group only."""
+        suspected = self.dirty.pop(group, None)
+        return [] if suspected is None else [(group, rec) for rec in self._record(group, suspected)]
 
     def snapshot(self) -> list[tuple[str, bytes]]:
         """Every record, after a (re)connect: each group with members carried here, and an
@@ -469,7 +476,15 @@ class Federation:
 
     def send(self, remote: RemoteRouter, group: str, dest: bytes | None, frames: bytes,
              count: int) -> None:
-        """Frames for ``dest`` (None: the group) through router ``remote``: one message."""
+        """Frames for ``dest`` (None: the group) through router ``remote``: one message.
+
+        A change of the group's members still waiting for the coalesced flush is published
+        first: the sender may have just joined, and a receiver answering it through its own
+        router must find it there (one broker connection keeps the order). Without this a
+        reply to a new member was dropped as undeliverable for the flush delay.
+        """
+        if group in self.dirty and self.publish is not None:
+            self.publish(group)
         head: bytes = msgpack.packb([self.origin, group, dest, count])
         if self._send(remote.origin, _HEAD_LEN.pack(len(head)) + head + frames):
             self.stats.routed_out += count

@@ -401,3 +401,31 @@ def test_records_a_local_connect_would_refuse_are_refused_and_counted() -> None:
     assert b.stats.malformed + b.stats.conflicts == len(bad)
     b.on_record("a", G, member())
     assert b.table.entry(G, b"x") is not None
+
+
+def test_a_new_members_record_goes_before_its_first_message() -> None:
+    """x joins A and sends at once, before A's coalesced flush: A publishes the group's record
+    before the routed message (one broker connection keeps the order), so a member of B that
+    answers through B finds x there. Before, B dropped the answer as undeliverable."""
+    net = Net("a", "b")
+    a, b = net.feds["a"], net.feds["b"]
+    published: list[tuple[str, str, bytes]] = []
+
+    def publish(group: str) -> None:  # what the bridge does: publish now, in order
+        for g, rec in a.flush_group(group):
+            published.append(("a", g, rec))
+            b.on_record("a", g, rec)
+    a.publish = publish
+    y = Named("y")
+    net.connect("b", y, b"y")
+    x = Named("x")
+    a.table.connect(x, G, b"x", "x")  # no net.sync(): the flush has not run yet
+    for t in a.table.resolve_multicast(G, x):
+        t.push(b"hello")
+    assert y.pushed == [(b"hello", 1)] and len(published) == 1
+    # y answers x through B: B knows x now.
+    e = b.table.resolve_unicast(G, b"x")
+    assert e is not None and e.carrier is not None
+    e.carrier.push(b"answer")
+    assert x.pushed == [(b"answer", 1)] and b.stats.undeliverable == 0
+    assert a.flush() == []  # nothing left for the coalesced flush

@@ -469,3 +469,32 @@ async def test_sigterm_leaves_the_federation_and_exits(nursery: trio.Nursery, br
         assert await events(w, 1) == [("leave", b"b")]
         fa = bridge_of(ra).federation
         assert (fa.stats.routers_left, fa.stats.routers_lost) == (1, 0)
+
+
+async def test_an_answer_to_a_member_that_just_joined_another_router_arrives(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    """x joins A and multicasts at once; y, on B, answers x through B as soon as it has the
+    message: B knows x by then (A published x's record before the message)."""
+    ra, rb = await federation(nursery, broker, 2)
+    y = await member(rb, b"y")
+    await everywhere([ra, rb], {b"y"})
+    for i in range(5):
+        addr = b"x%d" % i
+        x = await member(ra, addr)
+        await x.send(wire.Route(G, None, addr, b"hello"))
+        with trio.fail_after(5):
+            while not isinstance(f := await y.recv(), wire.Route):
+                pass
+        assert f.payload == b"hello"
+        await y.send(wire.Route(G, addr, b"y", b"answer"))
+        assert [r.payload for r in await routes_until(x, 1)] == [b"answer"]
+    assert bridge_of(rb).federation.stats.undeliverable == 0
+
+
+async def routes_until(c: NativeClient, n: int) -> list[wire.Route]:
+    out: list[wire.Route] = []
+    with trio.fail_after(5):
+        while len(out) < n:
+            if isinstance(f := await c.recv(), wire.Route):
+                out.append(f)
+    return out
