@@ -69,6 +69,7 @@ from gossiprouter.cli_errors import needs_extra
 from gossiprouter.config import Config, ConfigError, parse_bridge_url
 from gossiprouter.federation import PRESENCE_TTL, RECORD_TTL, Federation
 from gossiprouter.protocol import native as wire
+from gossiprouter.ratelog import RateLimitedLog
 from gossiprouter.topics import ANY, TopicError, TopicId, topic_id
 
 if TYPE_CHECKING:
@@ -254,6 +255,7 @@ class BridgeStats:
     subacks: int = 0  # SUBSCRIBE requests the broker acknowledged
     refused_filters: int = 0  # filters the broker refused in a SUBACK
     failures: int = 0  # connection attempts or sessions that failed
+    oversized: int = 0  # publications, routed messages, records beyond the broker's limit
 
 
 class Bridge:
@@ -331,6 +333,10 @@ class Bridge:
         # no connection to leave by).
         self._leaving = False
         self.left = trio.Event()
+        # The broker's Maximum Packet Size (CONNACK), if it announced one: a longer PUBLISH
+        # makes it close the connection (MQTT 5 3.1.2.24), so none is sent (_fits).
+        self.max_packet: int | None = None
+        self._oversized_log = RateLimitedLog(log, 10.0)
         self._seq = 0
         self._dedup = _Dedup()
         self._wake_writer = trio.Event()
@@ -351,6 +357,7 @@ class Bridge:
                 "echo_dropped": s.echo_dropped, "malformed": s.malformed,
                 "duplicates_dropped": s.duplicates_dropped,
                 "connects": s.connects, "failures": s.failures, "subacks": s.subacks,
+                "oversized": s.oversized, "max_packet": self.max_packet,
                 "refused_filters": s.refused_filters}
 
     # ------------------------------------------------------------------ router side
@@ -367,8 +374,11 @@ class Bridge:
         self._seq += 1
         props.UserProperty = [(ORIGIN_PROPERTY, self.origin), (SENDER_PROPERTY, sender.hex()),
                               (SEQ_PROPERTY, str(self._seq))]
-        info = self._client.publish(mqtt_topic(self.prefix, group, tid), payload, self.qos,
-                                    properties=props)
+        topic = mqtt_topic(self.prefix, group, tid)
+        if not self._fits(topic, payload, self.origin, sender.hex(), str(self._seq)):
+            self.stats.not_forwarded += 1
+            return
+        info = self._client.publish(topic, payload, self.qos, properties=props)
         if info.rc:
             self.stats.not_forwarded += 1
             return
@@ -378,7 +388,10 @@ class Bridge:
     def _send_route(self, origin: str, payload: bytes) -> bool:
         if self.state != "connected" or self._unwritten() > MAX_UNWRITTEN:
             return False
-        info = self._client.publish(route_topic(self.prefix, origin), payload, self.qos)
+        topic = route_topic(self.prefix, origin)
+        if not self._fits(topic, payload):
+            return False
+        info = self._client.publish(topic, payload, self.qos)
         if info.rc:
             return False
         self._kick_writer()
@@ -393,9 +406,14 @@ class Bridge:
     def _publish_records(self, records: list[tuple[str, bytes]]) -> None:
         props = _expiring(RECORD_TTL)
         for group, payload in records:
+            topic = members_topic(self.prefix, self.origin, group)
+            if not self._fits(topic, payload):
+                # The others keep this group's previous record of this router (or none):
+                # better than a broker that cuts the router off at every reconnect.
+                continue
             # A deletion (empty payload) must not expire: it is the absence of a record.
-            self._client.publish(members_topic(self.prefix, self.origin, group), payload,
-                                 qos=1, retain=True, properties=props if payload else None)
+            self._client.publish(topic, payload, qos=1, retain=True,
+                                 properties=props if payload else None)
         if records:
             self._kick_writer()
 
@@ -432,6 +450,24 @@ class Bridge:
         # change stays dirty, and the snapshot after the reconnect carries it.
         if self.state == "connected":
             self._publish_records(self.federation.flush_group(group))
+
+    def _fits(self, topic: str, payload: bytes, *user_props: str) -> bool:
+        """Whether a PUBLISH of ``payload`` to ``topic`` is within the broker's Maximum Packet
+        Size (counted and logged when not). An upper bound of the packet's size: fixed header
+        5, topic, packet id 2, properties (length 4, expiry 5, the user properties' values
+        with their keys, at most 40 bytes each)."""
+        limit = self.max_packet
+        if limit is None:
+            return True
+        size = (len(payload) + len(topic.encode()) + 20
+                + sum(40 + len(v.encode()) for v in user_props))
+        if size <= limit:
+            return True
+        self.stats.oversized += 1
+        self._oversized_log.warning(
+            "bridge: not sent: a message of %d bytes on %s is beyond the broker's maximum "
+            "packet size (%d)", len(payload), topic, limit)
+        return False
 
     def _unwritten(self) -> int:
         # paho keeps unwritten packets in _out_packet and offers no public count of them.
@@ -473,6 +509,8 @@ class Bridge:
         self.state = "connected"
         self.last_error = None
         self._lost_at = None
+        limit = getattr(properties, "MaximumPacketSize", None)
+        self.max_packet = limit if isinstance(limit, int) else None
         self.stats.connects += 1
         log.info("bridge connected to %s://%s:%d as %s (%d subscriptions)", self.scheme,
                  self.host, self.port, self.origin, len(self.filters))

@@ -229,7 +229,7 @@ class RouterCollector(Collector):
         yield from topic_metrics(table.stats, members, self.view.bridge)
 
 
-BRIDGE_STATES = ("connected", "connecting", "disconnected", "stopped")
+BRIDGE_STATES = ("connected", "connecting", "disconnected", "leaving", "stopped")
 
 
 def topic_metrics(st: Stats, members: snapshot.Membership,
@@ -273,6 +273,9 @@ def topic_metrics(st: Stats, members: snapshot.Membership,
     yield _counter("gossiprouter_bridge_malformed",
                    "Broker messages under the prefix that were not publications.", b.malformed)
     yield _counter("gossiprouter_bridge_connects", "Successful broker connections.", b.connects)
+    yield _counter("gossiprouter_bridge_oversized",
+                   "Publications, routed messages and records not sent: beyond the broker's "
+                   "Maximum Packet Size.", b.oversized)
     yield GaugeMetricFamily("gossiprouter_bridge_subscriptions",
                             "MQTT topic filters subscribed (the union of local patterns).",
                             value=len(bridge.filters))
