@@ -431,6 +431,8 @@ class Federation:
             rm.live = m[5]
             rm.data = m
             try:
+                before = table.entry(group, addr)
+                graced = before is not None and before.grace_until is not None
                 if table.check is not None:
                     # This router's own bounds and codecs too: the other router's may differ
                     # (another config or version, or a hostile publisher on the broker), and
@@ -449,6 +451,11 @@ class Federation:
             notices += n
             for f in frames:  # held here in grace: handed to the router it came back to
                 rm.push(f)
+            if graced:
+                # Its grace here ended (it came back on that router): this router's record,
+                # which listed it as held here, must drop it, or the others keep routing
+                # to this router and keep it a member after it has left there.
+                self.on_local(group, None)
         if held:
             r.groups[group] = held
         else:

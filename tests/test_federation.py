@@ -225,6 +225,15 @@ def test_grace_at_the_members_router_holds_and_hands_over() -> None:
     assert tb.pushed == [(b"held", 1)]
     assert isinstance(a.table.entry(G, b"t").carriers[-1], RemoteMember)  # type: ignore[union-attr]
     assert RemoteGroup.fast_id is None and RemoteMember.fast_id is None
+    # A's grace ended: its record no longer lists t, so B carries t alone everywhere, and a
+    # clean leave on B is a leave for everyone after one record (before: A's stale record
+    # kept t a member at B until A had seen B's record and republished).
+    net.sync()
+    assert kinds(b, b"t") == ["Named"]
+    b.table.watch(Named("w"), G)
+    assert [n.kind for n in b.table.disconnect(tb, G, b"t")] == ["leave"]
+    net.sync()
+    assert b.table.entry(G, b"t") is None and a.table.entry(G, b"t") is None
 
 
 def test_bridge_keepalive_is_checked_at_start() -> None:
