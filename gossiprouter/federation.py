@@ -145,6 +145,12 @@ class RemoteMember(_Remote, RemoteCarrier):
     def push(self, data: bytes, count: int = 1) -> None:
         self.fed.send(self.remote, self.group, self.addr, data, count)
 
+    @property
+    def peer(self) -> str:
+        """For /groups: the router's origin (its name is not unique across restarts or
+        configurations), and whether the member is only held there in grace."""
+        return f"router {self.remote.origin}" + ("" if self.live else " (in grace there)")
+
 
 @dataclass(eq=False)
 class RemoteRouter:

@@ -19,6 +19,7 @@ from gossiprouter.ops.metrics import federation_metrics
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
+from gossiprouter.snapshot import member_page, membership
 from gossiprouter.stub import RouterStub
 from tests.jgroups_clients import V2, V5, J2Client, J5Client, ip, uuid
 from tests.nclient import NativeClient
@@ -115,6 +116,15 @@ async def test_two_routers_join_route_leave(nursery: trio.Nursery, broker: Mosqu
     assert samples[("gossiprouter_federation_frames_total", ("in",))] == 2
     assert samples[("gossiprouter_federation_routers", ())] == 1
     assert samples[("gossiprouter_federation_remote_members", ())] == 1
+    # The admin view and gossiprouter_members tell remote members apart: the routers' counts
+    # add up to the group, and a remote member's connection names its router.
+    assert ra.server is not None
+    counts = (await membership(ra.server.hub.table)).kinds
+    assert (counts["connection"], counts["remote"]) == (1, 1)
+    page = await member_page(ra.server.hub.table, G, 0.0, 0, 10)
+    assert page is not None
+    assert {m.addr: [(c.peer, c.protocol) for c in m.connections] for m in page.members}[b"b"] \
+        == [(f"router {bridge_of(rb).origin}", "federation")]
 
     # A clean leave on B reaches A: gone, watchers told "leave", nobody "suspect".
     w = await member(ra, b"w")
