@@ -400,6 +400,14 @@ class Federation:
 
     def on_record(self, origin: str, group: str, payload: bytes) -> None:
         if origin == self.origin:
+            # This router's own record, as the broker retains it. One for a group it does not
+            # publish is stale: a persistent broker restored it after a crash (its deletion
+            # came after the broker's last save). Deleted again through the flush, else its
+            # members would be ghosts elsewhere for as long as this router lives. (The echo
+            # of a record deleted since is deleted once more: harmless.)
+            if payload and group not in self.published and not self.leaving:
+                self.published[group] = (payload, frozenset())
+                self.on_local(group, None)
             return
         r = self.routers.get(origin)
         if r is None or not r.alive:
