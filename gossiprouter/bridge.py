@@ -564,7 +564,9 @@ class Bridge:
             props = getattr(msg, "properties", None)
             left = any(k == LEFT_PROPERTY for k, _ in
                        getattr(props, "UserProperty", None) or ())
-            self._on_federation(msg.topic, bytes(msg.payload), left)
+            expiry = getattr(props, "MessageExpiryInterval", None)
+            self._on_federation(msg.topic, bytes(msg.payload), left,
+                                expiry if isinstance(expiry, int) else None)
             return
         origin = sender = seq = None
         props = getattr(msg, "properties", None)
@@ -602,7 +604,8 @@ class Bridge:
         self.hub.counters.delivered += deliver_publication(self.table, group, addr, tid, frame,
                                                            False)
 
-    def _on_federation(self, topic: str, payload: bytes, left: bool = False) -> None:
+    def _on_federation(self, topic: str, payload: bytes, left: bool = False,
+                       expiry: int | None = None) -> None:
         fed = self.federation
         levels = topic[len(self._fed_root):].split("/")
         try:
@@ -612,7 +615,7 @@ class Bridge:
                 fed.end_sync()
             elif levels[0] == "router" and len(levels) == 2:
                 fed.on_presence(unescape_level(levels[1]), payload, trio.current_time(),
-                                left=left)
+                                left=left, expiry=expiry)
             elif levels[0] == "members" and len(levels) == 3:
                 fed.on_record(unescape_level(levels[1]), unescape_level(levels[2]), payload)
             else:

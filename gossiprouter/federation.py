@@ -364,10 +364,12 @@ class Federation:
         self.hub.deliver(notices)
 
     def on_presence(self, origin: str, payload: bytes, now: float = 0.0,
-                    left: bool = False) -> None:
+                    left: bool = False, expiry: int | None = None) -> None:
         """A router's presence; empty: it is gone, by its Last Will (its members are
         suspected) or, with ``left``, by a clean shutdown (they leave, unsuspected: its
-        record deletions normally removed them already)."""
+        record deletions normally removed them already). ``expiry``: the seconds the broker
+        says the presence has left (MQTT 5 Message Expiry of a retained copy), which wins
+        over its ``ttl``: a copy retained for a while is not fresh."""
         if origin == self.origin:
             return
         r = self.routers.get(origin)
@@ -391,6 +393,8 @@ class Federation:
             r = self.routers[origin] = RemoteRouter(origin, fed=self)
             log.info("federation: router %s is up", name or origin)
         r.name = name
+        if expiry is not None and ttl and ttl > 0:
+            ttl = min(ttl, expiry)
         r.expires = None if not ttl or ttl <= 0 else now + ttl
         r.alive = True
         r.epoch = self.epoch

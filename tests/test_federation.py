@@ -321,6 +321,12 @@ def test_a_router_that_stops_refreshing_its_presence_is_dropped() -> None:
     a.expire(100.0 + PRESENCE_TTL + 1)
     assert a.table.entry(G, b"x") is None and y.events[-1] == ("suspect", b"x")
     assert a.stats.routers_lost == 1
+    # A retained copy the broker kept for 55 s has 5 s left (its Message Expiry), not a
+    # whole ttl: the dead router goes after those 5 s, not after up to two ttls.
+    a.on_presence("b", b.presence(), now=200.0, expiry=5)
+    net.connect("b", Named("x2"), b"x2")
+    a.expire(206.0)
+    assert a.table.entry(G, b"x2") is None and a.stats.routers_lost == 2
 
 
 # --------------------------------------------------------------------------- hostile broker
