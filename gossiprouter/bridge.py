@@ -332,6 +332,7 @@ class Bridge:
         # leave is written and the broker connection closed with DISCONNECT (or there was
         # no connection to leave by).
         self._leaving = False
+        self._disconnecting = False
         self.left = trio.Event()
         # The broker's Maximum Packet Size (CONNACK), if it announced one: a longer PUBLISH
         # makes it close the connection (MQTT 5 3.1.2.24), so none is sent (_fits).
@@ -441,9 +442,22 @@ class Bridge:
         # before it drops this router.
         self._client.publish(presence_topic(self.prefix, self.origin), b"", qos=1, retain=True,
                              properties=props)
-        self._client.disconnect()  # queued after them: paho writes it last
         self._kick_writer()
+        self._disconnect_when_acked()
         log.info("bridge: leaving the federation (%d records withdrawn)", len(records))
+
+    def _disconnect_when_acked(self) -> None:
+        """Leaving: DISCONNECT once the broker has acknowledged every QoS 1 message. paho
+        sends at most 20 ahead of their PUBACKs and queues the rest, so a DISCONNECT queued
+        at once went before them: the last records and the presence deletion were never
+        sent. Called again by the reader as PUBACKs arrive."""
+        if self.state != "leaving" or self._disconnecting:
+            return
+        if getattr(self._client, "_out_messages", None):  # paho's unacknowledged QoS>0
+            return
+        self._disconnecting = True
+        self._client.disconnect()
+        self._kick_writer()
 
     def _publish_group(self, group: str) -> None:
         # Before a routed message of that group (Federation.send); while not connected the
@@ -501,6 +515,7 @@ class Bridge:
             # Connected while the router was already shutting down: nothing to announce,
             # and a clean DISCONNECT keeps the Last Will from being published.
             self.state = "leaving"
+            self._disconnecting = True
             client.disconnect()
             self._kick_writer()
             return
@@ -729,6 +744,8 @@ class Bridge:
             if c.loop_read(max_packets=64) or c.socket() is None:
                 self._end("connection lost")
                 return
+            if self.state == "leaving":
+                self._disconnect_when_acked()
             if c.want_write():
                 self._kick_writer()
 

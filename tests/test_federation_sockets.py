@@ -589,3 +589,24 @@ async def test_a_persistent_broker_restoring_an_old_record_leaves_no_ghost(
         await everywhere([ra, rb, rc], set())
     finally:
         b.stop()
+
+
+async def test_a_clean_leave_withdraws_more_records_than_the_in_flight_window(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    """paho sends at most 20 QoS 1 messages ahead of their PUBACKs and queues the rest: a
+    router in 30 groups must wait for them before DISCONNECT, or the last records and its
+    presence deletion are never sent (its members stay elsewhere until the presence expires,
+    then are suspected)."""
+    ra, rb = await federation(nursery, broker, 2)
+    c = await member(rb, b"m", "g0")
+    groups = [f"g{i}" for i in range(30)]
+    for g in groups[1:]:
+        assert isinstance(await c.connect(g, b"m", "m"), wire.Ok)
+    assert ra.server is not None
+    table = ra.server.hub.table
+    await eventually(lambda: all(table.entry(g, b"m") is not None for g in groups))
+    await rb.stop(graceful=True)
+    await eventually(lambda: all(table.entry(g, b"m") is None for g in groups),
+                     what="every record withdrawn")
+    fa = bridge_of(ra).federation
+    assert (fa.stats.routers_left, fa.stats.routers_lost, fa.live_routers()) == (1, 0, 0)
