@@ -351,7 +351,7 @@ class Bridge:
         f = self.federation
         return {"broker": f"{self.scheme}://{self.host}:{self.port}", "state": self.state,
                 "federation": {"routers": f.live_routers(), "remote_members": f.remote_members(),
-                               **vars(f.stats)},
+                               "peers": f.peers(), **vars(f.stats)},
                 "origin": self.origin, "last_error": self.last_error,
                 "subscriptions": len(self.filters), "forwarded": s.forwarded,
                 "not_forwarded": s.not_forwarded, "received": s.received,

@@ -223,6 +223,16 @@ class Federation:
     def live_routers(self) -> int:
         return sum(1 for r in self.routers.values() if r.alive)
 
+    def peers(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The other live routers for /groups, by origin (at most ``limit``): who carries
+        the remote members, and how many in how many groups."""
+        out = []
+        for origin in sorted(o for o, r in self.routers.items() if r.alive)[:limit]:
+            r = self.routers[origin]
+            out.append({"origin": origin, "name": r.name, "groups": len(r.groups),
+                        "members": sum(len(m) for m in r.groups.values())})
+        return out
+
     # ------------------------------------------------------------------ publishing
 
     def on_local(self, group: str, suspected: bytes | None) -> None:

@@ -125,6 +125,8 @@ async def test_two_routers_join_route_leave(nursery: trio.Nursery, broker: Mosqu
     assert page is not None
     assert {m.addr: [(c.peer, c.protocol) for c in m.connections] for m in page.members}[b"b"] \
         == [(f"router {bridge_of(rb).origin}", "federation")]
+    assert bridge_of(ra).view()["federation"]["peers"] == [
+        {"origin": bridge_of(rb).origin, "name": "r1", "groups": 1, "members": 1}]
 
     # A clean leave on B reaches A: gone, watchers told "leave", nobody "suspect".
     w = await member(ra, b"w")
