@@ -583,6 +583,15 @@ class Bridge:
             self._on_federation(msg.topic, bytes(msg.payload), left,
                                 expiry if isinstance(expiry, int) else None)
             return
+        try:
+            self._on_publication(msg)
+        except Exception:
+            # Last resort, as for the federation's messages: raised here, it would end the
+            # bridge's task and the router with it.
+            self.stats.malformed += 1
+            log.exception("bridge: publication on %r could not be handled", msg.topic)
+
+    def _on_publication(self, msg: MQTTMessage) -> None:
         origin = sender = seq = None
         props = getattr(msg, "properties", None)
         for k, v in getattr(props, "UserProperty", None) or ():
@@ -595,7 +604,13 @@ class Bridge:
         if origin == self.origin:
             self.stats.echo_dropped += 1
             return
-        if origin is not None and seq is not None and seq.isdigit() \
+        if seq is not None and not (seq.isascii() and seq.isdigit() and len(seq) <= 20):
+            # Not one this bridge writes: int() refuses "²" (isdigit() does not) and more
+            # than 4,300 digits, and raised out of paho's callback.
+            self.stats.malformed += 1
+            log.debug("bridge: dropping %r: bad sequence number", msg.topic)
+            return
+        if origin is not None and seq is not None \
                 and not self._dedup.first(origin, int(seq)):
             self.stats.duplicates_dropped += 1
             return

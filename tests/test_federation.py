@@ -444,3 +444,25 @@ def test_a_new_members_record_goes_before_its_first_message() -> None:
     e.carrier.push(b"answer")
     assert x.pushed == [(b"answer", 1)] and b.stats.undeliverable == 0
     assert a.flush() == []  # nothing left for the coalesced flush
+
+
+def test_a_hostile_sequence_number_on_a_publication_is_counted_not_raised() -> None:
+    """A topic publication whose sequence property int() refuses ("²" passes isdigit(), more
+    than 4,300 digits pass both) raised out of paho's callback: the bridge's task, and the
+    router, ended. Now it is counted as malformed."""
+    from paho.mqtt.client import MQTTMessage
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    from gossiprouter.bridge import ORIGIN_PROPERTY, SEQ_PROPERTY, Bridge
+
+    cfg = Config(bridge="mqtt://127.0.0.1:1")
+    bridge = Bridge(Hub(cfg), cfg)
+    for seq in ("²", "9" * 5000, "12"):
+        msg = MQTTMessage(topic=b"gossiprouter/g/p/b/x")
+        msg.payload = b"x"
+        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        props.UserProperty = [(ORIGIN_PROPERTY, "o"), (SEQ_PROPERTY, seq)]
+        msg.properties = props
+        bridge._on_message(None, None, msg)  # type: ignore[arg-type]
+    assert (bridge.stats.malformed, bridge.stats.received) == (2, 1)
