@@ -466,3 +466,25 @@ def test_a_hostile_sequence_number_on_a_publication_is_counted_not_raised() -> N
         msg.properties = props
         bridge._on_message(None, None, msg)  # type: ignore[arg-type]
     assert (bridge.stats.malformed, bridge.stats.received) == (2, 1)
+
+
+def test_a_member_moved_to_another_router_is_never_suspected_by_a_stale_connection() -> None:
+    """x re-registers on B (its connection to A is half-open), then A's idle timeout closes
+    the stale connection: nobody, on any router, sees x suspected or leave (R5 across
+    routers), with or without reconnect grace at A."""
+    for grace in (0.0, 5.0):
+        net = Net("a", "b", "c")
+        a, c = net.feds["a"], net.feds["c"]
+        a.table.grace = grace
+        xa, xb, y, w = Named("xa"), Named("xb"), Named("y"), Named("w")
+        net.connect("c", y, b"y")
+        c.table.watch(w, G)
+        net.connect("a", xa, b"x")
+        net.connect("b", xb, b"x")
+        y.events.clear()
+        w.events.clear()
+        assert a.table.drop_carrier(xa, 0.0) == []
+        net.sync()
+        net.sync()
+        assert kinds(c, b"x") == ["RemoteMember"] and kinds(a, b"x") == ["RemoteMember"]
+        assert (y.events, w.events) == ([], [])
