@@ -787,7 +787,7 @@ class Bridge:
         connack_by = trio.current_time() + CONNACK_TIMEOUT
         while True:
             await trio.sleep(min(1.0, CONNACK_TIMEOUT))
-            if self.state != "connected" and trio.current_time() >= connack_by:
+            if self.connack_overdue(connack_by, trio.current_time()):
                 self.last_error = f"no CONNACK within {CONNACK_TIMEOUT:g}s"
                 log.warning("bridge: %s", self.last_error)
                 self._end(self.last_error)
@@ -797,6 +797,12 @@ class Bridge:
                 return
             if c.want_write():
                 self._kick_writer()
+
+    def connack_overdue(self, connack_by: float, now: float) -> bool:
+        """Still waiting for the CONNACK past its deadline. Only while connecting: a session
+        that is leaving (not "connected" either) must live until its DISCONNECT is written,
+        or its Last Will goes out after all."""
+        return self.state == "connecting" and now >= connack_by
 
     async def _flusher(self) -> None:
         while True:

@@ -488,3 +488,18 @@ def test_a_member_moved_to_another_router_is_never_suspected_by_a_stale_connecti
         net.sync()
         assert kinds(c, b"x") == ["RemoteMember"] and kinds(a, b"x") == ["RemoteMember"]
         assert (y.events, w.events) == ([], [])
+
+
+def test_a_leaving_session_is_not_ended_as_one_without_connack() -> None:
+    """The session's CONNACK watchdog ended any session not "connected" once 10 s had passed
+    since it connected: a router leaving after running longer than that could be cut before
+    its withdrawals were acknowledged (and then went by its Last Will, suspected)."""
+    from gossiprouter.bridge import Bridge
+
+    cfg = Config(bridge="mqtt://127.0.0.1:1")
+    bridge = Bridge(Hub(cfg), cfg)
+    for state, overdue in (("connecting", True), ("connected", False), ("leaving", False)):
+        bridge.state = state
+        assert bridge.connack_overdue(10.0, 3600.0) is overdue, state
+    bridge.state = "connecting"
+    assert not bridge.connack_overdue(10.0, 9.0)
