@@ -69,6 +69,7 @@ from gossiprouter.cli_errors import needs_extra
 from gossiprouter.config import Config, ConfigError, parse_bridge_url
 from gossiprouter.federation import PRESENCE_TTL, RECORD_TTL, Federation
 from gossiprouter.protocol import native as wire
+from gossiprouter.ratelog import RateLimitedLog
 from gossiprouter.topics import ANY, TopicError, TopicId, topic_id
 
 if TYPE_CHECKING:
@@ -83,6 +84,9 @@ log = logging.getLogger("gossiprouter.bridge")
 ORIGIN_PROPERTY = "gossiprouter-origin"
 SENDER_PROPERTY = "gossiprouter-sender"
 SEQ_PROPERTY = "gossiprouter-seq"
+# On the presence deletion a router publishes when it shuts down cleanly: its members leave
+# the others' views instead of being suspected (docs/federation.md, "Life cycle").
+LEFT_PROPERTY = "gossiprouter-left"
 # Publications remembered per origin to drop the broker's extra copies (see _Dedup).
 DEDUP_WINDOW = 4096
 MAX_ORIGINS = 1024
@@ -251,6 +255,7 @@ class BridgeStats:
     subacks: int = 0  # SUBSCRIBE requests the broker acknowledged
     refused_filters: int = 0  # filters the broker refused in a SUBACK
     failures: int = 0  # connection attempts or sessions that failed
+    oversized: int = 0  # publications, routed messages, records beyond the broker's limit
 
 
 class Bridge:
@@ -321,7 +326,18 @@ class Bridge:
         self._fed_mid: int | None = None
         self.federation = Federation(hub, self.origin, config.name, self._send_route,
                                      self._mark_dirty)
+        self.federation.publish = self._publish_group
         self._session_scope: trio.CancelScope | None = None
+        # leave() was called (the router shuts down cleanly); ``left`` is set once the
+        # leave is written and the broker connection closed with DISCONNECT (or there was
+        # no connection to leave by).
+        self._leaving = False
+        self._disconnecting = False
+        self.left = trio.Event()
+        # The broker's Maximum Packet Size (CONNACK), if it announced one: a longer PUBLISH
+        # makes it close the connection (MQTT 5 3.1.2.24), so none is sent (_fits).
+        self.max_packet: int | None = None
+        self._oversized_log = RateLimitedLog(log, 10.0)
         self._seq = 0
         self._dedup = _Dedup()
         self._wake_writer = trio.Event()
@@ -335,13 +351,14 @@ class Bridge:
         f = self.federation
         return {"broker": f"{self.scheme}://{self.host}:{self.port}", "state": self.state,
                 "federation": {"routers": f.live_routers(), "remote_members": f.remote_members(),
-                               **vars(f.stats)},
+                               "peers": f.peers(), **vars(f.stats)},
                 "origin": self.origin, "last_error": self.last_error,
                 "subscriptions": len(self.filters), "forwarded": s.forwarded,
                 "not_forwarded": s.not_forwarded, "received": s.received,
                 "echo_dropped": s.echo_dropped, "malformed": s.malformed,
                 "duplicates_dropped": s.duplicates_dropped,
                 "connects": s.connects, "failures": s.failures, "subacks": s.subacks,
+                "oversized": s.oversized, "max_packet": self.max_packet,
                 "refused_filters": s.refused_filters}
 
     # ------------------------------------------------------------------ router side
@@ -358,8 +375,11 @@ class Bridge:
         self._seq += 1
         props.UserProperty = [(ORIGIN_PROPERTY, self.origin), (SENDER_PROPERTY, sender.hex()),
                               (SEQ_PROPERTY, str(self._seq))]
-        info = self._client.publish(mqtt_topic(self.prefix, group, tid), payload, self.qos,
-                                    properties=props)
+        topic = mqtt_topic(self.prefix, group, tid)
+        if not self._fits(topic, payload, self.origin, sender.hex(), str(self._seq)):
+            self.stats.not_forwarded += 1
+            return
+        info = self._client.publish(topic, payload, self.qos, properties=props)
         if info.rc:
             self.stats.not_forwarded += 1
             return
@@ -369,7 +389,10 @@ class Bridge:
     def _send_route(self, origin: str, payload: bytes) -> bool:
         if self.state != "connected" or self._unwritten() > MAX_UNWRITTEN:
             return False
-        info = self._client.publish(route_topic(self.prefix, origin), payload, self.qos)
+        topic = route_topic(self.prefix, origin)
+        if not self._fits(topic, payload):
+            return False
+        info = self._client.publish(topic, payload, self.qos)
         if info.rc:
             return False
         self._kick_writer()
@@ -384,11 +407,81 @@ class Bridge:
     def _publish_records(self, records: list[tuple[str, bytes]]) -> None:
         props = _expiring(RECORD_TTL)
         for group, payload in records:
+            topic = members_topic(self.prefix, self.origin, group)
+            if not self._fits(topic, payload):
+                # The others keep this group's previous record of this router (or none):
+                # better than a broker that cuts the router off at every reconnect.
+                continue
             # A deletion (empty payload) must not expire: it is the absence of a record.
-            self._client.publish(members_topic(self.prefix, self.origin, group), payload,
-                                 qos=1, retain=True, properties=props if payload else None)
+            self._client.publish(topic, payload, qos=1, retain=True,
+                                 properties=props if payload else None)
         if records:
             self._kick_writer()
+
+    def leave(self) -> None:
+        """The router shuts down cleanly (Server.shutdown), before it closes its connections:
+        delete its records and presence at the broker, then DISCONNECT, so the broker does
+        not publish the Last Will. The other routers see its members leave, not suspected;
+        a router killed (or cancelled) still goes by its Last Will, and is suspected."""
+        if self._leaving:
+            return
+        self._leaving = True
+        records = self.federation.leave()
+        if self.state != "connected":
+            # Nothing can be published: its presence is gone already (Last Will) or expires.
+            self.left.set()
+            return
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        self.state = "leaving"  # routed frames and publications from now: not forwarded
+        self._publish_records(records)
+        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        props.UserProperty = [(LEFT_PROPERTY, "1")]
+        # After the records on the one connection, so every router has applied them (leave)
+        # before it drops this router.
+        self._client.publish(presence_topic(self.prefix, self.origin), b"", qos=1, retain=True,
+                             properties=props)
+        self._kick_writer()
+        self._disconnect_when_acked()
+        log.info("bridge: leaving the federation (%d records withdrawn)", len(records))
+
+    def _disconnect_when_acked(self) -> None:
+        """Leaving: DISCONNECT once the broker has acknowledged every QoS 1 message. paho
+        sends at most 20 ahead of their PUBACKs and queues the rest, so a DISCONNECT queued
+        at once went before them: the last records and the presence deletion were never
+        sent. Called again by the reader as PUBACKs arrive."""
+        if self.state != "leaving" or self._disconnecting:
+            return
+        if getattr(self._client, "_out_messages", None):  # paho's unacknowledged QoS>0
+            return
+        self._disconnecting = True
+        self._client.disconnect()
+        self._kick_writer()
+
+    def _publish_group(self, group: str) -> None:
+        # Before a routed message of that group (Federation.send); while not connected the
+        # change stays dirty, and the snapshot after the reconnect carries it.
+        if self.state == "connected":
+            self._publish_records(self.federation.flush_group(group))
+
+    def _fits(self, topic: str, payload: bytes, *user_props: str) -> bool:
+        """Whether a PUBLISH of ``payload`` to ``topic`` is within the broker's Maximum Packet
+        Size (counted and logged when not). An upper bound of the packet's size: fixed header
+        5, topic, packet id 2, properties (length 4, expiry 5, the user properties' values
+        with their keys, at most 40 bytes each)."""
+        limit = self.max_packet
+        if limit is None:
+            return True
+        size = (len(payload) + len(topic.encode()) + 20
+                + sum(40 + len(v.encode()) for v in user_props))
+        if size <= limit:
+            return True
+        self.stats.oversized += 1
+        self._oversized_log.warning(
+            "bridge: not sent: a message of %d bytes on %s is beyond the broker's maximum "
+            "packet size (%d)", len(payload), topic, limit)
+        return False
 
     def _unwritten(self) -> int:
         # paho keeps unwritten packets in _out_packet and offers no public count of them.
@@ -418,11 +511,21 @@ class Bridge:
             self.last_error = f"broker refused the connection: {reason}"
             log.warning("bridge: %s", self.last_error)
             return
+        if self._leaving:
+            # Connected while the router was already shutting down: nothing to announce,
+            # and a clean DISCONNECT keeps the Last Will from being published.
+            self.state = "leaving"
+            self._disconnecting = True
+            client.disconnect()
+            self._kick_writer()
+            return
         from paho.mqtt.subscribeoptions import SubscribeOptions
 
         self.state = "connected"
         self.last_error = None
         self._lost_at = None
+        limit = getattr(properties, "MaximumPacketSize", None)
+        self.max_packet = limit if isinstance(limit, int) else None
         self.stats.connects += 1
         log.info("bridge connected to %s://%s:%d as %s (%d subscriptions)", self.scheme,
                  self.host, self.port, self.origin, len(self.filters))
@@ -449,6 +552,9 @@ class Bridge:
             log.warning("bridge lost the broker: %s", reason)
             self.last_error = f"disconnected: {reason}"
         # (Otherwise the CONNACK refusal, already in last_error, says more.)
+        if self.state == "leaving":
+            log.info("bridge: left the federation")
+            self.left.set()
         self.state = "disconnected"
         if self._session_scope is not None:
             self._session_scope.cancel()
@@ -470,8 +576,22 @@ class Bridge:
 
     def _on_message(self, client: Client, userdata: Any, msg: MQTTMessage) -> None:
         if msg.topic.startswith(self._fed_root):
-            self._on_federation(msg.topic, bytes(msg.payload))
+            props = getattr(msg, "properties", None)
+            left = any(k == LEFT_PROPERTY for k, _ in
+                       getattr(props, "UserProperty", None) or ())
+            expiry = getattr(props, "MessageExpiryInterval", None)
+            self._on_federation(msg.topic, bytes(msg.payload), left,
+                                expiry if isinstance(expiry, int) else None)
             return
+        try:
+            self._on_publication(msg)
+        except Exception:
+            # Last resort, as for the federation's messages: raised here, it would end the
+            # bridge's task and the router with it.
+            self.stats.malformed += 1
+            log.exception("bridge: publication on %r could not be handled", msg.topic)
+
+    def _on_publication(self, msg: MQTTMessage) -> None:
         origin = sender = seq = None
         props = getattr(msg, "properties", None)
         for k, v in getattr(props, "UserProperty", None) or ():
@@ -484,7 +604,13 @@ class Bridge:
         if origin == self.origin:
             self.stats.echo_dropped += 1
             return
-        if origin is not None and seq is not None and seq.isdigit() \
+        if seq is not None and not (seq.isascii() and seq.isdigit() and len(seq) <= 20):
+            # Not one this bridge writes: int() refuses "²" (isdigit() does not) and more
+            # than 4,300 digits, and raised out of paho's callback.
+            self.stats.malformed += 1
+            log.debug("bridge: dropping %r: bad sequence number", msg.topic)
+            return
+        if origin is not None and seq is not None \
                 and not self._dedup.first(origin, int(seq)):
             self.stats.duplicates_dropped += 1
             return
@@ -508,18 +634,18 @@ class Bridge:
         self.hub.counters.delivered += deliver_publication(self.table, group, addr, tid, frame,
                                                            False)
 
-    def _on_federation(self, topic: str, payload: bytes) -> None:
+    def _on_federation(self, topic: str, payload: bytes, left: bool = False,
+                       expiry: int | None = None) -> None:
         fed = self.federation
-        if topic == self._route_topic:
-            fed.on_route(payload)
-            return
-        if topic == self._sync_topic:
-            fed.end_sync()
-            return
         levels = topic[len(self._fed_root):].split("/")
         try:
-            if levels[0] == "router" and len(levels) == 2:
-                fed.on_presence(unescape_level(levels[1]), payload, trio.current_time())
+            if topic == self._route_topic:
+                fed.on_route(payload)
+            elif topic == self._sync_topic:
+                fed.end_sync()
+            elif levels[0] == "router" and len(levels) == 2:
+                fed.on_presence(unescape_level(levels[1]), payload, trio.current_time(),
+                                left=left, expiry=expiry)
             elif levels[0] == "members" and len(levels) == 3:
                 fed.on_record(unescape_level(levels[1]), unescape_level(levels[2]), payload)
             else:
@@ -527,6 +653,12 @@ class Bridge:
         except ValueError as e:
             fed.stats.malformed += 1
             log.debug("bridge: dropping %r: %s", topic, e)
+        except Exception:
+            # Last resort: raised here, it would leave paho's callback and end the bridge's
+            # task, and with it the router. The decoders count what they cannot read; this
+            # is for what they missed (a bug), logged with its traceback.
+            fed.stats.malformed += 1
+            log.exception("bridge: federation message on %r could not be handled", topic)
 
     # ------------------------------------------------------------------ the connection
 
@@ -557,7 +689,7 @@ class Bridge:
     async def _connect_loop(self) -> None:
         n = 0
         try:
-            while True:
+            while not self._leaving:
                 self.state = "connecting"
                 started = trio.current_time()
                 try:
@@ -574,6 +706,8 @@ class Bridge:
                     log.info("bridge: %s", self.last_error)
                 else:
                     await self._session()
+                    if self._leaving:
+                        return  # (the finally below sets ``left``)
                     self._lost_at = trio.current_time()
                     self._cut.set()
                     if trio.current_time() - started > 30.0:
@@ -585,6 +719,7 @@ class Bridge:
                 await trio.sleep(delay)
         finally:
             self.state = "stopped"
+            self.left.set()  # whatever was not written by now never will be
             sock = self._client.socket()
             if sock is not None:
                 sock.close()
@@ -624,6 +759,8 @@ class Bridge:
             if c.loop_read(max_packets=64) or c.socket() is None:
                 self._end("connection lost")
                 return
+            if self.state == "leaving":
+                self._disconnect_when_acked()
             if c.want_write():
                 self._kick_writer()
 
@@ -650,7 +787,7 @@ class Bridge:
         connack_by = trio.current_time() + CONNACK_TIMEOUT
         while True:
             await trio.sleep(min(1.0, CONNACK_TIMEOUT))
-            if self.state != "connected" and trio.current_time() >= connack_by:
+            if self.connack_overdue(connack_by, trio.current_time()):
                 self.last_error = f"no CONNACK within {CONNACK_TIMEOUT:g}s"
                 log.warning("bridge: %s", self.last_error)
                 self._end(self.last_error)
@@ -660,6 +797,12 @@ class Bridge:
                 return
             if c.want_write():
                 self._kick_writer()
+
+    def connack_overdue(self, connack_by: float, now: float) -> bool:
+        """Still waiting for the CONNACK past its deadline. Only while connecting: a session
+        that is leaving (not "connected" either) must live until its DISCONNECT is written,
+        or its Last Will goes out after all."""
+        return self.state == "connecting" and now >= connack_by
 
     async def _flusher(self) -> None:
         while True:

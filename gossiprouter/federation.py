@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 import msgpack
 
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.protocol.jgroups_common import JAddress
+from gossiprouter.protocol.jgroups_common import V2, V5, JAddress
 from gossiprouter.routing import Carrier, Entry, Group, Kind, Notice, RemoteCarrier, RoutingError
 from gossiprouter.sessions.base import Hub
 from gossiprouter.sessions.jgroups_common import JWire
@@ -67,6 +67,7 @@ class FederationStats:
     malformed: int = 0  # federation messages that could not be read
     conflicts: int = 0  # remote registrations a local rule refused (e.g. an in-process address)
     routers_lost: int = 0  # routers dropped: Last Will, resync, or this router cut off
+    routers_left: int = 0  # routers that shut down cleanly (their members left, unsuspected)
     resyncs: int = 0  # reconciles after a (re)connect
     ghosts_removed: int = 0  # remote members a resync found gone
 
@@ -144,6 +145,12 @@ class RemoteMember(_Remote, RemoteCarrier):
     def push(self, data: bytes, count: int = 1) -> None:
         self.fed.send(self.remote, self.group, self.addr, data, count)
 
+    @property
+    def peer(self) -> str:
+        """For /groups: the router's origin (its name is not unique across restarts or
+        configurations), and whether the member is only held there in grace."""
+        return f"router {self.remote.origin}" + ("" if self.live else " (in grace there)")
+
 
 @dataclass(eq=False)
 class RemoteRouter:
@@ -194,11 +201,16 @@ class Federation:
         self.routers: dict[str, RemoteRouter] = {}
         self.epoch = 0
         self.synced = False
+        # Set by leave(): this router is shutting down and has withdrawn its records, so the
+        # connections it closes now change nothing the others see.
+        self.leaving = False
         # group -> addresses removed as suspected since its last record
         self.dirty: dict[str, set[bytes]] = {}
         # group -> (last payload published, the addresses it listed)
         self.published: dict[str, tuple[bytes, frozenset[bytes]]] = {}
         self.table.on_local = self.on_local
+        # Set by the I/O side: publishes flush_group(group) at once if it can (see send()).
+        self.publish: Callable[[str], None] | None = None
         # (group, sending router) -> (the group, its rev, receivers): a multicast from another
         # router walks the group's members once per change of the group, not once per message.
         self._receivers: dict[tuple[str, str], tuple[Group, int, list[Carrier]]] = {}
@@ -211,10 +223,22 @@ class Federation:
     def live_routers(self) -> int:
         return sum(1 for r in self.routers.values() if r.alive)
 
+    def peers(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The other live routers for /groups, by origin (at most ``limit``): who carries
+        the remote members, and how many in how many groups."""
+        out = []
+        for origin in sorted(o for o, r in self.routers.items() if r.alive)[:limit]:
+            r = self.routers[origin]
+            out.append({"origin": origin, "name": r.name, "groups": len(r.groups),
+                        "members": sum(len(m) for m in r.groups.values())})
+        return out
+
     # ------------------------------------------------------------------ publishing
 
     def on_local(self, group: str, suspected: bytes | None) -> None:
         """The table's hook: the members this router carries in ``group`` may have changed."""
+        if self.leaving:
+            return
         s = self.dirty.get(group)
         if s is None:
             s = self.dirty[group] = set()
@@ -239,6 +263,21 @@ class Federation:
         for group, suspected in dirty.items():
             out += [(group, rec) for rec in self._record(group, suspected)]
         return out
+
+    def leave(self) -> list[tuple[str, bytes]]:
+        """A clean shutdown: the deletion of every record published, so the others see this
+        router's members leave (not suspected), and nothing published after it (the local
+        connections closing next would otherwise be suspects in the records)."""
+        self.leaving = True
+        self.dirty = {}
+        old, self.published = self.published, {}
+        self.stats.records_out += len(old)
+        return [(group, b"") for group in old]
+
+    def flush_group(self, group: str) -> list[tuple[str, bytes]]:
+        """:meth:`flush` for one group only."""
+        suspected = self.dirty.pop(group, None)
+        return [] if suspected is None else [(group, rec) for rec in self._record(group, suspected)]
 
     def snapshot(self) -> list[tuple[str, bytes]]:
         """Every record, after a (re)connect: each group with members carried here, and an
@@ -334,14 +373,21 @@ class Federation:
                 notices += self._drop_router(r)
         self.hub.deliver(notices)
 
-    def on_presence(self, origin: str, payload: bytes, now: float = 0.0) -> None:
+    def on_presence(self, origin: str, payload: bytes, now: float = 0.0,
+                    left: bool = False, expiry: int | None = None) -> None:
+        """A router's presence; empty: it is gone, by its Last Will (its members are
+        suspected) or, with ``left``, by a clean shutdown (they leave, unsuspected: its
+        record deletions normally removed them already). ``expiry``: the seconds the broker
+        says the presence has left (MQTT 5 Message Expiry of a retained copy), which wins
+        over its ``ttl``: a copy retained for a while is not fresh."""
         if origin == self.origin:
             return
         r = self.routers.get(origin)
         if not payload:
             if r is not None:
-                log.info("federation: router %s is gone (Last Will)", r.label)
-                self.hub.deliver(self._drop_router(r))
+                log.info("federation: router %s %s", r.label,
+                         "left (shut down)" if left else "is gone (Last Will)")
+                self.hub.deliver(self._drop_router(r, suspect=not left))
             return
         try:
             info = msgpack.unpackb(payload)
@@ -357,6 +403,8 @@ class Federation:
             r = self.routers[origin] = RemoteRouter(origin, fed=self)
             log.info("federation: router %s is up", name or origin)
         r.name = name
+        if expiry is not None and ttl and ttl > 0:
+            ttl = min(ttl, expiry)
         r.expires = None if not ttl or ttl <= 0 else now + ttl
         r.alive = True
         r.epoch = self.epoch
@@ -366,6 +414,14 @@ class Federation:
 
     def on_record(self, origin: str, group: str, payload: bytes) -> None:
         if origin == self.origin:
+            # This router's own record, as the broker retains it. One for a group it does not
+            # publish is stale: a persistent broker restored it after a crash (its deletion
+            # came after the broker's last save). Deleted again through the flush, else its
+            # members would be ghosts elsewhere for as long as this router lives. (The echo
+            # of a record deleted since is deleted once more: harmless.)
+            if payload and group not in self.published and not self.leaving:
+                self.published[group] = (payload, frozenset())
+                self.on_local(group, None)
             return
         r = self.routers.get(origin)
         if r is None or not r.alive:
@@ -377,7 +433,8 @@ class Federation:
             return
         try:
             members, suspected = _parse_record(payload)
-        except (ValueError, TypeError, ProtocolError, msgpack.UnpackException) as e:
+        except (ValueError, TypeError, OverflowError, ProtocolError,
+                msgpack.UnpackException) as e:
             self.stats.malformed += 1
             log.debug("federation: bad record of %r for %r: %s", origin, group, e)
             return
@@ -402,6 +459,13 @@ class Federation:
             rm.live = m[5]
             rm.data = m
             try:
+                before = table.entry(group, addr)
+                graced = before is not None and before.grace_until is not None
+                if table.check is not None:
+                    # This router's own bounds and codecs too: the other router's may differ
+                    # (another config or version, or a hostile publisher on the broker), and
+                    # a member stored here must never make a reply to a local client fail.
+                    table.check(group, addr, m[1], m[2], m[6])
                 _, n, frames = table.connect(rm, group, addr, m[1], m[2], kind=m[3],
                                              identity=m[4], wire=m[6], remote=True)
             except RoutingError as e:
@@ -415,6 +479,11 @@ class Federation:
             notices += n
             for f in frames:  # held here in grace: handed to the router it came back to
                 rm.push(f)
+            if graced:
+                # Its grace here ended (it came back on that router): this router's record,
+                # which listed it as held here, must drop it, or the others keep routing
+                # to this router and keep it a member after it has left there.
+                self.on_local(group, None)
         if held:
             r.groups[group] = held
         else:
@@ -423,13 +492,16 @@ class Federation:
             r.fanouts.pop(group, None)
         return notices
 
-    def _drop_router(self, r: RemoteRouter) -> list[Notice]:
+    def _drop_router(self, r: RemoteRouter, suspect: bool = True) -> list[Notice]:
         notices: list[Notice] = []
         for group, held in r.groups.items():
             for addr, rm in held.items():
-                notices += self.table.unlink_remote(rm, group, addr, suspect=True)
+                notices += self.table.unlink_remote(rm, group, addr, suspect=suspect)
         if r.alive:
-            self.stats.routers_lost += 1
+            if suspect:
+                self.stats.routers_lost += 1
+            else:
+                self.stats.routers_left += 1
         self.routers.pop(r.origin, None)
         r.groups.clear()
         r.alive = False
@@ -439,7 +511,15 @@ class Federation:
 
     def send(self, remote: RemoteRouter, group: str, dest: bytes | None, frames: bytes,
              count: int) -> None:
-        """Frames for ``dest`` (None: the group) through router ``remote``: one message."""
+        """Frames for ``dest`` (None: the group) through router ``remote``: one message.
+
+        A change of the group's members still waiting for the coalesced flush is published
+        first: the sender may have just joined, and a receiver answering it through its own
+        router must find it there (one broker connection keeps the order). Without this a
+        reply to a new member was dropped as undeliverable for the flush delay.
+        """
+        if group in self.dirty and self.publish is not None:
+            self.publish(group)
         head: bytes = msgpack.packb([self.origin, group, dest, count])
         if self._send(remote.origin, _HEAD_LEN.pack(len(head)) + head + frames):
             self.stats.routed_out += count
@@ -530,6 +610,11 @@ def _wire_in(w: Any) -> JWire | None:
     if w is None:
         return None
     version, raw, phys = w
+    # Checked before parsing: the codec trusts its caller's version and types.
+    if version not in (V2, V5) or isinstance(version, bool) or not isinstance(raw, bytes) \
+            or not (phys is None or (isinstance(phys, list)
+                                     and all(isinstance(p, bytes) for p in phys))):
+        raise ValueError("bad JGroups encoding")
     addr = JAddress.parse(raw, version=version)
     if addr is None:
         raise ValueError("null address")
@@ -552,7 +637,14 @@ def _parse_record(payload: bytes) -> tuple[list[_Member], set[bytes]]:
         if not isinstance(addr, bytes) or not (name is None or isinstance(name, str)) \
                 or not (identity is None or isinstance(identity, str)):
             raise ValueError("bad member")
-        phys = tuple((str(h), int(p)) for h, p in physical)
+        phys = tuple((h, p) for h, p in physical)
+        if not all(isinstance(h, str) and isinstance(p, int) and 0 <= p <= 0xFFFF
+                   for h, p in phys):
+            raise ValueError("bad physical address")
+        # Provisioned entries are never federated (each router has its own): one in a record
+        # would be an entry no record could remove.
+        if kind not in (Kind.CONNECTION, Kind.IN_PROCESS) or isinstance(kind, bool):
+            raise ValueError(f"bad kind {kind!r}")
         members.append((addr, name, phys, Kind(kind), identity, bool(live), _wire_in(wire)))
     suspected = {a for a in data.get("s", ()) if isinstance(a, bytes)}
     return members, suspected

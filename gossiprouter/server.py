@@ -274,10 +274,13 @@ class Server:
                 with self._accept_scope:
                     await self._accept_loop(listener, nursery)
                 await listener.aclose()
-                # Shutdown: wait for connections to flush, then cut what is left.
+                # Shutdown: wait for connections to flush, then cut what is left; the
+                # bridge's leave (published in shutdown()) within the same time.
                 with trio.move_on_after(cfg.shutdown_timeout + 0.5):
                     while self.connections:
                         await trio.sleep(0.02)
+                    if self.bridge is not None:
+                        await self.bridge.left.wait()
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
@@ -304,6 +307,10 @@ class Server:
             return
         self._stopping = True
         log.info("shutting down: %d connections", len(self.connections))
+        if self.bridge is not None:
+            # First, so the federation sees this router's members leave (not suspected) and
+            # the connections closing below publish nothing more.
+            self.bridge.leave()
         self._accept_scope.cancel()
         deadline = trio.current_time() + self.config.shutdown_timeout
         for conn in list(self.connections):

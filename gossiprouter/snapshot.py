@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from gossiprouter.routing import Kind, RoutingTable
+from gossiprouter.routing import Kind, RemoteCarrier, RoutingTable
 
 if TYPE_CHECKING:
     from gossiprouter.bridge import Bridge
@@ -143,13 +143,17 @@ async def census(connections: Collection[Connection]) -> ConnectionCensus:
 async def membership(table: RoutingTable) -> Membership:
     """Count the table's members by kind, its watchers, graces and topic subscriptions."""
     groups = list(table.groups.values())
-    kinds = {k.label: 0 for k in Kind}
+    # "remote": carried only by other routers of the federation (a local carrier, when there
+    # is one, is always the entry's last), so the routers' counts add up to the members.
+    kinds = {k.label: 0 for k in Kind} | {"remote": 0}
     watchers = graced = held_bytes = subscriptions = 0
     for i in range(0, len(groups), BATCH):
         for g in groups[i : i + BATCH]:
             watchers += len(g.watchers)
             for e in g.entries.values():
-                kinds[e.kind.label] += 1
+                cs = e.carriers
+                kinds["remote" if cs and isinstance(cs[-1], RemoteCarrier)
+                      else e.kind.label] += 1
             for e in g.graced:
                 graced += 1
                 held_bytes += e.held_bytes

@@ -8,20 +8,23 @@ before it has been read.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from gossiprouter.ops.metrics import federation_metrics
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
+from gossiprouter.snapshot import member_page, membership
 from gossiprouter.stub import RouterStub
 from tests.jgroups_clients import V2, V5, J2Client, J5Client, ip, uuid
 from tests.nclient import NativeClient
 from tests.procs import RouterProcess
-from tests.test_bridge import Mosquitto, bridge_of
+from tests.test_bridge import MOSQUITTO, Mosquitto, bridge_of
 from tests.test_bridge import broker as broker  # the fixture: mosquitto on a free port
 from tests.test_stub import FAST, InProcessRouter, eventually
 
@@ -113,6 +116,17 @@ async def test_two_routers_join_route_leave(nursery: trio.Nursery, broker: Mosqu
     assert samples[("gossiprouter_federation_frames_total", ("in",))] == 2
     assert samples[("gossiprouter_federation_routers", ())] == 1
     assert samples[("gossiprouter_federation_remote_members", ())] == 1
+    # The admin view and gossiprouter_members tell remote members apart: the routers' counts
+    # add up to the group, and a remote member's connection names its router.
+    assert ra.server is not None
+    counts = (await membership(ra.server.hub.table)).kinds
+    assert (counts["connection"], counts["remote"]) == (1, 1)
+    page = await member_page(ra.server.hub.table, G, 0.0, 0, 10)
+    assert page is not None
+    assert {m.addr: [(c.peer, c.protocol) for c in m.connections] for m in page.members}[b"b"] \
+        == [(f"router {bridge_of(rb).origin}", "federation")]
+    assert bridge_of(ra).view()["federation"]["peers"] == [
+        {"origin": bridge_of(rb).origin, "name": "r1", "groups": 1, "members": 1}]
 
     # A clean leave on B reaches A: gone, watchers told "leave", nobody "suspect".
     w = await member(ra, b"w")
@@ -422,3 +436,179 @@ async def test_a_stub_sees_the_whole_group_through_any_router(nursery: trio.Nurs
         await b.send(wire.Route(G, b"t", b"b", b"marker"))
         with trio.fail_after(5):
             assert (await twin.receive()).payload == b"marker"
+
+
+async def test_a_router_shut_down_leaves_cleanly_and_a_cancelled_one_is_suspected(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    """A graceful shutdown withdraws the router's records and presence before DISCONNECT:
+    its members leave everywhere, unsuspected (and its retained state is gone from the
+    broker). A router cancelled outright goes by its Last Will: suspected, as before."""
+    ra, rb, rc = await federation(nursery, broker, 3)
+    w = await member(ra, b"w")  # a member and a watcher: it would see a suspect first
+    assert isinstance(await w.request(wire.Watch(w.req(), G)), wire.Ok)
+    b, c = await member(rb, b"b"), await member(rc, b"c")
+    await everywhere([ra, rb, rc], {b"w", b"b", b"c"})
+    assert sorted(await events(w, 2)) == [("join", b"b"), ("join", b"c")]
+    fa = bridge_of(ra).federation
+    await rb.stop(graceful=True)
+    await everywhere([ra, rc], {b"w", b"c"})
+    assert await events(w, 1) == [("leave", b"b")]
+    assert (fa.stats.routers_left, fa.stats.routers_lost, fa.live_routers()) == (1, 0, 1)
+    await rc.stop()  # cancelled: the socket closes without DISCONNECT
+    await everywhere([ra], {b"w"})
+    assert await events(w, 2) == [("suspect", b"c"), ("leave", b"c")]
+    assert (fa.stats.routers_left, fa.stats.routers_lost) == (1, 1)
+    # A router starting now gets no retained record or presence of B (withdrawn); C's
+    # records stay retained, inert without a presence.
+    [rd] = [await InProcessRouter(nursery, bridge=broker.url, router_id="r3", **FED).start()]
+    fd = bridge_of(rd).federation
+    await eventually(lambda: fd.synced)
+    assert fd.routers.keys() == {bridge_of(ra).origin} and table_members(rd) == {b"w"}
+    del b, c
+
+
+async def test_sigterm_leaves_the_federation_and_exits(nursery: trio.Nursery, broker: Mosquitto,
+                                                       tmp_path: Path) -> None:
+    """SIGTERM on a router process (cli's signal handler, Server.shutdown): the other router
+    sees its member leave, with no suspect, and the process exits 0."""
+    [ra] = await federation(nursery, broker, 1)
+    w = await member(ra, b"w")
+    with RouterProcess(None, "--bridge", broker.url, "--router-id", "p1",
+                       log=tmp_path / "p1.log") as pb:
+        b = await NativeClient.open("127.0.0.1", pb.port)
+        assert isinstance(await b.connect(G, b"b"), wire.Ok)
+        await everywhere([ra], {b"w", b"b"})
+        assert isinstance(await w.request(wire.Watch(w.req(), G)), wire.Ok)
+        assert await trio.to_thread.run_sync(pb.stop) == 0
+        assert await events(w, 1) == [("leave", b"b")]
+        fa = bridge_of(ra).federation
+        assert (fa.stats.routers_left, fa.stats.routers_lost) == (1, 0)
+
+
+async def test_an_answer_to_a_member_that_just_joined_another_router_arrives(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    """x joins A and multicasts at once; y, on B, answers x through B as soon as it has the
+    message: B knows x by then (A published x's record before the message)."""
+    ra, rb = await federation(nursery, broker, 2)
+    y = await member(rb, b"y")
+    await everywhere([ra, rb], {b"y"})
+    for i in range(5):
+        addr = b"x%d" % i
+        x = await member(ra, addr)
+        await x.send(wire.Route(G, None, addr, b"hello"))
+        with trio.fail_after(5):
+            while not isinstance(f := await y.recv(), wire.Route):
+                pass
+        assert f.payload == b"hello"
+        await y.send(wire.Route(G, addr, b"y", b"answer"))
+        assert [r.payload for r in await routes_until(x, 1)] == [b"answer"]
+    assert bridge_of(rb).federation.stats.undeliverable == 0
+
+
+async def routes_until(c: NativeClient, n: int) -> list[wire.Route]:
+    out: list[wire.Route] = []
+    with trio.fail_after(5):
+        while len(out) < n:
+            if isinstance(f := await c.recv(), wire.Route):
+                out.append(f)
+    return out
+
+
+async def test_a_message_or_record_larger_than_the_brokers_limit_is_not_sent(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    """mosquitto with max_packet_size (announced in CONNACK): a routed message or a record
+    beyond it made the broker cut the router off (its members suspected everywhere, and the
+    record republished at every reconnect: a loop). They are counted as oversized and not
+    sent (topic publications take the same check); the link, and the members, stay."""
+    if not shutil.which(MOSQUITTO):
+        pytest.skip("mosquitto is not installed (scripts/setup installs it)")
+    b = Mosquitto(tmp_path, "allow_anonymous true\nmax_packet_size 4096\n")
+    b.start()
+    try:
+        ra, rb = await federation(nursery, b, 2)
+        x, y = await member(ra, b"x"), await member(rb, b"y")
+        await everywhere([ra, rb], {b"x", b"y"})
+        ba, fb = bridge_of(ra), bridge_of(rb).federation
+        await x.send(wire.Route(G, b"y", b"x", b"big" * 2000))
+        await x.send(wire.Route(G, None, b"x", b"small"))
+        await eventually(lambda: fb.stats.routed_in == 1)
+        assert [r.payload for r in await routes(y)] == [b"small"]
+        # A group whose record outgrows the limit: not published, the rest goes on.
+        many = await member(ra, b"m00", "big")
+        for i in range(1, 20):  # 20 names of 250 bytes: a record of more than 5,000 bytes
+            assert isinstance(await many.connect("big", b"m%02d" % i, "n" * 250), wire.Ok)
+        await eventually(lambda: ba.stats.oversized >= 2)
+        await x.send(wire.Route(G, None, b"x", b"still"))
+        await eventually(lambda: fb.stats.routed_in == 2)
+        assert [r.payload for r in await routes(y)] == [b"still"]
+        assert ba.stats.connects == 1 and fb.stats.routers_lost == 0
+        assert table_members(rb) == {b"x", b"y"}
+        assert ba.federation.stats.not_forwarded == 1
+        del many
+    finally:
+        b.stop()
+
+
+async def test_a_persistent_broker_restoring_an_old_record_leaves_no_ghost(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    """mosquitto with persistence saves its retained messages at a clean stop and restores
+    them after a crash: a record of a live router that it deleted since (x left) comes back.
+    That router deletes its own stale record again; before, x stayed a member elsewhere
+    until the router touched the group again (or the record expired, a day later)."""
+    if not shutil.which(MOSQUITTO):
+        pytest.skip("mosquitto is not installed (scripts/setup installs it)")
+    b = Mosquitto(tmp_path)
+    # (As root mosquitto would run as user mosquitto, which cannot write in tmp_path.)
+    b.conf.write_text(f"listener {b.port} 127.0.0.1\nallow_anonymous true\nuser root\n"
+                      f"persistence true\npersistence_location {tmp_path}/\n")
+    b.start()
+    try:
+        ra, rb = await federation(nursery, b, 2)
+        fa, fb = bridge_of(ra).federation, bridge_of(rb).federation
+        x = await member(ra, b"x")
+        await everywhere([ra, rb], {b"x"})
+        b.stop()  # saves the retained messages: x's record among them
+
+        async def restarted() -> None:
+            before = (fa.stats.resyncs, fb.stats.resyncs)
+            b.start()
+            await eventually(lambda: fa.stats.resyncs > before[0]
+                             and fb.stats.resyncs > before[1], timeout=15, what="resynced")
+        await restarted()
+        await everywhere([ra, rb], {b"x"})
+        assert isinstance(await x.request(wire.Disconnect(x.req(), G, b"x")), wire.Ok)
+        await everywhere([ra, rb], set())
+        assert b.proc is not None
+        b.proc.kill()  # a crash: the saved state (x's record) comes back
+        b.proc.wait()
+        b.proc = None
+        await restarted()
+        # A router starting now reads what the broker retains: no record listing x.
+        rc = await InProcessRouter(nursery, bridge=b.url, router_id="r2", **FED).start()
+        fc = bridge_of(rc).federation
+        await eventually(lambda: fc.synced and fc.live_routers() == 2, what="rc up")
+        assert table_members(rc) == set()
+        await everywhere([ra, rb, rc], set())
+    finally:
+        b.stop()
+
+
+async def test_a_clean_leave_withdraws_more_records_than_the_in_flight_window(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    """paho sends at most 20 QoS 1 messages ahead of their PUBACKs and queues the rest: a
+    router in 30 groups must wait for them before DISCONNECT, or the last records and its
+    presence deletion are never sent (its members stay elsewhere until the presence expires,
+    then are suspected)."""
+    ra, rb = await federation(nursery, broker, 2)
+    c = await member(rb, b"m", "g0")
+    groups = [f"g{i}" for i in range(30)]
+    for g in groups[1:]:
+        assert isinstance(await c.connect(g, b"m", "m"), wire.Ok)
+    assert ra.server is not None
+    table = ra.server.hub.table
+    await eventually(lambda: all(table.entry(g, b"m") is not None for g in groups))
+    await rb.stop(graceful=True)
+    await eventually(lambda: all(table.entry(g, b"m") is None for g in groups),
+                     what="every record withdrawn")
+    fa = bridge_of(ra).federation
+    assert (fa.stats.routers_left, fa.stats.routers_lost, fa.live_routers()) == (1, 0, 0)

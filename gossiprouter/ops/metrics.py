@@ -233,7 +233,7 @@ class RouterCollector(Collector):
         yield from topic_metrics(table.stats, members, self.view.bridge)
 
 
-BRIDGE_STATES = ("connected", "connecting", "disconnected", "stopped")
+BRIDGE_STATES = ("connected", "connecting", "disconnected", "leaving", "stopped")
 
 
 def topic_metrics(st: Stats, members: snapshot.Membership,
@@ -277,6 +277,9 @@ def topic_metrics(st: Stats, members: snapshot.Membership,
     yield _counter("gossiprouter_bridge_malformed",
                    "Broker messages under the prefix that were not publications.", b.malformed)
     yield _counter("gossiprouter_bridge_connects", "Successful broker connections.", b.connects)
+    yield _counter("gossiprouter_bridge_oversized",
+                   "Publications, routed messages and records not sent: beyond the broker's "
+                   "Maximum Packet Size.", b.oversized)
     yield GaugeMetricFamily("gossiprouter_bridge_subscriptions",
                             "MQTT topic filters subscribed (the union of local patterns).",
                             value=len(bridge.filters))
@@ -314,6 +317,9 @@ def federation_metrics(bridge: Bridge) -> Iterator[Metric]:
     yield _counter("gossiprouter_federation_routers_lost",
                    "Routers dropped: Last Will, resync, or this router cut off from the broker.",
                    s.routers_lost)
+    yield _counter("gossiprouter_federation_routers_left",
+                   "Routers that shut down cleanly (their members left, unsuspected).",
+                   s.routers_left)
     yield _counter("gossiprouter_federation_resyncs",
                    "Reconciles after a (re)connect to the broker.", s.resyncs)
     yield _counter("gossiprouter_federation_ghosts_removed",
