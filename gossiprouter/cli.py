@@ -18,7 +18,7 @@ from typing import Any
 import click
 import trio
 
-from gossiprouter import __version__
+from gossiprouter import __version__, fastpath
 from gossiprouter.analytics.cli import analyze_command
 from gossiprouter.cli_errors import PREFIX, CommandError, needs_extra
 from gossiprouter.config import OPTIONS, Config, ConfigError, Option, build, check
@@ -169,6 +169,7 @@ def serve(config_file: Path | None, **options: Any) -> None:
     try:
         config = build(config_file, **given)
         check_startup(config)  # TLS files, tokens file: refused now, not after listening
+        fastpath.status(config)  # fast_path on without the extension, a relay that won't load
     except ConfigError as e:
         raise CommandError(str(e)) from None
     setup_logging(config.log_level, config.log_format)
