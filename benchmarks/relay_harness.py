@@ -258,6 +258,9 @@ class Harness:
             raise SystemExit("relay_harness: gossiprouter._relay is not built (scripts/setup)")
         self.mod = mod
         self.relay = mod.Relay()
+        # The API as it grows (issue 24's branches): learned routes forgotten per group slot
+        # (learn's and invalidate's ``slot``), and the bytes the thread may still hold (room).
+        self.slotted = "slot" in (self.relay.learn.__doc__ or "")
         self.senders: list[Sender] = []
         self.receivers: list[Receiver] = []
         self.bytes_in: collections.Counter[int] = collections.Counter()
@@ -294,7 +297,7 @@ class Harness:
     def _open_receiver(self, kind: str, i: int) -> Receiver:
         c, r = self._pair()
         addr = b"R%d" % i if kind == "native" else address(kind, i).key
-        cid = self.relay.open(r.fileno(), KIND_CODE[kind](self.mod), MAX_PENDING, False)
+        cid = self._open(r, kind, self.mod.MAX_HOLD)
         rec = Receiver(kind, addr, c, r, cid)
         with rec.lock:
             self._attach(rec)
@@ -303,11 +306,19 @@ class Harness:
     def _open_sender(self, kind: str, i: int) -> Sender:
         c, r = self._pair()
         hold = SMALL_HOLD if i == 1 else self.mod.MAX_HOLD
-        cid = self.relay.open(r.fileno(), KIND_CODE[kind](self.mod), MAX_PENDING, False, hold)
+        cid = self._open(r, kind, hold)
         addr: Any = b"S%d" % i if kind == "native" else address(kind, 100 + i)
         s = Sender(kind, f"{kind}/S{i}", addr, c, r, cid, hold, PurePath(kind), PurePath(kind))
         self._read(s, False, b"")
         return s
+
+    def _open(self, sock: socket.socket, kind: str, hold: int) -> int:
+        code = KIND_CODE[kind](self.mod)
+        if "max_pending" in (self.relay.open.__doc__ or ""):
+            cid: int = self.relay.open(sock.fileno(), code, MAX_PENDING, False, hold)
+        else:  # the thread's bound is router-wide (Relay(max_bytes)), not per receiver
+            cid = self.relay.open(sock.fileno(), code, hold)
+        return cid
 
     def _attach(self, r: Receiver) -> None:
         if not r.attached and not r.chunks and self.relay.attach(r.cid):
@@ -433,8 +444,9 @@ class Harness:
     def pump(self) -> bool:
         """One round of everything this process does; True if anything happened."""
         busy = self._upcalls()
-        rows, _ = self.relay.collect()
-        for cid, bytes_in, frames, _delivered, _out, _writes, drops, _last in rows:
+        for row in self.relay.collect()[0]:
+            cid, bytes_in, frames = row[:3]
+            drops = row[6] if len(row) == 8 else 0  # (cid, ..., writes, drops, last_ns)
             if drops:
                 raise Violation(f"the relay dropped {drops} frames (connection {cid})")
             self.bytes_in[cid] += bytes_in
@@ -461,7 +473,7 @@ class Harness:
                         if r.attached:
                             self._reclaim(r)
                 continue
-            if kind == mod.SLOW:
+            if kind == getattr(mod, "SLOW", -1):
                 raise Violation(f"a SLOW upcall for {cid} (max_pending {MAX_PENDING} is never "
                                 "reached here)")
             s = self._sender(cid)
@@ -481,7 +493,7 @@ class Harness:
                     self._close_sender(s, s.py.closed)
                 elif s.py.holding:
                     self._read(s, True, b"")
-                elif s.py.carry and s.py.need and s.py.need <= s.hold:
+                elif s.py.carry and s.py.need and s.py.need <= self._room(s):
                     held, s.py.carry, s.py.need = s.py.carry, b"", 0
                     self._read(s, False, held)
                 else:
@@ -509,9 +521,27 @@ class Harness:
                             break
                         ids.append(r.cid)
                 else:
-                    if self.relay.learn(s.cid, run.key, run.out, run.skip,
-                                        s.py.scanner.max_frame, ids):
+                    args = (s.cid, run.key, run.out, run.skip, s.py.scanner.max_frame, ids)
+                    if self.relay.learn(*args, *self._slot(s.kind)):
                         self.stats["routes learned"] += 1
+
+    def _slot(self, kind: str) -> tuple[int, ...]:
+        """learn's group slot, where the relay has them: one per framing (its group)."""
+        return (KINDS.index(kind),) if self.slotted else ()
+
+    def _room(self, s: Sender) -> int:
+        """The largest cut frame that may be handed back to the thread (fastpath._read)."""
+        room = getattr(self.relay, "room", None)
+        return s.hold if room is None else min(s.hold, int(room()))
+
+    def invalidate(self) -> None:
+        """The routing table changed: everything, or (where the relay has slots) one group."""
+        if self.slotted and self.rng.random() < 0.5:
+            self.relay.invalidate(self.rng.randrange(len(KINDS)))
+            self.stats["invalidations of one group"] += 1
+        else:
+            self.relay.invalidate()
+            self.stats["invalidations"] += 1
 
     def _push(self, r: Receiver, data: bytes) -> None:
         """As the outbox with the fast path: a direct send through the relay while attached,
@@ -864,8 +894,7 @@ def run(seed: int, steps: int, seconds: float, sweep: bool = True,
                 if x < 0.06:
                     h.reopen_receiver()
                 elif x < 0.10:
-                    h.relay.invalidate()
-                    h.stats["invalidations"] += 1
+                    h.invalidate()
                 else:
                     h.traffic()
                 h.reopen_closed()
