@@ -55,3 +55,12 @@ def test_a_relay_module_that_does_not_load_is_one_error_line(tmp_path: Path) -> 
     assert p.returncode == 1, p
     assert p.stderr.startswith("gossiprouter: error: GOSSIPROUTER_RELAY_SO="), p.stderr
     assert "Traceback" not in p.stderr and len(p.stderr.splitlines()) == 1, p.stderr
+
+
+def test_sanitize_refuses_a_bad_option_in_one_line() -> None:
+    for args, what in ((["--bogus"], "unknown option --bogus"),
+                       (["--seconds", "soon"], "--seconds soon: expected a number")):
+        p = subprocess.run([str(REPO / "scripts" / "sanitize"), *args], capture_output=True,
+                           text=True, timeout=30)
+        assert p.returncode == 2 and what in p.stderr, p
+        assert len(p.stderr.splitlines()) == 1, p.stderr
