@@ -217,6 +217,10 @@ class Receiver:
     # source -> the frames it must still receive from that source, in order
     expected: dict[str, collections.deque[bytes]] = field(default_factory=dict)
     received: int = 0
+    # A JGroups sender is a receiver of its own group's multicasts (the router's
+    # Group.targets()): one connection read by the thread and written by it and by Python.
+    twin_of: str = ""
+    closed: bool = False
 
     def expect(self, source: str, frame: bytes) -> None:
         self.expected.setdefault(source, collections.deque()).append(frame)
@@ -250,8 +254,9 @@ class Sender:
 
 
 class Harness:
-    def __init__(self, seed: int, mod: ModuleType | None = None) -> None:
+    def __init__(self, seed: int, mod: ModuleType | None = None, twins: bool = False) -> None:
         self.rng = random.Random(seed)
+        self.twins = twins
         self.seed = seed
         mod = mod or fastpath._relay
         if mod is None:
@@ -278,6 +283,15 @@ class Harness:
                 self.receivers.append(self._open_receiver(kind, i))
             for i in range(2):
                 self.senders.append(self._open_sender(kind, i))
+                if self.twins and kind != "native" and i == 0:
+                    self._twin(self.senders[-1])
+
+    def _twin(self, s: Sender) -> None:
+        """``s``'s connection as a receiver too."""
+        r = Receiver(s.kind, s.addr.key, s.csock, s.rsock, s.cid, twin_of=s.name)
+        with r.lock:
+            self._attach(r)
+        self.receivers.append(r)
 
     def close(self) -> None:
         self.relay.stop()
@@ -658,6 +672,10 @@ class Harness:
     def _close_sender(self, s: Sender, why: str) -> None:
         s.closed = why
         s.reading = False
+        for r in [r for r in self.receivers if r.twin_of == s.name]:
+            with r.lock:  # what was routed to it is gone with it
+                r.closed = True
+                self.receivers.remove(r)
         self.relay.close(s.cid)
         self.stats[f"senders closed ({why.split(':')[0]})"] += 1
 
@@ -724,6 +742,8 @@ class Harness:
                 s.rsock.close()
                 t = self._open_sender(s.kind, int(s.name[-1]))
                 self.senders[n] = t
+                if self.twins and s.kind != "native" and t.hold != SMALL_HOLD:
+                    self._twin(t)
                 self._stale(s.cid, fd, t.rsock.fileno())
 
     def _stale(self, old: int, fd: int, new_fd: int) -> None:
@@ -740,7 +760,9 @@ class Harness:
             raise Violation(f"learn accepted the closed connection {old} as a sender")
 
     def reopen_receiver(self) -> None:
-        r = self.rng.choice(self.receivers)
+        r = self.rng.choice([r for r in self.receivers if not r.twin_of])
+        with r.lock:
+            r.closed = True
         self.relay.invalidate()  # the routing table changes: RoutingTable.changed
         self.relay.close(r.cid)
         fd = r.rsock.fileno()
@@ -811,7 +833,7 @@ class Harness:
             else:
                 f = j5.message("cluster", None, address("jgroups5", 200 + t), p)
             with r.lock:
-                if r.csock.fileno() < 0:
+                if r.closed:
                     continue
                 r.expect(source, f)
                 self._push(r, f)
@@ -877,10 +899,10 @@ KIND_CODE: dict[str, Callable[[ModuleType], int]] = {
 
 
 def run(seed: int, steps: int, seconds: float, sweep: bool = True,
-        say: Callable[[str], None] = print) -> collections.Counter[str]:
+        say: Callable[[str], None] = print, twins: bool = False) -> collections.Counter[str]:
     """A run of at most ``steps`` steps and about ``seconds`` (the sweeps first); its
     counters. Raises Violation."""
-    h = Harness(seed)
+    h = Harness(seed, twins=twins)
     h.start()
     deadline = time.monotonic() + seconds
     try:
@@ -912,13 +934,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=1_000_000, help="at most this many steps")
     ap.add_argument("--seconds", type=float, default=20.0, help="about this long at most")
     ap.add_argument("--no-sweep", action="store_true", help="skip the every-offset sweeps")
+    ap.add_argument("--twins", action="store_true",
+                    help="each JGroups framing's first sender also receives its group's "
+                    "multicasts on its own connection (not in CI yet: see docs/architecture.md)")
     args = ap.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1 << 32)
     mod = fastpath._relay
     where = getattr(mod, "__file__", "?")
     print(f"relay harness: seed {seed}, module {where}", flush=True)
     try:
-        stats = run(seed, args.steps, args.seconds, sweep=not args.no_sweep)
+        stats = run(seed, args.steps, args.seconds, sweep=not args.no_sweep, twins=args.twins)
     except Violation as e:
         print(f"relay harness: FAILED (seed {seed}): {e}", flush=True)
         return 1
