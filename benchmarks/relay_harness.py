@@ -23,7 +23,9 @@ control frames and hostile frames (lengths past ``max_frame``, negative, shorter
 header, payload lengths that do not end the frame) written in pieces cut at random offsets,
 and for one stream per framing at *every* offset, each cut read by the thread alone; frames
 larger than ``RECV_SIZE`` and than ``max_hold``; a receiver that stops reading (evicted, then
-written by its queue), direct sends from two Python threads at once while the thread relays,
+written by its queue); a JGroups sender that receives its group's multicasts on its own
+connection (read by the thread and written by it and by Python, as ``Group.targets()``
+makes it); direct sends from two Python threads at once while the thread relays,
 ``invalidate``, a sender's EOF, and receivers and senders closed and opened again on the same
 fd (the stale id must be refused by ``send``, ``take`` and ``learn``).
 
@@ -254,7 +256,7 @@ class Sender:
 
 
 class Harness:
-    def __init__(self, seed: int, mod: ModuleType | None = None, twins: bool = False) -> None:
+    def __init__(self, seed: int, mod: ModuleType | None = None, twins: bool = True) -> None:
         self.rng = random.Random(seed)
         self.twins = twins
         self.seed = seed
@@ -292,6 +294,7 @@ class Harness:
         with r.lock:
             self._attach(r)
         self.receivers.append(r)
+        self.relay.invalidate()  # a member joined its group: RoutingTable.changed
 
     def close(self) -> None:
         self.relay.stop()
@@ -771,6 +774,7 @@ class Harness:
         i = self.receivers.index(r)
         idx = int(r.addr[-1:]) if r.kind == "native" else _index_of(r.kind, r.addr)
         self.receivers[i] = self._open_receiver(r.kind, idx)
+        self.relay.invalidate()  # and joined again
         self.stats["receivers reopened"] += 1
         self._stale(r.cid, fd, self.receivers[i].rsock.fileno())
 
@@ -899,7 +903,7 @@ KIND_CODE: dict[str, Callable[[ModuleType], int]] = {
 
 
 def run(seed: int, steps: int, seconds: float, sweep: bool = True,
-        say: Callable[[str], None] = print, twins: bool = False) -> collections.Counter[str]:
+        say: Callable[[str], None] = print, twins: bool = True) -> collections.Counter[str]:
     """A run of at most ``steps`` steps and about ``seconds`` (the sweeps first); its
     counters. Raises Violation."""
     h = Harness(seed, twins=twins)
@@ -934,16 +938,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=1_000_000, help="at most this many steps")
     ap.add_argument("--seconds", type=float, default=20.0, help="about this long at most")
     ap.add_argument("--no-sweep", action="store_true", help="skip the every-offset sweeps")
-    ap.add_argument("--twins", action="store_true",
-                    help="each JGroups framing's first sender also receives its group's "
-                    "multicasts on its own connection (not in CI yet: see docs/architecture.md)")
+    ap.add_argument("--no-twins", action="store_true",
+                    help="no sender receives its group's multicasts on its own connection")
     args = ap.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1 << 32)
     mod = fastpath._relay
     where = getattr(mod, "__file__", "?")
     print(f"relay harness: seed {seed}, module {where}", flush=True)
     try:
-        stats = run(seed, args.steps, args.seconds, sweep=not args.no_sweep, twins=args.twins)
+        stats = run(seed, args.steps, args.seconds, sweep=not args.no_sweep,
+                    twins=not args.no_twins)
     except Violation as e:
         print(f"relay harness: FAILED (seed {seed}): {e}", flush=True)
         return 1

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_the_relay_and_the_pure_path_agree_on_every_stream() -> None:
     assert fastpath._relay is not None, "the compiled extension is not built (scripts/setup)"
-    stats = rh.run(seed=24, steps=60, seconds=60, say=lambda s: None)
+    stats = rh.run(seed=24, steps=200, seconds=60, say=lambda s: None)
     # It exercised what it is for: cuts at every offset, both halves routing, evictions
     # handed to the queue, hostile frames, direct sends from threads, reopened fds.
     assert stats["cuts swept"] > 100
@@ -26,6 +26,7 @@ def test_the_relay_and_the_pure_path_agree_on_every_stream() -> None:
     assert stats["hostile frames"] > 0
     assert stats["direct sends from threads"] > 0
     assert stats["fds reused"] > 0
+    assert stats["evictions"] > 0
 
 
 def test_a_violation_is_reported_with_its_seed() -> None:
