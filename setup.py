@@ -4,12 +4,31 @@ Everything else is declared in pyproject.toml. The extension is C99 with POSIX t
 Linux's epoll and eventfd; on a platform without them, or without a C compiler, the build
 leaves it out (``optional``) and the router runs its pure-Python path. ``scripts/setup`` and
 ``scripts/test`` require it on Linux, so CI cannot lose it unnoticed.
+
+``GOSSIPROUTER_RELAY_SANITIZE=address`` (ASAN and UBSAN, every report fatal, and the read
+buffer allocated to the byte so that ASAN sees any over-read) or ``=thread`` (TSAN) makes
+:func:`relay_extension` the extension for the fast path's proof (docs/architecture.md, "The
+fast path's proof"). ``benchmarks/relay_build.py`` (run by ``scripts/sanitize``) builds each
+into its own directory under ``build/``, so the normal in-place build is never replaced by a
+sanitized one.
 """
 
+import os
 import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+
+ENV = "GOSSIPROUTER_RELAY_SANITIZE"
+
+# mode -> (compile flags, link flags)
+SANITIZE = {
+    "": ([], []),
+    "address": (["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+                 "-fno-omit-frame-pointer", "-DRELAY_EXACT_READ_BUFFER"],
+                ["-fsanitize=address,undefined"]),
+    "thread": (["-fsanitize=thread"], ["-fsanitize=thread"]),
+}
 
 
 class BuildExt(build_ext):
@@ -27,15 +46,28 @@ class BuildExt(build_ext):
                       "path", file=sys.stderr, flush=True)
             raise
 
-ext_modules = []
-if sys.platform.startswith("linux"):
-    ext_modules.append(Extension(
+
+def relay_extension() -> Extension:
+    """gossiprouter._relay, built as ``GOSSIPROUTER_RELAY_SANITIZE`` says (unset: the normal
+    build)."""
+    sanitize = os.environ.get(ENV, "").strip()
+    if sanitize not in SANITIZE:
+        sys.exit(f"setup.py: {ENV}={sanitize!r}: expected address or thread")
+    compile_args, link_args = SANITIZE[sanitize]
+    return Extension(
         "gossiprouter._relay",
         sources=["gossiprouter/_relay.c"],
-        extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
-                            "-Wno-missing-field-initializers", "-Wno-cast-function-type"],
-        extra_link_args=["-pthread"],
-        optional=True,
-    ))
+        # -O1 -g under a sanitizer: reports with whole stacks, at a usable speed.
+        extra_compile_args=[*(["-O1", "-g"] if sanitize else ["-O2"]), "-std=gnu11", "-Wall",
+                            "-Wextra", "-Wno-unused-parameter",
+                            "-Wno-missing-field-initializers", "-Wno-cast-function-type",
+                            *compile_args],
+        extra_link_args=["-pthread", *link_args],
+        # A sanitized build that fails must say so, not leave the proof without its module.
+        optional=not sanitize,
+    )
 
-setup(ext_modules=ext_modules, cmdclass={"build_ext": BuildExt})
+
+if __name__ == "__main__":  # as setuptools' build backend runs it; relay_build.py imports it
+    setup(ext_modules=[relay_extension()] if sys.platform.startswith("linux") else [],
+          cmdclass={"build_ext": BuildExt})

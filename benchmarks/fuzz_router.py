@@ -69,6 +69,9 @@ class HonestResult:
     sent: dict[str, int] = field(default_factory=dict)
     received: dict[str, set[int]] = field(default_factory=dict)  # "sender>receiver" -> seqs
     errors: list[str] = field(default_factory=list)
+    # The receiver-side framing check: bytes an honest member received that are not whole
+    # frames of its protocol (a frame inside another, a stream ending inside one).
+    framing: list[str] = field(default_factory=list)
 
     def lost(self) -> dict[str, int]:
         """Per (sender>receiver): messages sent by the sender the receiver never got."""
@@ -144,6 +147,8 @@ class _Member:
             while (e := self.dec_2.next_event()) is not None:
                 if isinstance(e, j2.Message):
                     self._got(e.payload)
+                elif isinstance(e, j2.Unknown):  # a type the router never sends
+                    self._framing(f"a 2.12 object of unknown type {e.type_byte}")
                 else:
                     self._frames.append(e)
         else:
@@ -151,6 +156,8 @@ class _Member:
             while (e5 := self.dec_5.next_event()) is not None:
                 if isinstance(e5, j5.Message):
                     self._got(e5.payload)
+                elif isinstance(e5, j5.Malformed):  # the decoder skips it: the check does not
+                    self._framing(f"a 5.x frame that does not parse ({e5})")
                 else:
                     self._frames.append(e5)
 
@@ -181,9 +188,33 @@ class _Member:
             try:
                 self._feed(data)
             except Exception as e:  # a reply the honest client cannot read is a finding
+                self._framing(f"undecodable data from the router: {type(e).__name__}: {e}")
                 self._error(f"undecodable data from the router: {type(e).__name__}: {e}")
                 return
             self._frames.clear()
+        # The drain is over: the stream must end on a frame boundary (what is still in flight
+        # gets a few seconds to arrive).
+        self.sock.settimeout(3.0)
+        while left := self._unfinished():
+            try:
+                data = self.sock.recv(65536)
+                self._feed(data)
+            except Exception:  # closed, or already counted above
+                break
+            if not data:
+                break
+        if left:
+            self._framing(f"the stream ends {left} bytes into a frame")
+
+    def _unfinished(self) -> int:
+        """Bytes received that do not complete a frame yet."""
+        if self.proto == "native":
+            return self.dec_n.pending
+        return self.dec_2.buffered if self.proto == "jgroups2" else self.dec_5.buffered
+
+    def _framing(self, what: str) -> None:
+        with self.lock:
+            self.result.framing.append(f"{self.name}: {what}")
 
     def _error(self, what: str) -> None:
         with self.lock:
@@ -698,7 +729,7 @@ class Outcome:
     def ok(self) -> bool:
         """No crash, and every honest member kept its connection and got every message."""
         return (self.crashes == 0 and self.honest is not None and self.lost == 0
-                and not self.honest.errors)
+                and not self.honest.errors and not self.honest.framing)
 
 
 def _log_tracebacks(log: Path) -> tuple[int, str]:
@@ -817,6 +848,9 @@ def report(out: Outcome, seconds: float, seed: int, auth: bool) -> str:
                      + (f" ({', '.join(f'{k} {v}' for k, v in sorted(out.honest.lost().items()))})"
                         if out.lost else ""))
         lines += [f"honest member error: {e}" for e in out.honest.errors[:6]]
+        lines.append(f"stream integrity: {len(out.honest.framing)} framing violations in what "
+                     "the honest members received")
+        lines += [f"framing violation: {e}" for e in out.honest.framing[:6]]
     if out.first_input:
         lines.append(f"first traceback right after: {out.first_input}")
     if out.crash_input and out.crash_input != out.first_input:

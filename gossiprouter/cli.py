@@ -175,6 +175,7 @@ def serve(config_file: Path | None, **options: Any) -> None:
     try:
         config = build(config_file, **given)
         check_startup(config)  # TLS files, tokens file: refused now, not after listening
+        fastpath.status(config)  # fast_path on without the extension, a relay that won't load
     except ConfigError as e:
         raise CommandError(str(e)) from None
     setup_logging(config.log_level, config.log_format)

@@ -56,9 +56,11 @@ runs without the fast path, which is built on both).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import os
 import socket
+import sys
 from collections.abc import Awaitable, Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, TypeVar
@@ -83,14 +85,32 @@ log = logging.getLogger("gossiprouter")
 F = TypeVar("F", bound=Feed)
 
 
-def _load() -> ModuleType | None:
+# A build of the extension to load instead of the in-place one: the sanitized builds of the
+# fast path's proof (scripts/sanitize, docs/architecture.md).
+RELAY_SO = "GOSSIPROUTER_RELAY_SO"
+
+
+def _load() -> tuple[ModuleType | None, str]:
+    """The extension, or None and why (said only when it was asked for by path)."""
+    path = os.environ.get(RELAY_SO, "")
+    if not path:
+        try:
+            return importlib.import_module("gossiprouter._relay"), ""
+        except ImportError:
+            return None, ""
+    spec = importlib.util.spec_from_file_location("gossiprouter._relay", path)
+    if spec is None or spec.loader is None:
+        return None, f"{RELAY_SO}={path}: not an extension module"
     try:
-        return importlib.import_module("gossiprouter._relay")
-    except ImportError:
-        return None
+        mod = importlib.util.module_from_spec(spec)  # dlopen(): a missing file fails here
+        spec.loader.exec_module(mod)
+    except ImportError as e:  # a missing file, or a sanitizer's runtime not preloaded
+        return None, f"{RELAY_SO}={path}: {e}"
+    sys.modules["gossiprouter._relay"] = mod
+    return mod, ""
 
 
-_relay = _load()
+_relay, _load_error = _load()
 
 
 def available() -> bool:
@@ -132,6 +152,8 @@ def status(config: Config) -> tuple[bool, str]:
         if mode == "on" and not env:
             raise ConfigError("fast_path on needs dispatcher and direct_send (one is off)")
         return False, "off (dispatcher or direct_send is off)"
+    if _load_error:  # asked for by path: never silently the pure path instead
+        raise ConfigError(_load_error)
     if _relay is None:
         if mode == "on":
             raise ConfigError(

@@ -74,10 +74,14 @@ class _Client(Generic[E]):
         self.decoder.feed(data)
 
     async def recv(self, timeout: float = 5.0) -> E:
-        """The next event the router sent."""
+        """The next event the router sent. The receiver-side framing check: what the router
+        sends is whole, valid frames, so one the decoder skips (5.x ``Malformed``) or a type it
+        never sends (2.12 ``Unknown``) fails the test: a frame cut into another, say."""
         while True:
             ev = self.decoder.next_event()
             if ev is not None:
+                if isinstance(ev, (j5.Malformed, j2.Unknown)):
+                    raise AssertionError(f"framing violation in the router's stream: {ev}")
                 return ev
             await self._fill(timeout)
 

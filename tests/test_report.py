@@ -134,6 +134,16 @@ def test_verdict_texts_name_what_happened() -> None:
                       "(2 deliveries lost while registered)")
 
 
+def test_a_frame_that_did_not_parse_at_a_peer_fails_the_run() -> None:
+    """The load test's receiver-side framing check (peer counters ``framing_violations``):
+    a member's corrupted stream fails the verdict even when every delivery was recorded."""
+    manifest = {"status": "ok", "counters": {"p0": {"framing_violations": 2}}}
+    v = make_report(audit(), manifest, allow_loss=True).verdict
+    assert (v.status, v.exit_code) == ("CORRUPT", EXIT_LOSS)
+    assert v.text == "2 frames from the router did not parse at the receiving member (a " \
+        "stream cut into)"
+
+
 def test_events_are_relative_to_the_start() -> None:
     assert run_events(MANIFEST, T0) == [
         RunEvent(1.1, "kill", "kill process 1"),

@@ -524,6 +524,10 @@ def _audit_verdict(report: Report) -> Verdict:
         if lost:
             text += f" ({_n(lost, 'delivery', 'deliveries')} lost while registered)"
         return Verdict("INCOMPLETE", text, EXIT_INCOMPLETE)
+    framing = sum(e.count for e in report.load_errors if e.kind == FRAMING)
+    if framing:  # a member's stream corrupted: whatever the audit says, the run failed
+        return Verdict("CORRUPT", f"{_n(framing, 'frame', 'frames')} from the router did not "
+                       "parse at the receiving member (a stream cut into)", EXIT_LOSS)
     if report.kind == "topics":
         return _topics_verdict(report)
     reconnect = (f"; {_n(across, 'delivery', 'deliveries')} lost across a reconnect "
@@ -600,6 +604,9 @@ def run_events(manifest: dict[str, Any] | None, origin_ns: int | None) -> list[R
     return out
 
 
+FRAMING: Final = "frames from the router that did not parse"
+
+
 def load_errors(manifest: dict[str, Any] | None) -> list[LoadError]:
     """The errors the peers counted, from the manifest's per-process counters."""
     counters = (manifest or {}).get("counters")
@@ -619,6 +626,7 @@ def load_errors(manifest: dict[str, Any] | None) -> list[LoadError]:
             add(f"router error: {code}", proc, n)
         add("send failed", proc, c.get("send_errors"))
         add("undecodable payload received", proc, c.get("bad_payloads"))
+        add(FRAMING, proc, c.get("framing_violations"))
         add("dropped (receive buffer full)", proc, c.get("dropped"))
     return sorted((LoadError(k, sum(v.values()), v) for k, v in found.items()),
                   key=lambda e: (-e.count, e.kind))

@@ -235,6 +235,7 @@ class Links:
                         link.proto.receive(type(f))
                 except ProtocolError as e:
                     if e.code == "frame_too_large":
+                        self.local.stats.bad_frames += 1  # the framing check's count too
                         link.kill(f"router sent an unframed stream: {e}")
                         return
                     self.local.stats.bad_frames += 1

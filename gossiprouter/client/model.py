@@ -136,7 +136,9 @@ class StubStats:
 
     undeliverable: int = 0  # routed frames for no local channel (e.g. just disconnected)
     # Frames from a router that were dropped: undecodable (JGRP-2721), or refused by the
-    # state table (protocol/native_state.py), e.g. a second WELCOME.
+    # state table (protocol/native_state.py), e.g. a second WELCOME; and a stream that is not
+    # frames at all (a length past max_frame: the connection is closed). The receiver-side
+    # framing check of the load tests (loadtest/peer.py) reads it.
     bad_frames: int = 0
     events_merged: int = 0  # duplicate join/leave/suspect from several routers
     async_errors: dict[str, int] = field(default_factory=dict)  # ERROR without req, by code

@@ -129,6 +129,7 @@ class RunResult:
     send_errors: int = 0
     router_errors: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    framing_violations: int = 0  # frames the peers received that did not parse
 
     def summary(self, scenario: Scenario) -> str:
         """A few lines for the terminal."""
@@ -151,6 +152,9 @@ class RunResult:
             f"run directory: {self.run_dir} ({self.record_files} record files, "
             f"{MEMBERSHIP_FILE}, {MANIFEST_FILE}, {LOGS_DIR}/)",
         ]
+        if self.framing_violations:
+            lines.append(f"stream integrity: {self.framing_violations:,} frames from the router "
+                         "did not parse (a frame cut into another?): the analysis fails the run")
         lines += [f"warning: {w}" for w in self.warnings]
         lines.append(f"next: gossiprouter analyze {self.run_dir}")
         return "\n".join(lines)
@@ -351,7 +355,9 @@ class _Run:
             router_restarts=self._restarts(),
             record_files=sum(1 for p in (self.run_dir / RECORDS_DIR).glob("*.parquet")),
             send_errors=sum(int(p.stats.get("send_errors", 0)) for p in self.peers),
-            router_errors=router_errors, warnings=self.warnings)
+            router_errors=router_errors, warnings=self.warnings,
+            framing_violations=sum(int(p.stats.get("framing_violations", 0))
+                                   for p in self.peers))
 
     async def _run(self, nursery: trio.Nursery) -> None:
         s, say = self.s, self.progress.log

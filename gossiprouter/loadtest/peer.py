@@ -302,14 +302,18 @@ class Peer:
                 by_code[code] = by_code.get(code, 0) + n
         router_errors = sum(by_code.values())
         cpu_s, rss_bytes = own_usage()
+        # The receiver-side framing check: bytes from the router that are not whole frames
+        # (the stub's decoder counts them), never expected of a sound router.
+        framing = sum(st.stats.bad_frames for st in stubs.values())
         return {
             "t_ns": time.monotonic_ns(),
             "sent": self.sent,
             "received": self.received,
-            "errors": self.errors + router_errors,
+            "errors": self.errors + router_errors + framing,
             "send_errors": self.errors,
             "router_errors": router_errors,
             "router_errors_by_code": by_code,
+            "framing_violations": framing,
             "bad_payloads": self.bad_payloads,
             "dropped": dropped,
             "joined": sum(1 for m in self.members.values() if m.chan is not None),
