@@ -55,6 +55,7 @@ SMOKE: dict[str, tuple[str, ...] | RunBy] = {
                          "tests/test_scripts.py (a fresh copy, listening)"),
     "scripts/setup": ("--router",),
     "scripts/test": RunBy("it runs this suite"),
+    "scripts/sanitize": RunBy("run whole by scripts/test, before this suite (CI's sanitizer jobs)"),
     "benchmarks/bench_admin_stall.py": ("--groups", "200"),
     "benchmarks/bench_connect_limits.py": ("--count", "200"),
     "benchmarks/bench_fairness.py": ("--seconds", "0.3", "--flood", "ping"),
@@ -71,6 +72,9 @@ SMOKE: dict[str, tuple[str, ...] | RunBy] = {
     "benchmarks/bench_federation.py": RunBy("tests/test_bench_federation.py"),
     "benchmarks/bench_stub_loops.py": RunBy("tests/test_bench_stub_loops.py"),
     "benchmarks/bench_fastpath_memory.py": RunBy("tests/test_bench_fastpath_memory.py (--quick)"),
+    "benchmarks/relay_harness.py": RunBy("tests/test_relay_harness.py, and scripts/test's "
+                                         "sanitizer jobs"),
+    "benchmarks/relay_build.py": RunBy("a module: scripts/sanitize builds with it"),
     "benchmarks/routers.py": RunBy("a module: bench_fastpath_memory.py runs on it"),
 }
 # Run in this process, on the module's local Spark (one JVM start for all of them).
