@@ -38,8 +38,9 @@ import logging
 import math
 import socket as _stdsocket
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
@@ -604,22 +605,26 @@ class Server:
             self.hub.counters.bytes_in += verdict.consumed
         return first[verdict.consumed:] if not ob.closed else b""
 
-    async def _reader(self, conn: Connection, session: Session, feeder: Feeder) -> None:
-        """Feed the session what the socket delivers, until EOF or the session closes.
+    def _reader(self, conn: Connection, session: Session, feeder: Feeder
+                ) -> Coroutine[Any, Any, None]:
+        """What feeds the session what the socket delivers, until EOF or the session closes:
+        the dispatcher's (or the fast path's) ``serve`` for plain TCP, else :meth:`_receive`.
 
-        Plain TCP goes to the dispatcher (or the fast path), which parks this task until
-        the Feeder asks for a wait: then the only coroutine frames an idle connection keeps
-        are :meth:`_handle`'s, this one's and the dispatcher's."""
+        A plain function returning the coroutine that :meth:`_handle` awaits, so that an
+        idle connection keeps no frame of its own here: only :meth:`_handle`'s and the
+        dispatcher's (issue 24)."""
         stream = conn.stream
         if self.config.dispatcher and isinstance(stream, trio.SocketStream):
             fast = self.fast
             if fast is not None and fast.reads(session):
-                await fast.serve(session, feeder, self._settle)
-                return
+                return fast.serve(session, feeder, self._settle)
             raw = getattr(stream.socket, "_sock", None)
             if raw is not None:
-                await self.dispatcher.serve(raw, feeder, self._settle)
-                return
+                return self.dispatcher.serve(raw, feeder, self._settle)
+        return self._receive(stream, feeder)
+
+    async def _receive(self, stream: trio.SocketStream | ByteStream, feeder: Feeder) -> None:
+        """The connection's own reader loop (TLS, or ``dispatcher`` off)."""
         while not feeder.closed:
             try:
                 chunk = await stream.receive_some(RECV_SIZE)
