@@ -1,4 +1,4 @@
-"""The trio server: listeners, one reader and one writer task per connection.
+"""The trio server: listeners, a reader task per connection, a writer task when needed.
 
 This is the only module that touches sockets. A connection's first bytes say
 which protocol it speaks (:func:`sniff`); a session of that protocol then
