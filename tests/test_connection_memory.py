@@ -22,6 +22,7 @@ import trio
 
 from gossiprouter.protocol import native as wire
 from gossiprouter.server import Server
+from tests.nclient import NativeClient
 from tests.test_fastpath import Start
 
 N = 300
@@ -94,3 +95,29 @@ async def test_an_idle_registered_connection_holds_under_8500_bytes_of_python_ob
     assert per_connection < BOUND, (
         f"{per_connection:.0f} bytes of Python objects per idle registered connection "
         f"(fast path {'on' if router.fast is not None else 'off'})")
+
+
+async def test_a_stalled_writer_is_cut_at_the_close_linger_and_the_connection_ends(
+        start_router: Start) -> None:
+    """The writer task runs in the server's nursery now, not in a nursery of its connection:
+    it still ends with its connection. B never reads; its writer is blocked on a full socket
+    when B is closed; the close linger (close_timeout) cuts the writer, B's connection ends
+    (its task waited for the writer, then closed the socket) and A is served on."""
+    router = await start_router(close_timeout=0.2, write_timeout=0,
+                                outbound_queue_bytes=64 << 20, outbound_queue_frames=100_000)
+    a, b = await NativeClient.several(router, 2)
+    assert await a.connect("g", b"A") == wire.Ok(1)
+    assert await b.connect("g", b"B") == wire.Ok(1)
+    conn = next(c for c in router.connections
+                if c.session is not None and c.session.hub.table.holds(c.session, "g", b"B"))
+    frame = wire.encode_route("g", b"B", b"A", b"x" * 60_000)
+    with trio.fail_after(30):  # bounds on waits for work done, not time measurements
+        while conn.writer is None or not conn.session.outbox.chunks:  # type: ignore[union-attr]
+            await a.send_raw(frame * 8)
+            await a.round_trip()
+        conn.session.close("protocol", "closed by the test")  # type: ignore[union-attr]
+        while conn in router.connections:
+            await trio.sleep(0.01)
+    assert conn.writer.is_set()
+    assert conn.session is not None and conn.session.outbox.closed
+    assert isinstance(await a.connect("h", b"A"), wire.Ok)  # A's connection is served on
