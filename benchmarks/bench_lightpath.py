@@ -107,6 +107,8 @@ class _Server:
 
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
+        # The run's clock, shared by every Feeder (as Server.serve sets it).
+        self.clock = trio.lowlevel.current_clock().current_time
 
     def _handshake_expired(self, conn: object, session: object) -> None:
         raise AssertionError("no handshake deadline here")

@@ -173,6 +173,49 @@ class _Slot:
         self.outcome: int | BaseException = READ
 
 
+class _Direct:
+    """A plain-TCP connection's direct send with the fast path (FastPath.open): through the
+    relay thread while it writes the connection too, else the socket's own send; counted."""
+
+    __slots__ = ("cid", "counters", "fast", "raw_send", "relay_send", "session")
+
+    def __init__(self, fast: FastPath, session: Session, cid: int,
+                 raw_send: Callable[[bytes], int], counters: Counters) -> None:
+        self.fast = fast
+        self.session = session
+        self.cid = cid
+        self.raw_send = raw_send
+        self.relay_send = fast.relay_send  # one bound method of the relay for all
+        self.counters = counters
+
+    def send(self, data: bytes) -> int:
+        # One method, as the server's own direct send (not a wrapper around it).
+        session = self.session
+        if not session.fast_attached:
+            n: int = self.raw_send(data)
+        else:
+            try:
+                n = self.relay_send(self.cid, data)
+            except OSError:
+                session.fast_attached = False  # detached; the writer meets the error
+                session.outbox.reclaim = _no_bytes
+                raise
+            if n == -1:  # the thread holds bytes for it: they go first, then ``data``
+                self.fast._reclaim(session)
+                return 0
+            if n == -2:  # not attached after all (cannot happen: kept in step)
+                session.fast_attached = False
+                session.outbox.reclaim = _no_bytes
+                n = self.raw_send(data)
+            elif n < len(data):  # the socket is full: the outbox's writer takes over
+                session.fast_attached = False
+                session.outbox.reclaim = _no_bytes
+        counters = self.counters
+        counters.bytes_out += n
+        counters.writes += 1
+        return n
+
+
 class FastPath:
     """The relay thread and what the server and the sessions ask of it."""
 
@@ -338,36 +381,8 @@ class FastPath:
         # not be attached when the route is learned). Connections the thread does not write
         # pay one mutex per send (relay.send).
         self.attach(session)
-        # What the closure keeps is per connection: one bound method of the relay for all.
-        relay_send = self.relay_send
-        raw_send = sock.send
-
-        def direct(data: bytes) -> int:
-            # One function, as the server's own direct send (not a wrapper around it).
-            if not session.fast_attached:
-                n: int = raw_send(data)
-            else:
-                try:
-                    n = relay_send(cid, data)
-                except OSError:
-                    session.fast_attached = False  # detached; the writer meets the error
-                    session.outbox.reclaim = _no_bytes
-                    raise
-                if n == -1:  # the thread holds bytes for it: they go first, then ``data``
-                    self._reclaim(session)
-                    return 0
-                if n == -2:  # not attached after all (cannot happen: kept in step)
-                    session.fast_attached = False
-                    session.outbox.reclaim = _no_bytes
-                    n = raw_send(data)
-                elif n < len(data):  # the socket is full: the outbox's writer takes over
-                    session.fast_attached = False
-                    session.outbox.reclaim = _no_bytes
-            counters.bytes_out += n
-            counters.writes += 1
-            return n
-
-        return direct
+        # A bound method of one small object per connection, not a closure (issue 24).
+        return _Direct(self, session, cid, sock.send, counters).send
 
     def attach(self, session: Session) -> bool:
         """Let the thread write ``session``'s connection, if its outbox is idle."""

@@ -1,4 +1,4 @@
-"""The trio server: listeners, one reader and one writer task per connection.
+"""The trio server: listeners, a reader task per connection, a writer task when needed.
 
 This is the only module that touches sockets. A connection's first bytes say
 which protocol it speaks (:func:`sniff`); a session of that protocol then
@@ -38,8 +38,9 @@ import logging
 import math
 import socket as _stdsocket
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
@@ -64,6 +65,7 @@ RECV_SIZE = 256 * 1024
 # allocator from fragmenting on thousands of connections that say little.
 SNIFF_SIZE = 4096
 CONNECTION_TASK = "gossiprouter connection"
+WRITER_TASK = "gossiprouter writer"
 # A writer sends at most about this much per send_all, so that its progress
 # (which tells a slow receiver from a stalled one) is seen often.
 WRITE_BATCH = 1 << 20
@@ -161,12 +163,24 @@ def _describe(first: bytes) -> str:
 
 
 class Connection:
-    """A live TCP connection and its session."""
+    """A live TCP connection and its session.
 
-    def __init__(self, stream: trio.SocketStream, peer: str) -> None:
+    Also the one per-connection object behind the callbacks the server gives the outbox
+    (:meth:`direct`, :meth:`start_writer`, :meth:`on_close`): bound methods of this object
+    rather than closures per connection, and no nursery per connection (the writer task,
+    when one is needed, runs in the server's nursery under :attr:`writer_scope`, which
+    follows :attr:`scope`'s deadline): idle connections are what a router has most of
+    (issue 24)."""
+
+    __slots__ = ("close_reason", "counters", "handshake_deadline", "lot", "peer", "raw_send",
+                 "scope", "server", "session", "stream", "writer", "writer_scope")
+
+    def __init__(self, stream: trio.SocketStream, peer: str, server: Server | None = None
+                 ) -> None:
         # The socket stream, or the TLS stream over it once the accept hook has run.
         self.stream: trio.SocketStream | ByteStream = stream
         self.peer = peer
+        self.server = server
         self.session: Session | None = None
         self.scope = trio.CancelScope()
         self.lot = Parked()  # its writer task's, when it has one
@@ -175,6 +189,69 @@ class Connection:
         self.handshake_deadline = math.inf
         # Why the router closed it before it had a session (a session's outbox says it after).
         self.close_reason = ""
+        # The writer task, once started: set when it is over; and the scope it runs in.
+        self.writer: trio.Event | None = None
+        self.writer_scope: trio.CancelScope | None = None
+        # The direct send (plain TCP): the socket's send, and the counters it adds to.
+        self.raw_send: Callable[[bytes], int] | None = None
+        self.counters: Counters | None = None
+
+    def limit(self, deadline: float) -> None:
+        """Bound the connection's remaining life (its reader and writer) by ``deadline``."""
+        scope = self.scope
+        scope.deadline = min(scope.deadline, deadline)
+        ws = self.writer_scope
+        if ws is not None:
+            ws.deadline = min(ws.deadline, deadline)
+
+    def direct(self, data: bytes) -> int:
+        """The outbox's non-blocking send on a plain-TCP socket, counted."""
+        n: int = self.raw_send(data)  # type: ignore[misc]  # set before it is installed
+        counters = self.counters
+        assert counters is not None
+        counters.bytes_out += n
+        counters.writes += 1
+        return n
+
+    def on_close(self) -> None:
+        """The outbox closed: the connection counts as closed at once (its members leave
+        now, and nothing more is routed to it); its final flush, the farewell frame behind
+        whatever was already being written, gets a bounded time."""
+        server = self.server
+        session = self.session
+        assert server is not None and session is not None
+        server._forget(session)
+        cfg = server.config
+        linger = cfg.shutdown_timeout if server._stopping else cfg.close_timeout
+        self.limit(trio.current_time() + linger)
+
+    def start_writer(self) -> None:
+        """The outbox's wake-up: the writer task starts only when something has to wait for
+        the socket (with direct sends most connections never need one), in the server's
+        nursery; later wake-ups unpark it."""
+        session = self.session
+        server = self.server
+        assert session is not None and server is not None
+        ob = session.outbox
+        # The writer owns the stream from now on (docs/architecture.md, "One writer per
+        # stream"): the relay thread stops writing this socket before the writer can start
+        # a frame, and anything routed here meanwhile queues behind.
+        ob.claim()
+        if not ob.busy:
+            # A busy period starts now: the write deadline counts from here, not from the
+            # end of the last one (or 0.0), since the reaper may run before the writer task
+            # does and would see a stall that is not one.
+            ob.last_progress = trio.current_time()
+        if self.writer is not None:
+            self.lot.unpark()
+            return
+        self.writer = trio.Event()
+        scope = self.writer_scope = trio.CancelScope(deadline=self.scope.deadline)
+        if self.scope.cancel_called:
+            scope.cancel()
+        nursery = server._nursery
+        assert nursery is not None
+        nursery.start_soon(server._writer, self, session, name=WRITER_TASK)
 
 
 class Server:
@@ -213,6 +290,10 @@ class Server:
         self._accept_scope = trio.CancelScope()
         self._stopping = False
         self._closed = trio.Event()
+        # Where connections and their writer tasks run (set by serve).
+        self._nursery: trio.Nursery | None = None
+        # The run's clock, shared by every Feeder (set by serve).
+        self.clock: Callable[[], float] = trio.current_time
         # Open connections per client IP (max_connections_per_ip).
         self._per_ip: dict[str, int] = {}
         self._refusals = RateLimitedLog(log, REFUSAL_LOG_INTERVAL)
@@ -261,6 +342,8 @@ class Server:
                  *self.address, self._fast_status)
         try:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                self.clock = trio.lowlevel.current_clock().current_time
                 nursery.start_soon(self._reaper)
                 nursery.start_soon(self._notifier)
                 if cfg.dispatcher:
@@ -316,7 +399,7 @@ class Server:
         for conn in list(self.connections):
             if conn.session is not None:
                 conn.session.close("shutting_down", "router is shutting down")
-            conn.scope.deadline = min(conn.scope.deadline, deadline)
+            conn.limit(deadline)
 
     async def wait_closed(self) -> None:
         await self._closed.wait()
@@ -351,7 +434,7 @@ class Server:
                 stream.socket.close()
                 continue
             # Counted here, not in the task, so that a burst of accepts sees them all.
-            conn = Connection(stream, peer)
+            conn = Connection(stream, peer, self)
             cfg = self.config
             # Over max_connections (in a refusal slot): just long enough to be told why.
             over = len(self.connections) >= cfg.max_connections
@@ -374,14 +457,51 @@ class Server:
         return ""
 
     async def _handle(self, conn: Connection, ip: str) -> None:
+        """The connection's task: the handshake (:meth:`_run`, whose frame is gone once it
+        returns), then the reader, in this one coroutine frame for the connection's life;
+        the writer task, when one is needed, runs beside it (:meth:`Connection.start_writer`)
+        and this task waits for it to end, as a nursery would, before closing the socket."""
         stream = conn.stream
         assert isinstance(stream, trio.SocketStream)
         with contextlib.suppress(OSError):  # a connection already reset fails in _run
             stream.setsockopt(_stdsocket.IPPROTO_TCP, _stdsocket.TCP_NODELAY, True)
         try:
             with conn.scope:
-                await self._run(conn)
+                initial = await self._run(conn)
+                session = conn.session
+                if initial is not None and session is not None:
+                    # Every chunk goes through the connection's Feeder, whoever reads it: this
+                    # task (TLS, or ``dispatcher`` off) or the dispatcher (plain TCP), which
+                    # hands the connection back here whenever the Feeder asks for a wait
+                    # (_settle).
+                    feeder = Feeder(self, conn, session)
+                    if not initial or feeder.closed or await self._settle(
+                            feeder, feeder.feed(initial)):
+                        del initial
+                        await self._reader(conn, session, feeder)
+                    # The reader is done (EOF or the session closed): let the writer flush,
+                    # if there is anything to flush; a connection that closes with nothing
+                    # queued needs no writer task at all (cheaper when thousands of clients
+                    # drop at once).
+                    del feeder
+                    ob = session.outbox
+                    if conn.writer is None and not ob.chunks:
+                        ob.wake = _nothing_to_wake
+                    if not ob.closed:
+                        ob.close("eof")
+                    if conn.writer is not None or ob.chunks:
+                        conn.start_writer()
+                    del ob, session
+                if conn.writer is not None:  # as a nursery waits for its tasks
+                    await conn.writer.wait()
         finally:
+            if conn.writer is not None and not conn.writer.is_set():
+                # Cancelled (its deadline, or the server's end): so is the writer, which this
+                # task waits for, as a nursery would, before the socket is closed.
+                assert conn.writer_scope is not None
+                conn.writer_scope.cancel()
+                with trio.CancelScope(shield=True):
+                    await conn.writer.wait()
             # Every admitted connection ends here, once: the one place its close is counted
             # (by reason; Counters.closed leaves out the peer's own ends).
             s = conn.session
@@ -398,8 +518,9 @@ class Server:
                     self._forget(conn.session)
                 except Exception as exc:  # the connection is gone anyway: log, count
                     self.hub.contain(conn.session, exc, "removing its members")
-                # Its buffers and budget back now; its outbox's closures (over conn and the
-                # session) dropped, so no cycle keeps them until a GC (Session.release).
+                # Its buffers and budget back now; its outbox's callbacks (bound to conn,
+                # which holds the session) dropped, so no cycle keeps them until a GC
+                # (Session.release).
                 conn.session.release()
             with trio.CancelScope(shield=True):
                 if conn.stream is not stream:  # TLS: try to send close_notify, briefly
@@ -409,34 +530,36 @@ class Server:
                     _drop_unread(stream)
                 await stream.aclose()
 
-    async def _run(self, conn: Connection) -> None:
+    async def _run(self, conn: Connection) -> bytes | None:
+        """The handshake: the accept hook, the protocol, the session. Returns what the
+        handshake read beyond the preamble (None: closed before it had a session)."""
         cfg = self.config
         first = b""
         with trio.move_on_at(conn.handshake_deadline) as handshake:
             assert isinstance(conn.stream, trio.SocketStream)
             stream = await self.hooks.accept(conn.stream, conn.peer)
             if stream is None:  # e.g. not in an allow-list, failed TLS (logged there)
-                return
+                return None
             conn.stream = stream
             verdict = None
             while verdict is None:
                 try:
                     data = await conn.stream.receive_some(SNIFF_SIZE)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    return
+                    return None
                 if not data:
-                    return
+                    return None
                 first += data
                 verdict = sniff(first)
         if handshake.cancelled_caught:
             log.info("closing %s: handshake not done within %.1fs (no protocol preamble)",
                      conn.peer, cfg.handshake_timeout)
             conn.close_reason = "handshake_timeout"
-            return
+            return None
         if isinstance(verdict, str):
             log.info("closing %s: %s", conn.peer, verdict)
             conn.close_reason = "protocol"
-            return
+            return None
         assert verdict is not None
         # Per-protocol allow-list; may wait (failed authentications from this address).
         refusal = None
@@ -447,23 +570,18 @@ class Server:
                      "failed authentications from its address)", conn.peer,
                      cfg.handshake_timeout)
             conn.close_reason = "handshake_timeout"
-            return
-        # What this frame keeps is kept for the connection's lifetime (it awaits the reader
-        # below): not the handshake's scopes and chunk (thousands of idle connections).
-        del handshake, data
+            return None
         factory = self.factories.get(verdict.protocol)
         session = None if factory is None else factory(self.hub, conn.peer, first)
         if session is None:
             log.info("closing %s: %s protocol is not served on this port", conn.peer,
                      verdict.protocol)
             conn.close_reason = "protocol"
-            return
+            return None
         conn.session = session
         now = trio.current_time()
         session.last_recv = now
         ob = session.outbox
-        lot = conn.lot
-        ob.wake = lot.unpark
         if isinstance(conn.stream, trio.SocketStream) and cfg.direct_send:
             # trio keeps its sockets non-blocking, so the reader of another
             # connection may write straight to this one while its writer is
@@ -471,19 +589,15 @@ class Server:
             raw = getattr(conn.stream.socket, "_sock", None)
             if raw is not None:
                 # With the fast path, through the relay thread's mutex while it writes too.
-                ob.direct = (_direct_send(raw, self.hub.counters) if self.fast is None
-                             else self.fast.open(session, raw, self.hub.counters))
-            del raw
-
-        def on_close() -> None:
-            # The connection counts as closed at once (its members leave now, and
-            # nothing more is routed to it); its final flush, the farewell frame
-            # behind whatever was already being written, gets a bounded time.
-            self._forget(session)
-            linger = cfg.shutdown_timeout if self._stopping else cfg.close_timeout
-            conn.scope.deadline = min(conn.scope.deadline, trio.current_time() + linger)
-
-        ob.on_close = on_close
+                if self.fast is None:
+                    conn.raw_send = raw.send
+                    conn.counters = self.hub.counters
+                    ob.direct = conn.direct
+                else:
+                    ob.direct = self.fast.open(session, raw, self.hub.counters)
+        # The writer task starts only when something has to wait for the socket.
+        ob.wake = conn.start_writer
+        ob.on_close = conn.on_close
         if refusal is not None:
             # Told why where the protocol can say so (native ERROR), then closed.
             session.close("unauthorized", refusal)
@@ -496,68 +610,28 @@ class Server:
                           if reason == "limit" else "router is shutting down")
         else:  # the rest (initial) is counted by the Feeder
             self.hub.counters.bytes_in += verdict.consumed
-        initial = first[verdict.consumed:] if not ob.closed else b""
-        del first  # not kept for the connection's lifetime
-        async with trio.open_nursery() as nursery:
-            # The writer task starts only when something has to wait for the
-            # socket (with direct sends most connections never need one), which
-            # keeps idle connections small.
-            writer = False
+        return first[verdict.consumed:] if not ob.closed else b""
 
-            def start_writer() -> None:
-                nonlocal writer
-                # The writer owns the stream from now on (docs/architecture.md, "One writer
-                # per stream"): the relay thread stops writing this socket before the writer
-                # can start a frame, and anything routed here meanwhile queues behind.
-                ob.claim()
-                if not ob.busy:
-                    # A busy period starts now: the write deadline counts from here, not
-                    # from the end of the last one (or 0.0), since the reaper may run
-                    # before the writer task does and would see a stall that is not one.
-                    ob.last_progress = trio.current_time()
-                if writer:
-                    lot.unpark()
-                else:
-                    writer = True
-                    nursery.start_soon(self._writer, conn, session, nursery.cancel_scope)
+    def _reader(self, conn: Connection, session: Session, feeder: Feeder
+                ) -> Coroutine[Any, Any, None]:
+        """What feeds the session what the socket delivers, until EOF or the session closes:
+        the dispatcher's (or the fast path's) ``serve`` for plain TCP, else :meth:`_receive`.
 
-            ob.wake = start_writer
-            if ob.chunks or ob.closed:  # queued before the nursery existed
-                start_writer()
-            await self._reader(conn, session, initial)
-            del initial
-            # The reader is done (EOF or the session closed): let the writer
-            # flush, if there is anything to flush; a connection that closes
-            # with nothing queued needs no writer task at all (cheaper when
-            # thousands of clients drop at once).
-            if not writer and not ob.chunks:
-                ob.wake = _nothing_to_wake
-            if not ob.closed:
-                ob.close("eof")
-            if writer or ob.chunks:
-                start_writer()
-
-    async def _reader(self, conn: Connection, session: Session, data: bytes) -> None:
-        """Feed the session what the socket delivers, until EOF or the session closes.
-        ``data``: what the handshake read beyond the preamble.
-
-        Every chunk goes through the connection's :class:`Feeder`, whoever reads it: this
-        task (TLS, or ``dispatcher`` off) or the dispatcher (plain TCP), which hands the
-        connection back here whenever the Feeder asks for a wait (:meth:`_settle`)."""
-        feeder = Feeder(self, conn, session)
-        if data and not feeder.closed and not await self._settle(feeder, feeder.feed(data)):
-            return
-        del data
+        A plain function returning the coroutine that :meth:`_handle` awaits, so that an
+        idle connection keeps no frame of its own here: only :meth:`_handle`'s and the
+        dispatcher's (issue 24)."""
         stream = conn.stream
         if self.config.dispatcher and isinstance(stream, trio.SocketStream):
             fast = self.fast
             if fast is not None and fast.reads(session):
-                await fast.serve(session, feeder, self._settle)
-                return
+                return fast.serve(session, feeder, self._settle)
             raw = getattr(stream.socket, "_sock", None)
             if raw is not None:
-                await self.dispatcher.serve(raw, feeder, self._settle)
-                return
+                return self.dispatcher.serve(raw, feeder, self._settle)
+        return self._receive(stream, feeder)
+
+    async def _receive(self, stream: trio.SocketStream | ByteStream, feeder: Feeder) -> None:
+        """The connection's own reader loop (TLS, or ``dispatcher`` off)."""
         while not feeder.closed:
             try:
                 chunk = await stream.receive_some(RECV_SIZE)
@@ -634,47 +708,56 @@ class Server:
                 return
             await trio.sleep(STALL_STEP)
 
-    async def _writer(self, conn: Connection, session: Session, scope: trio.CancelScope) -> None:
-        ob = session.outbox
-        ob.last_progress = trio.current_time()
-        stream = conn.stream
-        sock = stream.socket if isinstance(stream, trio.SocketStream) else None
-        counters = self.hub.counters
+    async def _writer(self, conn: Connection, session: Session) -> None:
+        """Write what the outbox queues until the connection is over; in the server's nursery,
+        under the connection's writer scope (its deadline follows the connection's), and
+        when it ends, it ends the connection's reader (Connection.start_writer)."""
+        scope = conn.writer_scope
+        assert scope is not None and conn.writer is not None
         try:
-            while True:
-                if not ob.chunks:
-                    if ob.closed:
-                        break
-                    await conn.lot.park()
-                    ob.last_progress = trio.current_time()  # a busy period starts
-                    continue
-                ob.claim()  # woken by start_writer, which claimed: cheap, and never wrong
-                chunks = ob.take(WRITE_BATCH)
-                data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-                counters.writes += 1  # per write, not per frame
-                counters.bytes_out += len(data)
-                ob.busy = True
-                if sock is None:
-                    await stream.send_all(data)
-                else:
-                    # Plain TCP: one send() at a time, so that every bit of progress is
-                    # seen (the write deadline, write_timeout, is about progress).
-                    with memoryview(data) as view:
-                        sent = 0
-                        while sent < len(data):
-                            sent += await sock.send(view[sent:])
-                            ob.last_progress = trio.current_time()
-                ob.busy = False
+            with scope:
+                ob = session.outbox
                 ob.last_progress = trio.current_time()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass
-        except Exception as exc:
-            self.hub.contain(session, exc, "writing to it")
+                stream = conn.stream
+                sock = stream.socket if isinstance(stream, trio.SocketStream) else None
+                counters = self.hub.counters
+                try:
+                    while True:
+                        if not ob.chunks:
+                            if ob.closed:
+                                break
+                            await conn.lot.park()
+                            ob.last_progress = trio.current_time()  # a busy period starts
+                            continue
+                        ob.claim()  # woken by start_writer, which claimed: cheap, never wrong
+                        chunks = ob.take(WRITE_BATCH)
+                        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                        counters.writes += 1  # per write, not per frame
+                        counters.bytes_out += len(data)
+                        ob.busy = True
+                        if sock is None:
+                            await stream.send_all(data)
+                        else:
+                            # Plain TCP: one send() at a time, so that every bit of progress
+                            # is seen (the write deadline, write_timeout, is about progress).
+                            with memoryview(data) as view:
+                                sent = 0
+                                while sent < len(data):
+                                    sent += await sock.send(view[sent:])
+                                    ob.last_progress = trio.current_time()
+                        ob.busy = False
+                        ob.last_progress = trio.current_time()
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    pass
+                except Exception as exc:
+                    self.hub.contain(session, exc, "writing to it")
+                finally:
+                    # The writer ends only when the connection is over.
+                    if not ob.closed:
+                        ob.close("write failed")
+                    conn.scope.cancel()  # the reader too, as the nursery's scope did
         finally:
-            # The writer ends only when the connection is over.
-            if not ob.closed:
-                ob.close("write failed")
-            scope.cancel()
+            conn.writer.set()
 
     def _forget(self, session: Session) -> None:
         """Drop everything ``session`` held from the table (idempotent)."""
@@ -845,8 +928,9 @@ class Feeder:
         self.turn = 0.0  # when the current turn started (after the last checkpoint)
         self.resume = False  # the session paused: go on with on_data(b"")
         # The run's clock itself: trio.current_time() is two more calls to reach it, and
-        # a light-load message reads the clock twice (issue 16, Step 3).
-        self.clock = trio.lowlevel.current_clock().current_time
+        # a light-load message reads the clock twice (issue 16, Step 3). The server's, one
+        # bound method for every connection (issue 24).
+        self.clock = server.clock
 
     @property
     def closed(self) -> bool:
@@ -959,20 +1043,6 @@ def _drop_unread(stream: trio.SocketStream) -> None:
         for _ in range(16):
             if not raw.recv(65536):
                 return
-
-
-def _direct_send(raw: _stdsocket.socket, counters: Counters) -> Callable[[bytes], int]:
-    """The outbox's non-blocking send on ``raw``, counted (made here, not in the connection's
-    task, so that its frame does not keep the closure's helpers for the connection's life)."""
-    send = raw.send
-
-    def direct(data: bytes) -> int:
-        n: int = send(data)
-        counters.bytes_out += n
-        counters.writes += 1
-        return n
-
-    return direct
 
 
 def _nothing_to_wake() -> None:
