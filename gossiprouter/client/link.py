@@ -234,11 +234,10 @@ class Links:
                         # is a bad frame like an undecodable one: counted, logged, dropped.
                         link.proto.receive(type(f))
                 except ProtocolError as e:
+                    self.local.stats.bad_frames += 1  # an unframed stream too (framing check)
                     if e.code == "frame_too_large":
-                        self.local.stats.bad_frames += 1  # the framing check's count too
                         link.kill(f"router sent an unframed stream: {e}")
                         return
-                    self.local.stats.bad_frames += 1
                     log.warning("dropping a bad frame from %s: %s", fmt_router(link.router), e)
                     continue
                 if f is None:
