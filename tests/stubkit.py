@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
 import anyio
@@ -20,8 +21,10 @@ import pytest
 import trio
 
 from gossiprouter import ConnectionState, RouterStub
+from gossiprouter.client.local import Local
 from gossiprouter.config import Config
 from gossiprouter.ops.runtime import Operations
+from gossiprouter.protocol import native as wire
 from gossiprouter.server import Server
 from gossiprouter.stub import Channel, EventStream, WouldBlock
 from tests.procs import free_port as free_port  # for the stub tests, with this kit
@@ -260,3 +263,22 @@ async def settle(*stubs: RouterStub) -> None:
 def connected(stub: RouterStub, router: tuple[str, int] | None = None) -> bool:
     return any(s.state is ConnectionState.CONNECTED and (router is None or s.router == router)
                for s in stub.status())
+
+
+# What ``async with`` forms a stub: RouterStub itself, or open_router_stub.
+Opener = Callable[..., AbstractAsyncContextManager[RouterStub]]
+
+
+def break_delivery(stub: RouterStub, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the stub's reader raise on the next ROUTE: a bug inside one of its tasks."""
+
+    def boom(self: Local, f: wire.Route) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(stub._local, "deliver_route", boom.__get__(stub._local))
+
+
+def caused_by_boom(e: BaseException) -> bool:
+    cause = e.__cause__
+    return isinstance(cause, BaseExceptionGroup) and cause.subgroup(
+        lambda x: isinstance(x, RuntimeError) and str(x) == "boom") is not None

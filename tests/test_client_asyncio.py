@@ -13,8 +13,6 @@ import asyncio
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import anyio
@@ -29,8 +27,16 @@ from gossiprouter import (
     open_router_stub,
 )
 from tests.procs import REPO, RouterProcess
-from tests.stubkit import FAST, RouterThread, eventually, free_port, router
-from tests.test_client_lifecycle import break_delivery, caused_by_boom
+from tests.stubkit import (
+    FAST,
+    Opener,
+    RouterThread,
+    break_delivery,
+    caused_by_boom,
+    eventually,
+    free_port,
+    router,
+)
 
 __all__ = ["router"]
 
@@ -49,7 +55,6 @@ def anyio_backend(request: pytest.FixtureRequest) -> Any:
     return request.param
 
 
-Opener = Callable[..., AbstractAsyncContextManager[RouterStub]]
 OPENERS = [pytest.param(RouterStub, id="RouterStub"),
            pytest.param(open_router_stub, id="open_router_stub")]
 

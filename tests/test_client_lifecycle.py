@@ -11,8 +11,6 @@ as it went in, and cancelling the caller closes the connections. Router: ``nurse
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
@@ -26,31 +24,15 @@ from gossiprouter import (
     StubTaskError,
     open_router_stub,
 )
-from gossiprouter.client.local import Local
 from gossiprouter.config import Config
 from gossiprouter.protocol import native as wire
 from gossiprouter.router import Router, open_router
 from gossiprouter.server import ListenError, Server
 from tests.nclient import NativeClient
+from tests.stubkit import Opener, break_delivery, caused_by_boom
 from tests.test_stub import FAST, free_port
 
-Opener = Callable[..., AbstractAsyncContextManager[RouterStub]]
 OPENERS: list[Opener] = [RouterStub, open_router_stub]
-
-
-def break_delivery(stub: RouterStub, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make the stub's reader raise on the next ROUTE: a bug inside one of its tasks."""
-
-    def boom(self: Local, f: wire.Route) -> None:
-        raise RuntimeError("boom")
-
-    monkeypatch.setattr(stub._local, "deliver_route", boom.__get__(stub._local))
-
-
-def caused_by_boom(e: BaseException) -> bool:
-    cause = e.__cause__
-    return isinstance(cause, BaseExceptionGroup) and cause.subgroup(
-        lambda x: isinstance(x, RuntimeError) and str(x) == "boom") is not None
 
 
 # ------------------------------------------------------------------------------ nursery.start
