@@ -71,9 +71,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # on the read path run again (the rest are deselected, and pytest's summary says how many).
     if not config.getoption("--read-path-pass"):
         return
-    keep = [item for item in items if not one_pass(item)]
-    if len(keep) < len(items):
-        config.hook.pytest_deselected(items=[item for item in items if one_pass(item)])
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        (drop if one_pass(item) else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
         items[:] = keep
 
 
