@@ -371,14 +371,15 @@ class Bridge:
         from paho.mqtt.packettypes import PacketTypes
         from paho.mqtt.properties import Properties
 
-        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
         self._seq += 1
-        props.UserProperty = [(ORIGIN_PROPERTY, self.origin), (SENDER_PROPERTY, sender.hex()),
-                              (SEQ_PROPERTY, str(self._seq))]
+        user = [(ORIGIN_PROPERTY, self.origin), (SENDER_PROPERTY, sender.hex()),
+                (SEQ_PROPERTY, str(self._seq))]
         topic = mqtt_topic(self.prefix, group, tid)
-        if not self._fits(topic, payload, self.origin, sender.hex(), str(self._seq)):
+        if not self._fits(topic, payload, *(v for _, v in user)):
             self.stats.not_forwarded += 1
             return
+        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        props.UserProperty = user
         info = self._client.publish(topic, payload, self.qos, properties=props)
         if info.rc:
             self.stats.not_forwarded += 1
