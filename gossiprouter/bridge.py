@@ -371,14 +371,15 @@ class Bridge:
         from paho.mqtt.packettypes import PacketTypes
         from paho.mqtt.properties import Properties
 
-        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
         self._seq += 1
-        props.UserProperty = [(ORIGIN_PROPERTY, self.origin), (SENDER_PROPERTY, sender.hex()),
-                              (SEQ_PROPERTY, str(self._seq))]
+        user = [(ORIGIN_PROPERTY, self.origin), (SENDER_PROPERTY, sender.hex()),
+                (SEQ_PROPERTY, str(self._seq))]
         topic = mqtt_topic(self.prefix, group, tid)
-        if not self._fits(topic, payload, self.origin, sender.hex(), str(self._seq)):
+        if not self._fits(topic, payload, *(v for _, v in user)):
             self.stats.not_forwarded += 1
             return
+        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        props.UserProperty = user
         info = self._client.publish(topic, payload, self.qos, properties=props)
         if info.rc:
             self.stats.not_forwarded += 1
@@ -576,12 +577,8 @@ class Bridge:
 
     def _on_message(self, client: Client, userdata: Any, msg: MQTTMessage) -> None:
         if msg.topic.startswith(self._fed_root):
-            props = getattr(msg, "properties", None)
-            left = any(k == LEFT_PROPERTY for k, _ in
-                       getattr(props, "UserProperty", None) or ())
-            expiry = getattr(props, "MessageExpiryInterval", None)
-            self._on_federation(msg.topic, bytes(msg.payload), left,
-                                expiry if isinstance(expiry, int) else None)
+            self._on_federation(msg.topic, bytes(msg.payload),
+                                getattr(msg, "properties", None))
             return
         try:
             self._on_publication(msg)
@@ -634,18 +631,22 @@ class Bridge:
         self.hub.counters.delivered += deliver_publication(self.table, group, addr, tid, frame,
                                                            False)
 
-    def _on_federation(self, topic: str, payload: bytes, left: bool = False,
-                       expiry: int | None = None) -> None:
+    def _on_federation(self, topic: str, payload: bytes, props: Properties | None) -> None:
         fed = self.federation
-        levels = topic[len(self._fed_root):].split("/")
         try:
-            if topic == self._route_topic:
+            if topic == self._route_topic:  # the routed frames: first, nothing else parsed
                 fed.on_route(payload)
-            elif topic == self._sync_topic:
+                return
+            if topic == self._sync_topic:
                 fed.end_sync()
-            elif levels[0] == "router" and len(levels) == 2:
+                return
+            levels = topic[len(self._fed_root):].split("/")
+            if levels[0] == "router" and len(levels) == 2:
+                left = any(k == LEFT_PROPERTY for k, _ in
+                           getattr(props, "UserProperty", None) or ())
+                expiry = getattr(props, "MessageExpiryInterval", None)
                 fed.on_presence(unescape_level(levels[1]), payload, trio.current_time(),
-                                left=left, expiry=expiry)
+                                left=left, expiry=expiry if isinstance(expiry, int) else None)
             elif levels[0] == "members" and len(levels) == 3:
                 fed.on_record(unescape_level(levels[1]), unescape_level(levels[2]), payload)
             else:

@@ -258,11 +258,7 @@ class Federation:
     def flush(self) -> list[tuple[str, bytes]]:
         """The records to publish (retained) for the groups changed since the last call:
         (group, payload), an empty payload deleting the group's record."""
-        dirty, self.dirty = self.dirty, {}
-        out = []
-        for group, suspected in dirty.items():
-            out += [(group, rec) for rec in self._record(group, suspected)]
-        return out
+        return [rec for group in list(self.dirty) for rec in self.flush_group(group)]
 
     def leave(self) -> list[tuple[str, bytes]]:
         """A clean shutdown: the deletion of every record published, so the others see this
@@ -275,7 +271,7 @@ class Federation:
         return [(group, b"") for group in old]
 
     def flush_group(self, group: str) -> list[tuple[str, bytes]]:
-        """:meth:`flush` for one group only."""
+        """The records to publish for ``group`` if it changed since it was last flushed."""
         suspected = self.dirty.pop(group, None)
         return [] if suspected is None else [(group, rec) for rec in self._record(group, suspected)]
 

@@ -233,6 +233,31 @@ class RouterCollector(Collector):
         yield from topic_metrics(table.stats, members, self.view.bridge)
 
 
+# (BridgeStats attribute, help): counted as gossiprouter_bridge_<attribute>.
+_BRIDGE_COUNTERS: Final = (
+    ("forwarded", "Global publications handed to the broker."),
+    ("not_forwarded", "Global publications not forwarded: the broker was not connected."),
+    ("received", "Publications from the broker delivered locally."),
+    ("echo_dropped", "Own publications the broker returned despite No Local (dropped)."),
+    ("duplicates_dropped",
+     "Extra copies the broker sent for overlapping subscriptions (dropped)."),
+    ("malformed", "Broker messages under the prefix that were not publications."),
+    ("connects", "Successful broker connections."),
+    ("oversized", "Publications, routed messages and records not sent: beyond the broker's "
+     "Maximum Packet Size."),
+)
+# (FederationStats attribute, help): counted as gossiprouter_federation_<attribute>.
+_FEDERATION_COUNTERS: Final = (
+    ("routers_lost",
+     "Routers dropped: Last Will, resync, or this router cut off from the broker."),
+    ("routers_left", "Routers that shut down cleanly (their members left, unsuspected)."),
+    ("resyncs", "Reconciles after a (re)connect to the broker."),
+    ("ghosts_removed", "Remote members a resync found gone."),
+    ("conflicts", "Remote registrations a local rule refused (e.g. an in-process address)."),
+    ("malformed", "Federation messages that could not be read."),
+)
+
+
 BRIDGE_STATES = ("connected", "connecting", "disconnected", "leaving", "stopped")
 
 
@@ -261,25 +286,8 @@ def topic_metrics(st: Stats, members: snapshot.Membership,
         state.add_metric([name], 1 if bridge.state == name else 0)
     yield state
     b = bridge.stats
-    yield _counter("gossiprouter_bridge_forwarded",
-                   "Global publications handed to the broker.", b.forwarded)
-    yield _counter("gossiprouter_bridge_not_forwarded",
-                   "Global publications not forwarded: the broker was not connected.",
-                   b.not_forwarded)
-    yield _counter("gossiprouter_bridge_received",
-                   "Publications from the broker delivered locally.", b.received)
-    yield _counter("gossiprouter_bridge_echo_dropped",
-                   "Own publications the broker returned despite No Local (dropped).",
-                   b.echo_dropped)
-    yield _counter("gossiprouter_bridge_duplicates_dropped",
-                   "Extra copies the broker sent for overlapping subscriptions (dropped).",
-                   b.duplicates_dropped)
-    yield _counter("gossiprouter_bridge_malformed",
-                   "Broker messages under the prefix that were not publications.", b.malformed)
-    yield _counter("gossiprouter_bridge_connects", "Successful broker connections.", b.connects)
-    yield _counter("gossiprouter_bridge_oversized",
-                   "Publications, routed messages and records not sent: beyond the broker's "
-                   "Maximum Packet Size.", b.oversized)
+    for attr, doc in _BRIDGE_COUNTERS:
+        yield _counter(f"gossiprouter_bridge_{attr}", doc, getattr(b, attr))
     yield GaugeMetricFamily("gossiprouter_bridge_subscriptions",
                             "MQTT topic filters subscribed (the union of local patterns).",
                             value=len(bridge.filters))
@@ -314,22 +322,8 @@ def federation_metrics(bridge: Bridge) -> Iterator[Metric]:
     records.add_metric(["out"], s.records_out)
     records.add_metric(["in"], s.records_in)
     yield records
-    yield _counter("gossiprouter_federation_routers_lost",
-                   "Routers dropped: Last Will, resync, or this router cut off from the broker.",
-                   s.routers_lost)
-    yield _counter("gossiprouter_federation_routers_left",
-                   "Routers that shut down cleanly (their members left, unsuspected).",
-                   s.routers_left)
-    yield _counter("gossiprouter_federation_resyncs",
-                   "Reconciles after a (re)connect to the broker.", s.resyncs)
-    yield _counter("gossiprouter_federation_ghosts_removed",
-                   "Remote members a resync found gone.", s.ghosts_removed)
-    yield _counter("gossiprouter_federation_conflicts",
-                   "Remote registrations a local rule refused (e.g. an in-process address).",
-                   s.conflicts)
-    yield _counter("gossiprouter_federation_malformed",
-                   "Federation messages that could not be read.", s.malformed)
-
+    for attr, doc in _FEDERATION_COUNTERS:
+        yield _counter(f"gossiprouter_federation_{attr}", doc, getattr(s, attr))
 
 # The settings that change how the router performs: a load test's report shows them
 # beside its latency (gossiprouter.loadtest.resources scrapes them).
