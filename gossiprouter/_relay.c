@@ -748,7 +748,6 @@ static void relay_frames(Relay *r, conn_t *c, int64_t cid, const uint8_t *buf, s
                 deliver(r, get_conn(r, rt->dests[i]), rt->dests[i], head, hlen, tail, tlen);
             c->frames++;
             c->bytes_in += (uint64_t)flen; /* what goes up is counted by Python */
-            c->touched = 1;
             pos += (size_t)flen;
         }
     }
