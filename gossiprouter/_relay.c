@@ -924,8 +924,7 @@ static void stop_thread(Relay *self) {
 }
 
 static void free_conn(conn_t *c) {
-    free_routes(c);
-    free(c->routes);
+    free_routes(c); /* and its table */
     free(c->hold);
     free(c->pend);
     free(c);
