@@ -417,13 +417,12 @@ static void stage_add(Relay *r, stage_t *s, const uint8_t *p, size_t n) {
 
 /* The pending bytes of ``d`` could not be allocated: its stream cannot be kept whole, so the
  * connection is ended (its reader meets the shutdown; the server's close path runs). */
+static void evict(Relay *r, conn_t *d, int64_t cid);
+
 static void break_conn(Relay *r, conn_t *d, int64_t cid) {
     shutdown(d->fd, SHUT_RDWR);
     r->broken++;
-    if (!d->evicting) {
-        d->evicting = 1;
-        upcall(r, cid, UP_EVICT, NULL, 0);
-    }
+    evict(r, d, cid);
 }
 
 /* Keep the ``n`` bytes of ``iov`` after the first ``skip`` for Python: the one copy the thread
@@ -749,7 +748,6 @@ static void relay_frames(Relay *r, conn_t *c, int64_t cid, const uint8_t *buf, s
                 deliver(r, get_conn(r, rt->dests[i]), rt->dests[i], head, hlen, tail, tlen);
             c->frames++;
             c->bytes_in += (uint64_t)flen; /* what goes up is counted by Python */
-            c->touched = 1;
             pos += (size_t)flen;
         }
     }
@@ -926,8 +924,7 @@ static void stop_thread(Relay *self) {
 }
 
 static void free_conn(conn_t *c) {
-    free_routes(c);
-    free(c->routes);
+    free_routes(c); /* and its table */
     free(c->hold);
     free(c->pend);
     free(c);
