@@ -214,9 +214,8 @@ def analyze(
     check_run_dir(run_dir)
     spark, own = open_session(spark, master, conf, spark_log, phases)
     try:
-        job = _Job(spark, run_dir, out_dir, settle_s, sample, phases, started, allow_loss)
-        job.baseline = baseline
-        report = job.run()
+        report = _Job(spark, run_dir, out_dir, settle_s, sample, phases, started, allow_loss,
+                      baseline).run()
     finally:
         if own:
             spark.stop()
@@ -244,6 +243,7 @@ class _Job:
         phases: Phases,
         started: float,
         allow_loss: bool = False,
+        baseline: dict[str, Any] | None = None,
     ) -> None:
         self.spark = spark
         self.run_dir = run_dir
@@ -255,7 +255,7 @@ class _Job:
         self.phases = phases
         self.started = started
         self.allow_loss = allow_loss
-        self.baseline: dict[str, Any] | None = None
+        self.baseline = baseline
         self.warnings: list[str] = []
         self._cached: list[DataFrame] = []
 

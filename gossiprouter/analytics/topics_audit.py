@@ -167,9 +167,7 @@ def analyze_topics(
     check_topics_run_dir(run_dir)
     spark, own = open_session(spark, master, conf, spark_log, phases)
     try:
-        job = _TopicsJob(spark, run_dir, out_dir, sample, phases, allow_loss)
-        job.baseline = baseline
-        report = job.run()
+        report = _TopicsJob(spark, run_dir, out_dir, sample, phases, allow_loss, baseline).run()
     finally:
         if own:
             spark.stop()
@@ -179,7 +177,8 @@ def analyze_topics(
 
 class _TopicsJob:
     def __init__(self, spark: SparkSession, run_dir: str, out_dir: str, sample: int,
-                 phases: Phases, allow_loss: bool) -> None:
+                 phases: Phases, allow_loss: bool,
+                 baseline: dict[str, Any] | None = None) -> None:
         self.spark = spark
         self.run_dir = run_dir
         self.out_dir = out_dir
@@ -187,7 +186,7 @@ class _TopicsJob:
         self.sample = max(0, sample)
         self.phases = phases
         self.allow_loss = allow_loss
-        self.baseline: dict[str, Any] | None = None
+        self.baseline = baseline
         self.warnings: list[str] = []
 
     def _manifest(self) -> dict[str, Any]:
