@@ -1,4 +1,4 @@
-"""The optional compiled fast path, gossiprouter._relay (docs/performance.md, "Light load").
+"""The optional compiled fast path, gossiprouter.server._relay (docs/performance.md, "Light load").
 
 Everything else is declared in pyproject.toml. The extension is C99 with POSIX threads and
 Linux's epoll and eventfd; on a platform without them, or without a C compiler, the build
@@ -40,7 +40,7 @@ class BuildExt(build_ext):
             super().build_extension(ext)
         except Exception:
             if ext.optional:
-                print("gossiprouter: the compiled fast path (gossiprouter._relay) was not "
+                print("gossiprouter: the compiled fast path (gossiprouter.server._relay) was not "
                       "built: a C compiler and the Python headers are needed (apt-get install "
                       "gcc python3-dev, then install again); the router runs its pure-Python "
                       "path", file=sys.stderr, flush=True)
@@ -48,15 +48,15 @@ class BuildExt(build_ext):
 
 
 def relay_extension() -> Extension:
-    """gossiprouter._relay, built as ``GOSSIPROUTER_RELAY_SANITIZE`` says (unset: the normal
+    """gossiprouter.server._relay, built as ``GOSSIPROUTER_RELAY_SANITIZE`` says (unset: the normal
     build)."""
     sanitize = os.environ.get(ENV, "").strip()
     if sanitize not in SANITIZE:
         sys.exit(f"setup.py: {ENV}={sanitize!r}: expected address or thread")
     compile_args, link_args = SANITIZE[sanitize]
     return Extension(
-        "gossiprouter._relay",
-        sources=["gossiprouter/_relay.c"],
+        "gossiprouter.server._relay",
+        sources=["gossiprouter/server/_relay.c"],
         # -O1 -g under a sanitizer: reports with whole stacks, at a usable speed.
         extra_compile_args=[*(["-O1", "-g"] if sanitize else ["-O2"]), "-std=gnu11", "-Wall",
                             "-Wextra", "-Wno-unused-parameter",

@@ -143,7 +143,9 @@ def main() -> None:
     a = ap.parse_args()
     port, mport = free_port(), free_port()
     extra: list[str] = []
-    if "watches_per_connection" in (a.src / "gossiprouter" / "config.py").read_text():
+    config = next(p for p in (a.src / "gossiprouter" / "core" / "config.py",
+                              a.src / "gossiprouter" / "config.py") if p.exists())
+    if "watches_per_connection" in config.read_text():
         # This router bounds WATCH, groups and control frames: lift the bounds to fill it.
         extra = ["--watches-per-connection", "0", "--max-groups", "0", "--control-rate", "0"]
     proc = subprocess.Popen(

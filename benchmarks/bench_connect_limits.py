@@ -1,7 +1,7 @@
 """Cost of the per-connection registration limits: N CONNECTs on one connection.
 
 Registers ``--count`` members, each in its own group, through one carrier of a
-:class:`~gossiprouter.routing.RoutingTable` whose ``groups_per_connection`` is set (just
+:class:`~gossiprouter.routing.table.RoutingTable` whose ``groups_per_connection`` is set (just
 above N, so nothing is refused) and prints the time. The check used to rebuild the
 connection's set of groups on every CONNECT (quadratic: 100,000 CONNECTs took minutes); run
 it on an older checkout for the before figure. A benchmark, not a test: it asserts nothing.
@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gossiprouter.config import Config
-from gossiprouter.routing import Limits, RoutingTable
+from gossiprouter.core.config import Config
+from gossiprouter.routing.table import Limits, RoutingTable
 from gossiprouter.sessions.base import Hub
 from gossiprouter.sessions.native import NativeSession
 

@@ -9,7 +9,7 @@ invalidations, and the wall time. Churn cycles are spread over the run by progre
 done when the last frame arrives are left out (``cycles done``).
 
 ``--tree DIR`` (repeatable) runs the same load against another checkout's gossiprouter (its
-``gossiprouter/_relay*.so`` built), one column each: before/after in one run. Each case runs in
+``server/_relay*.so`` built), one column each: before/after in one run. Each case runs in
 its own process. A benchmark, not a test: it prints figures and asserts nothing about speed;
 ``--frames`` and ``--cycles`` bound the work, not the time.
 """
@@ -31,10 +31,10 @@ def worker(frames: int, cycles: int, same_group: bool) -> dict[str, float]:
     """One case, in this process (the gossiprouter on sys.path)."""
     import trio
 
-    from gossiprouter.config import Config
+    from gossiprouter.core.config import Config
     from gossiprouter.ops.runtime import Operations
     from gossiprouter.protocol import native as wire
-    from gossiprouter.server import Server
+    from gossiprouter.server.listener import Server
 
     senders, receivers, batch = 4, 4, 8
     per_sender = frames // senders // batch * batch

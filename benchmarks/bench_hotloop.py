@@ -35,7 +35,7 @@ def setup(case: str, size: int) -> tuple[Any, list[Any], bytes, int]:
     """A sender session past HELLO, its receivers, one chunk of frames and their count."""
     # Imported here so that --code can choose which checkout is measured.
     wire = importlib.import_module("gossiprouter.protocol.native")
-    config = importlib.import_module("gossiprouter.config")
+    config = importlib.import_module("gossiprouter.core.config")
     base = importlib.import_module("gossiprouter.sessions.base")
     native = importlib.import_module("gossiprouter.sessions.native")
     mixed = case.endswith("-mixed")

@@ -28,7 +28,7 @@ if __name__ == "__main__" and "--root" in sys.argv:  # the checkout to measure (
 else:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gossiprouter.config import Config
+from gossiprouter.core.config import Config
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol.jgroups_common import V2, V5, JAddress

@@ -47,8 +47,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from gossiprouter.core.topics import TopicId, TopicIndex, matches, pattern, topic_id  # noqa: E402
 from gossiprouter.protocol import native as wire  # noqa: E402
-from gossiprouter.topics import TopicId, TopicIndex, matches, pattern, topic_id  # noqa: E402
 from tests.procs import free_port, proc_cpu_seconds, wait_listening  # noqa: E402
 
 MOSQUITTO = "/usr/sbin/mosquitto"

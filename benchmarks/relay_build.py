@@ -1,11 +1,11 @@
-"""Build gossiprouter._relay with a sanitizer into its own directory (scripts/sanitize).
+"""Build gossiprouter.server._relay with a sanitizer into its own directory (scripts/sanitize).
 
     python benchmarks/relay_build.py address|thread [--out DIR]
 
 prints the path of the built module, for ``GOSSIPROUTER_RELAY_SO``
-(:mod:`gossiprouter.fastpath`). The build flags are setup.py's (:func:`relay_extension`, with
+(:mod:`gossiprouter.server.fastpath`). The build flags are setup.py's (:func:`relay_extension`, with
 ``GOSSIPROUTER_RELAY_SANITIZE`` set); the project's metadata is not read, so this needs only
-setuptools and a C compiler, and the in-place build (``gossiprouter/_relay*.so``) is untouched.
+setuptools and a C compiler, and the in-place build (``server/_relay*.so``) is untouched.
 Rebuilt only when ``_relay.c`` or setup.py is newer than the module.
 """
 
@@ -30,8 +30,8 @@ def built(mode: str, out: Path | None = None) -> Path:
     from setuptools.command.build_ext import build_ext  # type: ignore[import-untyped]
 
     out = out or ROOT / "build" / f"relay-{mode}"
-    sources = [ROOT / "gossiprouter" / "_relay.c", ROOT / "setup.py"]
-    found = sorted(out.glob("gossiprouter/_relay*.so"))
+    sources = [ROOT / "gossiprouter" / "server" / "_relay.c", ROOT / "setup.py"]
+    found = sorted(out.glob("gossiprouter/server/_relay*.so"))
     if found and all(found[0].stat().st_mtime > s.stat().st_mtime for s in sources):
         return found[0]
     os.environ["GOSSIPROUTER_RELAY_SANITIZE"] = mode
@@ -54,7 +54,7 @@ def built(mode: str, out: Path | None = None) -> Path:
     finally:
         os.chdir(cwd)
         del os.environ["GOSSIPROUTER_RELAY_SANITIZE"]
-    found = sorted(out.glob("gossiprouter/_relay*.so"))
+    found = sorted(out.glob("gossiprouter/server/_relay*.so"))
     if not found:
         raise SystemExit(f"relay_build: the {mode} build left no module in {out}")
     return found[0]

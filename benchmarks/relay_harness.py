@@ -1,8 +1,8 @@
-"""In-process differential harness of the compiled fast path (``gossiprouter/_relay.c``).
+"""In-process differential harness of the compiled fast path (``gossiprouter/server/_relay.c``).
 
     python benchmarks/relay_harness.py [--seed N] [--steps N] [--seconds S]
 
-This process plays the router's Python half around one ``gossiprouter._relay.Relay``, over
+This process plays the router's Python half around one ``gossiprouter.server._relay.Relay``, over
 socketpairs: senders and receivers of all three framings (native, JGroups 2.12, 5.x) in one
 relay. Each sender's stream is decided twice. The *reference* is the pure path alone: the
 protocol's own scanner (``gossiprouter.protocol``) over the stream, with the session's policy
@@ -29,7 +29,7 @@ makes it); direct sends from two Python threads at once while the thread relays,
 ``invalidate``, a sender's EOF, and receivers and senders closed and opened again on the same
 fd (the stale id must be refused by ``send``, ``take`` and ``learn``).
 
-It drives only the Relay's Python API (what ``gossiprouter/fastpath.py`` calls), so it runs
+It drives only the Relay's Python API (what ``gossiprouter/server/fastpath.py`` calls), so it runs
 unchanged against any build: ``scripts/sanitize`` runs it under ASAN+UBSAN and TSAN builds
 (``GOSSIPROUTER_RELAY_SO``), ``tests/test_relay_harness.py`` a short bounded run of the
 normal build. It exits 1 with the first violation and the seed.
@@ -58,7 +58,6 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from gossiprouter import fastpath  # noqa: E402
 from gossiprouter.protocol import jgroups2 as j2  # noqa: E402
 from gossiprouter.protocol import jgroups5 as j5  # noqa: E402
 from gossiprouter.protocol import jgroups_common as jc  # noqa: E402
@@ -66,6 +65,7 @@ from gossiprouter.protocol import native as wire  # noqa: E402
 from gossiprouter.protocol import native_scan as ns  # noqa: E402
 from gossiprouter.protocol.errors import ProtocolError  # noqa: E402
 from gossiprouter.protocol.jgroups_common import JAddress  # noqa: E402
+from gossiprouter.server import fastpath  # noqa: E402
 
 KINDS = ("native", "jgroups2", "jgroups5")
 MAX_FRAME = 1 << 20
@@ -261,7 +261,7 @@ class Harness:
         self.seed = seed
         mod = mod or fastpath._relay
         if mod is None:
-            raise SystemExit("relay_harness: gossiprouter._relay is not built (scripts/setup)")
+            raise SystemExit("relay_harness: the fast path is not built (scripts/setup)")
         self.mod = mod
         self.relay = mod.Relay()
         self.senders: list[Sender] = []

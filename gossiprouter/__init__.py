@@ -10,7 +10,7 @@ from gossiprouter._version import __version__
 from gossiprouter.client import *  # noqa: F403  (the client's API, listed once: client.__all__)
 
 if TYPE_CHECKING:
-    from gossiprouter.blocking import BlockingChannel, BlockingRouterStub
+    from gossiprouter.client.blocking import BlockingChannel, BlockingRouterStub
 
 __all__ = [*client.__all__, "BlockingChannel", "BlockingRouterStub", "__version__"]
 
@@ -21,7 +21,7 @@ def __getattr__(name: str) -> Any:
     # The blocking facade runs its own trio loop: loaded on first use, so that an asyncio
     # application importing RouterStub from here does not load trio.
     if name in _BLOCKING:
-        from gossiprouter import blocking
+        from gossiprouter.client import blocking
 
         return getattr(blocking, name)
     raise AttributeError(f"module 'gossiprouter' has no attribute {name!r}")

@@ -1,5 +1,5 @@
 """``python -m gossiprouter``: the same as the ``gossiprouter`` command."""
 
-from gossiprouter.cli import main
+from gossiprouter.cli.main import main
 
 main()

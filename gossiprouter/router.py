@@ -25,13 +25,13 @@ Three ways to run it, all trio's own:
   once it listens; :meth:`Router.shutdown` (or cancelling) ends it.
 
 Errors (the policy; the server's own, for each connection, is in
-:mod:`gossiprouter.server`):
+:mod:`gossiprouter.server.listener`):
 
 * **A session raises** (a router bug while serving one connection): confined to that
   connection, which is closed; logged, counted, and every other connection is served on.
   Nothing reaches the caller.
 * **A listener fails**: opening the port (address in use, no permission) raises
-  :class:`~gossiprouter.server.ListenError`, bare, from ``nursery.start(router.run)`` and
+  :class:`~gossiprouter.server.listener.ListenError`, bare, from ``nursery.start(router.run)`` and
   from entering the ``async with`` forms (the router's nursery has nothing else running
   then, so it ends cleanly and the error is raised outside it). Once the block runs, it
   runs inside the router's nursery: an exception leaving it (the block's own, a fatal
@@ -54,11 +54,11 @@ from typing import Any, ClassVar
 
 import trio
 
-from gossiprouter.config import Config
+from gossiprouter.core.config import Config
 from gossiprouter.ops.runtime import Operations
 from gossiprouter.protocol import native as wire
-from gossiprouter.routing import Entry, Kind, RoutingError, is_reserved
-from gossiprouter.server import ListenError, Server
+from gossiprouter.routing.table import Entry, Kind, RoutingError, is_reserved
+from gossiprouter.server.listener import ListenError, Server
 from gossiprouter.sessions.base import Hub
 
 log = logging.getLogger("gossiprouter")
@@ -86,7 +86,7 @@ class MemberEvent:
 
 
 class _Inbox:
-    """An in-process member's queue (its :attr:`Carrier.outbox <gossiprouter.routing.Carrier>`):
+    """An in-process member's queue (its :attr:`Carrier.outbox <routing.table.Carrier>`):
     the bounded memory channel the application reads.
 
     Routed frames reach every carrier in the native wire form, one bytes object shared by
@@ -123,7 +123,7 @@ class _Inbox:
 class LocalMember:
     """A member living inside the router's process.
 
-    It is a routing-table carrier (:class:`~gossiprouter.routing.Carrier`) of its own, not
+    It is a routing-table carrier (:class:`~gossiprouter.routing.table.Carrier`) of its own, not
     a session: it sends through the hub's routing operations, as a connection's session
     does, and receives on a bounded memory channel (see :class:`_Inbox`).
     """
@@ -216,7 +216,7 @@ class Router:
     ) -> None:
         """Serve until :meth:`shutdown` or cancellation: ``address = await
         nursery.start(router.run)`` returns ``(host, port)`` once listening, and raises
-        :class:`~gossiprouter.server.ListenError` if it cannot listen."""
+        :class:`~gossiprouter.server.listener.ListenError` if it cannot listen."""
         await self.server.serve(task_status=task_status)
 
     @asynccontextmanager

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 import pytest
 import trio
 
-from gossiprouter.config import Config
+from gossiprouter.core.config import Config
 from gossiprouter.loadtest.processes import MOSQUITTO
 from gossiprouter.ops.runtime import Operations
-from gossiprouter.server import Server
+from gossiprouter.server.listener import Server
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -103,7 +103,7 @@ async def router(start_router: RouterFactory) -> Server:
 
 def ops_of(server: Server) -> Operations:
     """The operations hooks of a router started by :func:`start_router` (the server itself
-    knows them only as :class:`gossiprouter.hooks.ServerHooks`)."""
+    knows them only as :class:`gossiprouter.server.hooks.ServerHooks`)."""
     assert isinstance(server.hooks, Operations)
     return server.hooks
 

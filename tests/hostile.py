@@ -15,7 +15,7 @@ from typing import Final, TypeVar
 import trio
 
 from gossiprouter.protocol import native as wire
-from gossiprouter.server import Server
+from gossiprouter.server.listener import Server
 from tests.nclient import NativeClient
 
 R = TypeVar("R")

@@ -12,7 +12,7 @@ from gossiprouter.client.tls import wrap_client
 from gossiprouter.protocol import native as wire
 
 if TYPE_CHECKING:
-    from gossiprouter.server import Server
+    from gossiprouter.server.listener import Server
 
 
 class NativeClient:

@@ -22,10 +22,10 @@ import trio
 
 from gossiprouter import ConnectionState, RouterStub
 from gossiprouter.client.local import Local
-from gossiprouter.config import Config
+from gossiprouter.core.config import Config
 from gossiprouter.ops.runtime import Operations
 from gossiprouter.protocol import native as wire
-from gossiprouter.server import Server
+from gossiprouter.server.listener import Server
 from gossiprouter.stub import Channel, EventStream, WouldBlock
 from tests.procs import free_port as free_port  # for the stub tests, with this kit
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from gossiprouter.config import Config, ConfigError
+from gossiprouter.core.config import Config, ConfigError
 from gossiprouter.ops.admin import DEFAULT_LIMIT, MAX_LIMIT, group_view, groups_view
 from gossiprouter.ops.runtime import check_startup
 from gossiprouter.protocol import native as wire
-from gossiprouter.server import Server
+from gossiprouter.server.listener import Server
 from tests.conftest import RouterFactory as Start
 from tests.conftest import ops_of
 from tests.hostile import during

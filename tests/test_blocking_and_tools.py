@@ -25,9 +25,9 @@ from gossiprouter import (
     Message,
     RouterStub,
 )
-from gossiprouter.addresses import parse_addr
-from gossiprouter.routing import Kind
-from gossiprouter.server import Server
+from gossiprouter.core.addresses import parse_addr
+from gossiprouter.routing.table import Kind
+from gossiprouter.server.listener import Server
 from tests.carriers import named
 from tests.test_stub import FAST, drain, eventually, free_port
 

@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 import trio
 
-from gossiprouter.bridge import (
+from gossiprouter.core.config import Config, ConfigError
+from gossiprouter.core.topics import pattern, topic_id
+from gossiprouter.federation.bridge import (
     Bridge,
     escape_level,
     mqtt_filter,
@@ -25,10 +27,8 @@ from gossiprouter.bridge import (
     parse_mqtt_topic,
     unescape_level,
 )
-from gossiprouter.config import Config, ConfigError
 from gossiprouter.sessions.base import Hub
 from gossiprouter.stub import Channel, Publication, RouterStub
-from gossiprouter.topics import pattern, topic_id
 from tests.procs import free_port, wait_listening
 from tests.test_stub import FAST, InProcessRouter, connected, drain, eventually
 
@@ -254,9 +254,9 @@ async def test_router_restart_stubs_resubscribe(nursery: trio.Nursery,
 
 async def test_bridge_state_in_groups_view_and_metrics(nursery: trio.Nursery,
                                                        broker: Mosquitto) -> None:
-    from gossiprouter import snapshot
     from gossiprouter.ops.admin import bridge_view
     from gossiprouter.ops.metrics import topic_metrics
+    from gossiprouter.server import snapshot
 
     ra, rb = await federation(nursery, broker)
     assert ra.server is not None and rb.server is not None
@@ -392,7 +392,7 @@ async def test_publications_beyond_the_unwritten_bound_are_counted_not_queued(
         nursery: trio.Nursery, broker: Mosquitto, monkeypatch: pytest.MonkeyPatch) -> None:
     """A broker that reads too slowly must not grow the router's memory: past MAX_UNWRITTEN
     packets waiting in paho, global publications are counted as not forwarded."""
-    import gossiprouter.bridge as bridge_mod
+    import gossiprouter.federation.bridge as bridge_mod
 
     ra, _ = await federation(nursery, broker)
     a = bridge_of(ra)
@@ -408,7 +408,7 @@ async def test_publications_beyond_the_unwritten_bound_are_counted_not_queued(
 
 
 def test_dedup_remembers_a_window_per_origin() -> None:
-    from gossiprouter.bridge import DEDUP_WINDOW, _Dedup
+    from gossiprouter.federation.bridge import DEDUP_WINDOW, _Dedup
 
     d = _Dedup()
     assert d.first("a", 1) and not d.first("a", 1)
@@ -460,7 +460,7 @@ async def test_control_characters_in_ids_do_not_break_the_bridge(
 
 async def test_a_broker_that_never_answers_connect_is_given_up_and_retried(
         nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
-    import gossiprouter.bridge as bridge_mod
+    import gossiprouter.federation.bridge as bridge_mod
 
     monkeypatch.setattr(bridge_mod, "CONNACK_TIMEOUT", 0.3)
     accepted: list[trio.SocketStream] = []

@@ -25,7 +25,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gossiprouter import RouterStub
-from gossiprouter.addresses import (
+from gossiprouter.cli.main import main
+from gossiprouter.core.addresses import (
     format_addr,
     format_hostport,
     parse_addr,
@@ -33,11 +34,10 @@ from gossiprouter.addresses import (
     parse_hostport,
     parse_hostports,
 )
-from gossiprouter.cli import main
-from gossiprouter.cli_errors import install_hint
-from gossiprouter.config import ConfigError, load_file
+from gossiprouter.core.cli_errors import install_hint
+from gossiprouter.core.config import ConfigError, load_file
 from gossiprouter.protocol.native import MAX_ADDR, MAX_GROUP
-from gossiprouter.server import Server
+from gossiprouter.server.listener import Server
 from tests.test_blocking_and_tools import CLI, REPO, cli, hostport
 from tests.test_stub import FAST, drain, free_port
 
@@ -307,7 +307,7 @@ def test_shell_completion_is_documented_and_works() -> None:
 # --------------------------------------------------------------------------- optional parts
 
 # Every optional dependency, by the name a failing import would stop at.
-OPTIONAL = ("paho", "pyarrow", "pyspark", "prometheus_client", "gossiprouter._relay")
+OPTIONAL = ("paho", "pyarrow", "pyspark", "prometheus_client", "gossiprouter.server._relay")
 
 # Runs `gossiprouter ARGS` for each ARGS of argv[2] (JSON) in this one process, with the
 # modules of argv[1] hidden (an import of them raises ImportError, find_spec finds none),
@@ -316,8 +316,8 @@ _HIDDEN_RUNNER = """
 import contextlib, io, json, sys, traceback
 for name in json.loads(sys.argv[1]):
     sys.modules[name] = None
-from gossiprouter.cli import main
-from gossiprouter.cli_errors import install_hint
+from gossiprouter.cli.main import main
+from gossiprouter.core.cli_errors import install_hint
 out = []
 for argv in json.loads(sys.argv[2]):
     err = io.StringIO()
@@ -369,7 +369,7 @@ def _every_subcommand(tmp_path: Path, busy: int, closed: int) -> dict[str, list[
 _NAMED = {
     ("paho", "serve"): "paho-mqtt", ("paho", "loadtest topics"): "paho-mqtt",
     ("paho", "loadtest-topics"): "paho-mqtt",
-    ("gossiprouter._relay", "serve"): "gossiprouter._relay",
+    ("gossiprouter.server._relay", "serve"): "gossiprouter.server._relay",
     ("pyarrow", "loadtest"): "pyarrow", ("pyarrow", "loadtest topics"): "pyarrow",
     ("pyarrow", "loadtest-topics"): "pyarrow", ("pyspark", "analyze"): "PySpark",
 }
@@ -425,17 +425,17 @@ def test_fast_path_environment_errors_are_one_line() -> None:
     [(code, err)] = _hidden_run((), serve, env=os.environ | {"GOSSIPROUTER_FAST_PATH": "bogus"})
     assert (code, err) == (2, f"{PREFIX}GOSSIPROUTER_FAST_PATH='bogus': expected on, off or "
                               "auto\n")
-    [(code, err)] = _hidden_run(("gossiprouter._relay",), serve,
+    [(code, err)] = _hidden_run(("gossiprouter.server._relay",), serve,
                                 env=os.environ | {"GOSSIPROUTER_FAST_PATH": "on"})
     assert code == 1 and err.startswith(f"{PREFIX}fast_path on: the compiled extension "
-                                        "gossiprouter._relay is not built"), err
+                                        "gossiprouter.server._relay is not built"), err
     assert err.count("\n") == 1
 
 
 def test_install_hints_work_from_a_checkout(monkeypatch: pytest.MonkeyPatch,
                                             tmp_path: Path) -> None:
     """gossiprouter is on no package index: a hint installs from the checkout."""
-    from gossiprouter.cli_errors import checkout
+    from gossiprouter.core.cli_errors import checkout
 
     assert checkout() == REPO
     monkeypatch.chdir(REPO)

@@ -24,10 +24,10 @@ from gossiprouter import (
     StubTaskError,
     open_router_stub,
 )
-from gossiprouter.config import Config
+from gossiprouter.core.config import Config
 from gossiprouter.protocol import native as wire
 from gossiprouter.router import Router, open_router
-from gossiprouter.server import ListenError, Server
+from gossiprouter.server.listener import ListenError, Server
 from tests.nclient import NativeClient
 from tests.stubkit import Opener, break_delivery, caused_by_boom
 from tests.test_stub import FAST, free_port

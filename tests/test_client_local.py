@@ -10,8 +10,8 @@ import pytest
 from gossiprouter.client.channel import Channel
 from gossiprouter.client.local import Local
 from gossiprouter.client.streams import Watch
+from gossiprouter.core.topics import pattern
 from gossiprouter.protocol import native as wire
-from gossiprouter.topics import pattern
 from tests.test_stub import buffered
 
 if TYPE_CHECKING:

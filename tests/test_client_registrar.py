@@ -15,7 +15,7 @@ import pytest
 
 from gossiprouter.client.model import Key
 from gossiprouter.client.registrar import Held, Step, plan
-from gossiprouter.topics import TopicId
+from gossiprouter.core.topics import TopicId
 
 P1: TopicId = ("prov", "news", ())
 P2: TopicId = ("prov", "sport", ("eu",))

@@ -21,7 +21,7 @@ import tracemalloc
 import trio
 
 from gossiprouter.protocol import native as wire
-from gossiprouter.server import Server
+from gossiprouter.server.listener import Server
 from tests.nclient import NativeClient
 from tests.test_fastpath import Start
 

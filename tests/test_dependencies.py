@@ -8,7 +8,7 @@ docs/architecture.md, when its item is done). Every import counts, ``TYPE_CHECKI
 those inside functions included: a dependency for the type checker is still one for the reader.
 
 One rule is about attributes, not imports: the operations layer reads the core through the hub
-and :mod:`gossiprouter.snapshot`, so an ``ops`` module touches no ``obj._private`` attribute of
+and :mod:`server.snapshot`, so an ``ops`` module touches no ``obj._private`` attribute of
 anything but itself (:func:`private_attributes`).
 """
 
@@ -24,69 +24,68 @@ ROOT = Path(__file__).resolve().parent.parent
 # Module (or package prefix) -> layer. The longest match wins; a module that matches nothing
 # fails test_every_module_has_a_layer (say where it belongs here and in docs/architecture.md).
 LAYERS: dict[str, str] = {
+    # The loose files at the top: the public front and what stands beside it.
     "gossiprouter": "package",  # the public front: re-exports the client and __version__
-    "gossiprouter._version": "foundation",  # __version__, for the package and the metrics
+    "gossiprouter._version": "core",  # __version__, for the package and the metrics
     "gossiprouter.__main__": "cli",
-    "gossiprouter.cli": "cli",
-    "gossiprouter.protocol": "protocol",
-    "gossiprouter.addresses": "foundation",
-    "gossiprouter.cli_errors": "foundation",
-    "gossiprouter.topics": "foundation",  # multicast ids, patterns, the index: pure data
-    "gossiprouter.ratelog": "foundation",  # rate-limited WARNING lines (server and ops)
-    "gossiprouter.config": "config",
-    "gossiprouter.routing": "routing",
-    "gossiprouter.sessions": "sessions",
-    # Federated membership and routing: sans-IO state over the table (the bridge does I/O).
-    "gossiprouter.federation": "sessions",
-    "gossiprouter.server": "server",
-    "gossiprouter.dispatch": "server",  # the read path, split out of server.py (issue 14)
-    # The compiled fast path's Python half and its C relay thread (issue 16): server I/O.
-    "gossiprouter.fastpath": "server",
-    "gossiprouter._relay": "server",
-    "gossiprouter.hooks": "server",  # what the server calls (ServerHooks), ops implements
-    "gossiprouter.snapshot": "server",  # read-only views of a running router, for ops
-    "gossiprouter.bridge": "server",  # the MQTT federation bridge: I/O beside the server's
+    "gossiprouter.stub": "client",  # deprecated import path of the client's public names
     # The in-process Router API: a whole router (server + ops hooks), built from one config.
     "gossiprouter.router": "embedding",
+    # Every folder is one layer (docs/architecture.md, "Layout").
+    "gossiprouter.protocol": "protocol",
+    "gossiprouter.core": "core",  # addresses, topics, options, the error style: pure data
+    "gossiprouter.routing": "routing",
+    "gossiprouter.sessions": "sessions",
+    "gossiprouter.federation": "federation",
+    "gossiprouter.server": "server",
     "gossiprouter.ops": "ops",
-    "gossiprouter.stub": "client",
-    "gossiprouter.blocking": "client",
-    "gossiprouter.client": "client",  # the client package of issue 14, item 3
-    "gossiprouter.tools": "client",  # send / listen / members: commands over the stub
+    "gossiprouter.client": "client",
+    "gossiprouter.cli": "cli",
     "gossiprouter.loadtest": "loadtest",
     "gossiprouter.analytics": "analytics",
 }
 
-_CORE = {"protocol", "foundation", "config", "routing", "sessions"}
+_CORE = {"protocol", "core", "routing", "sessions"}
 ALLOWED: dict[str, set[str]] = {
     # Bytes in, events out: nothing of the router, nothing of I/O.
     "protocol": {"protocol"},
-    "foundation": {"protocol", "foundation"},
-    "config": {"protocol", "foundation", "config"},
+    # Addresses, topics, the options and the error style: plain data over the protocol.
+    "core": {"protocol", "core"},
     # Membership decisions over plain data: no sessions, no server, no I/O.
-    "routing": {"protocol", "foundation", "config", "routing"},
+    "routing": {"protocol", "core", "routing"},
     # Routing decisions for one connection's bytes: no server, no I/O.
-    "sessions": {"protocol", "foundation", "config", "routing", "sessions"},
+    "sessions": {"protocol", "core", "routing", "sessions"},
+    # Groups that span routers: sans-IO state over the table (federation.state and its
+    # codecs, NO_IO_MODULES) and the MQTT bridge that carries it, beside the server.
+    "federation": _CORE | {"federation"},
     # The I/O: sockets, tasks, outboxes written out.
-    "server": _CORE | {"server"},
+    "server": _CORE | {"federation", "server"},
     # Operations depend on the core, one way (the core does not import ops).
-    "ops": _CORE | {"server", "ops"},
+    "ops": _CORE | {"federation", "server", "ops"},
     # The embedding API wires a server and its ops hooks together, as the CLI does.
-    "embedding": _CORE | {"server", "ops", "embedding"},
-    # The client speaks the protocol; it knows nothing of the server's insides or settings.
-    "client": {"protocol", "foundation", "client"},
-    "package": {"client", "foundation"},
-    "loadtest": {"protocol", "foundation", "client", "package", "loadtest"},
-    "analytics": {"foundation", "loadtest", "analytics"},
+    "embedding": _CORE | {"federation", "server", "ops", "embedding"},
+    # The client speaks the protocol; it knows nothing of the server's insides or settings
+    # (FORBIDDEN_MODULES: not the router's options either).
+    "client": {"protocol", "core", "client"},
+    "package": {"client", "core"},
+    "loadtest": {"protocol", "core", "client", "package", "loadtest"},
+    "analytics": {"core", "loadtest", "analytics"},
     "cli": set(LAYERS.values()),
 }
 
+# Modules a layer may not import although their layer is allowed: layer -> {module: why}.
+FORBIDDEN_MODULES: dict[str, dict[str, str]] = {
+    "client": {"gossiprouter.core.config": "the client knows nothing of the router's settings"},
+    "package": {"gossiprouter.core.config": "the client knows nothing of the router's settings"},
+}
+
 # Layers that must stay sans-IO: no event loop, no sockets.
-NO_IO = {"protocol", "foundation", "config", "routing", "sessions"}
+NO_IO = {"protocol", "core", "routing", "sessions"}
 IO_MODULES = {"trio", "anyio", "socket", "ssl", "selectors", "asyncio"}
 # Client modules that must stay sans-IO too (issue 14 item 3): the data, and the pure
 # registrar, merge and local delivery that are tested without sockets.
-NO_IO_MODULES = {"gossiprouter.client.errors", "gossiprouter.client.model",
+NO_IO_MODULES = {"gossiprouter.federation.state",
+                 "gossiprouter.client.errors", "gossiprouter.client.model",
                  "gossiprouter.client.registrar", "gossiprouter.client.merge",
                  "gossiprouter.client.local"}
 
@@ -95,14 +94,14 @@ NO_IO_MODULES = {"gossiprouter.client.errors", "gossiprouter.client.model",
 CLIENT_TRIO_ALLOWED: dict[str, str] = {
     "gossiprouter.client.tls": "wrap_client, for callers' own trio streams: imports trio when "
                                "called (and for its annotations)",
+    "gossiprouter.client.blocking": "the blocking facade runs the stub in its own trio loop on "
+                                    "a thread; the package front loads it on first use only",
+    "gossiprouter.client.cli": "`gossiprouter send | listen | members | publish`: commands run "
+                               "by trio.run from the CLI, never imported by the client itself",
 }
 
 # (importer, imported) -> why it is there and which issue item removes it.
-KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
-    ("gossiprouter.ops.tls", "gossiprouter.client.tls"):
-        "deprecated lazy re-export of client_context/wrap_client (moved to the client by "
-        "issue 14 item 3); remove with the deprecation",
-}
+KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {}
 
 # Attributes with a leading underscore that an ops module may touch on something other than
 # self/cls, (module, attribute) -> why it is not the core's.
@@ -177,6 +176,9 @@ def forbidden_imports(root: Path = ROOT) -> dict[tuple[str, str], str]:
             theirs = layer(target)
             if target != me and theirs not in ALLOWED[mine]:
                 found[(me, target)] = f"{mine} may not import {theirs}"
+            elif target in FORBIDDEN_MODULES.get(mine, {}):
+                found[(me, target)] = (f"{mine} may not import {target}: "
+                                       f"{FORBIDDEN_MODULES[mine][target]}")
         if mine in NO_IO or me in NO_IO_MODULES:
             for target in sorted(others & IO_MODULES):
                 who = mine if mine in NO_IO else me
@@ -247,7 +249,7 @@ def test_the_client_package_imports_no_trio() -> None:
 
 
 def test_ops_touches_no_private_attribute() -> None:
-    """ops reads the core through the hub and gossiprouter.snapshot, not its insides."""
+    """ops reads the core through the hub and gossiprouter.server.snapshot, not its insides."""
     found = {k: lines for k, lines in private_attributes().items()
              if k not in PRIVATE_ALLOWED}
     assert not found, "private attributes touched by ops (use the hub or a snapshot):\n" + \
@@ -275,12 +277,13 @@ def test_the_checker_sees_a_private_attribute(tmp_path: Path, source: str,
 
 
 @pytest.mark.parametrize(("source", "importer", "rule"), [
-    ("from gossiprouter.server import Server\n", "gossiprouter.routing", "routing may not"),
+    ("from gossiprouter.server.listener import Server\n", "gossiprouter.routing.table",
+     "routing may not"),
     ("import trio\n", "gossiprouter.sessions.base", "sans-IO"),
     ("from gossiprouter.sessions import base\n", "gossiprouter.stub", "client may not"),
     ("import trio\n", "gossiprouter.client.registrar", "sans-IO"),
     ("from gossiprouter.loadtest.records import X\n", "gossiprouter.ops.admin", "ops may not"),
-    ("from gossiprouter.ops.runtime import Operations\n", "gossiprouter.server",
+    ("from gossiprouter.ops.runtime import Operations\n", "gossiprouter.server.listener",
      "server may not"),
     ("from gossiprouter.ops import auth\n", "gossiprouter.sessions.base", "sessions may not"),
     ("from gossiprouter import __version__\n", "gossiprouter.ops.metrics", "ops may not"),

@@ -1,4 +1,4 @@
-"""The dispatcher read path (gossiprouter.dispatch): unit tests on socket pairs with a recording
+"""The dispatcher read path (server.dispatch): unit tests on socket pairs with a recording
 session, and the server's use of it on real 127.0.0.1 connections."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import trio
 import trustme
 
 from gossiprouter.client.tls import client_context
-from gossiprouter.dispatch import END, READ, Dispatcher
 from gossiprouter.protocol import native as wire
-from gossiprouter.server import Server
+from gossiprouter.server.dispatch import END, READ, Dispatcher
+from gossiprouter.server.listener import Server
 from gossiprouter.sessions.base import BATCH_HOLD_BYTES, BATCH_MAX_PUSH, Outbox, WriteBatch
 from tests.conftest import RouterFactory
 from tests.hostile import (

@@ -214,7 +214,7 @@ def test_toml_and_json_blocks_load(block: Block, tmp_path: Path) -> None:
 
         load_tokens(path)
     else:
-        from gossiprouter.config import load_file
+        from gossiprouter.core.config import load_file
 
         load_file(path)  # a router config file: every key known, every value valid
 

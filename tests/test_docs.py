@@ -36,7 +36,7 @@ def test_every_routing_rule_names_existing_tests() -> None:
 
 
 def test_operations_options_table_is_current() -> None:
-    from gossiprouter.config import options_markdown
+    from gossiprouter.core.config import options_markdown
 
     text = (ROOT / "docs" / "operations.md").read_text()
     start = text.index("-->\n", text.index("<!-- options-table")) + 4
@@ -61,7 +61,7 @@ def test_metric_label_codes_are_the_documented_codes() -> None:
 # Session.farewell(code, msg), and ProtocolError(msg, code=...) (code "protocol" by default).
 _CODE_ARG = {"RoutingError": 0, "encode_error": 1, "_error": 1, "close": 0, "farewell": 0}
 # The router core: what a client's connection can hear from (not the client, tools or loadtest).
-_ROUTER_PARTS = ("server.py", "router.py", "routing.py", "sessions", "protocol", "ops")
+_ROUTER_PARTS = ("server", "router.py", "routing", "sessions", "federation", "protocol", "ops")
 
 
 def _strings(node: ast.expr, scope: ast.AST) -> set[str]:
@@ -143,7 +143,7 @@ def test_config_error_examples_are_the_real_messages(tmp_path: Path,
     """docs/operations.md's examples of a bad config file are what serve prints today."""
     from click.testing import CliRunner
 
-    from gossiprouter.cli import main
+    from gossiprouter.cli.main import main
 
     doc = (ROOT / "docs" / "operations.md").read_text()
     monkeypatch.chdir(tmp_path)

@@ -1,4 +1,4 @@
-"""The compiled fast path (gossiprouter.fastpath, gossiprouter/_relay.c; issue 16).
+"""The compiled fast path (gossiprouter.server.fastpath, gossiprouter/server/_relay.c; issue 16).
 
 Every test here starts its router with ``fast_path="on"``, which does not depend on the
 environment: in the suite's second pass (GOSSIPROUTER_FAST_PATH=off, the pure-Python path)
@@ -16,14 +16,14 @@ from typing import TypeVar
 import pytest
 import trio
 
-from gossiprouter import fastpath
-from gossiprouter.config import Config, ConfigError
-from gossiprouter.fastpath import FastPath
+from gossiprouter.core.config import Config, ConfigError
 from gossiprouter.ops.runtime import Operations
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
-from gossiprouter.server import Server
+from gossiprouter.server import fastpath
+from gossiprouter.server.fastpath import FastPath
+from gossiprouter.server.listener import Server
 from tests.jgroups_clients import J2Client, J5Client, uuid
 from tests.nclient import NativeClient
 from tests.test_ops_metrics import scrape, v
@@ -383,7 +383,7 @@ async def test_fast_path_on_needs_the_extension(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(fastpath, "_relay", None)
     monkeypatch.delenv(fastpath.ENV, raising=False)
     cfg = Config(host="127.0.0.1", port=0, fast_path="on")
-    with pytest.raises(ConfigError, match=r"gossiprouter\._relay is not built"):
+    with pytest.raises(ConfigError, match=r"gossiprouter\.server\._relay is not built"):
         Server(cfg, hooks=Operations(cfg))
     auto = Config(host="127.0.0.1", port=0)
     assert Server(auto, hooks=Operations(auto)).fast is None  # auto: runs without it

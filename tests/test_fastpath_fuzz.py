@@ -1,4 +1,4 @@
-"""Differential fuzz of the compiled fast path (gossiprouter/_relay.c) against the pure-Python
+"""Differential fuzz of the compiled fast path (server/_relay.c) against the pure-Python
 path: the same seeded sender stream, cut at random read boundaries, played against a router
 with ``fast_path="on"`` and one with ``fast_path="off"``; every receiver must get the same
 bytes and the sender the same replies (or the same close).
@@ -29,7 +29,7 @@ import trio
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
-from gossiprouter.server import Server
+from gossiprouter.server.listener import Server
 from tests.jgroups_clients import ROUND_TRIP_GROUP, J2Client, J5Client, uuid
 from tests.nclient import NativeClient
 

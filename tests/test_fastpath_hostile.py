@@ -1,4 +1,4 @@
-"""What a hostile (or broken) client can do to the compiled fast path (gossiprouter/_relay.c)
+"""What a hostile (or broken) client can do to the compiled fast path (gossiprouter/server/_relay.c)
 that it cannot do to the pure-Python path. Each test runs with ``fast_path="on"`` and, where
 the answer is the same, ``"off"`` too: the thread must never change what the router does.
 """
@@ -12,10 +12,10 @@ from collections.abc import Awaitable, Callable
 import pytest
 import trio
 
-from gossiprouter import fastpath
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
-from gossiprouter.server import Server
+from gossiprouter.server import fastpath
+from gossiprouter.server.listener import Server
 from tests.jgroups_clients import uuid
 from tests.nclient import NativeClient
 from tests.test_fastpath import j5_pair

@@ -10,7 +10,7 @@ from __future__ import annotations
 import trio
 
 from gossiprouter.protocol import native as wire
-from gossiprouter.server import Server
+from gossiprouter.server.listener import Server
 from tests.nclient import NativeClient
 from tests.test_fastpath import Start, fast_of, read_exactly, round_trip
 

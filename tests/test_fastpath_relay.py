@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from gossiprouter import fastpath
 from gossiprouter.protocol import native as wire
+from gossiprouter.server import fastpath
 from tests.nclient import NativeClient
 from tests.test_fastpath import Start, fast_of, read_exactly, round_trip
 

@@ -19,11 +19,11 @@ from collections.abc import Callable
 import trio
 import trio.testing
 
-from gossiprouter.fastpath import FastPath
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
-from gossiprouter.server import Server
+from gossiprouter.server.fastpath import FastPath
+from gossiprouter.server.listener import Server
 from gossiprouter.sessions.base import Outbox
 from tests.jgroups_clients import J5Client, uuid
 from tests.nclient import NativeClient

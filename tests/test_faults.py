@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gossiprouter.protocol import native as wire
-from gossiprouter.server import Server
+from gossiprouter.server.listener import Server
 from tests.nclient import NativeClient
 from tests.procs import RouterProcess, free_port
 
@@ -306,7 +306,7 @@ def test_accept_errors_are_retried(tmp_path: object) -> None:
     port = free_port()
     code = (
         "import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)); "
-        "from gossiprouter.cli import main; "
+        "from gossiprouter.cli.main import main; "
         f"sys.argv=['gossiprouter','serve','--port','{port}','--log-level','warning']; main()"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE)

@@ -12,10 +12,10 @@ import msgpack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gossiprouter.config import Config
-from gossiprouter.federation import Federation, RemoteGroup, RemoteMember
+from gossiprouter.core.config import Config
+from gossiprouter.federation.state import Federation, RemoteGroup, RemoteMember
 from gossiprouter.protocol.jgroups_common import JAddress
-from gossiprouter.routing import Kind, RoutingError
+from gossiprouter.routing.table import Kind, RoutingError
 from gossiprouter.sessions.base import Hub
 from gossiprouter.sessions.jgroups_common import JWire
 from tests.carriers import Named
@@ -237,8 +237,8 @@ def test_grace_at_the_members_router_holds_and_hands_over() -> None:
 
 
 def test_bridge_keepalive_is_checked_at_start() -> None:
-    from gossiprouter.bridge import Bridge
-    from gossiprouter.config import ConfigError
+    from gossiprouter.core.config import ConfigError
+    from gossiprouter.federation.bridge import Bridge
 
     cfg = Config(bridge="mqtt://127.0.0.1:1", bridge_keepalive=70000)
     try:
@@ -254,7 +254,7 @@ def test_bad_bridge_values_are_one_line_not_a_traceback() -> None:
     ``gossiprouter: error:`` line and status 1, as for a taken port."""
     from click.testing import CliRunner
 
-    from gossiprouter.cli import main
+    from gossiprouter.cli.main import main
 
     for opt, value, message in (("--bridge-keepalive", "70000", "at most 65535"),
                                 ("--bridge-qos", "2", "expected 0 or 1")):
@@ -308,7 +308,7 @@ def test_a_member_whose_connection_dies_is_suspected_on_the_other_routers_too() 
 def test_a_router_that_stops_refreshing_its_presence_is_dropped() -> None:
     """Its Last Will can be lost (it died while a persistent broker was down): its retained
     presence then ages out instead of leaving it a ghost with its members."""
-    from gossiprouter.federation import PRESENCE_TTL
+    from gossiprouter.federation.state import PRESENCE_TTL
 
     net = Net("a", "b")
     a, b = net.feds["a"], net.feds["b"]
@@ -454,7 +454,7 @@ def test_a_hostile_sequence_number_on_a_publication_is_counted_not_raised() -> N
     from paho.mqtt.packettypes import PacketTypes
     from paho.mqtt.properties import Properties
 
-    from gossiprouter.bridge import ORIGIN_PROPERTY, SEQ_PROPERTY, Bridge
+    from gossiprouter.federation.bridge import ORIGIN_PROPERTY, SEQ_PROPERTY, Bridge
 
     cfg = Config(bridge="mqtt://127.0.0.1:1")
     bridge = Bridge(Hub(cfg), cfg)
@@ -494,7 +494,7 @@ def test_a_leaving_session_is_not_ended_as_one_without_connack() -> None:
     """The session's CONNACK watchdog ended any session not "connected" once 10 s had passed
     since it connected: a router leaving after running longer than that could be cut before
     its withdrawals were acknowledged (and then went by its Last Will, suspected)."""
-    from gossiprouter.bridge import Bridge
+    from gossiprouter.federation.bridge import Bridge
 
     cfg = Config(bridge="mqtt://127.0.0.1:1")
     bridge = Bridge(Hub(cfg), cfg)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from gossiprouter.bridge import Bridge
+from gossiprouter.federation.bridge import Bridge
 from gossiprouter.loadtest.processes import MOSQUITTO
 from gossiprouter.stub import Publication, RouterStub
 from tests.procs import BrokerProcess, RouterProcess, wait_bridged

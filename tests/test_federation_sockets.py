@@ -19,7 +19,7 @@ from gossiprouter.ops.metrics import federation_metrics
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
-from gossiprouter.snapshot import member_page, membership
+from gossiprouter.server.snapshot import member_page, membership
 from gossiprouter.stub import RouterStub
 from tests.jgroups_clients import V2, V5, J2Client, J5Client, ip, uuid
 from tests.nclient import NativeClient

@@ -1,6 +1,6 @@
-"""The server's hooks (gossiprouter.hooks): what the server calls, when, and what it does with
+"""The server's hooks (server.hooks): what the server calls, when, and what it does with
 the answers, with hooks of the test's own (no gossiprouter.ops), over real 127.0.0.1 sockets.
-Also the read-only snapshots (gossiprouter.snapshot) the hooks are given, and how peers are
+Also the read-only snapshots (gossiprouter.server.snapshot) the hooks are given, and how peers are
 named (IPv6 in brackets)."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import warnings
 import pytest
 import trio
 
-from gossiprouter.config import OPTIONS, Config, ConfigError
-from gossiprouter.hooks import HOOK_OPTIONS, ByteStream, NoHooks, ServerHooks, needs_hooks
+from gossiprouter.core.config import OPTIONS, Config, ConfigError
 from gossiprouter.ops.access import peer_host, peer_ip
 from gossiprouter.protocol import native as wire
-from gossiprouter.routing import RoutingTable
-from gossiprouter.server import Server
+from gossiprouter.routing.table import RoutingTable
+from gossiprouter.server.hooks import HOOK_OPTIONS, ByteStream, NoHooks, ServerHooks, needs_hooks
+from gossiprouter.server.listener import Server
+from gossiprouter.server.snapshot import RouterView, group_page, member_page, membership
 from gossiprouter.sessions.base import Authority
-from gossiprouter.snapshot import RouterView, group_page, member_page, membership
 from tests.carriers import named
 from tests.nclient import NativeClient
 from tests.ops_client import assert_closed

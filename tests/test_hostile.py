@@ -22,7 +22,7 @@ import pytest
 import trio
 import trustme
 
-from gossiprouter.config import OPTIONS, Config, ConfigError, build
+from gossiprouter.core.config import OPTIONS, Config, ConfigError, build
 from gossiprouter.ops.runtime import check_startup
 from gossiprouter.ops.tls import ServerTLS
 from gossiprouter.protocol import jgroups2 as j2
@@ -30,7 +30,7 @@ from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
 from gossiprouter.protocol.jgroups_common import V2, V5, JAddress, write_string
-from gossiprouter.server import Server
+from gossiprouter.server.listener import Server
 from gossiprouter.stub import RouterStub
 from tests.conftest import RouterFactory
 from tests.jgroups_clients import J2Client, J5Client, ip, uuid

@@ -22,7 +22,7 @@ from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.jgroups_common import V2, V5
-from gossiprouter.server import REFUSAL_SLOTS, Server
+from gossiprouter.server.listener import REFUSAL_SLOTS, Server
 from tests.conftest import ops_of
 from tests.hostile import (
     FLOOD_BUDGET,

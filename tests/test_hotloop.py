@@ -14,7 +14,7 @@ import struct
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gossiprouter.config import Config
+from gossiprouter.core.config import Config
 from gossiprouter.protocol import native as wire
 from gossiprouter.sessions.base import Hub
 from gossiprouter.sessions.native import NativeSession

@@ -16,7 +16,7 @@ import trio
 
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol.jgroups_common import JAddress
-from gossiprouter.server import Server
+from gossiprouter.server.listener import Server
 from tests.conftest import RouterFactory
 from tests.jgroups_clients import V5, J5Client, ip, uuid
 from tests.quiet import nothing_more

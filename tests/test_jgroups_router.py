@@ -14,7 +14,7 @@ from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.jgroups_common import JAddress
-from gossiprouter.server import Server
+from gossiprouter.server.listener import Server
 from tests.conftest import RouterFactory
 from tests.jgroups_clients import (
     V2,

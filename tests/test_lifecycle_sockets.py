@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from gossiprouter.config import Config, Provisioned
+from gossiprouter.core.config import Config, Provisioned
 from gossiprouter.protocol import native as wire
 from gossiprouter.router import MemberEvent, Message, Router
-from gossiprouter.routing import RoutingError
-from gossiprouter.server import Server
+from gossiprouter.routing.table import RoutingError
+from gossiprouter.server.listener import Server
 from tests.nclient import NativeClient
 from tests.quiet import nothing_more
 
@@ -185,7 +185,7 @@ def test_provisioned_config_file_errors(tmp_path: Path) -> None:
 
 
 async def test_provisioned_from_config_file(tmp_path: Path) -> None:
-    from gossiprouter.config import build
+    from gossiprouter.core.config import build
 
     f = tmp_path / "router.toml"
     f.write_text('port = 0\n[[provisioned]]\ngroup = "g"\naddr = "hex:0a0b"\nname = "db"\n'

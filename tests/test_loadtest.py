@@ -300,7 +300,7 @@ def test_cli_bad_scenario_is_one_line(tmp_path: Path) -> None:
      "give either --router HOST:PORT or --spawn-router"),
     (["--router", "10.0.0.1:12001"], "--router '10.0.0.1:12001': the load test runs on one "
      "machine, so the router must be on 127.0.0.1"),
-    # Read by gossiprouter.addresses.parse_hostport, as every HOST:PORT is.
+    # Read by gossiprouter.core.addresses.parse_hostport, as every HOST:PORT is.
     (["--router", "127.0.0.1:0"], "--router '127.0.0.1:0': expected HOST:PORT with a port "
      "from 1 to 65535 (IPv6: [::1]:12001)"),
     (["--router", "::1:12001"], "--router '::1:12001': an IPv6 address goes in brackets, "

@@ -91,7 +91,7 @@ def test_one_loadtest_command_runs_a_topics_scenario(topics_scenario: TopicsScen
     loadtest-topics still works, and --router (the classic kind's) is refused with why."""
     from click.testing import CliRunner
 
-    from gossiprouter.cli import main
+    from gossiprouter.cli.main import main
 
     f = topics_scenario(duration=1.0, drain=0.5, subscribers=2, rate=5, churn_interval=0.5,
                         settle=0.5, patterns=["+/pos/*"])
@@ -119,7 +119,7 @@ def test_a_router_that_exits_is_shown_with_its_log(topics_scenario: TopicsScenar
 
     from click.testing import CliRunner
 
-    from gossiprouter.cli import main
+    from gossiprouter.cli.main import main
 
     f = topics_scenario(duration=1.0, drain=0.5, subscribers=1, rate=5, churn_interval=0.5,
                         settle=0.5, patterns=["+/pos/*"])

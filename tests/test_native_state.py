@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gossiprouter.config import Config
+from gossiprouter.core.config import Config
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
 from gossiprouter.protocol.native_state import (

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from gossiprouter.config import ConfigError
+from gossiprouter.core.config import ConfigError
 from gossiprouter.ops.auth import load_tokens
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire

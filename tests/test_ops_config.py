@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gossiprouter.cli import main
-from gossiprouter.config import Config, ConfigError, build
+from gossiprouter.cli.main import main
+from gossiprouter.core.config import Config, ConfigError, build
 from gossiprouter.ops.runtime import check_startup
 from tests.ops_client import tokens_file
 from tests.test_ops_metrics import _router_port, _wait_for

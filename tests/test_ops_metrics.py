@@ -14,10 +14,10 @@ from pathlib import Path
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from gossiprouter.addresses import parse_addr
+from gossiprouter.core.addresses import parse_addr
 from gossiprouter.ops.logs import JsonFormatter
 from gossiprouter.protocol import native as wire
-from gossiprouter.server import Server
+from gossiprouter.server.listener import Server
 from gossiprouter.sessions.base import Counters
 from tests.conftest import RouterFactory, ops_of
 from tests.ops_client import OpsClient, assert_closed, http_get

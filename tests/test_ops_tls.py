@@ -14,7 +14,7 @@ import trio
 import trustme
 
 from gossiprouter.client.tls import client_context, wrap_client
-from gossiprouter.config import ConfigError
+from gossiprouter.core.config import ConfigError
 from gossiprouter.protocol import native as wire
 from tests.conftest import RouterFactory
 from tests.ops_client import OpsClient, assert_closed
@@ -132,7 +132,7 @@ async def test_sniffing_after_tls(start_router: RouterFactory, tmp_path: Path) -
 
 
 def test_tls_config_errors(tmp_path: Path) -> None:
-    from gossiprouter.config import Config
+    from gossiprouter.core.config import Config
     from gossiprouter.ops.runtime import check_startup
 
     with pytest.raises(ConfigError, match=r"tls_cert = '/nonexistent.pem': file not found"):
@@ -204,14 +204,16 @@ def test_sighup_reloads_the_certificate(tmp_path: Path) -> None:
         assert proc.wait(timeout=15) == 0
 
 
-def test_moved_client_helpers_keep_their_old_names_with_a_warning() -> None:
-    # Issue 14 item 3 moved the client's TLS set-up to gossiprouter.client.tls; the path
-    # docs/operations.md used to give still works, and says where the names went.
+def test_moved_client_helpers_say_where_they_went() -> None:
+    # Issue 14 item 3 moved the client's TLS set-up to gossiprouter.client.tls; issue 28 removed
+    # the deprecated aliases (ops imports nothing of the client). The old path fails with the
+    # new one in its message, not with a bare AttributeError.
     from gossiprouter.client import tls as client_tls
     from gossiprouter.ops import tls as ops_tls
 
     for name in ("client_context", "wrap_client"):
-        with pytest.warns(DeprecationWarning, match=f"gossiprouter.client.tls.{name}"):
-            assert getattr(ops_tls, name) is getattr(client_tls, name)
+        assert callable(getattr(client_tls, name))
+        with pytest.raises(AttributeError, match=f"gossiprouter.client.tls.{name}"):
+            getattr(ops_tls, name)
     with pytest.raises(AttributeError, match="no_such_name"):
         ops_tls.no_such_name  # noqa: B018

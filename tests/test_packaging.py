@@ -8,7 +8,7 @@ import subprocess
 import tomllib
 from pathlib import Path
 
-from gossiprouter.config import OPTIONS, Config, build, example_toml, load_file
+from gossiprouter.core.config import OPTIONS, Config, build, example_toml, load_file
 
 REPO = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from gossiprouter.config import Config, ConfigError
+from gossiprouter.core.config import Config, ConfigError
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
-from gossiprouter.server import Server
+from gossiprouter.server.listener import Server
 from gossiprouter.sessions.base import Session
 from tests.conftest import RouterFactory
 from tests.jgroups_clients import V2, V5, J2Client, J5Client, ip, uuid

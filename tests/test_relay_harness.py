@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from benchmarks import relay_harness as rh
-from gossiprouter import fastpath
+from gossiprouter.server import fastpath
 
 REPO = Path(__file__).resolve().parent.parent
 

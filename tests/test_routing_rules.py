@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gossiprouter.routing import Kind, Limits, Notice, RoutingError, RoutingTable
+from gossiprouter.routing.table import Kind, Limits, Notice, RoutingError, RoutingTable
 from tests.carriers import named as N
 
 Op = tuple[Any, ...]

@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from gossiprouter.protocol import native as wire
-from gossiprouter.server import Server
+from gossiprouter.server.listener import Server
 from tests.nclient import NativeClient
 from tests.procs import RouterProcess
 

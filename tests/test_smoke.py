@@ -1,5 +1,5 @@
 from gossiprouter.protocol import native as wire
-from gossiprouter.server import Server
+from gossiprouter.server.listener import Server
 from tests.nclient import NativeClient
 
 

@@ -27,9 +27,9 @@ from gossiprouter import (
     RouterStub,
 )
 from gossiprouter.client.connection import WriteLock
-from gossiprouter.config import Config
+from gossiprouter.core.config import Config
 from gossiprouter.ops.runtime import Operations
-from gossiprouter.server import Server
+from gossiprouter.server.listener import Server
 from gossiprouter.stub import Channel, StubEvent
 
 # The helpers live in tests/stubkit.py; other test modules import them from here too.

@@ -1,4 +1,4 @@
-"""The matching rules of topic multicast (gossiprouter.topics), table-driven."""
+"""The matching rules of topic multicast (gossiprouter.core.topics), table-driven."""
 
 from __future__ import annotations
 
@@ -6,10 +6,7 @@ import random
 
 import pytest
 
-from gossiprouter.protocol import native as wire
-from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.routing import Kind, RoutingError, RoutingTable
-from gossiprouter.topics import (
+from gossiprouter.core.topics import (
     MAX_DEPTH,
     MAX_ELEMENT,
     TopicError,
@@ -21,6 +18,9 @@ from gossiprouter.topics import (
     pattern,
     topic_id,
 )
+from gossiprouter.protocol import native as wire
+from gossiprouter.protocol.errors import ProtocolError
+from gossiprouter.routing.table import Kind, RoutingError, RoutingTable
 from tests.carriers import named
 
 P, B = "vehicle-17", "position"

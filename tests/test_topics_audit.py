@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from gossiprouter.analytics.cli import EXIT_INPUT, EXIT_LOSS, EXIT_OK, analyze_command
 from gossiprouter.analytics.report import Report, environment_rows
 from gossiprouter.analytics.topics_audit import analyze_topics, match_table, run_kind
+from gossiprouter.core.topics import matches, parse_topic
 from gossiprouter.loadtest.records import MANIFEST_FILE
 from gossiprouter.loadtest.topic_records import (
     DELIVERIES_FILE,
@@ -28,7 +29,6 @@ from gossiprouter.loadtest.topic_records import (
     write_topic_table,
 )
 from gossiprouter.loadtest.topics import load_topics_scenario, run_topics
-from gossiprouter.topics import matches, parse_topic
 from tests.chromium import Browser, find_chromium
 from tests.conftest import TopicsScenario
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import trio
 
 from gossiprouter.protocol import native as wire
-from gossiprouter.server import Server
+from gossiprouter.server.listener import Server
 from gossiprouter.stub import Publication, RouterError, RouterStub
 from tests.conftest import RouterFactory
 from tests.nclient import NativeClient

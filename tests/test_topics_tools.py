@@ -6,7 +6,7 @@ from __future__ import annotations
 import trio
 
 from gossiprouter import BlockingRouterStub
-from gossiprouter.server import Server
+from gossiprouter.server.listener import Server
 from gossiprouter.stub import Publication, RouterStub
 from tests.test_blocking_and_tools import Listener, cli, hostport
 from tests.test_stub import FAST, drain

@@ -30,7 +30,7 @@ from gossiprouter.analytics.report import (
     BaselineError,
     load_baseline,
 )
-from gossiprouter.cli_errors import PREFIX, needs_extra
+from gossiprouter.core.cli_errors import PREFIX, needs_extra
 
 __all__ = ["EXIT_FAILED", "EXIT_INCOMPLETE", "EXIT_INPUT", "EXIT_LOSS", "EXIT_OK",
            "EXIT_THRESHOLD", "analyze_command"]
@@ -42,7 +42,7 @@ def _progress(line: str) -> None:
 
 
 def _fail(message: str, code: int) -> SystemExit:
-    click.echo(PREFIX + message, err=True)  # the one error format (gossiprouter.cli_errors)
+    click.echo(PREFIX + message, err=True)  # the one error format (gossiprouter.core.cli_errors)
     return SystemExit(code)
 
 

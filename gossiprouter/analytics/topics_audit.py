@@ -21,14 +21,14 @@ in-process audit of ``loadtest-topics``.
 
 **Matching without a quadratic join.** Matching is done on the distinct topic ids and the
 distinct patterns of the run, not on its rows: the patterns go into the router's own
-:class:`gossiprouter.topics.TopicIndex` (a trie) and each distinct id is matched against
+:class:`gossiprouter.core.topics.TopicIndex` (a trie) and each distinct id is matched against
 it, which costs the id's depth plus its matches, not the number of patterns. The
 (topic, pattern) pairs that match are a small table, broadcast to an equi-join of the
 publications (on the topic) with the subscription spans (on the pattern); only spans
 that match a publication are ever paired with it. Exploding candidate patterns per
 publication instead (every ``+``/``*`` variant of every level) would be exact too but
 costs 2^depth rows per publication; a UDF calling
-:func:`gossiprouter.topics.matches` on every (publication, span) pair would be the
+:func:`gossiprouter.core.topics.matches` on every (publication, span) pair would be the
 quadratic join itself. The distinct ids are collected to the driver: their number is
 bounded by the scenario's id space (a few per publisher), not by the run's length.
 The flux test is a range join, made an equi-join on (subscriber, second) by exploding
@@ -73,6 +73,7 @@ from gossiprouter.analytics.spark_io import (
     open_session,
     rows,
 )
+from gossiprouter.core.topics import TopicError, TopicIndex, parse_topic, pattern
 from gossiprouter.loadtest.records import MANIFEST_FILE
 from gossiprouter.loadtest.topic_records import (
     DELIVERIES_FILE,
@@ -84,7 +85,6 @@ from gossiprouter.loadtest.topic_records import (
     SUBSCRIPTIONS_FILE,
     TOPICS_DIR,
 )
-from gossiprouter.topics import TopicError, TopicIndex, parse_topic, pattern
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -17,7 +17,7 @@ from gossiprouter.protocol import native as wire
 if TYPE_CHECKING:
     from gossiprouter.client.connection import Connection
     from gossiprouter.client.front import RouterStub
-from gossiprouter.topics import TopicId, pattern, topic_id
+from gossiprouter.core.topics import TopicId, pattern, topic_id
 
 
 class Channel:
@@ -91,7 +91,7 @@ class Channel:
 
         Returns once every connected router accepted it; the pattern is re-subscribed
         after every reconnect. A pattern breaking the rules raises
-        :class:`gossiprouter.topics.TopicError` (a ValueError) before anything is sent;
+        :class:`gossiprouter.core.topics.TopicError` (a ValueError) before anything is sent;
         a refusal (``bad_topic``, ``limit``, ``forbidden``) raises the typed RouterError.
         Subscribing twice to one pattern is harmless.
         """

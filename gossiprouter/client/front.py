@@ -104,8 +104,8 @@ from gossiprouter.client.model import (
     parse_routers,
 )
 from gossiprouter.client.streams import EventStream, Watch
+from gossiprouter.core.topics import TopicId
 from gossiprouter.protocol import native as wire
-from gossiprouter.topics import TopicId
 
 T = TypeVar("T")
 V = TypeVar("V", contravariant=True)

@@ -62,9 +62,9 @@ from gossiprouter.client.model import (
     fmt_router,
 )
 from gossiprouter.client.streams import Waiters
+from gossiprouter.core.topics import TopicId
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.topics import TopicId
 
 log = logging.getLogger("gossiprouter.stub")
 

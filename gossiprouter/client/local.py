@@ -28,8 +28,8 @@ from gossiprouter.client.model import (
     RouterAddress,
     StubStats,
 )
+from gossiprouter.core.topics import matches
 from gossiprouter.protocol import native as wire
-from gossiprouter.topics import matches
 
 if TYPE_CHECKING:
     from gossiprouter.client.channel import Channel

@@ -10,9 +10,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from gossiprouter.addresses import format_hostport, parse_hostport
+from gossiprouter.core.addresses import format_hostport, parse_hostport
+from gossiprouter.core.topics import TopicId
 from gossiprouter.protocol import native as wire
-from gossiprouter.topics import TopicId
 
 if TYPE_CHECKING:
     from gossiprouter.client.errors import RouterError

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Generic, Literal, Protocol, TypeVar
 
 from gossiprouter.client.model import Key
-from gossiprouter.topics import TopicId
+from gossiprouter.core.topics import TopicId
 
 
 class Registrable(Protocol):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Final, NoReturn
 import click
 import trio
 
-from gossiprouter.cli_errors import fail, needs_extra
+from gossiprouter.core.cli_errors import fail, needs_extra
 from gossiprouter.loadtest.scenario import Scenario, ScenarioError, load_scenario
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ EXIT_INTERRUPTED: Final = 130
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    fail(message, code)  # the one error format (gossiprouter.cli_errors)
+    fail(message, code)  # the one error format (gossiprouter.core.cli_errors)
 
 
 @click.command("loadtest")

@@ -55,7 +55,7 @@ from typing import Any, Final
 
 import trio
 
-from gossiprouter.addresses import parse_hostport
+from gossiprouter.core.addresses import parse_hostport
 from gossiprouter.loadtest.attacks import AttackRunner
 from gossiprouter.loadtest.errors import LoadTestError, RunInputError, first_error
 from gossiprouter.loadtest.peer import trio_time_at

@@ -8,7 +8,7 @@ Everything runs in this one process, so send and receive times share one clock.
 
 **The audit knows the expected receivers.** At every send the runner records which
 subscribers' patterns matched at that moment (from its own subscription state, the same
-rule as the router's, :func:`gossiprouter.topics.matches`): a local publication is expected
+rule as the router's, :func:`gossiprouter.core.topics.matches`): a local publication is expected
 at the subscribers of the publisher's router, a global one at the subscribers of every
 router. A subscriber whose subscriptions are changing (from the request until ``settle``
 seconds after the router accepted it, time for a remote bridge to subscribe the broker) is
@@ -46,6 +46,15 @@ from typing import Any
 import click
 import trio
 
+from gossiprouter.core.topics import (
+    TopicError,
+    TopicId,
+    format_topic,
+    matches,
+    parse_topic,
+    pattern,
+    topic_id,
+)
 from gossiprouter.loadtest.errors import first_error
 from gossiprouter.loadtest.pacing import Pacer, PaceStats
 from gossiprouter.loadtest.resources import (
@@ -57,15 +66,6 @@ from gossiprouter.loadtest.resources import (
 )
 from gossiprouter.loadtest.scenario import ScenarioError, parse_thresholds
 from gossiprouter.stub import Channel, Publication, RouterStub
-from gossiprouter.topics import (
-    TopicError,
-    TopicId,
-    format_topic,
-    matches,
-    parse_topic,
-    pattern,
-    topic_id,
-)
 
 GROUP = "topics-load"
 _STAMP = struct.Struct(">IId")  # publisher index, sequence, send time (trio clock)
@@ -577,7 +577,7 @@ def run_topics_command(scenario_file: Path, out_dir: Path | None) -> None:
     """What ``gossiprouter loadtest`` does with a topics scenario (see loadtest_command)."""
     import importlib.util
 
-    from gossiprouter.cli_errors import BadInput, CommandError, needs_extra
+    from gossiprouter.core.cli_errors import BadInput, CommandError, needs_extra
 
     try:
         sc = load_topics_scenario(scenario_file)

@@ -10,14 +10,14 @@ This package depends on the core, one way (tests/test_dependencies.py holds the 
 to it; docs/architecture.md has the rules):
 
 * the core imports nothing from here. The server defines what it calls,
-  :class:`gossiprouter.hooks.ServerHooks` (accept, admit, refused, serve, and the token
+  :class:`gossiprouter.server.hooks.ServerHooks` (accept, admit, refused, serve, and the token
   authority), and :class:`.runtime.Operations` implements it; whoever builds the server
   (``gossiprouter serve``, :class:`gossiprouter.router.Router`) builds both and hands
   the one to the other. The sessions name their token authority by a Protocol of their
   own (:class:`gossiprouter.sessions.base.Authority`), which :class:`.auth.Authenticator`
   satisfies;
 * :mod:`.metrics` and :mod:`.admin` read the router through the hub and the snapshots of
-  :mod:`gossiprouter.snapshot` (a :class:`~gossiprouter.snapshot.RouterView` given to
+  :mod:`gossiprouter.server.snapshot` (a :class:`~gossiprouter.server.snapshot.RouterView` given to
   :meth:`.runtime.Operations.serve`), never the server's connections or outboxes;
   tests/test_dependencies.py also refuses any ``obj._private`` attribute read here.
 """

@@ -13,8 +13,8 @@ import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from gossiprouter.addresses import parse_hostport
-from gossiprouter.config import Config, parse_network
+from gossiprouter.core.addresses import parse_hostport
+from gossiprouter.core.config import Config, parse_network
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -71,7 +71,7 @@ class AccessPolicy:
 
 def peer_host(peer: str) -> str:
     """The host of a peer as the server names it (``host:port``, ``[v6]:port``: see
-    :func:`gossiprouter.addresses.format_hostport`); "" when ``peer`` is not one."""
+    :func:`gossiprouter.core.addresses.format_hostport`); "" when ``peer`` is not one."""
     try:
         return parse_hostport(peer, allow_zero=True)[0]
     except ValueError:

@@ -16,8 +16,8 @@ every request needs ``Authorization: Bearer TOKEN`` (else 401).
 
 The endpoint shares the routing loop, so no view may hold it for more than a few
 milliseconds: every answer is bounded (pages of at most MAX_LIMIT items) and the walks over
-the table behind it (:mod:`gossiprouter.snapshot`) yield to the loop every few thousand items.
-What it shows comes from those snapshots and the server's :class:`~gossiprouter.snapshot.
+the table behind it (:mod:`server.snapshot`) yield to the loop every few thousand items.
+What it shows comes from those snapshots and the server's :class:`~gossiprouter.server.snapshot.
 RouterView`, never from the server's own objects; this module only turns them into JSON.
 """
 
@@ -32,16 +32,16 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import trio
 
-from gossiprouter import snapshot
-from gossiprouter.addresses import format_hostport
-from gossiprouter.cli_errors import needs_extra
-from gossiprouter.config import ConfigError, parse_listen
+from gossiprouter.core.addresses import format_hostport
+from gossiprouter.core.cli_errors import needs_extra
+from gossiprouter.core.config import ConfigError, parse_listen
 from gossiprouter.ops.auth import load_secret
-from gossiprouter.routing import RoutingTable
+from gossiprouter.routing.table import RoutingTable
+from gossiprouter.server import snapshot
 
 if TYPE_CHECKING:
-    from gossiprouter.bridge import Bridge
-    from gossiprouter.snapshot import MemberInfo, RouterView
+    from gossiprouter.federation.bridge import Bridge
+    from gossiprouter.server.snapshot import MemberInfo, RouterView
 
 log = logging.getLogger("gossiprouter.ops.admin")
 
@@ -68,7 +68,7 @@ async def groups_view(table: RoutingTable, after: str = "",
                       limit: int = DEFAULT_LIMIT) -> dict[str, Any]:
     """``/groups``: the first ``limit`` groups whose name sorts after ``after``, with their
     member and watcher counts; ``next`` is the cursor of the following page (None: last).
-    Never holds the loop for long (:func:`gossiprouter.snapshot.group_page`)."""
+    Never holds the loop for long (:func:`gossiprouter.server.snapshot.group_page`)."""
     page = await snapshot.group_page(table, after, limit)
     return {"groups": [{"name": g.name, "members": g.members, "watchers": g.watchers}
                        for g in page.groups],

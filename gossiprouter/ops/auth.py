@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gossiprouter.config import ConfigError
+from gossiprouter.core.config import ConfigError
+from gossiprouter.core.ratelog import RateLimitedLog
 from gossiprouter.ops.access import Backoff, peer_host
-from gossiprouter.ratelog import RateLimitedLog
 
 # At most one WARNING line per this many seconds about failed authentications (a guessing
 # client must not be able to flood the log); the metric counts every one.

@@ -4,7 +4,7 @@ It reads the router's read-only admin view over HTTP (the ``--metrics``
 HOST:PORT), so it needs no credentials on the router port and changes
 nothing. Output is a table for people, or the admin view's JSON with ``--json``.
 Either way member addresses are printed the way ``gossiprouter send --to`` reads them
-(:func:`gossiprouter.addresses.format_addr`): the admin view's bare hex would be read back as
+(:func:`gossiprouter.core.addresses.format_addr`): the admin view's bare hex would be read back as
 text.
 """
 
@@ -18,9 +18,9 @@ from urllib.parse import quote
 
 import click
 
-from gossiprouter.addresses import format_addr, format_hostport
-from gossiprouter.cli_errors import CommandError as _Fail
-from gossiprouter.config import ConfigError, parse_listen
+from gossiprouter.core.addresses import format_addr, format_hostport
+from gossiprouter.core.cli_errors import CommandError as _Fail
+from gossiprouter.core.config import ConfigError, parse_listen
 from gossiprouter.ops.auth import load_secret
 
 

@@ -3,7 +3,7 @@
 Nothing here runs per frame: a scrape reads the hub's counters (which the
 core already keeps as plain integers), takes a snapshot of the connections and
 of the routing table (:meth:`RouterCollector.refresh`, through the server's
-:class:`~gossiprouter.snapshot.RouterView` and :mod:`gossiprouter.snapshot`, which
+:class:`~gossiprouter.server.snapshot.RouterView` and :mod:`gossiprouter.server.snapshot`, which
 yield to the loop every few thousand items, so a table of 100,000s of groups never holds
 the routing loop), and renders the text format with prometheus-client. Labels take
 only values from small fixed sets (protocols, frame types, reasons, kinds):
@@ -22,17 +22,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from gossiprouter import fastpath, snapshot
 from gossiprouter._version import __version__
 from gossiprouter.ops.access import PROTOCOLS
 from gossiprouter.protocol.errors import ERROR_CODES
+from gossiprouter.server import fastpath, snapshot
 
 if TYPE_CHECKING:
-    from gossiprouter.bridge import Bridge
-    from gossiprouter.config import Config
+    from gossiprouter.core.config import Config
+    from gossiprouter.federation.bridge import Bridge
     from gossiprouter.ops.runtime import Operations
-    from gossiprouter.routing import Stats
-    from gossiprouter.snapshot import RouterView
+    from gossiprouter.routing.table import Stats
+    from gossiprouter.server.snapshot import RouterView
 
 # The label values of closes and refusals (Counters.closed / refused map anything else to
 # "other"): every one is always exported, so rate() works from the first scrape.

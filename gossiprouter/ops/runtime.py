@@ -3,11 +3,11 @@
 :class:`Operations` is built from a Config and handed to the server
 (``Server(config, hooks=Operations(config))``, as ``gossiprouter serve`` and
 :class:`~gossiprouter.router.Router` do); it implements
-:class:`gossiprouter.hooks.ServerHooks`, and that Protocol is all the server knows of it.
+:class:`gossiprouter.server.hooks.ServerHooks`, and that Protocol is all the server knows of it.
 The server calls:
 
 * :meth:`Operations.serve` in its nursery, with a read-only
-  :class:`~gossiprouter.snapshot.RouterView` (the metrics/admin HTTP port reads it);
+  :class:`~gossiprouter.server.snapshot.RouterView` (the metrics/admin HTTP port reads it);
 * :meth:`Operations.accept` once per accepted connection, before the first
   byte is read: the allow-list check on the peer IP, then the TLS handshake
   (it returns the TLS stream, so protocol sniffing happens on the decrypted bytes);
@@ -31,17 +31,17 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from gossiprouter.cli_errors import install_hint
-from gossiprouter.config import Config, ConfigError, parse_listen
-from gossiprouter.hooks import ByteStream
+from gossiprouter.core.cli_errors import install_hint
+from gossiprouter.core.config import Config, ConfigError, parse_listen
 from gossiprouter.ops.access import AccessPolicy, describe, peer_host, peer_ip
 from gossiprouter.ops.admin import AdminServer
 from gossiprouter.ops.auth import Authenticator, load_secret, load_tokens
 from gossiprouter.ops.tls import ServerTLS, check_config
+from gossiprouter.server.hooks import ByteStream
 
 if TYPE_CHECKING:
     from gossiprouter.ops.metrics import Metrics
-    from gossiprouter.snapshot import RouterView
+    from gossiprouter.server.snapshot import RouterView
 
 log = logging.getLogger("gossiprouter.ops")
 
@@ -90,7 +90,7 @@ def check_startup(cfg: Config) -> None:
 
 class Operations:
     """TLS, access policy, authentication and the admin endpoint of one server: its hooks
-    (:class:`gossiprouter.hooks.ServerHooks`). Raises ConfigError for bad files."""
+    (:class:`gossiprouter.server.hooks.ServerHooks`). Raises ConfigError for bad files."""
 
     def __init__(self, config: Config) -> None:
         cfg = config

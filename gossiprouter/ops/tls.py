@@ -4,20 +4,19 @@ The router side holds its :class:`ssl.SSLContext` in a :class:`ServerTLS`,
 which builds a fresh context on :meth:`ServerTLS.reload` (SIGHUP) and swaps
 it in: connections already up keep the context they were accepted with, new
 ones get the new certificate. The client side (``client_context``, ``wrap_client``)
-lives in :mod:`gossiprouter.client.tls`: ops does not import the client, except for the
-deprecated ``gossiprouter.ops.tls.client_context`` / ``wrap_client`` names, which
-:func:`__getattr__` still resolves (with a DeprecationWarning).
+lives in :mod:`gossiprouter.client.tls`: ops does not import the client. The old names
+``gossiprouter.ops.tls.client_context`` / ``wrap_client`` (deprecated since issue 14) are gone;
+:func:`__getattr__` says where they went.
 """
 
 from __future__ import annotations
 
 import logging
 import ssl
-import warnings
 
 import trio
 
-from gossiprouter.config import Config, ConfigError
+from gossiprouter.core.config import Config, ConfigError
 
 log = logging.getLogger("gossiprouter.ops.tls")
 
@@ -123,7 +122,7 @@ class ServerTLS:
 
 class TLSStream(trio.abc.Stream):
     """A server-side trio.SSLStream whose ``receive_some`` is typed ``bytes``: the
-    :class:`gossiprouter.hooks.ByteStream` the accept hook hands the server.
+    :class:`gossiprouter.server.hooks.ByteStream` the accept hook hands the server.
 
     The sessions take ``bytes``; SSLStream is annotated ``bytes | bytearray``
     though it returns the ``bytes`` of ssl.SSLObject.read. ``ssl`` is the
@@ -159,11 +158,9 @@ _MOVED = frozenset({"client_context", "wrap_client"})
 
 
 def __getattr__(name: str) -> object:
-    """The deprecation path of the client helpers that moved to gossiprouter.client.tls
-    (imported on first use, so loading ops does not load the client)."""
-    if name not in _MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(f"gossiprouter.ops.tls.{name} moved to gossiprouter.client.tls.{name}",
-                  DeprecationWarning, stacklevel=2)
-    from gossiprouter.client import tls
-    return getattr(tls, name)
+    """The names that moved to gossiprouter.client.tls: an AttributeError that says where (the
+    deprecated aliases were removed by issue 28, so that ops imports nothing of the client)."""
+    if name in _MOVED:
+        raise AttributeError(f"gossiprouter.ops.tls.{name} moved to "
+                             f"gossiprouter.client.tls.{name} (the old name was removed)")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

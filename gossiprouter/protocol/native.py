@@ -179,7 +179,7 @@ class Unwatch(GroupRequest):
 @dataclass(frozen=True, slots=True)
 class TopicRequest:
     """The fields of SUBSCRIBE and UNSUBSCRIBE: the member ``addr`` of ``group`` and a
-    pattern (see gossiprouter.topics)."""
+    pattern (see gossiprouter.core.topics)."""
 
     req: int
     group: str

@@ -21,7 +21,7 @@ from gossiprouter.protocol import jgroups5 as _j5
 from gossiprouter.protocol import native as _native
 from gossiprouter.protocol.errors import ERROR_CODES
 from gossiprouter.protocol.jgroups_common import JAddress
-from gossiprouter.routing import (
+from gossiprouter.routing.table import (
     RESERVED_PREFIXES,
     Carrier,
     Entry,
@@ -33,7 +33,7 @@ from gossiprouter.routing import (
 )
 
 if TYPE_CHECKING:
-    from gossiprouter.config import Config
+    from gossiprouter.core.config import Config
 
 log = logging.getLogger("gossiprouter")
 
@@ -47,7 +47,7 @@ def _nothing() -> None:
 
 
 class FastRoutes(Protocol):
-    """What the sessions tell the compiled fast path (gossiprouter.fastpath.FastPath): the
+    """What the sessions tell the compiled fast path (gossiprouter.server.fastpath.FastPath): the
     routing decision just made for a run of routed frames, for its thread to repeat on the
     next frames with the same header until the routing table changes."""
 
@@ -159,7 +159,7 @@ class Outbox:
         # chunks (held: this outbox is on the batch's list) and written when the round ends.
         self.batch = batch or WriteBatch()
         self.held = False
-        # Set by the compiled fast path while it writes this connection (gossiprouter.fastpath):
+        # Set by the compiled fast path while it writes this connection (server.fastpath):
         # takes back the bytes its thread holds for the socket, which go before anything queued
         # here, and stops its writes.
         self.reclaim: Callable[[], bytes] = _no_bytes
@@ -505,7 +505,7 @@ class Session:
         # Past the handshake: the first control frame was handled (for the native protocol
         # that is HELLO, as anything else first closes the connection).
         self.established = False
-        # The compiled fast path (gossiprouter.fastpath): this connection's id in the relay
+        # The compiled fast path (gossiprouter.server.fastpath): this connection's id in the relay
         # thread (None: not known to it), and whether the thread writes it now.
         self.fast_id: int | None = None
         self.fast_attached = False
@@ -720,7 +720,7 @@ class Hub:
         # Native-protocol tokens: set by the server from its hooks (gossiprouter.ops when
         # tokens_file is configured); None: HELLO needs no token.
         self.auth: Authority | None = None
-        # The compiled fast path, when the server runs it (gossiprouter.fastpath): the sessions
+        # The compiled fast path, when the server runs it (server.fastpath): the sessions
         # tell it the routing decisions it may repeat on its own.
         self.fast: FastRoutes | None = None
         for p in config.provisioned:

@@ -29,7 +29,7 @@ from gossiprouter.protocol.jgroups_common import (
     V2,
     JAddress,
 )
-from gossiprouter.routing import Entry
+from gossiprouter.routing.table import Entry
 from gossiprouter.sessions.base import Hub
 from gossiprouter.sessions.jgroups_common import JGroupsSession, wire_address, wire_physical
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol.errors import ProtocolError
 from gossiprouter.protocol.jgroups_common import CLOSED, CONTROL, OVERSIZED, PARTIAL, V5, JAddress
-from gossiprouter.routing import Entry
+from gossiprouter.routing.table import Entry
 from gossiprouter.sessions.base import Hub
 from gossiprouter.sessions.jgroups_common import JGroupsSession, wire_address, wire_physical
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 
+from gossiprouter.core.topics import TopicError, TopicId, pattern, topic_id
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
 from gossiprouter.protocol.native_scan import (
@@ -26,9 +27,8 @@ from gossiprouter.protocol.native_scan import (
     RouteHeader,
 )
 from gossiprouter.protocol.native_state import NativeState, Role, State
-from gossiprouter.routing import Carrier, Entry, RoutingError, RoutingTable, is_reserved
+from gossiprouter.routing.table import Carrier, Entry, RoutingError, RoutingTable, is_reserved
 from gossiprouter.sessions.base import Hub, Session
-from gossiprouter.topics import TopicError, TopicId, pattern, topic_id
 
 log = logging.getLogger("gossiprouter")
 

@@ -2,11 +2,11 @@
 
 The routers of a federation tell each other, through the MQTT broker, which members of
 each group they carry. This module holds that state and applies it to the router's own
-routing table; :mod:`gossiprouter.bridge` does the MQTT I/O (topics, Last Will, the
+routing table; :mod:`gossiprouter.federation.bridge` does the MQTT I/O (topics, Last Will, the
 subscriptions) and calls it with payloads. No trio, no sockets: tested with bytes.
 
 * A member registered on another router R is an ordinary entry of the table, carried by a
-  :class:`RemoteMember` (a :class:`~gossiprouter.routing.RemoteCarrier`): routing rules,
+  :class:`RemoteMember` (a :class:`~gossiprouter.routing.table.RemoteCarrier`): routing rules,
   GET_MEMBERS, events and the JGroups member lists need nothing else. Its ``fanout`` is
   the :class:`RemoteGroup` of (R, group), so a multicast goes once to each router.
 * Each router publishes, per group, the members it carries itself (:meth:`Federation.flush`,
@@ -33,11 +33,19 @@ import msgpack
 
 from gossiprouter.protocol.errors import ProtocolError
 from gossiprouter.protocol.jgroups_common import V2, V5, JAddress
-from gossiprouter.routing import Carrier, Entry, Group, Kind, Notice, RemoteCarrier, RoutingError
+from gossiprouter.routing.table import (
+    Carrier,
+    Entry,
+    Group,
+    Kind,
+    Notice,
+    RemoteCarrier,
+    RoutingError,
+)
 from gossiprouter.sessions.base import Hub
 from gossiprouter.sessions.jgroups_common import JWire
 
-log = logging.getLogger("gossiprouter.federation")
+log = logging.getLogger("gossiprouter.federation.state")
 
 FORMAT = 1
 _HEAD_LEN = struct.Struct(">H")  # before a routed message's msgpack header

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from gossiprouter import addresses
+from gossiprouter.core import addresses
 from gossiprouter.protocol.native import DEFAULT_MAX_FRAME
 
 
@@ -154,7 +154,7 @@ OPTIONS: tuple[Option, ...] = (
            "by the compiled fast path, which writes what one read routes to a receiver in one "
            "send."),
     Option("fast_path", str, "auto",
-           "The compiled fast path (gossiprouter._relay, built by scripts/setup): a relay "
+           "The compiled fast path (gossiprouter.server._relay, built by scripts/setup): a relay "
            "thread reads plain-TCP connections (native, JGroups 2.12 and 5.x) and relays their "
            "routed frames in C, repeating the routing decisions Python made, without the GIL "
            "(less CPU and latency per message under light load; docs/performance.md). 'auto': "
@@ -591,7 +591,7 @@ def options_markdown() -> str:
 
 _EXAMPLE_HEAD = """\
 # gossiprouter configuration: every option, at its default. Generated from the option
-# declarations (gossiprouter/config.py) by scripts/example-config; do not edit by hand.
+# declarations (gossiprouter/core/config.py) by scripts/example-config; do not edit by hand.
 # Use:  gossiprouter serve --config /etc/gossiprouter/gossiprouter.toml
 # Any option given on the command line wins over this file. Keys may be written with
 # '_' or '-'. An unknown key or a bad value stops the router at start-up with a message

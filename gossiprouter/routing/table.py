@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, ClassVar, Protocol
 
-from gossiprouter.topics import TopicId, TopicIndex
+from gossiprouter.core.topics import TopicId, TopicIndex
 
 Physical = tuple[tuple[str, int], ...]
 
@@ -95,7 +95,7 @@ class Carrier(Protocol):
 
 class RemoteCarrier:
     """Base of the carriers that stand for another router of the federation
-    (``gossiprouter.federation.RemoteMember``), so the table can order them and count them
+    (``gossiprouter.federation.state.RemoteMember``), so the table can order them and count them
     per router in the fan-out without importing the federation.
 
     ``fanout`` is the carrier that counts as this one's target in :attr:`Group.load` (one per
@@ -302,11 +302,11 @@ class RoutingTable:
         # Called with the group's name before every change of who receives what in it (an
         # entry linked to or unlinked from a connection, removed, put in or taken out of
         # grace): the compiled fast path forgets the routing decisions it repeats for that
-        # group (gossiprouter.fastpath). Every decision depends on one group only.
+        # group (gossiprouter.server.fastpath). Every decision depends on one group only.
         self.changed: Callable[[str], None] = _unchanged
         # Told (group, None) when the entries this router carries itself in ``group`` may have
         # changed, and (group, addr) when such an entry was removed as suspected: the
-        # federation republishes the group's local members (gossiprouter.federation).
+        # federation republishes the group's local members (gossiprouter.federation.state).
         self.on_local: Callable[[str, bytes | None], None] | None = None
         # Names the federation (broker and prefix) when bridged; announced in WELCOME so a
         # client on several routers of one federation takes global publications from one.

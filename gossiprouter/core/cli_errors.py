@@ -1,7 +1,7 @@
 """How every ``gossiprouter`` command reports a failure: one line on stderr,
 ``gossiprouter: error: ...``, and an exit status (1 failed, 2 bad input), never a traceback.
 
-The click group in :mod:`gossiprouter.cli` prints click's own usage errors the same way,
+The click group in :mod:`gossiprouter.cli.main` prints click's own usage errors the same way,
 so a bad option value reads like any other mistake.
 """
 
@@ -45,7 +45,7 @@ def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
 def checkout() -> Path | None:
     """The source checkout this gossiprouter runs from (an editable install, or the
     repository on sys.path), or None for an installed copy."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     try:
         project = (root / "pyproject.toml").read_text(encoding="utf-8")
     except OSError:

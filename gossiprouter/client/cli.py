@@ -1,6 +1,6 @@
 """Command-line tools built on the RouterStub: ``members``, ``send`` and ``listen``.
 
-They are click commands that ``gossiprouter.cli`` registers under the main
+They are click commands that ``gossiprouter.cli.main`` registers under the main
 ``gossiprouter`` group. Output is for people by default and one JSON value
 (``members``) or one JSON object per line (``send``, ``listen``) with
 ``--json``. A mistake (an unreachable router, a bad argument, a refusal by
@@ -9,7 +9,7 @@ exit status 1 (2 for a bad argument); never a traceback.
 
 HOST:PORT may list several routers separated by commas (IPv6 in brackets). An
 ADDR is text (its UTF-8 bytes) or ``hex:`` followed by hex digits; addresses are
-printed the same way (:mod:`gossiprouter.addresses`), so what ``members`` and
+printed the same way (:mod:`gossiprouter.core.addresses`), so what ``members`` and
 ``listen`` print pastes straight into ``send --to``.
 
 Every command leaves cleanly whatever the outcome (an error, Ctrl-C): it sends
@@ -32,9 +32,6 @@ from typing import Any, Literal, TypeVar
 import click
 import trio
 
-from gossiprouter import addresses
-from gossiprouter.addresses import format_addr, format_hostport
-from gossiprouter.cli_errors import BadInput, CommandError
 from gossiprouter.client.errors import NotConnectedError, RouterError, StubError
 from gossiprouter.client.front import RouterStub
 from gossiprouter.client.model import (
@@ -46,7 +43,17 @@ from gossiprouter.client.model import (
     RouterAddress,
     StubEvent,
 )
-from gossiprouter.topics import TopicError, TopicId, format_topic, parse_topic, pattern, topic_id
+from gossiprouter.core import addresses
+from gossiprouter.core.addresses import format_addr, format_hostport
+from gossiprouter.core.cli_errors import BadInput, CommandError
+from gossiprouter.core.topics import (
+    TopicError,
+    TopicId,
+    format_topic,
+    parse_topic,
+    pattern,
+    topic_id,
+)
 
 __all__ = ["listen_command", "members_command", "publish_command", "send_command"]
 

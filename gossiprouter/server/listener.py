@@ -44,15 +44,15 @@ from typing import Any
 
 import trio
 
-from gossiprouter import snapshot
-from gossiprouter.addresses import format_hostport
-from gossiprouter.bridge import Bridge
-from gossiprouter.config import Config, ConfigError
-from gossiprouter.dispatch import END, READ, Dispatcher, Parked
-from gossiprouter.fastpath import FastPath, status
-from gossiprouter.hooks import ByteStream, NoHooks, ServerHooks, needs_hooks
+from gossiprouter.core.addresses import format_hostport
+from gossiprouter.core.config import Config, ConfigError
+from gossiprouter.core.ratelog import RateLimitedLog
+from gossiprouter.federation.bridge import Bridge
 from gossiprouter.protocol import native as wire
-from gossiprouter.ratelog import RateLimitedLog
+from gossiprouter.server import snapshot
+from gossiprouter.server.dispatch import END, READ, Dispatcher, Parked
+from gossiprouter.server.fastpath import FastPath, status
+from gossiprouter.server.hooks import ByteStream, NoHooks, ServerHooks, needs_hooks
 from gossiprouter.sessions import jgroups2 as _jgroups2
 from gossiprouter.sessions import jgroups5 as _jgroups5
 from gossiprouter.sessions.base import TURN_CONTROLS, Counters, Hub, Session
@@ -297,10 +297,10 @@ class Server:
         # Open connections per client IP (max_connections_per_ip).
         self._per_ip: dict[str, int] = {}
         self._refusals = RateLimitedLog(log, REFUSAL_LOG_INTERVAL)
-        # Reads established plain-TCP connections from one task (gossiprouter.dispatch).
+        # Reads established plain-TCP connections from one task (gossiprouter.server.dispatch).
         self.dispatcher = Dispatcher(RECV_SIZE,
                                      self.hub.batch if config.coalesce_writes else None)
-        # The compiled fast path (gossiprouter.fastpath), when built and not switched off: its
+        # The compiled fast path (server.fastpath), when built and not switched off: its
         # thread reads and writes the plain-TCP connections past their handshake.
         fast, self._fast_status = status(config)
         self.fast = FastPath(self.hub) if fast else None
@@ -317,7 +317,7 @@ class Server:
 
     def view(self) -> snapshot.RouterView:
         """What the hooks may read of this server: the hub, a census of the connections,
-        the bridge (see :mod:`gossiprouter.snapshot`)."""
+        the bridge (see :mod:`gossiprouter.server.snapshot`)."""
         connections = self.connections
 
         async def census() -> snapshot.ConnectionCensus:
@@ -897,7 +897,7 @@ class Server:
 
 
 # What Feeder.feed / Feeder.run ask of the connection's task (besides READ: read the next
-# chunk, and END: the reader is over, from gossiprouter.dispatch). The dispatcher handles
+# chunk, and END: the reader is over, from gossiprouter.server.dispatch). The dispatcher handles
 # READ itself and hands the connection back to its task for everything else (Server._settle).
 YIELD = 2  # the turn's time (TURN) is used: a checkpoint, then Feeder.run
 PAUSE = 3  # the session paused and must wait (Server._pause), then Feeder.run

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from gossiprouter.config import OPTIONS, Config
+from gossiprouter.core.config import OPTIONS, Config
 
 if TYPE_CHECKING:
+    from gossiprouter.server.snapshot import RouterView
     from gossiprouter.sessions.base import Authority
-    from gossiprouter.snapshot import RouterView
 
 # Options served by the hooks (gossiprouter.ops), not by the server itself.
 HOOK_OPTIONS = ("metrics", "admin_token", "tls_cert", "tls_key", "tls_client_ca",
@@ -48,7 +48,7 @@ class ServerHooks(Protocol):
     * :meth:`refused`: the server closed it at accept for a limit of its own;
     * :attr:`auth`: the token authority the native sessions ask (``Hub.auth``);
     * :meth:`serve`: the hooks' own tasks, in the server's nursery, with a read-only
-      :class:`~gossiprouter.snapshot.RouterView` of the server.
+      :class:`~gossiprouter.server.snapshot.RouterView` of the server.
     """
 
     @property

@@ -8,7 +8,7 @@ ops reads is this module's, not the server's or the table's internals, which may
 Items that change during a walk are counted as found.
 
 :class:`RouterView` is what the server hands its hooks when it starts them
-(:meth:`gossiprouter.hooks.ServerHooks.serve`): the hub (counters, table statistics,
+(:meth:`gossiprouter.server.hooks.ServerHooks.serve`): the hub (counters, table statistics,
 config), a census of the connections, and the federation bridge.
 """
 
@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from gossiprouter.routing import Kind, RemoteCarrier, RoutingTable
+from gossiprouter.routing.table import Kind, RemoteCarrier, RoutingTable
 
 if TYPE_CHECKING:
-    from gossiprouter.bridge import Bridge
-    from gossiprouter.server import Connection
+    from gossiprouter.federation.bridge import Bridge
+    from gossiprouter.server.listener import Connection
     from gossiprouter.sessions.base import Hub
 
 # Items (connections, groups, members) looked at between two checkpoints of a walk.

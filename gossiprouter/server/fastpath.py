@@ -1,9 +1,9 @@
-"""The compiled fast path's Python half: the relay thread (gossiprouter._relay) in the server.
+"""The compiled fast path's Python half: the relay thread (server._relay) in the server.
 
 Under light load a message is one wake-up, and the pure-Python dispatcher
-(gossiprouter.dispatch) pays trio's wake-up and the interpreter for each; the kernel's share
+(gossiprouter.server.dispatch) pays trio's wake-up and the interpreter for each; the kernel's share
 is about half (docs/performance.md, "Light load"). With the fast path an OS thread written in
-C (``gossiprouter/_relay.c``, built by ``scripts/setup``) does the wait, the read and the send
+C (``server/_relay.c``, built by ``scripts/setup``) does the wait, the read and the send
 of routed frames for plain-TCP connections of all three protocols, without the GIL. Python
 keeps every decision:
 
@@ -11,7 +11,7 @@ keeps every decision:
   connections. The thread reads them; a frame whose header Python has learned (below) it
   relays itself; anything else (control frames, a header not learned yet, an oversized or cut
   frame) ends its reading of that connection and comes back here as an *upcall*, which the
-  dispatcher task hands to the connection's :class:`~gossiprouter.server.Feeder` exactly as
+  dispatcher task hands to the connection's :class:`~gossiprouter.server.listener.Feeder` exactly as
   the pure-Python dispatcher would; then the thread reads on. So a connection's frames are
   handled in order, and every waiting, budget, pause and error rule is the Feeder's as before.
   A cut frame the session kept at the end of an upcall is handed back to the thread
@@ -67,11 +67,11 @@ from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
-from gossiprouter.config import Config, ConfigError
-from gossiprouter.dispatch import END, READ, Feed, Parked, current_task, wait_in
+from gossiprouter.core.config import Config, ConfigError
+from gossiprouter.server.dispatch import END, READ, Feed, Parked, current_task, wait_in
 
 if TYPE_CHECKING:
-    from gossiprouter.routing import Carrier
+    from gossiprouter.routing.table import Carrier
     from gossiprouter.sessions.base import Counters, Hub, Session
 
 ENV = "GOSSIPROUTER_FAST_PATH"
@@ -95,10 +95,10 @@ def _load() -> tuple[ModuleType | None, str]:
     path = os.environ.get(RELAY_SO, "")
     if not path:
         try:
-            return importlib.import_module("gossiprouter._relay"), ""
+            return importlib.import_module("gossiprouter.server._relay"), ""
         except ImportError:
             return None, ""
-    spec = importlib.util.spec_from_file_location("gossiprouter._relay", path)
+    spec = importlib.util.spec_from_file_location("gossiprouter.server._relay", path)
     if spec is None or spec.loader is None:
         return None, f"{RELAY_SO}={path}: not an extension module"
     try:
@@ -106,7 +106,7 @@ def _load() -> tuple[ModuleType | None, str]:
         spec.loader.exec_module(mod)
     except ImportError as e:  # a missing file, or a sanitizer's runtime not preloaded
         return None, f"{RELAY_SO}={path}: {e}"
-    sys.modules["gossiprouter._relay"] = mod
+    sys.modules["gossiprouter.server._relay"] = mod
     return mod, ""
 
 
@@ -157,9 +157,9 @@ def status(config: Config) -> tuple[bool, str]:
     if _relay is None:
         if mode == "on":
             raise ConfigError(
-                f"fast_path on: the compiled extension gossiprouter._relay is not built "
+                f"fast_path on: the compiled extension gossiprouter.server._relay is not built "
                 f"({BUILD_HINT}; or set fast-path auto to run without it)")
-        return False, f"off (gossiprouter._relay is not built: {BUILD_HINT})"
+        return False, f"off (gossiprouter.server._relay is not built: {BUILD_HINT})"
     return True, "on (compiled relay thread)"
 
 
@@ -436,7 +436,7 @@ class FastPath:
 
     async def serve(self, session: Session, feeder: F,
                     settle: Callable[[F, int], Awaitable[bool]]) -> None:
-        """Like :meth:`gossiprouter.dispatch.Dispatcher.serve`, with the thread reading."""
+        """Like :meth:`gossiprouter.server.dispatch.Dispatcher.serve`, with the thread reading."""
         if not self._running:
             raise RuntimeError("the fast path's task is not running")
         cid = session.fast_id

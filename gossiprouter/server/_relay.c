@@ -1,9 +1,9 @@
 /*
- * gossiprouter._relay: the optional compiled fast path (issue 16, docs/performance.md).
+ * gossiprouter.server._relay: the optional compiled fast path (issue 16, docs/performance.md).
  *
  * A Relay is one OS thread that owns an epoll and relays, without the GIL, the routed frames
  * of connections whose routing decision Python has already made once. It is the pure-Python
- * dispatcher (gossiprouter/dispatch.py) with the wait, the read, the frame cutting and the
+ * dispatcher (gossiprouter/server/dispatch.py) with the wait, the read, the frame cutting and the
  * send moved out of the interpreter; every decision stays Python's:
  *
  *   - Reading. A connection Python hands over (``read``) is read by the thread. A chunk is cut
@@ -1573,7 +1573,7 @@ static PyMethodDef Relay_methods[] = {
 };
 
 static PyTypeObject RelayType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gossiprouter._relay.Relay",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gossiprouter.server._relay.Relay",
     .tp_basicsize = sizeof(Relay),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "The compiled fast path: a relay thread (see the module's source).",
@@ -1584,7 +1584,7 @@ static PyTypeObject RelayType = {
 };
 
 static struct PyModuleDef relaymodule = {
-    PyModuleDef_HEAD_INIT, "gossiprouter._relay",
+    PyModuleDef_HEAD_INIT, "gossiprouter.server._relay",
     "The optional compiled fast path of gossiprouter (docs/performance.md, Light load).", -1,
     NULL,
 };

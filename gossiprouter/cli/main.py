@@ -19,18 +19,19 @@ from typing import Any
 import click
 import trio
 
-from gossiprouter import __version__, fastpath
-from gossiprouter.addresses import format_hostport
+from gossiprouter import __version__
 from gossiprouter.analytics.cli import analyze_command
-from gossiprouter.cli_errors import PREFIX, BadInput, CommandError, needs_extra
-from gossiprouter.config import OPTIONS, ConfigError, Option, build, check
+from gossiprouter.client.cli import listen_command, members_command, publish_command, send_command
+from gossiprouter.core.addresses import format_hostport
+from gossiprouter.core.cli_errors import PREFIX, BadInput, CommandError, needs_extra
+from gossiprouter.core.config import OPTIONS, ConfigError, Option, build, check
 from gossiprouter.loadtest.cli import loadtest_command
 from gossiprouter.loadtest.topics import loadtest_topics_command
 from gossiprouter.ops.dump import dump
 from gossiprouter.ops.logs import use_format as use_log_format
 from gossiprouter.ops.runtime import Operations, check_startup, reload_on_sighup
-from gossiprouter.server import ListenError, Server
-from gossiprouter.tools import listen_command, members_command, publish_command, send_command
+from gossiprouter.server import fastpath
+from gossiprouter.server.listener import ListenError, Server
 
 log = logging.getLogger("gossiprouter")
 
@@ -81,7 +82,7 @@ def _list_value(o: Option) -> Any:
 
 
 def router_options(f: Any) -> Any:
-    """Add one click option per router option in :data:`gossiprouter.config.OPTIONS`."""
+    """Add one click option per router option in :data:`gossiprouter.core.config.OPTIONS`."""
     for o in reversed(OPTIONS):
         if o.type is bool:
             name = o.name.replace("_", "-")

@@ -21,7 +21,7 @@ and the scheduler's bookkeeping. Here instead:
   system call per receiver. A round with one ready connection sends as it routes.
 
 What a received chunk does to its session is not decided here: the dispatcher hands every
-chunk to the connection's ``Feeder`` (gossiprouter.server), the same object the connection's
+chunk to the connection's ``Feeder`` (server.listener), the same object the connection's
 own reader task uses, which counts it, slices it, flushes the session's replies to itself,
 honours the session's pause and control budget, contains its exceptions and checks the
 handshake deadline. The Feeder never waits; when a wait is due (a spent turn or budget,
@@ -46,13 +46,13 @@ import trio
 MAX_EVENTS = 1024
 
 # Steps returned by Feed.feed: READ, the chunk is done (read the next one); END, the reader is
-# over. Any other step is a wait the connection's task does (gossiprouter.server.Feeder).
+# over. Any other step is a wait the connection's task does (gossiprouter.server.listener.Feeder).
 READ = 0
 END = 1
 
 
 class Feed(Protocol):
-    """What the dispatcher needs of a connection (gossiprouter.server.Feeder)."""
+    """What the dispatcher needs of a connection (gossiprouter.server.listener.Feeder)."""
 
     @property
     def closed(self) -> bool: ...

@@ -36,7 +36,7 @@ delivers it to its own subscribers. What the bridge does, in order:
   exponential backoff (0.5 s doubling up to ``bridge_reconnect_max``) and
   re-subscribes the whole union on every new connection (clean start).
 
-* **Membership and routing** (:mod:`gossiprouter.federation` holds the state): under
+* **Membership and routing** (:mod:`gossiprouter.federation.state` holds the state): under
   ``{prefix}/%fed/`` (a level the topic mapping never produces), a retained presence per
   router whose Last Will deletes it, a retained record per router and group, a route topic
   per router for forwarded frames, and a sync marker per router that ends the resync after
@@ -65,12 +65,12 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from gossiprouter.cli_errors import needs_extra
-from gossiprouter.config import Config, ConfigError, parse_bridge_url
-from gossiprouter.federation import PRESENCE_TTL, RECORD_TTL, Federation
+from gossiprouter.core.cli_errors import needs_extra
+from gossiprouter.core.config import Config, ConfigError, parse_bridge_url
+from gossiprouter.core.ratelog import RateLimitedLog
+from gossiprouter.core.topics import ANY, TopicError, TopicId, topic_id
+from gossiprouter.federation.state import PRESENCE_TTL, RECORD_TTL, Federation
 from gossiprouter.protocol import native as wire
-from gossiprouter.ratelog import RateLimitedLog
-from gossiprouter.topics import ANY, TopicError, TopicId, topic_id
 
 if TYPE_CHECKING:
     from paho.mqtt.client import Client, ConnectFlags, DisconnectFlags, MQTTMessage
@@ -79,7 +79,7 @@ if TYPE_CHECKING:
 
     from gossiprouter.sessions.base import Hub
 
-log = logging.getLogger("gossiprouter.bridge")
+log = logging.getLogger("gossiprouter.federation.bridge")
 
 ORIGIN_PROPERTY = "gossiprouter-origin"
 SENDER_PROPERTY = "gossiprouter-sender"
