@@ -302,3 +302,114 @@ def test_the_checker_sees_a_forbidden_import(
     else:
         [(key, why)] = found.items()
         assert key[0] == importer and rule in why, (key, why)
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Every module of ``gossiprouter`` -> the modules of ``gossiprouter`` it imports, every
+    import counted (``TYPE_CHECKING`` ones and those inside functions included)."""
+    graph: dict[str, set[str]] = {}
+    for f in _files(root):
+        me = module_name(f, root)
+        graph[me] = {m for m in imports(f, root)[0] if m != me}
+    return graph
+
+
+def import_cycles(root: Path = ROOT) -> list[list[str]]:
+    """The import circles: each strongly connected component of :func:`import_graph` with more
+    than one module, sorted (Tarjan's algorithm, iterative)."""
+    graph = import_graph(root)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work: list[tuple[str, list[str]]] = [(start, sorted(graph[start]))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, todo = work[-1]
+            if todo:
+                nxt = todo.pop()
+                if nxt not in graph:
+                    continue  # a package's __init__ that is not a file of its own
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, sorted(graph[nxt])))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component: list[str] = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    component.append(top)
+                    if top == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def test_no_import_cycles() -> None:
+    """No circle in the import graph of gossiprouter, TYPE_CHECKING imports included: break one
+    by moving the shared type down a layer, or by passing a callable up (docs/architecture.md,
+    "Dependency rules"), not by hiding the import."""
+    cycles = import_cycles()
+    assert not cycles, "import circles:\n" + "\n".join(
+        "  " + " <-> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize(("files", "cycles"), [
+    ({"a": "from gossiprouter.pkg import b\n", "b": "x = 1\n"}, []),
+    ({"a": "from gossiprouter.pkg.b import X\n", "b": "from gossiprouter.pkg.a import Y\n"},
+     [["gossiprouter.pkg.a", "gossiprouter.pkg.b"]]),
+    # Only for the type checker, and inside a function: still circles for the reader.
+    ({"a": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+           "    from gossiprouter.pkg.b import X\n",
+      "b": "def f():\n    from gossiprouter.pkg import c\n",
+      "c": "from gossiprouter.pkg import a\n"},
+     [["gossiprouter.pkg.a", "gossiprouter.pkg.b", "gossiprouter.pkg.c"]]),
+])
+def test_the_checker_sees_a_cycle(tmp_path: Path, files: dict[str, str],
+                                  cycles: list[list[str]]) -> None:
+    pkg = tmp_path / "gossiprouter" / "pkg"
+    pkg.mkdir(parents=True)
+    (tmp_path / "gossiprouter" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    for name, source in files.items():
+        (pkg / f"{name}.py").write_text(source)
+    assert import_cycles(tmp_path) == cycles
+
+
+MAX_PY_LINES = 600  # a module past this does two jobs: split it by job (issue 28)
+MAX_C_LINES = 700
+MAX_LOOSE_FILES = 6  # at the package's top level; everything else lives in its layer's folder
+
+
+def test_no_module_is_too_long() -> None:
+    long = {str(f.relative_to(ROOT)): n for f in _files()
+            if (n := len(f.read_text().splitlines())) > MAX_PY_LINES}
+    long |= {str(f.relative_to(ROOT)): n for f in sorted((ROOT / "gossiprouter").rglob("*.[ch]"))
+             if (n := len(f.read_text().splitlines())) > MAX_C_LINES}
+    assert not long, f"over {MAX_PY_LINES} lines (.py) or {MAX_C_LINES} (.c/.h): {long}"
+
+
+def test_the_top_level_holds_only_the_front() -> None:
+    loose = sorted(p.name for p in (ROOT / "gossiprouter").iterdir()
+                   if p.is_file() and not p.name.endswith(".so"))
+    assert len(loose) <= MAX_LOOSE_FILES, loose
+    folders = {p.name for p in (ROOT / "gossiprouter").iterdir()
+               if p.is_dir() and (p / "__init__.py").is_file()}
+    mapped = {name.split(".")[1] for name in LAYERS if name.count(".") == 1}
+    assert folders <= mapped, f"folders with no layer in LAYERS: {sorted(folders - mapped)}"
