@@ -17,7 +17,9 @@ import click
 import trio
 
 from gossiprouter.core.cli_errors import fail, needs_extra
-from gossiprouter.loadtest.scenario import Scenario, ScenarioError, load_scenario
+from gossiprouter.loadtest.scenario import Scenario
+from gossiprouter.loadtest.scenario_checks import ScenarioError
+from gossiprouter.loadtest.scenario_file import load_scenario
 
 if TYPE_CHECKING:
     from gossiprouter.loadtest.driver import RunResult

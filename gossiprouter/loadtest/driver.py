@@ -56,9 +56,9 @@ from typing import Any, Final
 import trio
 
 from gossiprouter.core.addresses import parse_hostport
-from gossiprouter.loadtest.attacks import AttackRunner
+from gossiprouter.loadtest.attacks.runner import AttackRunner
 from gossiprouter.loadtest.errors import LoadTestError, RunInputError, first_error
-from gossiprouter.loadtest.peer import trio_time_at
+from gossiprouter.loadtest.pacing import trio_time_at
 from gossiprouter.loadtest.processes import (
     CLEANUP_WAIT,
     HOST,

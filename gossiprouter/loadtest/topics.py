@@ -64,7 +64,8 @@ from gossiprouter.loadtest.resources import (
     own_usage,
     scrape_router,
 )
-from gossiprouter.loadtest.scenario import ScenarioError, parse_thresholds
+from gossiprouter.loadtest.scenario_checks import ScenarioError
+from gossiprouter.loadtest.scenario_file import parse_thresholds
 from gossiprouter.stub import Channel, Publication, RouterStub
 
 GROUP = "topics-load"
