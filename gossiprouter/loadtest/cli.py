@@ -72,7 +72,8 @@ def loadtest_command(scenario_file: Path, router: str | None, spawn_router: bool
       gossiprouter loadtest my.toml --router 127.0.0.1:12001 --out runs/my-1 --no-progress
       gossiprouter loadtest scripts/scenarios/topics.toml
     """
-    from gossiprouter.loadtest.topics import is_topics_scenario, run_topics_command
+    from gossiprouter.loadtest.topics import run_topics_command
+    from gossiprouter.loadtest.topics_scenario import is_topics_scenario
 
     if is_topics_scenario(scenario_file):
         if router is not None:
