@@ -77,6 +77,7 @@ from gossiprouter.loadtest.records import (
     MEMBERSHIP_FILE,
     RECORDS_DIR,
     MembershipWriter,
+    write_manifest,
 )
 from gossiprouter.loadtest.resources import (
     ResourceSampler,
@@ -160,12 +161,6 @@ def _n(count: int, noun: str) -> str:
     if count == 1:
         return f"1 {noun}"
     return f"{count:,} {noun}{'es' if noun.endswith('s') else 's'}"
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------- the run
@@ -304,7 +299,7 @@ class _Run:
         return title, [p.view() for p in self.peers]
 
     def write_manifest(self) -> None:
-        _write_json(self.run_dir / MANIFEST_FILE, self.manifest)
+        write_manifest(self.run_dir, self.manifest)
 
     # -- phases --------------------------------------------------------------------------
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import random
 import shutil
 import tempfile
@@ -221,12 +220,6 @@ def _manifest(sc: TopicsScenario, source: Path | None, run: str, status: str,
             "status": status, **extra}
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
-
-
 def write_run(out: Path, sc: TopicsScenario, rec: Recorded, run: str) -> None:
     """The run's records as Parquet under ``out`` (layout in
     :mod:`gossiprouter.loadtest.topic_records`)."""
@@ -285,13 +278,12 @@ async def run_topics(sc: TopicsScenario, echo: Any = print, out: Path | None = N
     if out is None:
         return audit_recorded(await _run(sc, echo))
     # Imported here: pyarrow is the loadtest extra's, and the main CLI imports this module.
-    from gossiprouter.loadtest.records import MANIFEST_FILE
+    from gossiprouter.loadtest.records import write_manifest
 
     run = f"{sc.name}-{time.strftime('%Y%m%dT%H%M%S')}-{random.randrange(16**6):06x}"
     started = _now_iso()
     out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / MANIFEST_FILE, _manifest(sc, source, run, "running",
-                                               started_at=started))
+    write_manifest(out, _manifest(sc, source, run, "running", started_at=started))
     status = "failed"
     try:
         rec = await _run(sc, echo)
@@ -301,12 +293,11 @@ async def run_topics(sc: TopicsScenario, echo: Any = print, out: Path | None = N
         raise
     finally:
         if status != "ok":
-            _write_json(out / MANIFEST_FILE, _manifest(sc, source, run, status,
-                                                       started_at=started,
-                                                       finished_at=_now_iso()))
+            write_manifest(out, _manifest(sc, source, run, status, started_at=started,
+                                          finished_at=_now_iso()))
     rep = audit_recorded(rec)
     write_run(out, sc, rec, run)
-    _write_json(out / MANIFEST_FILE, _manifest(
+    write_manifest(out, _manifest(
         sc, source, run, status, started_at=started, finished_at=_now_iso(),
         t0_ns=_ns(rec.t0), in_process_audit=rep.rows, resources=rec.resources, **host_facts(),
         counters={"publishers": {"sent": len(rec.sent), **rec.pacing.counters()}}))
