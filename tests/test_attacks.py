@@ -1,4 +1,4 @@
-"""Load-test attackers (gossiprouter/loadtest/attacks.py) and scripts/scenarios/hostile.toml:
+"""Load-test attackers (gossiprouter/loadtest/attacks/) and scripts/scenarios/hostile.toml:
 the ``[[attacks]]`` format, each attack against a real router, and the hostile scenario run
 end to end with the honest members' deliveries counted from the raw records."""
 
@@ -15,17 +15,14 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from gossiprouter.loadtest.attacks import (
-    KINDS,
-    AttackRunner,
-    HugeNames,
-    block_sigterm,
-    parse_attacks,
-    run_attacks,
-)
-from gossiprouter.loadtest.attacks import command as attacks_command
+from gossiprouter.loadtest.attacks.huge_names import HugeNames
+from gossiprouter.loadtest.attacks.process import run_attacks
+from gossiprouter.loadtest.attacks.runner import AttackRunner, block_sigterm
+from gossiprouter.loadtest.attacks.runner import command as attacks_command
+from gossiprouter.loadtest.attacks.spec import KINDS, parse_attacks
 from gossiprouter.loadtest.driver import run_loadtest
-from gossiprouter.loadtest.scenario import ScenarioError, load_scenario, parse_scenario
+from gossiprouter.loadtest.scenario_checks import ScenarioError
+from gossiprouter.loadtest.scenario_file import load_scenario, parse_scenario
 from gossiprouter.protocol import jgroups2 as j2
 from tests.procs import RouterProcess, free_port
 

@@ -206,7 +206,7 @@ def test_toml_and_json_blocks_load(block: Block, tmp_path: Path) -> None:
     path = tmp_path / "snippet.toml"
     path.write_text(block.body, encoding="utf-8")
     if block.file.name == "loadtest.md":
-        from gossiprouter.loadtest.scenario import load_scenario
+        from gossiprouter.loadtest.scenario_file import load_scenario
 
         load_scenario(path)
     elif "[[token]]" in block.body:

@@ -33,13 +33,9 @@ from gossiprouter.loadtest.driver import RunInputError, RunResult, run_loadtest
 from gossiprouter.loadtest.pacing import Pacer, PaceStats
 from gossiprouter.loadtest.peer import HEADER, decode_header, encode_payload
 from gossiprouter.loadtest.resources import ResourceSampler, metrics_option
-from gossiprouter.loadtest.scenario import (
-    MIN_PAYLOAD,
-    Scenario,
-    ScenarioError,
-    load_scenario,
-    parse_scenario,
-)
+from gossiprouter.loadtest.scenario import MIN_PAYLOAD, Scenario
+from gossiprouter.loadtest.scenario_checks import ScenarioError
+from gossiprouter.loadtest.scenario_file import load_scenario, parse_scenario
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -6,14 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from gossiprouter.loadtest.topics import (
-    Sent,
-    Subscriber,
+from gossiprouter.loadtest.topics import Sent, Subscriber, audit, run_topics
+from gossiprouter.loadtest.topics_scenario import (
     TopicsScenarioError,
-    audit,
     is_topics_scenario,
     load_topics_scenario,
-    run_topics,
 )
 from tests.conftest import TopicsScenario
 

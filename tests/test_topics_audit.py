@@ -28,7 +28,8 @@ from gossiprouter.loadtest.topic_records import (
     SUBSCRIPTIONS_FILE,
     write_topic_table,
 )
-from gossiprouter.loadtest.topics import load_topics_scenario, run_topics
+from gossiprouter.loadtest.topics import run_topics
+from gossiprouter.loadtest.topics_scenario import load_topics_scenario
 from tests.chromium import Browser, find_chromium
 from tests.conftest import TopicsScenario
 

@@ -17,7 +17,9 @@ import click
 import trio
 
 from gossiprouter.core.cli_errors import fail, needs_extra
-from gossiprouter.loadtest.scenario import Scenario, ScenarioError, load_scenario
+from gossiprouter.loadtest.scenario import Scenario
+from gossiprouter.loadtest.scenario_checks import ScenarioError
+from gossiprouter.loadtest.scenario_file import load_scenario
 
 if TYPE_CHECKING:
     from gossiprouter.loadtest.driver import RunResult
@@ -70,7 +72,8 @@ def loadtest_command(scenario_file: Path, router: str | None, spawn_router: bool
       gossiprouter loadtest my.toml --router 127.0.0.1:12001 --out runs/my-1 --no-progress
       gossiprouter loadtest scripts/scenarios/topics.toml
     """
-    from gossiprouter.loadtest.topics import is_topics_scenario, run_topics_command
+    from gossiprouter.loadtest.topics import run_topics_command
+    from gossiprouter.loadtest.topics_scenario import is_topics_scenario
 
     if is_topics_scenario(scenario_file):
         if router is not None:

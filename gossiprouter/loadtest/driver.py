@@ -33,7 +33,8 @@ All along it shows live progress, collecting each peer's counters from its perio
 :class:`LoadTestError` with a one-line message; on any exit, Ctrl-C included, every child
 process is stopped (SIGTERM, then SIGKILL after a bounded wait). Every wait is bounded.
 
-This module is the player (the steps above). The display is
+This module is the player (the steps above). The timed events of step 4 are
+:mod:`gossiprouter.loadtest.events`, the display is
 :mod:`gossiprouter.loadtest.progress`, the child processes and their supervision are
 :mod:`gossiprouter.loadtest.processes`, the errors :mod:`gossiprouter.loadtest.errors`; the
 names it has always exported (``LoadTestError``, ``RunInputError``, ``Progress``) still
@@ -56,9 +57,10 @@ from typing import Any, Final
 import trio
 
 from gossiprouter.core.addresses import parse_hostport
-from gossiprouter.loadtest.attacks import AttackRunner
+from gossiprouter.loadtest.attacks.runner import AttackRunner
 from gossiprouter.loadtest.errors import LoadTestError, RunInputError, first_error
-from gossiprouter.loadtest.peer import trio_time_at
+from gossiprouter.loadtest.events import EventPlayer
+from gossiprouter.loadtest.pacing import trio_time_at
 from gossiprouter.loadtest.processes import (
     CLEANUP_WAIT,
     HOST,
@@ -75,6 +77,7 @@ from gossiprouter.loadtest.records import (
     MEMBERSHIP_FILE,
     RECORDS_DIR,
     MembershipWriter,
+    write_manifest,
 )
 from gossiprouter.loadtest.resources import (
     ResourceSampler,
@@ -83,8 +86,7 @@ from gossiprouter.loadtest.resources import (
     metrics_option,
     scrape_router,
 )
-from gossiprouter.loadtest.scenario import Event, Scenario
-from gossiprouter.stub import RouterStub, StubError
+from gossiprouter.loadtest.scenario import Scenario
 
 __all__ = [
     "LoadTestError",
@@ -97,15 +99,9 @@ __all__ = [
 
 PEER_READY_TIMEOUT: Final = 60.0  # plus a little per member, see _ready_timeout
 START_LEAD_S: Final = 0.3  # t0 is this far ahead of the start command: all get it in time
-FREEZE_TIMEOUT: Final = 5.0
-KILL_WAIT: Final = 5.0
 FINISH_GRACE: Final = 30.0  # after the drain, for the peers to flush, report and leave
 STATS_INTERVAL: Final = 0.5
 LOGS_DIR: Final = "logs"
-# After a router restart: how long to watch for every member to be registered again, and
-# how often to ask. Bounded so that a stub that never comes back cannot stall the run.
-REREGISTER_TIMEOUT: Final = 30.0
-REREGISTER_POLL: Final = 0.05
 
 
 # --------------------------------------------------------------------------- results
@@ -165,12 +161,6 @@ def _n(count: int, noun: str) -> str:
     if count == 1:
         return f"1 {noun}"
     return f"{count:,} {noun}{'es' if noun.endswith('s') else 's'}"
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------- the run
@@ -274,9 +264,14 @@ class _Run:
             "started_at": self.started_at.isoformat(timespec="seconds"),
             "status": "running",
             # The events as played, with times on the run's monotonic clock (t_ns); see
-            # _play. Written with the rest of the manifest when the run ends.
+            # EventPlayer. Written with the rest of the manifest when the run ends.
             "events": [],
         }
+        self.events = EventPlayer(scenario, self.peers, self.spawned, self.addresses,
+                                  federated=self.federation is not None,
+                                  membership=self.membership, progress=progress,
+                                  played=self.manifest["events"], warnings=self.warnings,
+                                  killed=self.killed)
 
     # -- bookkeeping ---------------------------------------------------------------------
 
@@ -304,7 +299,7 @@ class _Run:
         return title, [p.view() for p in self.peers]
 
     def write_manifest(self) -> None:
-        _write_json(self.run_dir / MANIFEST_FILE, self.manifest)
+        write_manifest(self.run_dir, self.manifest)
 
     # -- phases --------------------------------------------------------------------------
 
@@ -409,7 +404,7 @@ class _Run:
         while self.pending_events:
             ev = self.pending_events[0]
             await trio.sleep_until(trio_time_at(self.t0_ns + round(ev.at * 1e9)))
-            await self._play(nursery, ev)
+            await self.events.play(nursery, ev)
             self.pending_events.pop(0)
             self.membership.flush()
 
@@ -452,108 +447,6 @@ class _Run:
                         taken[p.name] = (at - self.t0_ns) / 1e9
             self.sampler.add((time.monotonic_ns() - self.t0_ns) / 1e9, procs, taken)
             await trio.sleep(self.sampler.interval_s)
-
-    async def _play(self, nursery: trio.Nursery, ev: Event) -> None:
-        say = self.progress.log
-        played: dict[str, Any] = {"at": ev.at, "action": ev.action, "what": ev.describe(),
-                                  "t_ns": time.monotonic_ns()}
-        self.manifest["events"].append(played)
-        if ev.action in ("leave", "join"):
-            assert ev.member is not None
-            member = self.s.member(ev.member)
-            peer = self.peers[member.proc]
-            reply = await peer.request({"cmd": ev.action, "member": ev.member},
-                                       timeout=self.s.stub.send_timeout + 10)
-            if reply is None or not reply.get("ok"):
-                why = "no reply" if reply is None else reply.get("error")
-                self.warnings.append(f"event at {ev.at:g} s ({ev.describe()}) failed: {why}")
-                say(f"{ev.describe()}: FAILED ({why})")
-            else:
-                say(f"{ev.describe()} (process {member.proc})")
-        elif ev.action == "kill":
-            assert ev.process is not None
-            await self._kill(self.peers[ev.process])
-        else:
-            router = self.spawned[ev.router]
-            if self.federation is not None:
-                # Its outage cuts only the pairs with an end on it (the audit reads these).
-                played["router"] = ev.router
-                played["members"] = [m.name for m in self.s.members if m.router == ev.router]
-            sig = signal.SIGKILL if ev.signal == "KILL" else signal.SIGTERM
-            say(f"{ev.describe()}: stopping")
-            await router.restart(nursery, sig, ev.down)
-            played["up_ns"] = time.monotonic_ns()
-            say("router restarted")
-            # Watched in the background: the next event must not wait for the stubs.
-            played["registered_ns"] = None
-            nursery.start_soon(self._watch_reregistration, played)
-
-    def _registered_now(self) -> dict[str, int]:
-        """Members per group that should be registered now (joined, in a live process)."""
-        counts: dict[str, int] = {}
-        for p in self.peers:
-            if p.proc_no not in self.killed:
-                for group in p.joined.values():
-                    counts[group] = counts.get(group, 0) + 1
-        return counts
-
-    async def _watch_reregistration(self, played: dict[str, Any]) -> None:
-        """Record in ``played`` when every member is registered with the router again.
-
-        The audit counts a delivery lost between the router going down and this moment as
-        lost across a reconnect; without it, it could only guess how long the stubs took.
-        """
-        deadline = trio.current_time() + REREGISTER_TIMEOUT
-        with trio.move_on_at(deadline):
-            # The restarted router: with a federation its answer includes the other
-            # routers' members too, so this also waits for its membership to be resynced.
-            address = self.addresses[int(played.get("router", 0))]
-            async with RouterStub([address], connect_timeout=1.0, request_timeout=1.0,
-                                  send_timeout=1.0, reconnect_initial=REREGISTER_POLL,
-                                  reconnect_max=0.5) as stub:
-                while True:
-                    want = self._registered_now()
-                    try:
-                        have = {g: len(await stub.members(g)) for g in want}
-                    except StubError:
-                        have = {}
-                    if all(have.get(g, 0) >= n for g, n in want.items()):
-                        played["registered_ns"] = time.monotonic_ns()
-                        self.progress.log(
-                            "every member registered again "
-                            f"{(played['registered_ns'] - played['up_ns']) / 1e9:.2f} s after "
-                            "the restart")
-                        return
-                    await trio.sleep(REREGISTER_POLL)
-        self.warnings.append(f"after the router restart at {played['at']:g} s not every member "
-                             f"was registered again within {REREGISTER_TIMEOUT:g} s")
-
-    async def _kill(self, peer: PeerProcess) -> None:
-        say = self.progress.log
-        # Freeze first: the peer stops recording and sending and writes every row it has, so
-        # the SIGKILL below loses nothing and the audit can be exact.
-        reply = await peer.request({"cmd": "freeze"}, timeout=FREEZE_TIMEOUT)
-        if reply is None:
-            self.warnings.append(f"process {peer.proc_no} did not confirm the freeze within "
-                                 f"{FREEZE_TIMEOUT:g} s; killed anyway (rows it had not "
-                                 "flushed are lost)")
-        # Taken after the freeze and before the signal: no record of the process is later.
-        t = time.monotonic_ns()
-        for member, group in sorted(peer.joined.items()):
-            self.membership.killed(group, member, t)
-        self.membership.flush()
-        peer.expected_exit = True
-        peer.state = "killed"
-        peer.rates = (0.0, 0.0)
-        members = len(peer.joined)
-        peer.joined.clear()
-        self.killed.append(peer.proc_no)
-        assert peer.process is not None
-        peer.process.kill()  # SIGKILL: the router sees the connections drop, no DISCONNECT
-        if not await wait_exit(peer.process, KILL_WAIT):
-            raise LoadTestError(f"peer process {peer.proc_no} survived SIGKILL for "
-                                f"{KILL_WAIT:g} s")
-        say(f"killed process {peer.proc_no} ({members} members)")
 
     async def _cleanup(self) -> None:
         """Stop every child still running: SIGTERM (peers flush and exit), then SIGKILL."""

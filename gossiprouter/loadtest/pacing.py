@@ -11,17 +11,20 @@ The report sets ``sent`` against the slots (target against achieved) and shows t
 late and skipped ones.
 
 One home for the ROUTE load test's peers (:mod:`gossiprouter.loadtest.peer`) and the
-topics load test's publishers (:mod:`gossiprouter.loadtest.topics`).
+topics load test's publishers (:mod:`gossiprouter.loadtest.topics`). The ROUTE load test's
+processes (driver, peers, attackers) share one schedule on the ``time.monotonic_ns`` clock;
+:func:`trio_time_at` turns a moment of it into a deadline on each one's trio clock.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Final
 
 import trio
 
-__all__ = ["MAX_BEHIND_S", "PaceStats", "Pacer"]
+__all__ = ["MAX_BEHIND_S", "PaceStats", "Pacer", "trio_time_at"]
 
 MAX_BEHIND_S: Final = 1.0
 """Behind by more than this, the missed slots are skipped (counted), not sent in a burst."""
@@ -82,3 +85,9 @@ class Pacer:
                 st.late += 1
         st.slots += 1
         self.next_t += interval
+
+
+def trio_time_at(mono_ns: int) -> float:
+    """The trio clock's reading at the moment ``time.monotonic_ns()`` reads ``mono_ns``
+    (trio's clock has its own random offset)."""
+    return trio.current_time() + (mono_ns - time.monotonic_ns()) / 1e9

@@ -55,10 +55,11 @@ from typing import Any, Final, NoReturn
 
 import trio
 
-from gossiprouter.loadtest.pacing import Pacer, PaceStats
+from gossiprouter.loadtest.pacing import Pacer, PaceStats, trio_time_at
 from gossiprouter.loadtest.records import RecordWriter
 from gossiprouter.loadtest.resources import own_usage
-from gossiprouter.loadtest.scenario import MemberSpec, Scenario, SendPattern, parse_scenario
+from gossiprouter.loadtest.scenario import MemberSpec, Scenario, SendPattern
+from gossiprouter.loadtest.scenario_file import parse_scenario
 from gossiprouter.stub import Channel, ChannelClosedError, RouterStub, StubError
 
 __all__ = ["HEADER", "PAYLOAD_MAGIC", "decode_header", "encode_payload", "main"]
@@ -127,12 +128,6 @@ def warm_up_parquet(directory: Path) -> None:
         pq.write_table(pa.Table.from_pydict(row, schema=RECORD_SCHEMA), path)
     finally:
         path.unlink(missing_ok=True)
-
-
-def trio_time_at(mono_ns: int) -> float:
-    """The trio clock's reading at the moment ``time.monotonic_ns()`` reads ``mono_ns``
-    (trio's clock has its own random offset)."""
-    return trio.current_time() + (mono_ns - time.monotonic_ns()) / 1e9
 
 
 class PeerFailure(Exception):

@@ -72,13 +72,14 @@ Layout of a run directory
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Final, Literal, Self
+from typing import Any, Final, Literal, Self
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -93,6 +94,7 @@ __all__ = [
     "MembershipWriter",
     "RecordWriter",
     "make_msg_id",
+    "write_manifest",
     "write_records_table",
     "write_table",
 ]
@@ -166,6 +168,16 @@ def write_table(directory: str | os.PathLike[str], name: str, table: pa.Table) -
     path = Path(directory) / name
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_atomically(table, path)
+    return path
+
+
+def write_manifest(run_dir: str | os.PathLike[str], manifest: dict[str, Any]) -> Path:
+    """Write ``RUN_DIR/manifest.json`` whole, atomically (under a hidden name, then renamed);
+    returns the path. The one writer of a manifest, for ROUTE and topics runs alike."""
+    path = Path(run_dir) / MANIFEST_FILE
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(tmp, path)
     return path
 
 

@@ -4,7 +4,9 @@ A scenario (``scripts/scenarios/topics.toml``) starts ``routers`` routers on fre
 127.0.0.1, federated through a mosquitto it also starts; ``publishers`` and
 ``subscribers`` members per router (one RouterStub each) publish and subscribe with
 wildcard patterns, and the subscribers churn (change a pattern) while the load runs.
-Everything runs in this one process, so send and receive times share one clock.
+Everything runs in this one process, so send and receive times share one clock. The
+scenario file and its checks are :mod:`gossiprouter.loadtest.topics_scenario`; this module
+is the run, its audit and the command.
 
 **The audit knows the expected receivers.** At every send the runner records which
 subscribers' patterns matched at that moment (from its own subscription state, the same
@@ -31,13 +33,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import random
 import shutil
-import struct
 import tempfile
 import time
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +46,6 @@ import click
 import trio
 
 from gossiprouter.core.topics import (
-    TopicError,
     TopicId,
     format_topic,
     matches,
@@ -64,87 +62,18 @@ from gossiprouter.loadtest.resources import (
     own_usage,
     scrape_router,
 )
-from gossiprouter.loadtest.scenario import ScenarioError, parse_thresholds
+from gossiprouter.loadtest.topics_scenario import (
+    STAMP,
+    TopicsScenario,
+    TopicsScenarioError,
+    load_topics_scenario,
+)
 from gossiprouter.stub import Channel, Publication, RouterStub
 
 GROUP = "topics-load"
-_STAMP = struct.Struct(">IId")  # publisher index, sequence, send time (trio clock)
 _STUB = {"reconnect_initial": 0.05, "reconnect_max": 0.5, "heartbeat_interval": 1.0,
          "heartbeat_timeout": 5.0, "send_timeout": 5.0, "request_timeout": 5.0,
          "receive_buffer": 100_000}
-
-
-class TopicsScenarioError(ValueError):
-    """A bad scenario: one line naming the key and what was expected."""
-
-
-@dataclass(frozen=True)
-class TopicsScenario:
-    name: str
-    duration: float
-    drain: float
-    seed: int
-    routers: int
-    publishers: int  # per router
-    subscribers: int  # per router
-    rate: float  # publications per second per publisher
-    global_share: float
-    size: int
-    churn_interval: float  # mean seconds between pattern changes of one subscriber
-    settle: float
-    patterns: tuple[str, ...]  # with {p}: a publisher index
-    # [thresholds] (p99_ms = 50, ...): latency limits the analysis holds the run to.
-    thresholds: dict[str, float] = field(default_factory=dict)
-
-
-def is_topics_scenario(path: Path) -> bool:
-    """True for a readable TOML file with ``kind = "topics"`` (the other load test's
-    scenarios have no ``kind``)."""
-    try:
-        return tomllib.loads(path.read_text()).get("kind") == "topics"
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return False
-
-
-def load_topics_scenario(path: Path) -> TopicsScenario:
-    try:
-        raw = tomllib.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise TopicsScenarioError(f"{path}: {e}") from None
-    if raw.get("kind") != "topics":
-        raise TopicsScenarioError(f"{path.name}: kind: expected \"topics\", got "
-                                  f"{raw.get('kind')!r}")
-    t = raw.get("topics", {})
-
-    def num(where: dict[str, Any], key: str, default: float, lo: float, hi: float) -> float:
-        v = where.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
-            raise TopicsScenarioError(f"{path.name}: {key}: expected a number in "
-                                      f"[{lo:g}, {hi:g}], got {v!r}")
-        return float(v)
-
-    pats = t.get("patterns", ["v{p}/pos/*"])
-    if not isinstance(pats, list) or not pats or not all(isinstance(p, str) for p in pats):
-        raise TopicsScenarioError(f"{path.name}: topics.patterns: expected a list of strings")
-    for p in pats:
-        try:
-            pattern(*parse_topic(p.replace("{p}", "0")))
-        except TopicError as e:
-            raise TopicsScenarioError(f"{path.name}: topics.patterns: {p!r}: {e}") from None
-    try:
-        thresholds = dict(parse_thresholds(raw.get("thresholds", {}), path.name))
-    except ScenarioError as e:
-        raise TopicsScenarioError(str(e)) from None
-    return TopicsScenario(
-        name=str(raw.get("name", path.stem)),
-        duration=num(raw, "duration", 10, 0.5, 3600), drain=num(raw, "drain", 2, 0, 60),
-        seed=int(num(raw, "seed", 1, 0, 2**31)), routers=int(num(raw, "routers", 2, 1, 8)),
-        publishers=int(num(t, "publishers", 2, 1, 100)),
-        subscribers=int(num(t, "subscribers", 10, 1, 1000)),
-        rate=num(t, "rate", 20, 0.1, 10_000), global_share=num(t, "global", 0.5, 0, 1),
-        size=int(num(t, "size", 100, _STAMP.size, 1 << 16)),
-        churn_interval=num(t, "churn_interval", 1.0, 0.05, 3600),
-        settle=num(t, "settle", 0.5, 0, 60), patterns=tuple(pats), thresholds=thresholds)
 
 
 # --------------------------------------------------------------------------- records
@@ -291,12 +220,6 @@ def _manifest(sc: TopicsScenario, source: Path | None, run: str, status: str,
             "status": status, **extra}
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
-
-
 def write_run(out: Path, sc: TopicsScenario, rec: Recorded, run: str) -> None:
     """The run's records as Parquet under ``out`` (layout in
     :mod:`gossiprouter.loadtest.topic_records`)."""
@@ -355,13 +278,12 @@ async def run_topics(sc: TopicsScenario, echo: Any = print, out: Path | None = N
     if out is None:
         return audit_recorded(await _run(sc, echo))
     # Imported here: pyarrow is the loadtest extra's, and the main CLI imports this module.
-    from gossiprouter.loadtest.records import MANIFEST_FILE
+    from gossiprouter.loadtest.records import write_manifest
 
     run = f"{sc.name}-{time.strftime('%Y%m%dT%H%M%S')}-{random.randrange(16**6):06x}"
     started = _now_iso()
     out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / MANIFEST_FILE, _manifest(sc, source, run, "running",
-                                               started_at=started))
+    write_manifest(out, _manifest(sc, source, run, "running", started_at=started))
     status = "failed"
     try:
         rec = await _run(sc, echo)
@@ -371,12 +293,11 @@ async def run_topics(sc: TopicsScenario, echo: Any = print, out: Path | None = N
         raise
     finally:
         if status != "ok":
-            _write_json(out / MANIFEST_FILE, _manifest(sc, source, run, status,
-                                                       started_at=started,
-                                                       finished_at=_now_iso()))
+            write_manifest(out, _manifest(sc, source, run, status, started_at=started,
+                                          finished_at=_now_iso()))
     rep = audit_recorded(rec)
     write_run(out, sc, rec, run)
-    _write_json(out / MANIFEST_FILE, _manifest(
+    write_manifest(out, _manifest(
         sc, source, run, status, started_at=started, finished_at=_now_iso(),
         t0_ns=_ns(rec.t0), in_process_audit=rep.rows, resources=rec.resources, **host_facts(),
         counters={"publishers": {"sent": len(rec.sent), **rec.pacing.counters()}}))
@@ -486,7 +407,7 @@ async def _load(sc: TopicsScenario, rnd: random.Random, ports: list[int],
         async def receive(sub: Subscriber) -> None:
             async for m in sub.channel:
                 if isinstance(m, Publication):
-                    pub, seq, _ = _STAMP.unpack_from(m.payload)
+                    pub, seq, _ = STAMP.unpack_from(m.payload)
                     now = trio.current_time()
                     sub.received.setdefault((pub, seq), []).append(now)
                     sub.arrivals.append((pub, seq, m.scope, now))
@@ -508,7 +429,7 @@ async def _load(sc: TopicsScenario, rnd: random.Random, ports: list[int],
                         flux.add(s.index)
                     elif any(matches(p, tid) for p in s.patterns):
                         expected.add(s.index)
-                payload = _STAMP.pack(index, seq, now).ljust(sc.size, b".")
+                payload = STAMP.pack(index, seq, now).ljust(sc.size, b".")
                 sent.append(Sent(index, seq, scope, now, frozenset(expected), frozenset(flux),
                                  format_topic(tid), router))
                 await ch.publish(tid, payload, scope=scope)  # type: ignore[arg-type]

@@ -4,7 +4,8 @@ Everything an operator touches but the routing core does not need: TLS on
 the router port (:mod:`.tls`), client-network allow-lists (:mod:`.access`),
 native-protocol tokens (:mod:`.auth`), Prometheus metrics (:mod:`.metrics`),
 the read-only HTTP admin view (:mod:`.admin`), JSON logs (:mod:`.logs`), the
-``gossiprouter dump`` command (:mod:`.dump`), and the server's hooks (:mod:`.runtime`).
+``gossiprouter dump`` command (:mod:`.dump`), and the server's hooks (:mod:`.runtime`) with
+their counters (:mod:`.stats`).
 
 This package depends on the core, one way (tests/test_dependencies.py holds the imports
 to it; docs/architecture.md has the rules):

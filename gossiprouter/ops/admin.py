@@ -60,6 +60,10 @@ _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found"
 
 Response = tuple[int, str, bytes]
 
+# The Content-Type of /metrics: the exposition format every Prometheus version reads (our
+# names need no escaping), which gossiprouter.ops.metrics renders.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
 
 # ---------------------------------------------------------------------- views (pure)
 
@@ -241,8 +245,6 @@ class AdminServer:
             if self.render_metrics is None:
                 return _json(503, {"error": needs_extra("metrics", "prometheus-client",
                                                         "metrics")})
-            from gossiprouter.ops.metrics import CONTENT_TYPE
-
             return 200, CONTENT_TYPE, await self.render_metrics()
         try:
             q = {k: v[-1] for k, v in parse_qs(query, strict_parsing=False).items()}

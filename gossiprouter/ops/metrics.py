@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -30,16 +30,16 @@ from gossiprouter.server import fastpath, snapshot
 if TYPE_CHECKING:
     from gossiprouter.core.config import Config
     from gossiprouter.federation.bridge import Bridge
-    from gossiprouter.ops.runtime import Operations
+    from gossiprouter.ops.admin import AdminServer
+    from gossiprouter.ops.auth import Authenticator
+    from gossiprouter.ops.stats import OpsStats
+    from gossiprouter.ops.tls import ServerTLS
     from gossiprouter.routing.table import Stats
     from gossiprouter.server.snapshot import RouterView
 
 # The label values of closes and refusals (Counters.closed / refused map anything else to
 # "other"): every one is always exported, so rate() works from the first scrape.
 CODE_LABELS = (*sorted(ERROR_CODES), "other")
-
-# The exposition format every Prometheus version reads (our names need no escaping).
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _SNAKE = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
@@ -49,10 +49,28 @@ def _frame_label(name: str) -> str:
     return _SNAKE.sub("_", name).lower()
 
 
+class OpsView(Protocol):
+    """What the metrics read of the operations layer: its counters and those of its TLS,
+    tokens and admin endpoint (None: off). :class:`gossiprouter.ops.runtime.Operations` is
+    one; named here so that the metrics need not import the hooks that build them."""
+
+    @property
+    def stats(self) -> OpsStats: ...
+
+    @property
+    def tls(self) -> ServerTLS | None: ...
+
+    @property
+    def auth(self) -> Authenticator | None: ...
+
+    @property
+    def admin(self) -> AdminServer | None: ...
+
+
 class RouterCollector(Collector):
     """Reads one router's state when Prometheus scrapes."""
 
-    def __init__(self, view: RouterView, ops: Operations) -> None:
+    def __init__(self, view: RouterView, ops: OpsView) -> None:
         self.view = view
         self.ops = ops
         self.connections = snapshot.ConnectionCensus({}, 0, 0)
@@ -362,7 +380,7 @@ def _by_code(name: str, doc: str, label: str, counts: dict[str, int]) -> Counter
 class Metrics:
     """A registry holding the router collector and the process metrics."""
 
-    def __init__(self, view: RouterView, ops: Operations) -> None:
+    def __init__(self, view: RouterView, ops: OpsView) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = RouterCollector(view, ops)
         self.registry.register(self.collector)

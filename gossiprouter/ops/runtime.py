@@ -26,7 +26,6 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import trio
@@ -36,6 +35,7 @@ from gossiprouter.core.config import Config, ConfigError, parse_listen
 from gossiprouter.ops.access import AccessPolicy, describe, peer_host, peer_ip
 from gossiprouter.ops.admin import AdminServer
 from gossiprouter.ops.auth import Authenticator, load_secret, load_tokens
+from gossiprouter.ops.stats import OpsStats
 from gossiprouter.ops.tls import ServerTLS, check_config
 from gossiprouter.server.hooks import ByteStream
 
@@ -44,20 +44,6 @@ if TYPE_CHECKING:
     from gossiprouter.server.snapshot import RouterView
 
 log = logging.getLogger("gossiprouter.ops")
-
-
-@dataclass
-class OpsStats:
-    accepted: dict[str, int] = field(default_factory=dict)
-    # (protocol or "any", reason) -> count
-    refused: dict[tuple[str, str], int] = field(default_factory=dict)
-    # (what, "ok" / "failed") -> count
-    reloads: dict[tuple[str, str], int] = field(default_factory=dict)
-    # Native connections whose HELLO was held back after failed authentications.
-    auth_delayed: int = 0
-
-    def bump(self, table: dict[tuple[str, str], int], key: tuple[str, str]) -> None:
-        table[key] = table.get(key, 0) + 1
 
 
 def check_startup(cfg: Config) -> None:
