@@ -160,21 +160,28 @@ static int lock_conn(Relay *self, PyObject *args, conn_t **c, long long *cid) {
     return 0;
 }
 
-/* unread(cid) -> bytes: stop reading; the bytes of a partial frame held, for Python. */
-PyObject *Relay_unread(Relay *self, PyObject *args) {
+/* The methods taking one connection id and giving back bytes: ``locked`` makes them for a
+ * connection, the mutex held; a connection unknown or closed gives none. */
+static PyObject *conn_bytes(Relay *self, PyObject *args,
+                            PyObject *(*locked)(Relay *self, conn_t *c)) {
     long long cid;
     conn_t *c;
     if (lock_conn(self, args, &c, &cid) < 0) return NULL;
-    PyObject *out;
-    if (c == NULL) {
-        out = PyBytes_FromStringAndSize(NULL, 0);
-    } else {
-        stop_reading(self, c);
-        out = PyBytes_FromStringAndSize((const char *)c->hold, (Py_ssize_t)c->hlen);
-        drop_hold(self, c);
-    }
+    PyObject *out = c == NULL ? PyBytes_FromStringAndSize(NULL, 0) : locked(self, c);
     pthread_mutex_unlock(&self->mu);
     return out;
+}
+
+static PyObject *unread_locked(Relay *self, conn_t *c) {
+    stop_reading(self, c);
+    PyObject *out = PyBytes_FromStringAndSize((const char *)c->hold, (Py_ssize_t)c->hlen);
+    drop_hold(self, c);
+    return out;
+}
+
+/* unread(cid) -> bytes: stop reading; the bytes of a partial frame held, for Python. */
+PyObject *Relay_unread(Relay *self, PyObject *args) {
+    return conn_bytes(self, args, unread_locked);
 }
 
 /* attach(cid) -> bool: the thread may write to the connection (its queue is empty). */
@@ -204,39 +211,29 @@ static PyObject *take_pending_locked(Relay *self, conn_t *c) {
 
 /* take(cid) -> bytes: detach the connection from the thread's writes; its pending bytes. */
 PyObject *Relay_take(Relay *self, PyObject *args) {
-    long long cid;
-    conn_t *c;
-    if (lock_conn(self, args, &c, &cid) < 0) return NULL;
-    PyObject *out = c == NULL ? PyBytes_FromStringAndSize(NULL, 0) : take_pending_locked(self, c);
-    pthread_mutex_unlock(&self->mu);
+    return conn_bytes(self, args, take_pending_locked);
+}
+
+static PyObject *close_locked(Relay *self, conn_t *c) {
+    stop_reading(self, c);
+    PyObject *out = take_pending_locked(self, c);
+    drop_hold(self, c);
+    size_t idx = (size_t)(c->cid & IDX_MASK);
+    if (c->lost == 1) { /* not reported yet: off the lost list */
+        conn_t **pp = &self->lost_head;
+        while (*pp != c) pp = &(*pp)->lost_next;
+        *pp = c->lost_next;
+    }
+    self->conns[idx] = NULL;
+    self->free_idx[self->nfree++] = (int64_t)idx;
+    free_conn(c);
     return out;
 }
 
 /* close(cid) -> bytes: forget the connection (before its socket is closed); its pending
  * bytes. */
 PyObject *Relay_close(Relay *self, PyObject *args) {
-    long long cid;
-    conn_t *c;
-    if (lock_conn(self, args, &c, &cid) < 0) return NULL;
-    PyObject *out;
-    if (c == NULL) {
-        out = PyBytes_FromStringAndSize(NULL, 0);
-    } else {
-        stop_reading(self, c);
-        out = take_pending_locked(self, c);
-        drop_hold(self, c);
-        size_t idx = (size_t)(cid & IDX_MASK);
-        if (c->lost == 1) { /* not reported yet: off the lost list */
-            conn_t **pp = &self->lost_head;
-            while (*pp != c) pp = &(*pp)->lost_next;
-            *pp = c->lost_next;
-        }
-        self->conns[idx] = NULL;
-        self->free_idx[self->nfree++] = (int64_t)idx;
-        free_conn(c);
-    }
-    pthread_mutex_unlock(&self->mu);
-    return out;
+    return conn_bytes(self, args, close_locked);
 }
 
 /* send(cid, data) -> int: write for Python, in order with the thread's writes: the bytes the
