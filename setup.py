@@ -21,6 +21,15 @@ from setuptools.command.build_ext import build_ext
 
 ENV = "GOSSIPROUTER_RELAY_SANITIZE"
 
+# The extension's C files (gossiprouter/server/relay/relay.h says what each one holds) and the
+# headers they share: the build depends on both (a changed header rebuilds the module), and
+# both ship in the sdist and the wheel (pyproject.toml, package-data).
+RELAY_DIR = "gossiprouter/server/relay"
+RELAY_SOURCES = [f"{RELAY_DIR}/{name}.c" for name in ("module", "conns", "loop", "framing",
+                                                      "routes")]
+RELAY_HEADERS = [f"{RELAY_DIR}/{name}.h" for name in ("relay", "conns", "loop", "framing",
+                                                      "routes")]
+
 # mode -> (compile flags, link flags)
 SANITIZE = {
     "": ([], []),
@@ -56,7 +65,8 @@ def relay_extension() -> Extension:
     compile_args, link_args = SANITIZE[sanitize]
     return Extension(
         "gossiprouter.server._relay",
-        sources=["gossiprouter/server/_relay.c"],
+        sources=RELAY_SOURCES,
+        depends=RELAY_HEADERS,
         # -O1 -g under a sanitizer: reports with whole stacks, at a usable speed.
         extra_compile_args=[*(["-O1", "-g"] if sanitize else ["-O2"]), "-std=gnu11", "-Wall",
                             "-Wextra", "-Wno-unused-parameter",

@@ -6,7 +6,8 @@ prints the path of the built module, for ``GOSSIPROUTER_RELAY_SO``
 (:mod:`gossiprouter.server.fastpath`). The build flags are setup.py's (:func:`relay_extension`, with
 ``GOSSIPROUTER_RELAY_SANITIZE`` set); the project's metadata is not read, so this needs only
 setuptools and a C compiler, and the in-place build (``server/_relay*.so``) is untouched.
-Rebuilt only when ``_relay.c`` or setup.py is newer than the module.
+Rebuilt only when one of its C sources or headers (``gossiprouter/server/relay/``, as setup.py
+lists them) or setup.py is newer than the module.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ def built(mode: str, out: Path | None = None) -> Path:
     from setuptools.command.build_ext import build_ext  # type: ignore[import-untyped]
 
     out = out or ROOT / "build" / f"relay-{mode}"
-    sources = [ROOT / "gossiprouter" / "server" / "_relay.c", ROOT / "setup.py"]
+    setup_py = runpy.run_path(str(ROOT / "setup.py"), run_name="relay_build")
+    sources = [ROOT / p for p in (*setup_py["RELAY_SOURCES"], *setup_py["RELAY_HEADERS"])]
+    sources.append(ROOT / "setup.py")
     found = sorted(out.glob("gossiprouter/server/_relay*.so"))
     if found and all(found[0].stat().st_mtime > s.stat().st_mtime for s in sources):
         return found[0]
@@ -39,7 +42,7 @@ def built(mode: str, out: Path | None = None) -> Path:
     log = io.StringIO()
     try:
         os.chdir(ROOT)  # the extension's sources are relative to the checkout
-        ext = runpy.run_path(str(ROOT / "setup.py"), run_name="relay_build")["relay_extension"]()
+        ext = setup_py["relay_extension"]()
         dist = Distribution({"name": "gossiprouter-relay", "ext_modules": [ext]})
         cmd = build_ext(dist)
         cmd.build_lib = str(out)

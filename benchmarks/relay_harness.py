@@ -1,4 +1,4 @@
-"""In-process differential harness of the compiled fast path (``gossiprouter/server/_relay.c``).
+"""In-process differential harness of the compiled fast path (``gossiprouter/server/relay/``).
 
     python benchmarks/relay_harness.py [--seed N] [--steps N] [--seconds S]
 

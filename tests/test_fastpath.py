@@ -1,4 +1,4 @@
-"""The compiled fast path (gossiprouter.server.fastpath, gossiprouter/server/_relay.c; issue 16).
+"""The compiled fast path (gossiprouter.server.fastpath, gossiprouter/server/relay/; issue 16).
 
 Every test here starts its router with ``fast_path="on"``, which does not depend on the
 environment: in the suite's second pass (GOSSIPROUTER_FAST_PATH=off, the pure-Python path)

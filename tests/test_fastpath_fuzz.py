@@ -1,4 +1,4 @@
-"""Differential fuzz of the compiled fast path (server/_relay.c) against the pure-Python
+"""Differential fuzz of the compiled fast path (server/relay/) against the pure-Python
 path: the same seeded sender stream, cut at random read boundaries, played against a router
 with ``fast_path="on"`` and one with ``fast_path="off"``; every receiver must get the same
 bytes and the sender the same replies (or the same close).

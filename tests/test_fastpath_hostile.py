@@ -1,4 +1,4 @@
-"""What a hostile (or broken) client can do to the compiled fast path (gossiprouter/server/_relay.c)
+"""What a hostile (or broken) client can do to the compiled fast path (gossiprouter/server/relay/)
 that it cannot do to the pure-Python path. Each test runs with ``fast_path="on"`` and, where
 the answer is the same, ``"off"`` too: the thread must never change what the router does.
 """

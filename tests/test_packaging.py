@@ -4,6 +4,7 @@ declarations."""
 
 from __future__ import annotations
 
+import runpy
 import subprocess
 import tomllib
 from pathlib import Path
@@ -48,3 +49,21 @@ def test_example_config_script_checks_and_writes() -> None:
     r = subprocess.run([str(REPO / "scripts" / "example-config"), "--check"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+def test_the_relay_is_built_from_every_c_file_and_ships_its_headers() -> None:
+    """setup.py builds gossiprouter.server._relay from every .c of server/relay/ and rebuilds it
+    when any of its headers changes (``depends``); pyproject.toml ships both, in the sdist and
+    in the wheel."""
+    setup_py = runpy.run_path(str(REPO / "setup.py"), run_name="test_packaging")
+    ext = setup_py["relay_extension"]()
+    folder = REPO / "gossiprouter" / "server" / "relay"
+
+    def files(suffix: str) -> list[str]:
+        return sorted(str(f.relative_to(REPO)) for f in folder.glob(f"*{suffix}"))
+
+    assert ext.name == "gossiprouter.server._relay"
+    assert sorted(ext.sources) == files(".c")
+    assert sorted(ext.depends) == files(".h")
+    data = PYPROJECT["tool"]["setuptools"]["package-data"]
+    assert data["gossiprouter.server.relay"] == ["*.c", "*.h"]

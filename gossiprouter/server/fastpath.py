@@ -3,7 +3,7 @@
 Under light load a message is one wake-up, and the pure-Python dispatcher
 (gossiprouter.server.dispatch) pays trio's wake-up and the interpreter for each; the kernel's share
 is about half (docs/performance.md, "Light load"). With the fast path an OS thread written in
-C (``server/_relay.c``, built by ``scripts/setup``) does the wait, the read and the send
+C (``server/relay/``, built by ``scripts/setup``) does the wait, the read and the send
 of routed frames for plain-TCP connections of all three protocols, without the GIL. Python
 keeps every decision:
 

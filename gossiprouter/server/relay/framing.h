@@ -1,0 +1,18 @@
+/*
+ * The three framings (framing.c): where a frame of a learned route ends in what a connection
+ * sent, and the start of a frame cut by a read, held until the next.
+ */
+#ifndef GOSSIPROUTER_RELAY_FRAMING_H
+#define GOSSIPROUTER_RELAY_FRAMING_H
+
+#include "relay.h"
+
+#include <sys/types.h>
+
+RELAY_INTERNAL ssize_t frame_len(Relay *r, conn_t *c, route_t **rtp, const uint8_t *p,
+                                 size_t avail);
+RELAY_INTERNAL void set_hold(Relay *r, conn_t *c, uint8_t *buf, size_t len, size_t cap);
+RELAY_INTERNAL void drop_hold(Relay *r, conn_t *c);
+RELAY_INTERNAL int keep_rest(Relay *r, conn_t *c, const uint8_t *buf, size_t pos, size_t len);
+
+#endif

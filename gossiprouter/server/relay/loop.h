@@ -1,0 +1,26 @@
+/*
+ * The relay thread (loop.c): its epoll loop, its reads and staged sends, eviction and the
+ * upcalls it queues for Python; and the mutex protocol between it and Python's callers.
+ */
+#ifndef GOSSIPROUTER_RELAY_LOOP_H
+#define GOSSIPROUTER_RELAY_LOOP_H
+
+#include "relay.h"
+
+/* Every Python caller takes the mutex through here: it says it waits (py_waiting) and holds
+ * the turnstile until it has the mutex, so that the thread, which hands the mutex over between
+ * connections, sleeps on the turnstile until then instead of taking the mutex straight back
+ * (lock order: turn, then mu, on both sides). */
+static inline void py_lock(Relay *r) {
+    atomic_fetch_add_explicit(&r->py_waiting, 1, memory_order_relaxed);
+    pthread_mutex_lock(&r->turn);
+    pthread_mutex_lock(&r->mu);
+    pthread_mutex_unlock(&r->turn);
+    atomic_fetch_sub_explicit(&r->py_waiting, 1, memory_order_relaxed);
+}
+
+RELAY_INTERNAL void *thread_main(void *arg);
+RELAY_INTERNAL void signal_python(Relay *r);
+RELAY_INTERNAL void stop_reading(Relay *r, conn_t *c);
+
+#endif
