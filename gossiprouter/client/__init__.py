@@ -2,8 +2,10 @@
 
 Read top-down:
 
+* :mod:`~gossiprouter.client.status`: each router's address and the state of the stub's
+  connection to it (ConnectionState, StubEvent, RouterStatus);
 * :mod:`~gossiprouter.client.errors` and :mod:`~gossiprouter.client.model`: the exceptions
-  and the values applications see (Member, Message, Publication, events, statuses);
+  and the values applications see (Member, Message, Publication, GroupEvent);
 * :mod:`~gossiprouter.client.streams`: bounded streams (EventStream, Watch);
 * :mod:`~gossiprouter.client.channel`: one logical address in one group (Channel);
 * :mod:`~gossiprouter.client.connection`: one connection's I/O (open_connection: TCP, TLS,
@@ -45,15 +47,8 @@ from gossiprouter.client.errors import (
     UnknownDestinationError,
 )
 from gossiprouter.client.front import RouterStub, open_router_stub
-from gossiprouter.client.model import (
-    ConnectionState,
-    GroupEvent,
-    Member,
-    Message,
-    Publication,
-    RouterStatus,
-    StubEvent,
-)
+from gossiprouter.client.model import GroupEvent, Member, Message, Publication
+from gossiprouter.client.status import ConnectionState, RouterStatus, StubEvent
 from gossiprouter.client.streams import Watch
 
 __all__ = [

@@ -24,14 +24,9 @@ from gossiprouter.client.errors import (
     NotConnectedError,
     StubError,
 )
-from gossiprouter.client.model import (
-    RECV_SIZE,
-    ConnectionState,
-    RouterAddress,
-    RouterStatus,
-    fmt_router,
-)
+from gossiprouter.client.model import RECV_SIZE, fmt_router
 from gossiprouter.client.registrar import Held
+from gossiprouter.client.status import ConnectionState, RouterAddress, RouterStatus
 from gossiprouter.client.tls import start_tls
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError

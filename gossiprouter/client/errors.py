@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gossiprouter.client.model import RouterAddress, RouterStatus
+from gossiprouter.client.status import RouterAddress, RouterStatus
 
 # --------------------------------------------------------------------------- exceptions
 

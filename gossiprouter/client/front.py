@@ -89,13 +89,9 @@ from gossiprouter.client.local import Local
 from gossiprouter.client.merge import merge_members
 from gossiprouter.client.model import (
     CLIENT_NAME,
-    ConnectionState,
     Member,
     Mode,
     Policy,
-    RouterAddress,
-    RouterStatus,
-    StubEvent,
     _check_addr,
     _check_group,
     _physical,
@@ -103,6 +99,7 @@ from gossiprouter.client.model import (
     fmt_router,
     parse_routers,
 )
+from gossiprouter.client.status import ConnectionState, RouterAddress, RouterStatus, StubEvent
 from gossiprouter.client.streams import EventStream, Watch
 from gossiprouter.core.topics import TopicId
 from gossiprouter.protocol import native as wire

@@ -52,15 +52,8 @@ from gossiprouter.client.errors import (
     router_error,
 )
 from gossiprouter.client.local import Local
-from gossiprouter.client.model import (
-    CLOSING_CODES,
-    RECV_SIZE,
-    ConnectionState,
-    GroupEvent,
-    Key,
-    Policy,
-    fmt_router,
-)
+from gossiprouter.client.model import CLOSING_CODES, RECV_SIZE, GroupEvent, Key, Policy, fmt_router
+from gossiprouter.client.status import ConnectionState
 from gossiprouter.client.streams import Waiters
 from gossiprouter.core.topics import TopicId
 from gossiprouter.protocol import native as wire

@@ -25,9 +25,9 @@ from gossiprouter.client.model import (
     Member,
     Message,
     Publication,
-    RouterAddress,
     StubStats,
 )
+from gossiprouter.client.status import RouterAddress
 from gossiprouter.core.topics import matches
 from gossiprouter.protocol import native as wire
 
