@@ -13,11 +13,11 @@ import socket
 import ssl
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import anyio
 from anyio.abc import ByteStream
 
+from gossiprouter.client.channel import Channel
 from gossiprouter.client.errors import (
     ConnectionLostError,
     LinkDown,
@@ -31,9 +31,6 @@ from gossiprouter.client.tls import start_tls
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
 from gossiprouter.protocol.native_state import NativeState, Role, State
-
-if TYPE_CHECKING:
-    from gossiprouter.client.channel import Channel
 
 log = logging.getLogger("gossiprouter.stub")
 

@@ -72,7 +72,7 @@ from typing import Any, Protocol, TypeVar
 import anyio
 from anyio.lowlevel import checkpoint
 
-from gossiprouter.client.channel import Channel
+from gossiprouter.client.channel import Carrier, Channel
 from gossiprouter.client.connection import Connection, RouterSlot, not_connected
 from gossiprouter.client.errors import (
     ChannelClosedError,
@@ -469,7 +469,7 @@ class RouterStub:
             return ch
         ch._waiting = True
 
-        def accepted() -> list[Connection]:
+        def accepted() -> list[Carrier]:
             refusals = [r for r in ch._results.values() if r is not None]
             if refusals:
                 raise refusals[0]
