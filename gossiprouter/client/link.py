@@ -15,7 +15,7 @@ backoff and, while a connection is up, its three tasks:
 Errors: a network failure (refused, reset, timed out, a bad handshake, a write that cannot make
 progress, heartbeat silence) kills that one connection (:meth:`Connection.kill`) and the loop
 tries again after the backoff; it is never raised. Anything else a task raises is a bug: it
-ends the connection's tasks and propagates to the stub (see :mod:`gossiprouter.client.front`).
+ends the connection's tasks and propagates to the stub (see :mod:`gossiprouter.client.lifecycle`).
 """
 
 from __future__ import annotations
