@@ -4,9 +4,10 @@
 imports from ``gossiprouter`` (the public API) or from the module that defines the name:
 
 * errors (StubError, RouterError and its subclasses, ...): :mod:`gossiprouter.client.errors`;
-* the model (Member, Message, Publication, GroupEvent, StubEvent, RouterStatus, StubStats,
-  ConnectionState, parse_router): :mod:`gossiprouter.client.model`; describe_error:
-  :mod:`gossiprouter.client.connection`;
+* the routers' connection states (RouterAddress, ConnectionState, StubEvent, RouterStatus):
+  :mod:`gossiprouter.client.status`;
+* the model (Member, Message, Publication, GroupEvent, StubStats, parse_router):
+  :mod:`gossiprouter.client.model`; describe_error: :mod:`gossiprouter.client.connection`;
 * EventStream, Watch: :mod:`gossiprouter.client.streams`; Channel:
   :mod:`gossiprouter.client.channel`; RouterStub: :mod:`gossiprouter.client.front`.
 """
@@ -27,8 +28,8 @@ from gossiprouter.client.model import Key as Key
 from gossiprouter.client.model import Mode as Mode
 from gossiprouter.client.model import Physical as Physical
 from gossiprouter.client.model import Policy as Policy
-from gossiprouter.client.model import RouterAddress as RouterAddress
 from gossiprouter.client.model import StubStats, parse_router
+from gossiprouter.client.status import RouterAddress as RouterAddress
 from gossiprouter.client.streams import EventStream, WouldBlock
 
 __all__ = [*client.__all__, "EventStream", "StubStats", "WouldBlock", "describe_error",

@@ -2,7 +2,7 @@
 
 ``await nursery.start(stub.run)`` returns once connected; ``async with RouterStub(...)`` and
 ``async with open_router_stub(...)`` run the stub around a block. The policy in
-gossiprouter/client/front.py's docstring, point by point: a failing task of the stub reaches
+gossiprouter/client/lifecycle.py's docstring, point by point: a failing task of the stub reaches
 the caller as one StubTaskError (never a nested group), the block's own exception comes out
 as it went in, and cancelling the caller closes the connections. Router: ``nursery.start
 (router.run)`` returns the address once listening; a failing listener; cancellation.

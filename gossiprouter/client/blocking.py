@@ -31,7 +31,8 @@ import trio
 from gossiprouter.client.channel import Channel
 from gossiprouter.client.errors import ChannelClosedError
 from gossiprouter.client.front import RouterStub
-from gossiprouter.client.model import GroupEvent, Member, Message, RouterStatus, StubEvent
+from gossiprouter.client.model import GroupEvent, Member, Message
+from gossiprouter.client.status import RouterStatus, StubEvent
 from gossiprouter.client.streams import EventStream, Watch
 
 __all__ = ["BlockingChannel", "BlockingRouterStub", "BlockingStream"]

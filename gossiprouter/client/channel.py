@@ -5,19 +5,52 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from anyio.lowlevel import checkpoint
 
 from gossiprouter.client.errors import ChannelClosedError, ModeError, RouterError
-from gossiprouter.client.model import GroupEvent, Key, Member, Message, Physical, _check_addr
+from gossiprouter.client.model import (
+    GroupEvent,
+    Key,
+    Member,
+    Message,
+    Mode,
+    Physical,
+    _check_addr,
+)
 from gossiprouter.client.streams import EventStream, Waiters
+from gossiprouter.core.topics import TopicId, pattern, topic_id
 from gossiprouter.protocol import native as wire
 
-if TYPE_CHECKING:
-    from gossiprouter.client.connection import Connection
-    from gossiprouter.client.front import RouterStub
-from gossiprouter.core.topics import TopicId, pattern, topic_id
+# A Channel is made by the stub and registered by its connections, which sit above this
+# module; what it needs of them is declared here, so that it imports nothing above it.
+
+
+class ChannelOwner(Protocol):
+    """What a :class:`Channel` asks of the stub that made it (:class:`RouterStub` is one):
+    its mode, and the calls a channel hands on to it."""
+
+    @property
+    def mode(self) -> Mode: ...
+
+    async def members(self, group: str) -> list[Member]: ...
+
+    async def _send(self, ch: Channel, data: bytes) -> None: ...
+
+    async def _subscribe(self, ch: Channel, pat: TopicId) -> None: ...
+
+    async def _disconnect(self, ch: Channel) -> None: ...
+
+    def _wake_registrars(self) -> None: ...
+
+
+class Carrier(Protocol):
+    """A connection that answered this channel's CONNECT (a
+    :class:`~gossiprouter.client.connection.Connection`): what the stub reads of it."""
+
+    @property
+    def dead(self) -> bool: ...
 
 
 class Channel:
@@ -28,7 +61,7 @@ class Channel:
     events come separately from :meth:`events`.
     """
 
-    def __init__(self, stub: RouterStub, group: str, addr: bytes, name: str | None,
+    def __init__(self, stub: ChannelOwner, group: str, addr: bytes, name: str | None,
                  physical: Physical, receive_buffer: int, event_buffer: int) -> None:
         self._stub = stub
         self.group = group
@@ -41,7 +74,7 @@ class Channel:
         self._closed = False
         self._waiting = False  # connect() is waiting for the routers' answers
         # link -> None (accepted) or the router's refusal, for the connections it was sent on
-        self._results: dict[Connection, RouterError | None] = {}
+        self._results: dict[Carrier, RouterError | None] = {}
         # Topic patterns this channel subscribes to (re-sent after every reconnect), and
         # the refusals of pending subscribe() calls.
         self._patterns: set[TopicId] = set()

@@ -34,15 +34,8 @@ import trio
 
 from gossiprouter.client.errors import NotConnectedError, RouterError, StubError
 from gossiprouter.client.front import RouterStub
-from gossiprouter.client.model import (
-    ConnectionState,
-    GroupEvent,
-    Member,
-    Message,
-    Publication,
-    RouterAddress,
-    StubEvent,
-)
+from gossiprouter.client.model import GroupEvent, Member, Message, Publication
+from gossiprouter.client.status import ConnectionState, RouterAddress, StubEvent
 from gossiprouter.core import addresses
 from gossiprouter.core.addresses import format_addr, format_hostport
 from gossiprouter.core.cli_errors import BadInput, CommandError

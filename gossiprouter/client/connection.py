@@ -13,32 +13,24 @@ import socket
 import ssl
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import anyio
 from anyio.abc import ByteStream
 
+from gossiprouter.client.channel import Channel
 from gossiprouter.client.errors import (
     ConnectionLostError,
     LinkDown,
     NotConnectedError,
     StubError,
 )
-from gossiprouter.client.model import (
-    RECV_SIZE,
-    ConnectionState,
-    RouterAddress,
-    RouterStatus,
-    fmt_router,
-)
+from gossiprouter.client.model import RECV_SIZE, fmt_router
 from gossiprouter.client.registrar import Held
+from gossiprouter.client.status import ConnectionState, RouterAddress, RouterStatus
 from gossiprouter.client.tls import start_tls
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
 from gossiprouter.protocol.native_state import NativeState, Role, State
-
-if TYPE_CHECKING:
-    from gossiprouter.client.channel import Channel
 
 log = logging.getLogger("gossiprouter.stub")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gossiprouter.client.model import RouterAddress, RouterStatus
+from gossiprouter.client.status import RouterAddress, RouterStatus
 
 # --------------------------------------------------------------------------- exceptions
 
@@ -93,7 +93,7 @@ class ModeError(StubError):
 class StubTaskError(StubError):
     """A task of the stub failed: a bug, since the tasks handle every network failure
     themselves. The stub is closed; ``__cause__`` is the ExceptionGroup of what the tasks
-    raised (see the error policy in :mod:`gossiprouter.client.front`)."""
+    raised (see the error policy in :mod:`gossiprouter.client.lifecycle`)."""
 
 
 class LinkDown(Exception):

@@ -15,7 +15,7 @@ backoff and, while a connection is up, its three tasks:
 Errors: a network failure (refused, reset, timed out, a bad handshake, a write that cannot make
 progress, heartbeat silence) kills that one connection (:meth:`Connection.kill`) and the loop
 tries again after the backoff; it is never raised. Anything else a task raises is a bug: it
-ends the connection's tasks and propagates to the stub (see :mod:`gossiprouter.client.front`).
+ends the connection's tasks and propagates to the stub (see :mod:`gossiprouter.client.lifecycle`).
 """
 
 from __future__ import annotations
@@ -52,15 +52,8 @@ from gossiprouter.client.errors import (
     router_error,
 )
 from gossiprouter.client.local import Local
-from gossiprouter.client.model import (
-    CLOSING_CODES,
-    RECV_SIZE,
-    ConnectionState,
-    GroupEvent,
-    Key,
-    Policy,
-    fmt_router,
-)
+from gossiprouter.client.model import CLOSING_CODES, RECV_SIZE, GroupEvent, Key, Policy, fmt_router
+from gossiprouter.client.status import ConnectionState
 from gossiprouter.client.streams import Waiters
 from gossiprouter.core.topics import TopicId
 from gossiprouter.protocol import native as wire

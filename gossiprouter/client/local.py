@@ -15,8 +15,8 @@ never wait, since one reader serves every channel.
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
 
+from gossiprouter.client.channel import Channel
 from gossiprouter.client.merge import Presence, SuspectFilter
 from gossiprouter.client.model import (
     SUSPECT_DEDUPE_WINDOW,
@@ -25,15 +25,12 @@ from gossiprouter.client.model import (
     Member,
     Message,
     Publication,
-    RouterAddress,
     StubStats,
 )
+from gossiprouter.client.status import RouterAddress
+from gossiprouter.client.streams import Watch
 from gossiprouter.core.topics import matches
 from gossiprouter.protocol import native as wire
-
-if TYPE_CHECKING:
-    from gossiprouter.client.channel import Channel
-    from gossiprouter.client.streams import Watch
 
 
 class Local:

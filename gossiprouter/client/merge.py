@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gossiprouter.client.errors import RouterError, StubError
-from gossiprouter.client.model import Member, RouterAddress
+from gossiprouter.client.model import Member
+from gossiprouter.client.status import RouterAddress
 from gossiprouter.protocol import native as wire
 
 

@@ -1,24 +1,23 @@
-"""The client's data: addresses, members, messages, events, statuses, and the checks on them.
+"""The client's data: members, messages, group events, counters, and the checks on them
+(router and member addresses, groups, the stub's options).
 
-Plain values with no I/O; :mod:`gossiprouter.client.errors` holds the exceptions.
+Plain values with no I/O. Below them: :mod:`gossiprouter.client.status` (the routers'
+addresses and connection states) and :mod:`gossiprouter.client.errors` (the exceptions; a
+``refused`` GroupEvent carries one).
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
+from gossiprouter.client.errors import RouterError
+from gossiprouter.client.status import RouterAddress
 from gossiprouter.core.addresses import format_hostport, parse_hostport
 from gossiprouter.core.topics import TopicId
 from gossiprouter.protocol import native as wire
 
-if TYPE_CHECKING:
-    from gossiprouter.client.errors import RouterError
-
-
-RouterAddress = tuple[str, int]
 Physical = tuple[tuple[str, int], ...]
 Mode = Literal["relay", "discovery"]
 Policy = Literal["random", "round-robin"]
@@ -91,43 +90,6 @@ class GroupEvent:
     router: RouterAddress
     error: RouterError | None = None
     seq: int = field(default=0, compare=False, repr=False)
-
-
-class ConnectionState(enum.Enum):
-    """The state of the stub's connection to one router."""
-
-    CONNECTING = "connecting"  # a connection attempt is under way
-    CONNECTED = "connected"  # handshake done and every channel (re-)registered
-    RECONNECTING = "reconnecting"  # down: waiting ``delay`` before the next attempt
-    CLOSED = "closed"  # the stub is closed
-
-
-@dataclass(frozen=True, slots=True)
-class StubEvent:
-    """A connection state change of one router.
-
-    ``attempt`` counts connection attempts to that router since the stub
-    started; ``error`` says why the connection failed or broke; ``delay`` is
-    the backoff before the next attempt (RECONNECTING only).
-    """
-
-    router: RouterAddress
-    state: ConnectionState
-    attempt: int
-    error: str | None = None
-    delay: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RouterStatus:
-    """A snapshot of one router connection (:meth:`RouterStub.status`)."""
-
-    router: RouterAddress
-    state: ConnectionState
-    attempts: int
-    connections: int
-    last_error: str | None
-    router_id: str | None
 
 
 @dataclass

@@ -15,9 +15,9 @@ returns the requests as :class:`Step` values, in the order they must go out:
 5. UNSUBSCRIBE / SUBSCRIBE so the connection holds each registered channel's patterns (after
    the CONNECTs: a router accepts SUBSCRIBE only from a member).
 
-The front (:mod:`gossiprouter.client.front`) turns steps into frames, writes them and applies
-the answers (a refused CONNECT moves the channel to ``refused``; an accepted SUBSCRIBE to
-``sub_acked``). Tested table-driven in tests/test_client_registrar.py.
+The registrar task (:mod:`gossiprouter.client.link`) turns steps into frames, writes them and
+applies the answers (a refused CONNECT moves the channel to ``refused``; an accepted SUBSCRIBE
+to ``sub_acked``). Tested table-driven in tests/test_client_registrar.py.
 """
 
 from __future__ import annotations

@@ -9,17 +9,13 @@ from __future__ import annotations
 import sys
 from collections import deque
 from types import TracebackType
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import anyio
 from anyio.lowlevel import checkpoint
 
 from gossiprouter.client.errors import ChannelClosedError
 from gossiprouter.client.model import GroupEvent
-
-if TYPE_CHECKING:
-    from gossiprouter.client.front import RouterStub
-
 
 # --------------------------------------------------------------------------- bounded stream
 
@@ -142,6 +138,13 @@ class EventStream(Generic[T]):
 
 
 
+class WatchOwner(Protocol):
+    """What a :class:`Watch` asks of the stub that made it (:class:`RouterStub` is one):
+    declared here so that this module needs nothing above it."""
+
+    def _unwatch(self, w: Watch) -> None: ...
+
+
 class Watch(EventStream[GroupEvent]):
     """``join``/``leave`` events of a watched group, merged over every router.
 
@@ -149,7 +152,7 @@ class Watch(EventStream[GroupEvent]):
     ``async with``) stops watching once no other Watch of the group is open.
     """
 
-    def __init__(self, stub: RouterStub, group: str, maxlen: int) -> None:
+    def __init__(self, stub: WatchOwner, group: str, maxlen: int) -> None:
         super().__init__(maxlen)
         self._stub = stub
         self.group = group
