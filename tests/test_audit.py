@@ -36,7 +36,8 @@ from gossiprouter.analytics.cli import (
     EXIT_THRESHOLD,
     analyze_command,
 )
-from gossiprouter.analytics.report import Report, load_baseline
+from gossiprouter.analytics.report.baseline import load_baseline
+from gossiprouter.analytics.report.model import Report
 from gossiprouter.analytics.spark_io import HadoopFs, _log_cause
 from gossiprouter.loadtest.records import (
     MEMBERSHIP_SCHEMA,

@@ -9,7 +9,7 @@ computes with Spark DataFrames
 2. latency percentiles overall, per group, per payload size and per cast kind;
 3. deliveries (and sends, and losses) per second over the run;
 
-and writes ``report.json`` and ``report.html`` (see :mod:`gossiprouter.analytics.report`).
+and writes ``report.json`` and ``report.html`` (see :mod:`gossiprouter.analytics.report.files`).
 
 Paths are local paths by default. Anything with a URI scheme (``hdfs://``, ``s3a://``,
 ``file://`` ...) is handed to Spark and Hadoop as is, so it works wherever the Spark
@@ -38,17 +38,17 @@ from gossiprouter.analytics.latency import (
     latency_stats,
     over_time,
 )
-from gossiprouter.analytics.report import (
+from gossiprouter.analytics.report.files import write_report
+from gossiprouter.analytics.report.manifest import run_events
+from gossiprouter.analytics.report.model import Report
+from gossiprouter.analytics.report.parts import (
     Audit,
     Breakdown,
     Counts,
     Finding,
     LatencyStats,
-    Report,
     ThroughputBucket,
-    run_events,
     size_bucket,
-    write_report,
 )
 from gossiprouter.analytics.spark_io import (
     DEFAULT_MASTER,
@@ -201,7 +201,7 @@ def analyze(
     of anomaly. ``conf`` and ``spark_log`` go to :func:`spark_session`. ``progress`` is
     called with a short line at each phase, prefixed with the time since the start, and
     once at the end with each phase's duration. ``allow_loss`` goes into the report's
-    verdict. ``baseline`` (from :func:`~gossiprouter.analytics.report.load_baseline`) is
+    verdict. ``baseline`` (from :func:`~gossiprouter.analytics.report.baseline.load_baseline`) is
     the earlier run the report compares with. Raises :class:`AuditInputError` for a run
     directory that is missing or holds no records, :class:`SparkStartError` when Spark
     cannot start.

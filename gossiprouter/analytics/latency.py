@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from gossiprouter.analytics.report import Histogram, LatencyPoint, LatencyStats
+from gossiprouter.analytics.report.parts import Histogram, LatencyPoint, LatencyStats
 
 if TYPE_CHECKING:
     from pyspark.sql import Column

@@ -54,15 +54,15 @@ from gossiprouter.analytics.latency import (
     latency_stats,
     over_time,
 )
-from gossiprouter.analytics.report import (
+from gossiprouter.analytics.report.files import write_report
+from gossiprouter.analytics.report.model import Report
+from gossiprouter.analytics.report.parts import (
     Audit,
     Counts,
     Finding,
     LatencyStats,
-    Report,
     ScopeBreakdown,
     ThroughputBucket,
-    write_report,
 )
 from gossiprouter.analytics.spark_io import (
     AuditInputError,
