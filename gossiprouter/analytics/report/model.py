@@ -50,7 +50,7 @@ class Report:
     latency: LatencyStats | None
     latency_by_group: dict[str, LatencyStats]
     latency_by_size: dict[str, LatencyStats]
-    """By payload size, bucketed by powers of two (see :func:`size_bucket`)."""
+    """By payload size, bucketed by powers of two (see :func:`~.parts.size_bucket`)."""
     latency_by_cast: dict[str, LatencyStats]
     latency_histogram: Histogram
     throughput: list[ThroughputBucket]
@@ -66,8 +66,8 @@ class Report:
     by_scope: dict[str, ScopeBreakdown] = field(default_factory=dict)
     """Topics runs: the audit by scope."""
     baseline: dict[str, Any] | None = None
-    """``analyze --baseline``: the earlier run to compare with, from :func:`load_baseline`
-    (its ``runs``, ``path`` and ``key_figures``)."""
+    """``analyze --baseline``: the earlier run to compare with, from
+    :func:`~.baseline.load_baseline` (its ``runs``, ``path`` and ``key_figures``)."""
 
     @property
     def run_status(self) -> str | None:
