@@ -24,9 +24,7 @@ from gossiprouter.analytics.audit import (
     AuditInputError,
     analyze,
     loopback_master,
-    membership_intervals,
     session_settings,
-    size_labels,
 )
 from gossiprouter.analytics.cli import (
     EXIT_FAILED,
@@ -36,8 +34,11 @@ from gossiprouter.analytics.cli import (
     EXIT_THRESHOLD,
     analyze_command,
 )
-from gossiprouter.analytics.report import Report, load_baseline
+from gossiprouter.analytics.latency import size_labels
+from gossiprouter.analytics.report.baseline import load_baseline
+from gossiprouter.analytics.report.model import Report
 from gossiprouter.analytics.spark_io import HadoopFs, _log_cause
+from gossiprouter.analytics.timeline import membership_intervals
 from gossiprouter.loadtest.records import (
     MEMBERSHIP_SCHEMA,
     RECORD_SCHEMA,
