@@ -38,7 +38,7 @@ from benchmarks.bench_vs_jgroups import JGroups212, Native, _payload
 from gossiprouter.core.config import Config
 from gossiprouter.protocol import native as wire
 from gossiprouter.server.dispatch import READ, Dispatcher
-from gossiprouter.server.listener import RECV_SIZE, Feeder
+from gossiprouter.server.feeder import RECV_SIZE, Feeder
 from gossiprouter.sessions.base import Hub, Session
 from gossiprouter.sessions.jgroups2 import JGroups2Session
 from gossiprouter.sessions.native import NativeSession
