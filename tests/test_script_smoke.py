@@ -77,6 +77,10 @@ SMOKE: dict[str, tuple[str, ...] | RunBy] = {
     "benchmarks/relay_build.py": RunBy("a module: scripts/sanitize builds with it"),
     "benchmarks/routers.py": RunBy("a module: bench_fastpath_memory.py, bench_fairness.py and "
                                    "bench_admin_stall.py run on it"),
+    "benchmarks/fuzz_inputs.py": RunBy("a module: fuzz_router.py runs on it"),
+    "benchmarks/vs_jgroups_load.py": RunBy("a module: bench_vs_jgroups.py and bench_lightpath.py "
+                                           "run on it"),
+    "benchmarks/vs_jgroups_procs.py": RunBy("a module: bench_vs_jgroups.py runs on it"),
     "benchmarks/profiling.py": RunBy("a module: bench_hotloop.py and bench_jgroups_hotloop.py "
                                      "run on it"),
 }
