@@ -1,4 +1,4 @@
-"""The light-load path layer by layer, in one process (docs/performance.md, "Light load", Step 3).
+"""The light-load path layer by layer, in one process (docs/performance.md, "Light load").
 
 Under light load a message costs the router a wake-up (the kernel's, then trio's) and the
 Python that reads, routes and writes it. ``scripts/bench-vs-jgroups`` measures the whole; this
