@@ -1,5 +1,6 @@
-"""bench-vs-jgroups' protocol side (no Java needed): the 5.x registration handshake its loaders
-rely on, against gossiprouter on 127.0.0.1, and the --jgroups5 option's parsing."""
+"""bench-vs-jgroups' protocol side (no Java needed; benchmarks/vs_jgroups_load.py): the 5.x
+registration handshake its loaders rely on, against gossiprouter on 127.0.0.1, and the
+--jgroups5 option's parsing."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ import pytest
 import trio
 
 from benchmarks import bench_vs_jgroups as bench
+from benchmarks import vs_jgroups_load as load
 from tests.conftest import RouterFactory
 
 
 def _register_all(port: int, members: range) -> list[socket.socket]:
     """What Blaster does per member: write the registration, read exactly the expected reply."""
-    proto = bench.JGroups5()
+    proto = load.JGroups5()
     socks = []
     for i in members:
         reg, skip, ok = proto.register(i)
@@ -40,10 +42,10 @@ async def test_jgroups5_registration_reply_and_member_count(
     socks = await trio.to_thread.run_sync(_register_all, port, range(3))
     try:
         # A member registered before its HEARTBEAT came back: GET_MBRS lists all three.
-        assert await trio.to_thread.run_sync(bench.JGroups5().count_members, port) == 3
+        assert await trio.to_thread.run_sync(load.JGroups5().count_members, port) == 3
         # A 5.x message is delivered byte for byte, as the loaders' counting assumes.
-        frame = bench.JGroups5().send_frame(0, 1, bytes(100))
-        assert bench.JGroups5().recv_frame(0, 1, bytes(100)) == frame
+        frame = load.JGroups5().send_frame(0, 1, bytes(100))
+        assert load.JGroups5().recv_frame(0, 1, bytes(100)) == frame
 
         def route() -> bytes:
             socks[0].sendall(frame)
@@ -94,14 +96,14 @@ def test_paced_fanout_case_paces_both_senders_and_checks_no_stamp() -> None:
     """fanout-paced: 2 senders at half the rate each into the group of 8, latency stamps in
     the payload, and the checked prefix of a delivered frame stops short of the stamp (with
     the 2.12 protocol a multicast's header is shorter than the 16 bytes checked otherwise)."""
-    case = next(c for c in bench.CASES if c.name == "fanout-paced")
-    members = bench.layout(case)
+    case = next(c for c in load.CASES if c.name == "fanout-paced")
+    members = load.layout(case)
     senders = [m for m in members if m.sender_id is not None]
-    assert len(members) == bench.FANOUT_MEMBERS and len(senders) == bench.FANOUT_SENDERS
-    assert all(m.rate == case.rate // bench.FANOUT_SENDERS and m.dest is None for m in senders)
-    assert f"{case.rate * (bench.FANOUT_MEMBERS - 1):,} deliveries/s" in case.title
-    for proto in (bench.JGroups212(), bench.Native()):
-        configs = bench.loader_configs(case, proto, 1, 2, 60)
+    assert len(members) == load.FANOUT_MEMBERS and len(senders) == load.FANOUT_SENDERS
+    assert all(m.rate == case.rate // load.FANOUT_SENDERS and m.dest is None for m in senders)
+    assert f"{case.rate * (load.FANOUT_MEMBERS - 1):,} deliveries/s" in case.title
+    for proto in (load.JGroups212(), load.Native()):
+        configs = load.loader_configs(case, proto, 1, 2, 60)
         words = dict(w.split("=", 1) for line in configs[0] if line.startswith("member")
                      for w in line.split()[1:] if "=" in w)
         pay_off = int(words["rlen"]) - case.size

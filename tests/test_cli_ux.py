@@ -462,7 +462,7 @@ def _analyze(run: Path, *args: str, env: dict[str, str]) -> subprocess.Completed
 
 
 def test_analyze_without_java_says_so_before_spark_starts(tmp_path: Path) -> None:
-    from tests.test_audit import build_run
+    from tests.audit_runs import build_run
 
     run = tmp_path / "run"
     build_run(run)
@@ -481,7 +481,7 @@ def test_analyze_without_java_says_so_before_spark_starts(tmp_path: Path) -> Non
 
 @pytest.mark.spark
 def test_analyze_with_a_bad_master_quotes_sparks_cause(tmp_path: Path) -> None:
-    from tests.test_audit import build_run
+    from tests.audit_runs import build_run
 
     run = tmp_path / "run"
     build_run(run)

@@ -31,6 +31,7 @@ from gossiprouter.loadtest.topic_records import (
 )
 from gossiprouter.loadtest.topics import run_topics
 from gossiprouter.loadtest.topics_scenario import load_topics_scenario
+from tests.audit_runs import run_fixture
 from tests.chromium import Browser, find_chromium
 from tests.conftest import TopicsScenario
 
@@ -111,11 +112,7 @@ def build_topics_run(run_dir: Path) -> None:
 
 
 
-@pytest.fixture(scope="module")
-def unit_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("topics-run")
-    build_topics_run(path)
-    return path
+unit_run = run_fixture("topics-run", build_topics_run)
 
 
 @pytest.fixture(scope="module")
