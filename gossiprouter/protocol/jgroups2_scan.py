@@ -12,20 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from gossiprouter.protocol import jgroups_scan
 from gossiprouter.protocol.errors import ProtocolError
 from gossiprouter.protocol.jgroups2 import MESSAGE, Decoder, message_to_client
 from gossiprouter.protocol.jgroups_address import V2, read_address, read_addresses
 from gossiprouter.protocol.jgroups_reader import NeedMore, Reader
-from gossiprouter.protocol.jgroups_scan import (
-    CONTROL,
-    ERROR,
-    HELD,
-    OVERSIZED,
-    PARTIAL,
-    U32,
-    Item,
-    ScannerBase,
-)
+from gossiprouter.protocol.jgroups_scan import CONTROL, ERROR, HELD, OVERSIZED, PARTIAL, U32, Item
 from gossiprouter.protocol.scan import same_frames
 
 __all__ = ["Route", "Scanner"]
@@ -44,7 +36,7 @@ _DECODER = 0
 _FIRST_WINDOW = 256
 
 
-class Scanner(ScannerBase[Route]):
+class Scanner(jgroups_scan.ScannerBase[Route]):
     """The router's zero-copy reader of a 2.12 connection: runs of MESSAGEs, and the rest.
 
     :meth:`scan` cuts a received chunk into :data:`~gossiprouter.protocol.jgroups_scan.Item`

@@ -12,20 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from gossiprouter.protocol import jgroups_scan
 from gossiprouter.protocol.errors import ProtocolError
 from gossiprouter.protocol.jgroups5 import CLOSE_MARKER, MESSAGE
 from gossiprouter.protocol.jgroups_address import V5, read_address
 from gossiprouter.protocol.jgroups_reader import NeedMore, Reader
-from gossiprouter.protocol.jgroups_scan import (
-    CLOSED,
-    CONTROL,
-    ERROR,
-    OVERSIZED,
-    PARTIAL,
-    U32,
-    Item,
-    ScannerBase,
-)
+from gossiprouter.protocol.jgroups_scan import CLOSED, CONTROL, ERROR, OVERSIZED, PARTIAL, U32, Item
 from gossiprouter.protocol.scan import same_frames
 
 __all__ = ["Route", "Scanner"]
@@ -40,7 +32,7 @@ _CLOSE = int.from_bytes(CLOSE_MARKER, "big")  # the length -5 read as unsigned
 _NEGATIVE = 0x80000000
 
 
-class Scanner(ScannerBase[Route]):
+class Scanner(jgroups_scan.ScannerBase[Route]):
     """The router's zero-copy reader of a 5.x connection: runs of MESSAGEs, and the rest.
 
     :meth:`scan` cuts a received chunk into :data:`~gossiprouter.protocol.jgroups_scan.Item`

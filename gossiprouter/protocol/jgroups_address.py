@@ -5,9 +5,8 @@
   subclasses it does not fully model (ExtendedUUID, SiteUUID, TopologyUUID, ...) byte for byte.
 * :func:`read_address` / :func:`read_addresses` / :func:`write_address` /
   :func:`write_addresses` for both wire versions (``version=2`` for 2.12, ``version=5`` for
-  3.6.5+ including 5.x), over the :class:`~gossiprouter.protocol.jgroups_reader.Reader`.
-
-Everything that is not valid input raises :class:`~gossiprouter.protocol.errors.ProtocolError`.
+  3.6.5+ including 5.x), over the :class:`~gossiprouter.protocol.jgroups_reader.Reader`; an
+  address that is not valid input raises :class:`~gossiprouter.protocol.errors.ProtocolError`.
 """
 
 from __future__ import annotations

@@ -22,15 +22,7 @@ import struct
 
 from gossiprouter.protocol.errors import ProtocolError
 
-__all__ = [
-    "Buffer",
-    "NeedMore",
-    "Reader",
-    "copy_bytes",
-    "decode_utf",
-    "encode_utf",
-    "write_string",
-]
+__all__ = ["Buffer", "NeedMore", "Reader", "copy_bytes", "decode_utf", "encode_utf", "write_string"]
 
 Buffer = bytes | bytearray | memoryview
 

@@ -7,15 +7,15 @@ is the normative description; this module and the three it gathers are its only
 implementation.
 
 The protocol is used as one namespace (``from gossiprouter.protocol import native as wire``;
-``wire.Route``, ``wire.encode``, ``wire.Decoder``), so this module re-exports what its parts
-define, each part holding one job:
+``wire.Route``, ``wire.encode``, ``wire.Decoder``), so this module re-exports the frames it
+writes:
 
-* :mod:`gossiprouter.protocol.native_frames`: the frame types and dataclasses, the limits.
+* :mod:`gossiprouter.protocol.native_frames`: the frame types and dataclasses, the limits, and
+  the validating decoder: :class:`Decoder` turns bytes (split anywhere) into frame objects,
+  checking every field. Clients and tests use it; the router uses it for everything but the
+  hot ROUTE path.
 * the encoders, here: :func:`encode` for any frame, and the hot or special paths
   (:func:`encode_route`, :func:`encode_publish`, :func:`encode_members`...).
-* :mod:`gossiprouter.protocol.native_decode`: :class:`Decoder` turns bytes (split anywhere)
-  into frame objects, checking every field. Clients and tests use it; the router uses it for
-  everything but the hot ROUTE path.
 * :mod:`gossiprouter.protocol.native_scan` cuts received bytes into runs of
   ROUTE (and PUBLISH) frames with one header, without touching the payloads,
   for the router's relay loop, which forwards them byte for byte.
@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from gossiprouter.protocol.native_decode import Decoder, frame_from_body
 from gossiprouter.protocol.native_frames import (
     DEFAULT_MAX_FRAME,
     EVENT_KINDS,
@@ -43,6 +42,7 @@ from gossiprouter.protocol.native_frames import (
     ROUTE_START,
     SUPPORTED_VERSIONS,
     Connect,
+    Decoder,
     Disconnect,
     Error,
     Event,
@@ -64,6 +64,7 @@ from gossiprouter.protocol.native_frames import (
     Unwatch,
     Watch,
     Welcome,
+    frame_from_body,
 )
 from gossiprouter.protocol.native_scan import route_header as _route_header
 

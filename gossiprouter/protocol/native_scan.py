@@ -6,7 +6,7 @@ share a header (and so one routing decision), and the header itself. :class:`Nat
 says exactly that, as offsets into the chunk, and nothing else: it holds no routing table, no
 session, no I/O. The session (``gossiprouter.sessions.native``) decides what happens to each
 item; every frame that is not relayed byte for byte goes, whole, to the validating decoder
-(:func:`gossiprouter.protocol.native_decode.frame_from_body`).
+(:func:`gossiprouter.protocol.native_frames.frame_from_body`).
 
 An item is a tuple ``(kind, start, end, count, head)``; for the first four kinds
 ``data[start:end]`` is whole frames, length prefixes included:
@@ -36,13 +36,13 @@ from collections.abc import Iterator
 from typing import Final, Literal
 
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.protocol.native_decode import frame_from_body
 from gossiprouter.protocol.native_frames import (
     MAX_ADDR,
     MAX_GROUP,
     PUBLISH_START,
     ROUTE_START,
     Publish,
+    frame_from_body,
 )
 from gossiprouter.protocol.scan import HeaderCache, same_frames
 
