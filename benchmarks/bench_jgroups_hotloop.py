@@ -31,8 +31,10 @@ if __name__ == "__main__" and "--root" in sys.argv:  # the checkout to measure (
 
 from gossiprouter.core.config import Config
 from gossiprouter.protocol import jgroups2 as j2
+from gossiprouter.protocol import jgroups2_scan as j2scan
 from gossiprouter.protocol import jgroups5 as j5
-from gossiprouter.protocol.jgroups_common import V2, V5, JAddress
+from gossiprouter.protocol import jgroups5_scan as j5scan
+from gossiprouter.protocol.jgroups_address import V2, V5, JAddress
 from gossiprouter.sessions.base import Hub
 from gossiprouter.sessions.jgroups2 import JGroups2Session
 from gossiprouter.sessions.jgroups5 import JGroups5Session
@@ -142,8 +144,8 @@ def main() -> None:
         import gossiprouter
         print(f"measuring {Path(gossiprouter.__file__).parent}")
     if args.decoder:
-        j2.Scanner._learn = lambda self, data, pos, size, max_frame: 0  # type: ignore[method-assign]
-        j5.Scanner._learn = lambda self, data, body, end: None  # type: ignore[method-assign]
+        j2scan.Scanner._learn = lambda self, data, pos, size, max_frame: 0  # type: ignore[method-assign]
+        j5scan.Scanner._learn = lambda self, data, body, end: None  # type: ignore[method-assign]
     for version in args.versions:
         for case, size in CASES:
             if args.cases and case not in args.cases:

@@ -20,7 +20,7 @@ from typing import Any
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
-from gossiprouter.protocol.jgroups_common import V2, V5, JAddress
+from gossiprouter.protocol.jgroups_address import V2, V5, JAddress
 
 _RAW_NUL = "\x1a"  # placeholder for a raw NUL byte, replaced after encoding
 _U32 = struct.Struct(">I")

@@ -48,7 +48,7 @@ from benchmarks.fuzz_inputs import PROTOCOLS, Input, corpus, make_input  # noqa:
 from gossiprouter.protocol import jgroups2 as j2  # noqa: E402
 from gossiprouter.protocol import jgroups5 as j5  # noqa: E402
 from gossiprouter.protocol import native as wire  # noqa: E402
-from gossiprouter.protocol.jgroups_common import V2, V5, JAddress  # noqa: E402
+from gossiprouter.protocol.jgroups_address import V2, V5, JAddress  # noqa: E402
 from tests.procs import RouterProcess  # noqa: E402
 
 TOKEN = "fuzz-token-0123456789abcdef"

@@ -25,7 +25,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.protocol.jgroups_common import V2, V5, JAddress
+from gossiprouter.protocol.jgroups_address import V2, V5, JAddress
 
 CAPTURES_212 = ("cap212.log", "captun212.log")
 CAPTURES_556 = ("cap556.log", "captun556.log")

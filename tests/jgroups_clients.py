@@ -20,7 +20,7 @@ import trio.testing
 
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
-from gossiprouter.protocol.jgroups_common import V2, V5, JAddress
+from gossiprouter.protocol.jgroups_address import V2, V5, JAddress
 
 BIG = 64 * 1024 * 1024
 # The group a round trip asks about: no test registers in it, so its reply is empty.

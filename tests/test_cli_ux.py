@@ -36,7 +36,7 @@ from gossiprouter.core.addresses import (
 )
 from gossiprouter.core.cli_errors import install_hint
 from gossiprouter.core.config import ConfigError, load_file
-from gossiprouter.protocol.native import MAX_ADDR, MAX_GROUP
+from gossiprouter.protocol.native_frames import MAX_ADDR, MAX_GROUP
 from gossiprouter.server.listener import Server
 from tests.test_blocking_and_tools import CLI, REPO, cli, hostport
 from tests.test_stub import FAST, drain, free_port

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from gossiprouter.core.config import Config
 from gossiprouter.federation.state import Federation, RemoteGroup, RemoteMember
-from gossiprouter.protocol.jgroups_common import JAddress
+from gossiprouter.protocol.jgroups_address import JAddress
 from gossiprouter.routing.table import Kind, RoutingError
 from gossiprouter.sessions.base import Hub
 from gossiprouter.sessions.jgroups_common import JWire

@@ -14,7 +14,7 @@ from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.protocol.jgroups_common import encode_utf
+from gossiprouter.protocol.jgroups_reader import encode_utf
 
 
 def _decode(proto: str, data: bytes) -> list[object]:

@@ -21,7 +21,7 @@ import trio
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
-from gossiprouter.protocol.jgroups_common import V2, V5
+from gossiprouter.protocol.jgroups_address import V2, V5
 from gossiprouter.server.listener import REFUSAL_SLOTS, Server
 from tests.conftest import ops_of
 from tests.hostile import (

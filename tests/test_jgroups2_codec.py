@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.protocol.jgroups_common import V2, V5, JAddress
+from gossiprouter.protocol.jgroups_address import V2, V5, JAddress
 from tests import jgroups_captures as cap
 from tests.jgroups_captures import EXAMPLES, addresses_v2, decode_all, h, names, payloads
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.protocol.jgroups_common import V2, V5, JAddress
+from gossiprouter.protocol.jgroups_address import V2, V5, JAddress
 from tests import jgroups_captures as cap
 from tests.jgroups_captures import EXAMPLES, addresses_v5, decode_all, h, names, payloads
 

@@ -15,7 +15,7 @@ from typing import Any
 import msgpack
 
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.protocol.jgroups_common import V2, V5, JAddress
+from gossiprouter.protocol.jgroups_address import V2, V5, JAddress
 from gossiprouter.routing.table import Group, Kind, RemoteCarrier
 from gossiprouter.sessions.jgroups_common import JWire
 
