@@ -12,6 +12,7 @@ import trio
 
 from benchmarks import bench_vs_jgroups as bench
 from tests.conftest import RouterFactory
+from tests.procs import free_port
 
 
 def _recv_exact(s: socket.socket, n: int) -> bytes:
@@ -70,7 +71,7 @@ def test_floor_relays_native_frames_byte_for_byte(tmp_path: Path) -> None:
     """The floor answers the native handshake the loaders expect (WELCOME skipped, then the exact
     OK) and forwards ROUTE frames unchanged: unicast to its destination only, multicast to every
     other member, frames split across writes or several in one write."""
-    port = bench.free_port()
+    port = free_port()
     router = bench.Router(bench.FLOOR, port, tmp_path / "floor.log")
     proto = bench.Native()
     socks = _register_all(port, range(3), proto)
