@@ -32,7 +32,7 @@ def built(out: Path = DEFAULT_OUT) -> Path:
     if shutil.which(cc) is None:
         raise SystemExit(f"floor build: no C compiler '{cc}' on PATH (install gcc, or set CC)")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")  # two test runs may build at once
     done = subprocess.run([cc, *CFLAGS, "-o", str(tmp), str(SOURCE)],
                           capture_output=True, text=True)
     if done.returncode != 0:
