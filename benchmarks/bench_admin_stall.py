@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -33,23 +31,13 @@ from urllib.parse import quote
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.routers import free_port, native_client, serving  # noqa: E402
 from gossiprouter.protocol import native as wire  # noqa: E402
-from tests.procs import free_port, wait_listening  # noqa: E402
-
-
-def _native(port: int) -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", port))
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    s.sendall(wire.PREAMBLE + wire.encode(wire.Hello((1,), "bench")))
-    dec = wire.Decoder()
-    while not dec.frames():
-        dec.feed(s.recv(65536))
-    return s
 
 
 def _fill(port: int, n: int) -> socket.socket:
     """One connection watching n groups; returns it (kept open)."""
-    s = _native(port)
+    s = native_client(port)
     got = 0
     dec = wire.Decoder()
 
@@ -148,19 +136,13 @@ def main() -> None:
     if "watches_per_connection" in config.read_text():
         # This router bounds WATCH, groups and control frames: lift the bounds to fill it.
         extra = ["--watches-per-connection", "0", "--max-groups", "0", "--control-rate", "0"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gossiprouter", "serve", "--host", "127.0.0.1", "--port",
-         str(port), "--metrics", f"127.0.0.1:{mport}", "--log-level", "warning", *extra],
-        cwd=a.src, env=dict(os.environ, PYTHONPATH=str(a.src)),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_listening(port, proc)
+    with serving(a.src, port, "--metrics", f"127.0.0.1:{mport}", *extra):
         t0 = time.perf_counter()
         keep = _fill(port, a.groups)
         print(f"router from {a.src}: {a.groups} groups (filled in "
               f"{time.perf_counter() - t0:.1f}s)")
         base = f"http://127.0.0.1:{mport}"
-        honest = _native(port)
+        honest = native_client(port)
         paged = "next" in json.loads(_get(base + "/groups?limit=1"))
         cases: list[tuple[str, object]] = [("no fetch (1 s)", None),
                                            ("/groups", lambda: _get(base + "/groups"))]
@@ -175,10 +157,6 @@ def main() -> None:
             print(f"{name:<22} {took:>8.2f} {size:>11} {ms[len(ms) // 2]:>11.2f} "
                   f"{ms[min(len(ms) - 1, int(len(ms) * 0.99))]:>8.2f} {ms[-1]:>9.2f}")
         keep.close()
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(10)
 
 
 if __name__ == "__main__":

@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
 import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -43,28 +41,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.routers import free_port, native_client, serving  # noqa: E402
 from gossiprouter.protocol import jgroups5 as j5  # noqa: E402
 from gossiprouter.protocol import native as wire  # noqa: E402
-from tests.procs import free_port, wait_listening  # noqa: E402
 
 FLOODS = ("ping", "heartbeat", "pipeline", "relay")
 RELAY_MEMBERS = 16
 RELAY_RATE = 2_000  # frames per second per member
 RATE = 1_000_000  # flood bytes per second (ping, heartbeat)
 PIPELINE = 100_000
-
-
-def _native(port: int) -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", port))
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    s.sendall(wire.PREAMBLE + wire.encode(wire.Hello((1,), "bench")))
-    dec = wire.Decoder()
-    while not dec.frames():
-        data = s.recv(65536)
-        if not data:
-            raise RuntimeError("router closed the connection before WELCOME")
-        dec.feed(data)
-    return s
 
 
 def _read_all(s: socket.socket, stop: threading.Event, on_data: Callable[[bytes], None]
@@ -88,7 +73,7 @@ def _read_all(s: socket.socket, stop: threading.Event, on_data: Callable[[bytes]
 def _relay_flood(port: int, seconds: float) -> tuple[int, str]:
     """RELAY_MEMBERS members multicast into one group for ``seconds``, each reading all it
     gets; (frames delivered, close reason)."""
-    socks = [_native(port) for _ in range(RELAY_MEMBERS)]
+    socks = [native_client(port) for _ in range(RELAY_MEMBERS)]
     for i, s in enumerate(socks):
         s.sendall(wire.encode(wire.Connect(1, "flood", b"f%d" % i, None, ())))
     frame = [wire.encode(wire.Route("flood", None, b"f%d" % i, b"x" * 100))
@@ -143,7 +128,7 @@ def _flooder(port: int, kind: str, seconds: float, out: mp.Queue[tuple[int, str]
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         one = j5.heartbeat()
     else:
-        s = _native(port)
+        s = native_client(port)
         one = (wire.encode(wire.Ping(7)) if kind == "ping"
                else wire.encode(wire.GetMembers(1, "no-such-group")))
     answers = 0
@@ -243,14 +228,8 @@ def main() -> None:
 
 def _measure(a: argparse.Namespace, extra: list[str]) -> None:
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(a.src))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gossiprouter", "serve", "--host", "127.0.0.1", "--port",
-         str(port), "--log-level", "warning", *extra, *a.router_args],
-        cwd=a.src, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_listening(port, proc)
-        honest = _native(port)
+    with serving(a.src, port, *extra, *a.router_args) as proc:
+        honest = native_client(port)
         print(f"router from {a.src} {' '.join(extra)}; honest client's PING round trip in ms")
         print(f"{'case':<22} {'p50':>8} {'p99':>8} {'max':>9} {'pings':>7}  flooder")
         print(_row("no flood", _rtts(honest, a.seconds), "-"))
@@ -268,10 +247,6 @@ def _measure(a: argparse.Namespace, extra: list[str]) -> None:
             time.sleep(0.5)
         if proc.poll() is not None:
             print(f"router exited with status {proc.returncode}")
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(10)
 
 
 if __name__ == "__main__":

@@ -17,21 +17,24 @@ checkouts by alternating the runs in one sitting.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import pstats
 import sys
 import time
+from functools import partial
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.profiling import measured  # this checkout's, whatever --root says
 
 if __name__ == "__main__" and "--root" in sys.argv:  # the checkout to measure (see above)
     sys.path.insert(0, sys.argv[sys.argv.index("--root") + 1])
-else:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gossiprouter.core.config import Config
 from gossiprouter.protocol import jgroups2 as j2
+from gossiprouter.protocol import jgroups2_scan as j2scan
 from gossiprouter.protocol import jgroups5 as j5
-from gossiprouter.protocol.jgroups_common import V2, V5, JAddress
+from gossiprouter.protocol import jgroups5_scan as j5scan
+from gossiprouter.protocol.jgroups_address import V2, V5, JAddress
 from gossiprouter.sessions.base import Hub
 from gossiprouter.sessions.jgroups2 import JGroups2Session
 from gossiprouter.sessions.jgroups5 import JGroups5Session
@@ -141,20 +144,13 @@ def main() -> None:
         import gossiprouter
         print(f"measuring {Path(gossiprouter.__file__).parent}")
     if args.decoder:
-        j2.Scanner._learn = lambda self, data, pos, size, max_frame: 0  # type: ignore[method-assign]
-        j5.Scanner._learn = lambda self, data, body, end: None  # type: ignore[method-assign]
+        j2scan.Scanner._learn = lambda self, data, pos, size, max_frame: 0  # type: ignore[method-assign]
+        j5scan.Scanner._learn = lambda self, data, body, end: None  # type: ignore[method-assign]
     for version in args.versions:
         for case, size in CASES:
             if args.cases and case not in args.cases:
                 continue
-            if args.profile:
-                prof = cProfile.Profile()
-                prof.enable()
-                ns = run(version, case, size, args.seconds)
-                prof.disable()
-                pstats.Stats(prof).sort_stats("tottime").print_stats(8)
-            else:
-                ns = run(version, case, size, args.seconds)
+            ns = measured(partial(run, version, case, size, args.seconds), args.profile, 8)
             print(f"jgroups{version} {case:13} {size:5d} B: {ns:7.0f} ns per received message")
 
 

@@ -1,4 +1,4 @@
-"""The light-load path layer by layer, in one process (docs/performance.md, "Light load", Step 3).
+"""The light-load path layer by layer, in one process (docs/performance.md, "Light load").
 
 Under light load a message costs the router a wake-up (the kernel's, then trio's) and the
 Python that reads, routes and writes it. ``scripts/bench-vs-jgroups`` measures the whole; this
@@ -34,11 +34,11 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_vs_jgroups import JGroups212, Native, _payload
+from benchmarks.vs_jgroups_load import JGroups212, Native, payload
 from gossiprouter.core.config import Config
 from gossiprouter.protocol import native as wire
 from gossiprouter.server.dispatch import READ, Dispatcher
-from gossiprouter.server.listener import RECV_SIZE, Feeder
+from gossiprouter.server.feeder import RECV_SIZE, Feeder
 from gossiprouter.sessions.base import Hub, Session
 from gossiprouter.sessions.jgroups2 import JGroups2Session
 from gossiprouter.sessions.native import NativeSession
@@ -197,7 +197,7 @@ def unicast(protocol: str, n: int, pairs: int = 4) -> dict[str, float]:
         b = Bench(protocol, batch=True)
         for i in range(2 * pairs):
             b.member(i)
-        frames = [b.proto.send_frame(2 * p, 2 * p + 1, _payload(100, p)) for p in range(pairs)]
+        frames = [b.proto.send_frame(2 * p, 2 * p + 1, payload(100, p)) for p in range(pairs)]
         async with trio.open_nursery() as nursery:
             await _serve(nursery, b, [2 * p for p in range(pairs)])
             ep = b.dispatcher._epoll
@@ -253,7 +253,7 @@ def fanout(protocol: str, n: int, batch: bool, members: int = 8) -> dict[str, fl
         b = Bench(protocol, batch)
         for i in range(members):
             b.member(i)
-        frames = [b.proto.send_frame(i, None, _payload(100, i)) for i in range(2)]
+        frames = [b.proto.send_frame(i, None, payload(100, i)) for i in range(2)]
         async with trio.open_nursery() as nursery:
             await _serve(nursery, b, [0, 1])
             ep = b.dispatcher._epoll

@@ -170,16 +170,23 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# The sizes a run takes (each at least 1): option -> (default, help).
+SIZES = {
+    "messages": (20000, "timed messages per run"),
+    "warmup": (2000, "untimed messages first"),
+    "size": (100, "payload bytes"),
+    "window": (256, "messages in flight at most"),
+    "repeat": (5, "runs per case (the best is kept)"),
+}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--messages", type=int, default=20000, help="timed messages per run")
-    p.add_argument("--warmup", type=int, default=2000, help="untimed messages first")
-    p.add_argument("--size", type=int, default=100, help="payload bytes")
-    p.add_argument("--window", type=int, default=256, help="messages in flight at most")
-    p.add_argument("--repeat", type=int, default=5, help="runs per case (the best is kept)")
+    for name, (default, text) in SIZES.items():
+        p.add_argument(f"--{name}", type=int, default=default, help=text)
     p.add_argument("--baseline", metavar="REF", help="also run git REF's client on trio")
     args = p.parse_args()
-    for name in ("messages", "warmup", "size", "window", "repeat"):
+    for name in SIZES:
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1")
     rows = measure(args)

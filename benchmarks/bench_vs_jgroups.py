@@ -42,51 +42,58 @@ Router CPU per delivered message = the router process's user+system CPU seconds
 
 A benchmark, not a test: it prints tables and asserts nothing about speed. Figures are
 medians over ``--runs`` runs; the routers alternate run by run so that drift hits all three.
+
+The cases, the protocols' bytes and the loaders' configurations are in vs_jgroups_load.py; the
+router and loader processes, and what is read of the machine, in vs_jgroups_procs.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
-import platform
-import queue
-import signal
-import socket
 import statistics
-import struct
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.floor import build as floor_build  # noqa: E402
-from gossiprouter.protocol import jgroups2 as j2  # noqa: E402
-from gossiprouter.protocol import jgroups5 as j5  # noqa: E402
-from gossiprouter.protocol import native as wire  # noqa: E402
-from gossiprouter.protocol.jgroups_common import V2, V5, JAddress  # noqa: E402
-from tests.procs import free_port, proc_cpu_seconds, wait_listening  # noqa: E402
-
-JAR = Path("/usr/share/java/jgroups.jar")
-JAVA_SRC = REPO / "benchmarks" / "jgroups" / "Blaster.java"
-CLASSES = REPO / "benchmarks" / "jgroups" / "classes"
-JAVA = "java"
+from benchmarks.vs_jgroups_load import (  # noqa: E402
+    CASES,
+    Case,
+    JGroups5,
+    JGroups212,
+    Native,
+    Proto,
+    layout,
+    loader_configs,
+)
+from benchmarks.vs_jgroups_procs import (  # noqa: E402
+    FLOOR,
+    JAR,
+    JAVA_ROUTER_OPTS,
+    LOADER_OPTS,
+    Loader,
+    Router,
+    background_load,
+    cleanup_on_exit,
+    ensure_compiled,
+    ensure_floor_built,
+    jgroups5_version,
+    machine_busy_seconds,
+    machine_info,
+)
+from tests.procs import free_port  # noqa: E402
 
 ROUTERS = ("java", "gr-2.12", "gr-native")
 # Only with --jgroups5 CLASSPATH: the Java 5.x router and gossiprouter over the 5.x protocol.
 ROUTERS5 = ("java5", "gr-5")
-# The light-load floor: benchmarks/floor/relay.c over the native protocol.
-FLOOR = "floor"
+# The light-load floor (FLOOR, from vs_jgroups_procs): benchmarks/floor/relay.c, native frames.
 ALL_ROUTERS = (*ROUTERS, *ROUTERS5, FLOOR)
 ROUTER_TITLES = {
     "java": "Java 2.12", "gr-2.12": "gossiprouter 2.12", "gr-native": "gossiprouter native",
@@ -108,354 +115,6 @@ def base_kind(router: str) -> str:
 def title(router: str) -> str:
     t = ROUTER_TITLES[base_kind(router)]
     return t + " (variant)" if router.endswith(VARIANT) else t
-# The Java router is thread-per-connection: a small stack per thread keeps 10,000 connections
-# cheap in address space; 512 MiB of heap is plenty for the router's per-connection buffers.
-JAVA_ROUTER_OPTS = ("-Xmx512m", "-Xss256k")
-LOADER_OPTS = ("-Xms64m", "-Xmx256m", "-Xss256k", "-XX:+UseSerialGC")
-
-GROUP = "bench"
-PAIRS = 4  # unicast cases: 4 sender -> receiver pairs
-FANOUT_MEMBERS = 8  # fan-out: a group of 8 ...
-FANOUT_SENDERS = 2  # ... with 2 senders
-IDLE_BASE = 1000  # member indexes of idle connections start here
-
-Kind = Literal["unicast", "fanout", "paced", "idle"]
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    kind: Kind
-    size: int  # payload bytes
-    rate: int = 0  # total messages/s for paced load; 0 = flood
-    idle: int = 0  # idle registered connections besides the active members
-
-    @property
-    def title(self) -> str:
-        if self.kind == "unicast":
-            return f"unicast {PAIRS} pairs, {self.size} B"
-        if self.kind == "fanout" and self.rate:
-            return (f"fan-out 1→{FANOUT_MEMBERS - 1}, {FANOUT_SENDERS} senders, "
-                    f"{self.rate * (FANOUT_MEMBERS - 1):,} deliveries/s, {self.size} B")
-        if self.kind == "fanout":
-            return f"fan-out 1→{FANOUT_MEMBERS - 1}, {FANOUT_SENDERS} senders, {self.size} B"
-        if self.kind == "paced":
-            return f"paced {self.rate:,} msg/s, {self.size} B"
-        return f"{self.idle:,} idle + {self.rate:,} msg/s, {self.size} B"
-
-
-CASES = (
-    Case("unicast-100", "unicast", 100),
-    Case("unicast-1000", "unicast", 1000),
-    Case("fanout-100", "fanout", 100),
-    Case("fanout-1000", "fanout", 1000),
-    Case("paced-100", "paced", 100, rate=10_000),
-    # Medium-load fan-out (issue 16's second row): 2 senders x 1,144 msg/s into a group of 8,
-    # 16,016 deliveries/s; several messages of one wake-up may go to the same receiver.
-    Case("fanout-paced", "fanout", 100, rate=2_288),
-    Case("idle-5000", "idle", 100, rate=1_000, idle=5_000),
-    Case("idle-10000", "idle", 100, rate=1_000, idle=10_000),
-)
-
-
-# --------------------------------------------------------------------------- child processes
-
-_CHILDREN: list[subprocess.Popen[bytes] | subprocess.Popen[str]] = []
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGKILL when this driver dies, however it dies."""
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _kill(p: subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:
-    if p.poll() is None:
-        p.kill()
-    try:
-        p.wait(10)
-    except subprocess.TimeoutExpired:  # pragma: no cover - a SIGKILLed child always ends
-        print(f"warning: process {p.pid} did not end after SIGKILL", file=sys.stderr)
-    if p in _CHILDREN:
-        _CHILDREN.remove(p)
-
-
-def kill_children() -> None:
-    for p in list(_CHILDREN):
-        _kill(p)
-
-
-def _on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
-def proc_status_kib(pid: int, key: str) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {key} in /proc/{pid}/status")
-
-
-def machine_busy_seconds() -> float:
-    """CPU seconds the whole machine spent not idle (all cores), from /proc/stat."""
-    with open("/proc/stat") as f:
-        parts = [int(x) for x in f.readline().split()[1:]]
-    idle = parts[3] + (parts[4] if len(parts) > 4 else 0)
-    return (sum(parts[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-class Router:
-    """One router process on 127.0.0.1:port; SIGKILLed on stop (each run uses a fresh one)."""
-
-    def __init__(self, kind: str, port: int, log: Path, jgroups5: str | None = None,
-                 gr_args: Sequence[str] = (), tree: Path = REPO) -> None:
-        self.kind = kind
-        self.port = port
-        if kind == "java":
-            cmd = [JAVA, *JAVA_ROUTER_OPTS, "-cp", str(JAR), "org.jgroups.stack.GossipRouter",
-                   "-port", str(port), "-bindaddress", "127.0.0.1"]
-        elif kind == "java5":
-            if not jgroups5:
-                raise ValueError("the java5 router needs --jgroups5 CLASSPATH")
-            # 5.x renamed -bindaddress to -bind_addr; everything else stays at its defaults
-            # (blocking TcpServer, one reader thread per connection).
-            cmd = [JAVA, *JAVA_ROUTER_OPTS, "-cp", jgroups5, "org.jgroups.stack.GossipRouter",
-                   "-port", str(port), "-bind_addr", "127.0.0.1"]
-        elif kind == FLOOR:
-            cmd = [str(floor_build.built()), str(port)]
-        else:
-            cmd = [sys.executable, "-m", "gossiprouter", "serve", "--host", "127.0.0.1",
-                   "--port", str(port), "--log-level", "warning", *gr_args]
-        with open(log, "ab") as out:
-            # gossiprouter runs from ``tree`` (python -m puts the working directory first on
-            # sys.path): --variant-tree measures another checkout against this one.
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                         cwd=tree, preexec_fn=_die_with_parent)
-        _CHILDREN.append(self.proc)
-        wait_listening(port, self.proc)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def cpu_seconds(self) -> float:
-        return proc_cpu_seconds(self.pid)
-
-    def rss_mib(self) -> float:
-        return proc_status_kib(self.pid, "VmRSS") / 1024
-
-    def threads(self) -> int:
-        return proc_status_kib(self.pid, "Threads")
-
-    def stop(self) -> None:
-        _kill(self.proc)
-
-
-class Loader:
-    """One Blaster process; its stdout lines are read by a thread into a queue."""
-
-    def __init__(self, config: Path, log: Path) -> None:
-        with open(log, "ab") as err:
-            self.proc: subprocess.Popen[str] = subprocess.Popen(
-                [JAVA, *LOADER_OPTS, "-cp", str(CLASSES), "Blaster", str(config)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
-                bufsize=1, cwd=REPO, preexec_fn=_die_with_parent)
-        _CHILDREN.append(self.proc)
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.log = log
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)
-
-    def send(self, cmd: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(cmd + "\n")
-        self.proc.stdin.flush()
-
-    def expect(self, prefix: str, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"loader {self.proc.pid}: no {prefix} within {timeout:g} s")
-            try:
-                line = self.lines.get(timeout=left)
-            except queue.Empty:
-                continue
-            if line is None:
-                raise RuntimeError(f"loader {self.proc.pid} exited (see {self.log})")
-            if line.startswith("ERROR"):
-                raise RuntimeError(f"loader {self.proc.pid}: {line}")
-            if line.startswith(prefix):
-                return line
-
-    def cpu_seconds(self) -> float:
-        return proc_cpu_seconds(self.proc.pid)
-
-    def stop(self) -> None:
-        try:
-            if self.proc.poll() is None:
-                self.send("STOP")
-                self.proc.wait(5)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        _kill(self.proc)
-
-
-def ensure_compiled() -> None:
-    target = CLASSES / "Blaster.class"
-    if target.exists() and target.stat().st_mtime >= JAVA_SRC.stat().st_mtime:
-        return
-    print(f"compiling {JAVA_SRC.relative_to(REPO)} -> {CLASSES.relative_to(REPO)}/", flush=True)
-    CLASSES.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["javac", "-d", str(CLASSES), str(JAVA_SRC)], check=True)
-
-
-# --------------------------------------------------------------------------- protocols
-
-
-class Proto(Protocol):
-    def register(self, i: int) -> tuple[bytes, int, bytes]:
-        """Registration bytes of member i, reply frames to skip, and the exact reply expected."""
-
-    def send_frame(self, sender: int, dest: int | None, payload: bytes) -> bytes:
-        """A message as the sender writes it (dest None = multicast)."""
-
-    def recv_frame(self, sender: int, dest: int | None, payload: bytes) -> bytes:
-        """The same message as the router delivers it."""
-
-    def count_members(self, port: int) -> int:
-        """How many members the router lists for the group."""
-
-
-def _uuid_bits(i: int) -> tuple[int, int]:
-    return 0x6272_0000_0000_0000 + i, 0x4A47_0000_0000_0000 + i
-
-
-class JGroups212:
-    """JGroups 2.12 GossipData: what TUNNEL / RouterStub 2.12 send."""
-
-    def _addr(self, i: int) -> JAddress:
-        msb, lsb = _uuid_bits(i)
-        return JAddress.from_uuid(msb, lsb, version=V2)
-
-    def register(self, i: int) -> tuple[bytes, int, bytes]:
-        phys = JAddress.from_ip("127.0.0.1", 10000 + i % 50000, version=V2)
-        return j2.connect(GROUP, self._addr(i), f"m{i}", [phys]), 0, j2.connect_ok()
-
-    def send_frame(self, sender: int, dest: int | None, payload: bytes) -> bytes:
-        return j2.message(GROUP, None if dest is None else self._addr(dest), payload)
-
-    def recv_frame(self, sender: int, dest: int | None, payload: bytes) -> bytes:
-        return j2.message_to_client(None if dest is None else self._addr(dest), payload)
-
-    def count_members(self, port: int) -> int:
-        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-            dec = j2.ClientDecoder(max_frame=64 << 20)
-            dec.expect_members_reply()
-            s.sendall(j2.gossip_get(GROUP))
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                data = s.recv(1 << 20)
-                if not data:
-                    raise RuntimeError("router closed the GOSSIP_GET connection")
-                dec.feed(data)
-                ev = dec.next_event()
-                if isinstance(ev, j2.MembersReply):
-                    return len(ev.members)
-            raise TimeoutError("no GOSSIP_GET reply")
-
-
-class Native:
-    """gossiprouter's native protocol (docs/protocol.md)."""
-
-    def _addr(self, i: int) -> bytes:
-        return struct.pack(">QQ", *_uuid_bits(i))
-
-    def register(self, i: int) -> tuple[bytes, int, bytes]:
-        reg = (wire.PREAMBLE + wire.encode(wire.Hello((1,), "bench-vs-jgroups"))
-               + wire.encode(wire.Connect(1, GROUP, self._addr(i), f"m{i}",
-                                          (("127.0.0.1", 10000 + i % 50000),))))
-        return reg, 1, wire.encode(wire.Ok(1, None))  # skip WELCOME, then OK
-
-    def send_frame(self, sender: int, dest: int | None, payload: bytes) -> bytes:
-        return wire.encode_route(GROUP, None if dest is None else self._addr(dest),
-                                 self._addr(sender), payload)
-
-    def recv_frame(self, sender: int, dest: int | None, payload: bytes) -> bytes:
-        return self.send_frame(sender, dest, payload)  # forwarded byte for byte
-
-    def count_members(self, port: int) -> int:
-        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-            s.sendall(wire.PREAMBLE + wire.encode(wire.Hello((1,), "bench-check"))
-                      + wire.encode(wire.GetMembers(7, GROUP)))
-            dec = wire.Decoder(max_frame=64 << 20)
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                data = s.recv(1 << 20)
-                if not data:
-                    raise RuntimeError("router closed the GET_MEMBERS connection")
-                dec.feed(data)
-                for f in dec.frames():
-                    if isinstance(f, wire.Ok) and f.req == 7:
-                        return len(f.members or ())
-                    if isinstance(f, wire.Error):
-                        raise RuntimeError(f"GET_MEMBERS: {f}")
-            raise TimeoutError("no GET_MEMBERS reply")
-
-
-class JGroups5:
-    """JGroups 3.6.5+ / 4.x / 5.x GossipData: what TUNNEL / RouterStub 5.x send.
-
-    REGISTER has no reply in 5.x, so registration is REGISTER followed by a HEARTBEAT on the
-    same connection: the router answers the HEARTBEAT only after it has handled the REGISTER,
-    which makes the echoed HEARTBEAT the exact reply that says "registered".
-    """
-
-    def _addr(self, i: int) -> JAddress:
-        msb, lsb = _uuid_bits(i)
-        return JAddress.from_uuid(msb, lsb, version=V5)
-
-    def register(self, i: int) -> tuple[bytes, int, bytes]:
-        phys = JAddress.from_ip("127.0.0.1", 10000 + i % 50000, version=V5)
-        reg = j5.register(GROUP, self._addr(i), f"m{i}", phys) + j5.heartbeat()
-        return reg, 0, j5.heartbeat()
-
-    def send_frame(self, sender: int, dest: int | None, payload: bytes) -> bytes:
-        return j5.message(GROUP, None if dest is None else self._addr(dest), self._addr(sender),
-                          payload)
-
-    def recv_frame(self, sender: int, dest: int | None, payload: bytes) -> bytes:
-        return self.send_frame(sender, dest, payload)  # forwarded byte for byte
-
-    def count_members(self, port: int) -> int:
-        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-            dec = j5.Decoder(max_frame=64 << 20)
-            s.sendall(j5.get_members(GROUP))
-            seen = 0
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                data = s.recv(1 << 20)
-                if not data:
-                    raise RuntimeError("router closed the GET_MBRS connection")
-                dec.feed(data)
-                while (ev := dec.next_event()) is not None:
-                    if isinstance(ev, j5.MembersReply):
-                        # Clients before 5.4.4 get one reply; newer ones may get several,
-                        # the last one flagged.
-                        seen += len(ev.members)
-                        if ev.last or ev.group is not None:
-                            return seen
-            raise TimeoutError("no GET_MBRS reply")
 
 
 def proto_for(router: str) -> Proto:
@@ -463,81 +122,6 @@ def proto_for(router: str) -> Proto:
     if router in ("java5", "gr-5"):
         return JGroups5()
     return Native() if router in ("gr-native", FLOOR) else JGroups212()
-
-
-# --------------------------------------------------------------------------- loader configs
-
-
-@dataclass(frozen=True)
-class Member:
-    index: int  # address number
-    sender_id: int | None  # set for senders (the id byte in their payload)
-    dest: int | None  # unicast destination; None = multicast (senders only)
-    rate: int  # messages/s, 0 = flood
-
-
-def layout(case: Case) -> list[Member]:
-    """The active members of a case, senders first."""
-    if case.kind == "fanout":
-        senders = [Member(k, k, None, case.rate // FANOUT_SENDERS) for k in range(FANOUT_SENDERS)]
-        receivers = [Member(k, None, None, 0) for k in range(FANOUT_SENDERS, FANOUT_MEMBERS)]
-        return senders + receivers
-    per_sender = case.rate // PAIRS
-    out = []
-    for p in range(PAIRS):
-        out.append(Member(2 * p, p, 2 * p + 1, per_sender))
-        out.append(Member(2 * p + 1, None, None, 0))
-    return out
-
-
-def _payload(size: int, sender_id: int) -> bytes:
-    """Payload: 8-byte timestamp slot (filled by a paced sender), the sender-id byte, zeros."""
-    p = bytearray(size)
-    p[8] = sender_id
-    return bytes(p)
-
-
-def loader_configs(case: Case, proto: Proto, port: int, nloaders: int,
-                   deadline: float) -> list[list[str]]:
-    """Config lines of each loader process."""
-    members = layout(case)
-    senders = [m for m in members if m.sender_id is not None]
-    # What each sender sends, and what the router delivers for it (one length for the case).
-    sent = {m.index: proto.send_frame(m.index, m.dest, _payload(case.size, m.sender_id or 0))
-            for m in senders}
-    delivered = [proto.recv_frame(m.index, m.dest, _payload(case.size, m.sender_id or 0))
-                 for m in senders]
-    rlen = len(delivered[0])
-    if any(len(f) != rlen for f in delivered):
-        raise AssertionError("delivered frames of one case must have one length")
-    pay_off = rlen - case.size  # the payload is the last field in both protocols
-    timed = case.rate > 0
-    # The checked prefix: what every delivered frame shares, short of a paced sender's stamp.
-    limit = min(16, rlen, pay_off if timed else rlen)
-    common = 0
-    while common < limit and len({f[common] for f in delivered}) == 1:
-        common += 1
-    check = delivered[0][:max(common, 1)].hex()
-    configs: list[list[str]] = [
-        [f"port {port}", f"deadline {deadline:.0f}", "connect_threads 4"] for _ in range(nloaders)
-    ]
-    # Pairs stay together in one loader (so sender and receiver share a JVM and a clock).
-    for k, m in enumerate(members):
-        slot = (k // 2) % nloaders if case.kind != "fanout" else k % nloaders
-        reg, skip, ok = proto.register(m.index)
-        words = [f"member reg={reg.hex()} skip={skip} ok={ok.hex()}", f"rlen={rlen}",
-                 f"check={check}", f"idoff={pay_off + 8}",
-                 f"self={255 if m.sender_id is None else m.sender_id}",
-                 f"tsoff={pay_off if timed else -1}"]
-        if m.sender_id is not None:
-            frame = sent[m.index]
-            words += [f"send={frame.hex()}", f"rate={m.rate}",
-                      f"stsoff={len(frame) - case.size if timed else -1}"]
-        configs[slot].append(" ".join(words))
-    for n in range(case.idle):
-        reg, skip, ok = proto.register(IDLE_BASE + n)
-        configs[n % nloaders].append(f"idle reg={reg.hex()} skip={skip} ok={ok.hex()}")
-    return configs
 
 
 # --------------------------------------------------------------------------- one run
@@ -816,48 +400,6 @@ def print_floor_table(cases: Sequence[Case], routers: Sequence[str],
             print(f"| {label} | " + " | ".join(cells) + " |")
 
 
-def machine_info() -> dict[str, str]:
-    model = "?"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    with open("/proc/meminfo") as f:
-        mem_kib = int(f.readline().split()[1])
-    java = subprocess.run([JAVA, "-version"], capture_output=True, text=True).stderr.splitlines()
-    return {
-        "cores": str(os.cpu_count()),
-        "cpu": model,
-        "ram": f"{mem_kib / 1024 / 1024:.1f} GiB",
-        "kernel": platform.release(),
-        "java": java[0] if java else "?",
-        "python": platform.python_version(),
-        "jgroups_jar": str(JAR),
-    }
-
-
-def jgroups5_version(classpath: str) -> str | None:
-    """The version a JGroups build on ``classpath`` reports, if it is 5.x; None otherwise."""
-    try:
-        out = subprocess.run([JAVA, "-cp", classpath, "org.jgroups.Version"],
-                             capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    for line in out.splitlines():
-        if line.startswith("Version:"):
-            v = line.split(":", 1)[1].strip()
-            return v if v.startswith("5.") else None
-    return None
-
-
-def background_load(seconds: float = 1.0) -> float:
-    """Cores the machine keeps busy while this script does nothing."""
-    b0 = machine_busy_seconds()
-    time.sleep(seconds)
-    return (machine_busy_seconds() - b0) / seconds
-
-
 def progress(i: int, total: int, r: RunResult, elapsed: float) -> None:
     extra = ""
     if r.echo_per_s:
@@ -875,16 +417,6 @@ def progress(i: int, total: int, r: RunResult, elapsed: float) -> None:
           f"CPU/msg, CPU cores: router {r.router_cpu_cores:.2f}, loaders "
           f"{r.loader_cpu_cores:.2f}, others {r.other_cpu_cores:.2f}{extra} "
           f"(setup {r.setup_s:.1f} s)", flush=True)
-
-
-@contextmanager
-def cleanup_on_exit() -> Iterator[None]:
-    old = signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
-        yield
-    finally:
-        kill_children()
-        signal.signal(signal.SIGTERM, old)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -998,7 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"JGroups 5.x router: {version} from {args.jgroups5}", flush=True)
     ensure_compiled()
     if FLOOR in routers:
-        print(f"C floor: {floor_build.built().relative_to(REPO)}", flush=True)
+        print(f"C floor: {ensure_floor_built().relative_to(REPO)}", flush=True)
     info = machine_info()
     total = len(cases) * args.runs * len(routers)
     print(f"bench-vs-jgroups: {info['cores']} cores ({info['cpu']}), {info['ram']} RAM, "

@@ -5,7 +5,8 @@ A real router subprocess is started on 127.0.0.1 (default settings, or with a to
 ``--auth``). A second process runs honest members, two per protocol (native, JGroups 2.12,
 JGroups 5.x), each pair exchanging sequenced unicasts and multicasts, the native and 5.x ones
 also asking for their group's members now and then, as real members do. Meanwhile this
-process builds *valid* frames with the project's codecs (``gossiprouter.protocol``), with
+process builds (benchmarks/fuzz_inputs.py) *valid* frames with the project's codecs
+(``gossiprouter.protocol``), with
 hostile values (huge, NUL-heavy, non-BMP, control-character names; raw NUL bytes that
 re-encode longer; group names at the writeUTF limit) and then mutates them: bit flips,
 byte insertions and deletions, truncation, length prefixes that lie, pipelined floods of one
@@ -43,22 +44,19 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.fuzz_inputs import PROTOCOLS, Input, corpus, make_input  # noqa: E402
 from gossiprouter.protocol import jgroups2 as j2  # noqa: E402
 from gossiprouter.protocol import jgroups5 as j5  # noqa: E402
 from gossiprouter.protocol import native as wire  # noqa: E402
-from gossiprouter.protocol.jgroups_common import V2, V5, JAddress  # noqa: E402
+from gossiprouter.protocol.jgroups_address import V2, V5, JAddress  # noqa: E402
 from tests.procs import RouterProcess  # noqa: E402
 
 TOKEN = "fuzz-token-0123456789abcdef"
 HONEST_RATE = 100.0  # messages per second per honest member
 HONEST_DRAIN = 10.0  # seconds the honest receivers get to see the last messages
 MAX_OPEN = 24  # connections the fuzzer keeps open at once (partial frames, reuse)
-_RAW_NUL = "\x1a"  # placeholder for a raw NUL byte, replaced after encoding
 _I32 = struct.Struct(">i")
-_U32 = struct.Struct(">I")
 _HDR = struct.Struct(">cBq")  # honest payload: b"H", member id, seq
-
-PROTOCOLS = ("native", "jgroups2", "jgroups5")
 
 
 # --------------------------------------------------------------------------- honest members
@@ -306,317 +304,6 @@ def _honest(port: int, token: str | None, seconds: float, ready: Any, stop: Any,
         assert m.peer is not None
         result.received.setdefault(f"{m.peer.name}>{m.name}", set())
     out.put(result)
-
-
-# --------------------------------------------------------------------------- hostile inputs
-
-
-# The hostile name classes of issue 12, each with the sizes tried (largest last).
-_CLASSES: dict[int, tuple[str, tuple[int, ...]]] = {
-    1: ("", (0,)),  # empty
-    2: (_RAW_NUL, (1, 100, 40_000, 65_535)),  # raw NUL: 1 byte in, 2 (C0 80) written back
-    3: ("\x00", (1, 32_767, 32_768)),  # NUL characters (C0 80 on the wire)
-    4: ("g", (65_000, 65_530, 65_535, 65_536)),  # at the writeUTF limit, + a prefix = over
-    5: ("\U0001f600", (1, 10_922, 16_384)),  # non-BMP: 4 bytes of UTF-8, 6 modified
-    6: ("N", (1 << 16, 1 << 20, 3 << 20)),  # huge: only native can carry it
-    7: ("evil\nINFO forged line\r\x1b[31mred\x1b[0m\x07", (1, 100)),  # log injection
-    8: ("\ud800x\udfff", (1, 1000)),  # lone surrogates
-}
-HOSTILE_NAME_CLASSES = tuple(_CLASSES)
-
-
-def hostile_name(k: int, size: int) -> str:
-    unit, _ = _CLASSES[k]
-    return unit * size
-
-
-def _names(rng: random.Random, *, group: bool = False) -> str | None:
-    """A hostile (or harmless) name: the classes above, random text, and plain names."""
-    k = rng.randrange(14)
-    if k in _CLASSES:
-        return hostile_name(k, rng.choice(_CLASSES[k][1]))
-    if k == 0:
-        return None
-    if k == 9:
-        return "".join(chr(rng.randrange(0x110000)) for _ in range(rng.randrange(1, 40))
-                       ).encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-    base = f"fz-{rng.randrange(8)}" if group else f"m-{rng.randrange(1000)}"
-    if group and rng.random() < 0.3:
-        base = f"honest-{rng.choice(PROTOCOLS)}"  # the honest members' groups
-    return base
-
-
-def _fuzz_addr(rng: random.Random, version: int) -> JAddress | None:
-    if rng.random() < 0.1:
-        return None
-    if rng.random() < 0.2:
-        return JAddress.from_ip("127.0.0.1", rng.randrange(65536), version=version)
-    # Never the honest members' address space (see _Member).
-    return JAddress.from_uuid(rng.randrange(1 << 62), rng.randrange(1 << 62), version=version)
-
-
-def _raw_nul(b: bytes) -> bytes:
-    """Turn the placeholder into raw NUL bytes (valid for the decoder, longer when re-encoded)."""
-    return b.replace(_RAW_NUL.encode(), b"\x00")
-
-
-def _safe(build: Callable[..., bytes], *args: Any) -> bytes | None:
-    """``build(*args)``: a frame the codec can encode, or None (a name too long for writeUTF,
-    a lone surrogate for msgpack, ...)."""
-    try:
-        return _raw_nul(build(*args))
-    except (ValueError, OverflowError, struct.error):
-        return None
-    except Exception as e:
-        if type(e).__name__ == "ProtocolError":
-            return None
-        raise
-
-
-def native_frames(rng: random.Random, token: str | None) -> tuple[bytes, list[bytes]]:
-    """(handshake, frames): a valid native session with hostile values."""
-    tok = token if token is None or rng.random() < 0.9 else "wrong-" + token
-    client = _names(rng) or "fz"
-    hello = wire.PREAMBLE + (_safe(wire.encode, wire.Hello((1,), client, tok))
-                             or wire.encode(wire.Hello((1,), "fz", tok)))
-    frames: list[bytes] = []
-    for _ in range(rng.randrange(1, 6)):
-        g = _names(rng, group=True) or "fz"
-        addr = rng.randbytes(rng.choice([1, 8, 16, 255, 256]))
-        k = rng.randrange(8)
-        req = rng.randrange(1, 1 << 20)
-        if k <= 2:
-            phys = tuple((_names(rng) or "h", rng.randrange(65536))
-                         for _ in range(rng.choice([0, 1, 3])))
-            f = _safe(wire.encode, wire.Connect(req, g, addr, _names(rng), phys))
-        elif k == 3:
-            f = _safe(wire.encode, wire.GetMembers(req, g))
-        elif k == 4:
-            f = _safe(wire.encode, wire.Watch(req, g))
-        elif k == 5:
-            f = _safe(wire.encode_route, g, None if rng.random() < 0.5 else addr, addr,
-                      rng.randbytes(rng.randrange(64)))
-        elif k == 6:
-            f = wire.encode(wire.Ping(rng.randrange(1 << 31)))
-        else:
-            f = _safe(wire.encode, wire.Disconnect(req, g, addr))
-        if f is not None:
-            frames.append(f)
-    # After registering, ask for the members: the reply writes the names back.
-    g = _names(rng, group=True) or "fz"
-    q = _safe(wire.encode, wire.GetMembers(1, g))
-    if q is not None:
-        frames.append(q)
-    return hello, frames
-
-
-def jgroups2_frames(rng: random.Random) -> tuple[bytes, list[bytes]]:
-    frames: list[bytes] = []
-    group = _names(rng, group=True)
-    for _ in range(rng.randrange(1, 5)):
-        k = rng.randrange(6)
-        addr = _fuzz_addr(rng, V2)
-        if k <= 1:
-            phys = [JAddress.from_ip("127.0.0.1", rng.randrange(65536), version=V2)
-                    for _ in range(rng.choice([0, 1, 2]))]
-            f = _safe(j2.connect, group, addr, _names(rng), phys)
-        elif k == 2:
-            f = _safe(j2.message, group, addr if rng.random() < 0.5 else None,
-                      rng.randbytes(rng.randrange(64)))
-        elif k == 3:
-            f = j2.ping()
-        elif k == 4:
-            f = _safe(j2.disconnect, group, addr)
-        else:
-            f = _safe(j2.gossip_get, group)
-        if f is not None:
-            frames.append(f)
-    q = _safe(j2.gossip_get, group if rng.random() < 0.8 else None)
-    if q is not None:
-        frames.append(q)
-    return b"", frames
-
-
-def jgroups5_frames(rng: random.Random) -> tuple[bytes, list[bytes]]:
-    frames: list[bytes] = []
-    group = _names(rng, group=True)
-    for _ in range(rng.randrange(1, 5)):
-        k = rng.randrange(6)
-        addr = _fuzz_addr(rng, V5)
-        if k <= 1:
-            f = _safe(j5.register, group, addr, _names(rng), _fuzz_addr(rng, V5))
-        elif k == 2:
-            f = _safe(j5.message, group, addr if rng.random() < 0.5 else None,
-                      _fuzz_addr(rng, V5), rng.randbytes(rng.randrange(64)))
-        elif k == 3:
-            f = j5.heartbeat()
-        elif k == 4:
-            f = _safe(j5.unregister, group, addr)
-        else:
-            f = _safe(j5.get_members, group)
-        if f is not None:
-            frames.append(f)
-    # A member query afterwards: per group, or all groups (the reply prefixes each group).
-    q = _safe(j5.get_members, group if rng.random() < 0.6 else None)
-    if q is not None:
-        frames.append(q)
-    return b"", frames
-
-
-@dataclass
-class Input:
-    proto: str
-    mutation: str
-    chunks: list[bytes]  # written one after the other
-    keep_open: bool = False  # leave the connection open (partial frames)
-    pause: float = 0.0  # between chunks
-
-    def describe(self) -> str:
-        data = b"".join(self.chunks)
-        return (f"{self.proto} {self.mutation}, {len(data):,} bytes in {len(self.chunks)} "
-                f"writes, starts {data[:48].hex()}")
-
-
-def _lie_length(rng: random.Random, data: bytearray, offsets: list[int]) -> None:
-    """Overwrite one length field with a lie (small, huge, negative)."""
-    if not offsets:
-        return
-    at = rng.choice(offsets)
-    lie = rng.choice([0, 1, 5, 0x7FFF_FFFF, 0xFFFF_FFFF, 0x8000_0000, 0xFFFF_FFFB,
-                      8 << 20, (8 << 20) + 1, 64 << 10, rng.randrange(1 << 32)])
-    data[at:at + 4] = _U32.pack(lie)
-
-
-def mutate(rng: random.Random, proto: str, head: bytes, frames: list[bytes]) -> Input:
-    """Apply one mutation to a valid session (``head`` = the native preamble + HELLO)."""
-    body = b"".join(frames)
-    # Offsets of 4-byte length prefixes (native and 5.x frames start with one).
-    offsets: list[int] = []
-    if proto != "jgroups2":
-        pos = len(head)
-        if proto == "native" and head:
-            offsets.append(len(wire.PREAMBLE))
-        for f in frames:
-            offsets.append(pos)
-            pos += len(f)
-    data = bytearray(head + body)
-    m = rng.randrange(12)
-    if m == 0:
-        return Input(proto, "valid", [bytes(data)])
-    if m == 1:
-        for _ in range(rng.randrange(1, 9)):
-            if data:
-                i = rng.randrange(len(head) if head and rng.random() < 0.2 else len(data))
-                data[i] ^= 1 << rng.randrange(8)
-        return Input(proto, "bit flips", [bytes(data)])
-    if m == 2:
-        cut = rng.randrange(len(data) + 1)
-        return Input(proto, "truncated", [bytes(data[:cut])], keep_open=rng.random() < 0.5)
-    if m == 3:
-        _lie_length(rng, data, offsets)
-        return Input(proto, "length lie", [bytes(data)], keep_open=rng.random() < 0.5)
-    if m == 4:
-        for _ in range(rng.randrange(1, 5)):
-            i = rng.randrange(len(data) + 1)
-            if rng.random() < 0.5:
-                data[i:i] = rng.randbytes(rng.randrange(1, 9))
-            else:
-                del data[i:i + rng.randrange(1, 9)]
-        return Input(proto, "insert/delete", [bytes(data)])
-    if m == 5:
-        # A pipelined flood of one cheap request (PING / HEARTBEAT / GET_MEMBERS ...).
-        one = rng.choice(frames) if frames else b""
-        if len(one) > 4096:
-            one = j2.ping() if proto == "jgroups2" else (
-                j5.heartbeat() if proto == "jgroups5" else wire.encode(wire.Ping(1)))
-        n = min(rng.choice([100, 1000, 20_000]), (2 << 20) // max(1, len(one)))
-        return Input(proto, f"pipelined flood x{n}", [head + one * n])
-    if m == 6:
-        # Partial frame: a prefix that promises a lot more, left open.
-        extra = b""
-        if proto == "jgroups2":
-            extra = bytes([j2.CONNECT]) + b"\x01" + b"\xff\xff" + b"x" * rng.randrange(60_000)
-        else:
-            n = rng.choice([64 << 10, 1 << 20, 8 << 20])
-            extra = _U32.pack(n) + rng.randbytes(min(n - 1, rng.choice([10, 60_000, 1 << 20])))
-        return Input(proto, "partial frame left open", [bytes(head) + extra], keep_open=True)
-    if m == 7:
-        # One byte per write: the decoders must resume anywhere.
-        small = bytes(data[:2048])
-        return Input(proto, "byte by byte", [small[i:i + 1] for i in range(len(small))])
-    if m == 8:
-        cuts = sorted(rng.randrange(len(data) + 1) for _ in range(rng.randrange(1, 6)))
-        pieces = [bytes(data[a:b]) for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
-        return Input(proto, "split writes", [p for p in pieces if p], pause=0.002)
-    if m == 9:
-        # Frames of another protocol after this one's start.
-        other = rng.choice([p for p in PROTOCOLS if p != proto])
-        h2, f2 = (native_frames(rng, None) if other == "native" else
-                  jgroups2_frames(rng) if other == "jgroups2" else jgroups5_frames(rng))
-        return Input(proto, f"then {other} bytes", [bytes(data), h2 + b"".join(f2)])
-    if m == 10:
-        return Input(proto, "random bytes", [head + rng.randbytes(rng.randrange(1, 4096))])
-    # Valid frames, but the connection is dropped without reading (RST).
-    return Input(proto, "valid then reset", [bytes(data)])
-
-
-def _corpus_frames(proto: str, k: int, group: str, name: str | None,
-                   token: str | None) -> list[bytes] | None:
-    """A registration of ``name`` in ``group`` and member queries, or None if the protocol
-    cannot carry the value at all."""
-    if proto == "native":
-        hello = wire.PREAMBLE + wire.encode(wire.Hello((1,), "fz", token))
-        reg = _safe(wire.encode, wire.Connect(1, group, b"c%d" % k, name, ()))
-        query = [_safe(wire.encode, wire.GetMembers(2, group))]
-    elif proto == "jgroups2":
-        hello = b""
-        addr = JAddress.from_uuid(0xC0 + k, 0xC0 + k, version=V2)
-        reg = _safe(j2.connect, group, addr, name, [])
-        query = [_safe(j2.gossip_get, group)]
-    else:
-        hello = b""
-        addr = JAddress.from_uuid(0xC0 + k, 0xC0 + k, version=V5)
-        reg = _safe(j5.register, group, addr, name, None)
-        query = [_safe(j5.get_members, group), _safe(j5.get_members, None)]
-    if reg is None:
-        return None
-    return [hello + reg, *(q for q in query if q is not None)]
-
-
-def corpus(token: str | None) -> list[Input]:
-    """The inputs every run starts with: each hostile name class, as a logical name and as a
-    group name, registered on each protocol and then queried (per group, and for 5.x for all
-    groups), unmutated, with the largest size the protocol can carry. So whatever the seed and
-    however short the run, the classes of issue 12 item 1 (names accepted at registration
-    that cannot be written back) are tried."""
-    out: list[Input] = []
-    for k, (_, sizes) in _CLASSES.items():
-        for as_group in (False, True):
-            for proto in PROTOCOLS:
-                for size in sorted(sizes, reverse=True):
-                    name = hostile_name(k, size)
-                    if as_group and not name:
-                        break  # an empty group name is plain invalid: the fuzzer has those
-                    group = name if as_group else f"fz-corpus-{k}"
-                    frames = _corpus_frames(proto, k, group, None if as_group else name,
-                                            token)
-                    if frames is not None:
-                        out.append(Input(proto, f"corpus: name class {k} x{size}"
-                                         + (" as group" if as_group else ""),
-                                         [b"".join(frames)]))
-                        break
-    return out
-
-
-def make_input(rng: random.Random, token: str | None) -> Input:
-    proto = rng.choice(PROTOCOLS)
-    if proto == "native":
-        head, frames = native_frames(rng, token)
-    elif proto == "jgroups2":
-        head, frames = jgroups2_frames(rng)
-    else:
-        head, frames = jgroups5_frames(rng)
-    return mutate(rng, proto, head, frames)
 
 
 # --------------------------------------------------------------------------- driving

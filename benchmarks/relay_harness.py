@@ -59,12 +59,14 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from gossiprouter.protocol import jgroups2 as j2  # noqa: E402
+from gossiprouter.protocol import jgroups2_scan as j2scan  # noqa: E402
 from gossiprouter.protocol import jgroups5 as j5  # noqa: E402
-from gossiprouter.protocol import jgroups_common as jc  # noqa: E402
+from gossiprouter.protocol import jgroups5_scan as j5scan  # noqa: E402
+from gossiprouter.protocol import jgroups_scan as jc  # noqa: E402
 from gossiprouter.protocol import native as wire  # noqa: E402
 from gossiprouter.protocol import native_scan as ns  # noqa: E402
 from gossiprouter.protocol.errors import ProtocolError  # noqa: E402
-from gossiprouter.protocol.jgroups_common import JAddress  # noqa: E402
+from gossiprouter.protocol.jgroups_address import JAddress  # noqa: E402
 from gossiprouter.server import fastpath  # noqa: E402
 
 KINDS = ("native", "jgroups2", "jgroups5")
@@ -132,10 +134,10 @@ class PurePath:
         if kind == "native":
             self.scanner = ns.NativeScanner(MAX_FRAME, relay=True)
         elif kind == "jgroups2":
-            self.scanner = j2.Scanner("jgroups2:", MAX_FRAME)
+            self.scanner = j2scan.Scanner("jgroups2:", MAX_FRAME)
             self.scanner.registered(MAX_FRAME)
         else:
-            self.scanner = j5.Scanner("jgroups5:", MAX_FRAME)
+            self.scanner = j5scan.Scanner("jgroups5:", MAX_FRAME)
             self.scanner.registered(MAX_FRAME)
 
     @property
@@ -854,7 +856,7 @@ class Harness:
 
 def _j2_header(f: bytes) -> bytes:
     """A 2.12 MESSAGE's bytes before its buffer's length."""
-    sc = j2.Scanner("jgroups2:", MAX_FRAME)
+    sc = j2scan.Scanner("jgroups2:", MAX_FRAME)
     hit = sc._learn(f, 0, len(f), MAX_FRAME)
     assert isinstance(hit, tuple), hit
     return f[: hit[0]]
@@ -862,7 +864,7 @@ def _j2_header(f: bytes) -> bytes:
 
 def _j5_payload_at(f: bytes) -> int:
     """Where a 5.x MESSAGE's payload starts (after its u32 length)."""
-    sc = j5.Scanner("jgroups5:", MAX_FRAME)
+    sc = j5scan.Scanner("jgroups5:", MAX_FRAME)
     hit = sc._learn(f, 4, len(f))
     assert hit is not None
     return 4 + hit[0] + 4

@@ -14,8 +14,11 @@ from typing import Final, TypeVar
 
 import trio
 
+from gossiprouter.protocol import jgroups2 as j2
+from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
 from gossiprouter.server.listener import Server
+from tests.jgroups_clients import J2Client, J5Client
 from tests.nclient import NativeClient
 
 R = TypeVar("R")
@@ -152,6 +155,38 @@ async def native_control_flood(router: Server, frame: bytes) -> None:
     last = frames[-1]
     assert isinstance(last, wire.Error) and last.code == "rate_limited", last
     assert "control frames per second" in last.message
+
+
+async def jgroups5_heartbeat_flood(router: Server) -> None:
+    """A JGroups 5.x client sends HEARTBEATs in batches of 500 until the router closes it
+    deliberately (the close marker); its first burst was answered, the rest was not read."""
+    assert router.address is not None
+    client = await J5Client.open(*router.address)
+
+    async def echoes() -> int:
+        n = 0
+        # Closed with our HEARTBEATs unread: the router's close ends in a reset, after
+        # the data it sent (the close marker last) has been read.
+        with contextlib.suppress(trio.BrokenResourceError, EOFError):
+            while True:
+                n += isinstance(await client.recv(timeout=20), j5.Heartbeat)
+        return n
+
+    n = await flood(client.send_raw, j5.heartbeat() * 500, echoes)
+    assert client.close_marker  # closed deliberately, not reset
+    assert 200 <= n < 200_000  # its burst was answered, the rest was not read
+
+
+async def jgroups2_request_flood(router: Server) -> None:
+    """A JGroups 2.12 client sends PINGs in batches of 500 until the router closes it."""
+    assert router.address is not None
+    client = await J2Client.open(*router.address)
+
+    async def until_closed() -> None:
+        with contextlib.suppress(trio.BrokenResourceError):
+            await client.recv_until_closed(timeout=20)
+
+    await flood(client.send_raw, j2.ping() * 500, until_closed)
 
 
 async def throttled_then_closed(router: Server, run_flood: Callable[[], Awaitable[None]]) -> None:

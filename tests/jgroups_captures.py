@@ -24,7 +24,8 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from gossiprouter.protocol.jgroups_common import V2, V5, JAddress
+from gossiprouter.protocol.errors import ProtocolError
+from gossiprouter.protocol.jgroups_address import V2, V5, JAddress
 
 CAPTURES_212 = ("cap212.log", "captun212.log")
 CAPTURES_556 = ("cap556.log", "captun556.log")
@@ -136,6 +137,27 @@ def decode_all(dec: EventDecoder, data: bytes) -> list[Any]:
     while (ev := dec.next_event()) is not None:
         out.append(ev)
     return out
+
+
+def drain_to_protocol_error(dec: EventDecoder) -> bool:
+    """Every event ``dec`` has, where the one exception allowed is ProtocolError, after which
+    the stream stays failed (the next call raises it again). True if it failed."""
+    try:
+        while dec.next_event() is not None:
+            pass
+    except ProtocolError:
+        with pytest.raises(ProtocolError):  # the stream stays failed
+            dec.next_event()
+        return True
+    return False
+
+
+def assert_only_protocol_errors(dec: EventDecoder, data: bytes, cuts: list[int]) -> None:
+    """Arbitrary ``data``, cut at ``cuts``, fed to ``dec`` piece by piece, every event read
+    after each piece: the one exception is ProtocolError, and the stream stays failed."""
+    for piece in split_at(data, cuts):
+        dec.feed(piece)
+        drain_to_protocol_error(dec)
 
 
 def decode_pieces(dec: EventDecoder, data: bytes, cuts: list[int]) -> list[Any]:

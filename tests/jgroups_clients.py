@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, Protocol, Self, TypeVar
+from typing import ClassVar, Generic, Protocol, Self, TypeVar
 
 import trio
 import trio.testing
 
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
-from gossiprouter.protocol.jgroups_common import V2, V5, JAddress
+from gossiprouter.protocol.jgroups_address import V2, V5, JAddress
 
 BIG = 64 * 1024 * 1024
 # The group a round trip asks about: no test registers in it, so its reply is empty.
@@ -48,7 +48,10 @@ class _Decoder(Protocol[E_co]):
 
 
 class _Client(Generic[E]):
-    """What both clients do: read the router's events through their protocol's decoder."""
+    """What both clients do: read the router's events through their protocol's decoder; join
+    a group and settle (a round trip), each in its protocol's words."""
+
+    version: ClassVar[int]  # of the addresses the protocol carries (V2, V5)
 
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
@@ -60,6 +63,15 @@ class _Client(Generic[E]):
         return cls(await trio.open_tcp_stream(host, port))
 
     def _decoder(self) -> _Decoder[E]:
+        raise NotImplementedError
+
+    async def join(self, group: str, addr: JAddress, name: str) -> None:
+        """Register ``addr``, logically named ``name``, in ``group`` (2.12: CONNECT and its
+        reply; 5.x: REGISTER)."""
+        raise NotImplementedError
+
+    async def settle(self) -> None:
+        """A round trip: everything sent before it has been handled by the router."""
         raise NotImplementedError
 
     async def send_raw(self, data: bytes) -> None:
@@ -106,6 +118,7 @@ class J2Client(_Client[j2.ClientEvent]):
     """A JGroups 2.12 RouterStub's wire behaviour."""
 
     decoder: j2.ClientDecoder
+    version = V2
 
     def _decoder(self) -> j2.ClientDecoder:
         return j2.ClientDecoder(max_frame=BIG)
@@ -122,6 +135,9 @@ class J2Client(_Client[j2.ClientEvent]):
         ev = await self.recv()
         assert isinstance(ev, j2.ConnectReply), ev
         return ev
+
+    async def join(self, group: str, addr: JAddress, name: str) -> None:
+        await self.connect(group, addr, name)
 
     async def gossip_get(self, group: str | None) -> tuple[j2.Member, ...]:
         self.decoder.expect_members_reply()
@@ -140,6 +156,9 @@ class J2Client(_Client[j2.ClientEvent]):
             before.append(ev)
         return before
 
+    async def settle(self) -> None:
+        await self.round_trip()
+
     async def disconnect(self, group: str, addr: JAddress) -> None:
         await self.send_raw(j2.disconnect(group, addr))
         while True:
@@ -152,6 +171,8 @@ class J2Client(_Client[j2.ClientEvent]):
 
 class J5Client(_Client[j5.Event]):
     """A JGroups 5.x RouterStub's wire behaviour."""
+
+    version = V5
 
     def __init__(self, stream: trio.SocketStream) -> None:
         super().__init__(stream)
@@ -171,6 +192,9 @@ class J5Client(_Client[j5.Event]):
         physical: JAddress | None = None,
     ) -> None:
         await self.send_raw(j5.register(group, addr, name, physical))
+
+    async def join(self, group: str, addr: JAddress, name: str) -> None:
+        await self.register(group, addr, name)
 
     async def unregister(self, group: str, addr: JAddress) -> None:
         await self.send_raw(j5.unregister(group, addr))
@@ -207,6 +231,9 @@ class J5Client(_Client[j5.Event]):
         while True:
             if isinstance(await self.recv(), j5.Heartbeat):
                 return
+
+    async def settle(self) -> None:
+        await self.sync()
 
 
 # --------------------------------------------------------------------------- capture replay
@@ -286,6 +313,7 @@ __all__ = [
     "V5",
     "J2Client",
     "J5Client",
+    "JAddress",
     "Step",
     "capture_streams",
     "ip",

@@ -62,6 +62,18 @@ class NativeClient:
         """``n`` clients of the in-process ``router``, opened one after the other."""
         return [await cls.to(router) for _ in range(n)]
 
+    @classmethod
+    async def joined(cls, router: Server, group: str,
+                     *addrs: bytes | tuple[bytes, ...]) -> list[NativeClient]:
+        """One client of ``router`` per entry of ``addrs``, all opened first, then each
+        registered in ``group`` in turn with its address (or, for a tuple, its addresses one
+        after the other: a connection that carries several members)."""
+        clients = await cls.several(router, len(addrs))
+        for c, entry in zip(clients, addrs, strict=True):
+            for addr in (entry,) if isinstance(entry, bytes) else entry:
+                await c.connect(group, addr)
+        return clients
+
     def req(self) -> int:
         return next(self._req)
 

@@ -23,12 +23,14 @@ def tokens_file(directory: Path, text: str) -> Path:
 
 
 async def http_get(address: tuple[str, int], path: str, method: str = "GET",
-                   timeout: float = 5.0) -> tuple[int, dict[str, str], bytes]:
-    """One HTTP/1.1 request; returns (status, headers with lower-case names, body)."""
+                   timeout: float = 5.0, extra: str = "") -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 request (``extra``: more header lines, each ending in CRLF); returns
+    (status, headers with lower-case names, body)."""
     with trio.fail_after(timeout):
         stream = await trio.open_tcp_stream(*address)
         async with stream:
-            await stream.send_all(f"{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            await stream.send_all(
+                f"{method} {path} HTTP/1.1\r\nHost: x\r\n{extra}\r\n".encode())
             raw = b""
             while data := await stream.receive_some(65536):
                 raw += data

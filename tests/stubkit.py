@@ -27,6 +27,7 @@ from gossiprouter.ops.runtime import Operations
 from gossiprouter.protocol import native as wire
 from gossiprouter.server.listener import Server
 from gossiprouter.stub import Channel, EventStream, WouldBlock
+from tests.nclient import NativeClient
 from tests.procs import free_port as free_port  # for the stub tests, with this kit
 
 R = TypeVar("R")
@@ -282,3 +283,94 @@ def caused_by_boom(e: BaseException) -> bool:
     cause = e.__cause__
     return isinstance(cause, BaseExceptionGroup) and cause.subgroup(
         lambda x: isinstance(x, RuntimeError) and str(x) == "boom") is not None
+
+
+class CountedTime(float):
+    """A time whose subtractions are counted: the unit of work of the suspect filter
+    (client/merge.py), which looks at an entry with one ``now - last``. Past the budget it
+    raises, so a quadratic filter fails a test at once instead of running for minutes: the
+    work is counted, never timed."""
+
+    calls = 0
+    budget = 0
+
+    @classmethod
+    def reset(cls, budget: int) -> None:
+        cls.calls, cls.budget = 0, budget
+
+    def __sub__(self, other: float) -> float:
+        CountedTime.calls += 1
+        if CountedTime.calls > CountedTime.budget:
+            raise AssertionError(f"more than {CountedTime.budget} entries looked at")
+        return float(self) - other
+
+
+# --------------------------------------------------------------------------- fake routers
+
+
+class FakeLink(NativeClient):
+    """The router end of one connection: the test client's frame I/O, after the preamble."""
+
+    @classmethod
+    async def accept(cls, stream: trio.SocketStream) -> FakeLink:
+        link = cls(stream, stream)
+        got = b""
+        with trio.fail_after(5):
+            while len(got) < len(wire.PREAMBLE):
+                data = await stream.receive_some(65536)
+                if not data:
+                    raise EOFError
+                got += data
+        assert got.startswith(wire.PREAMBLE), got
+        link.decoder.feed(got[len(wire.PREAMBLE):])
+        return link
+
+    async def send(self, *frames: wire.Frame) -> None:  # one write for several frames
+        await self.send_raw(b"".join(wire.encode(f) for f in frames))
+
+    async def serve_requests(self, then: Callable[[wire.Connect], list[wire.Frame]]) -> None:
+        """Answer CONNECT with OK (followed by ``then(connect)``), DISCONNECT with OK and
+        PING with PONG."""
+        while True:
+            f = await self.recv()
+            if isinstance(f, wire.Connect):
+                await self.send(wire.Ok(f.req), *then(f))
+            elif isinstance(f, wire.Disconnect):
+                await self.send(wire.Ok(f.req))
+            elif isinstance(f, wire.Ping):
+                await self.send(wire.Pong(f.nonce))
+
+
+Script = Callable[[FakeLink], Awaitable[None]]
+
+
+FakeRouter = Callable[[Script], tuple[str, int]]
+
+
+@pytest.fixture
+def fake_router() -> Iterator[FakeRouter]:
+    """Serve a script for every connection on a free 127.0.0.1 port, in a trio thread."""
+    loops: list[TrioThread] = []
+
+    def start(script: Script) -> tuple[str, int]:
+        async def serve(*, task_status: trio.TaskStatus[int]) -> None:
+            listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+
+            async def handle(stream: trio.SocketStream) -> None:
+                try:
+                    await script(await FakeLink.accept(stream))
+                except (EOFError, trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+                finally:
+                    await trio.aclose_forcefully(stream)
+
+            task_status.started(listeners[0].socket.getsockname()[1])
+            await trio.serve_listeners(handle, listeners)
+
+        loop = TrioThread()
+        loops.append(loop)
+        return "127.0.0.1", loop.start(serve)
+
+    yield start
+    for loop in loops:
+        loop.stop()

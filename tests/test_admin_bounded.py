@@ -11,7 +11,12 @@ import pytest
 import trio
 
 from gossiprouter.core.config import Config, ConfigError
-from gossiprouter.ops.admin import DEFAULT_LIMIT, MAX_LIMIT, group_view, groups_view
+from gossiprouter.ops.admin import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    group_view,
+    groups_view,
+)
 from gossiprouter.ops.runtime import check_startup
 from gossiprouter.protocol import native as wire
 from gossiprouter.server.listener import Server
@@ -165,6 +170,33 @@ async def test_bearer_token(start_router: Start, monkeypatch: pytest.MonkeyPatch
     assert await get("/metrics", "s3cret-admin-token-123") == 200
     admin_server = ops_of(router).admin
     assert admin_server is not None and admin_server.unauthorized == 4
+
+
+async def test_idle_connections_never_lock_the_scraper_out(
+        start_router: Start, monkeypatch: pytest.MonkeyPatch) -> None:
+    """64 idle connections without a token (no request at all), 4 more before every scrape:
+    the authorised scraper gets all its 25 answers. Connections still sending their head are
+    capped (MAX_UNREAD, the oldest closed for the newest) and each has HEAD_TIMEOUT; a
+    request holds one of the MAX_CLIENTS slots only once its head is read. Counted, not timed:
+    before, the idle ones held every slot and the scraper was closed at once."""
+    monkeypatch.setenv("GR_TEST_ADMIN_TOKEN", "s3cret-admin-token-123")
+    router = await start_router(metrics="127.0.0.1:0", admin_token="env:GR_TEST_ADMIN_TOKEN")
+    admin = _admin(router)
+    idle = [await trio.open_tcp_stream(*admin) for _ in range(64)]
+    answers = 0
+    for _ in range(25):
+        idle += [await trio.open_tcp_stream(*admin) for _ in range(4)]
+        try:
+            status, _, body = await http_get(
+                admin, "/metrics", extra="Authorization: Bearer s3cret-admin-token-123\r\n")
+        except (trio.BrokenResourceError, IndexError, ValueError):
+            continue  # closed without an answer
+        answers += status == 200 and b"gossiprouter_" in body
+    assert answers == 25
+    server = ops_of(router).admin
+    assert server is not None and server.evicted > 0
+    for s in idle:
+        await s.aclose()
 
 
 def test_admin_token_config_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

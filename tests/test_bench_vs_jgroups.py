@@ -1,6 +1,7 @@
-"""bench-vs-jgroups' protocol side (no Java needed): the 5.x registration handshake its loaders
-rely on, against gossiprouter on 127.0.0.1, the C floor (benchmarks/floor/relay.c) relaying the
-native frames the loaders write, its rows in the printed tables, and the option parsing."""
+"""bench-vs-jgroups' protocol side (no Java needed; benchmarks/vs_jgroups_load.py): the 5.x
+registration handshake its loaders rely on, against gossiprouter on 127.0.0.1, the C floor
+(benchmarks/floor/relay.c, a router kind of vs_jgroups_procs.py) relaying the native frames the
+loaders write, its rows in the printed tables, and the option parsing."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 import trio
 
 from benchmarks import bench_vs_jgroups as bench
+from benchmarks import vs_jgroups_load as load
+from benchmarks import vs_jgroups_procs as procs
 from tests.conftest import RouterFactory
 from tests.procs import free_port
 
@@ -25,10 +28,10 @@ def _recv_exact(s: socket.socket, n: int) -> bytes:
 
 
 def _register_all(port: int, members: range,
-                  proto: bench.Proto | None = None) -> list[socket.socket]:
+                  proto: load.Proto | None = None) -> list[socket.socket]:
     """What Blaster does per member: write the registration, skip the reply frames it is told
     to (u32-length-prefixed), then read exactly the expected reply."""
-    proto = proto or bench.JGroups5()
+    proto = proto or load.JGroups5()
     socks = []
     for i in members:
         reg, skip, ok = proto.register(i)
@@ -49,10 +52,10 @@ async def test_jgroups5_registration_reply_and_member_count(
     socks = await trio.to_thread.run_sync(_register_all, port, range(3))
     try:
         # A member registered before its HEARTBEAT came back: GET_MBRS lists all three.
-        assert await trio.to_thread.run_sync(bench.JGroups5().count_members, port) == 3
+        assert await trio.to_thread.run_sync(load.JGroups5().count_members, port) == 3
         # A 5.x message is delivered byte for byte, as the loaders' counting assumes.
-        frame = bench.JGroups5().send_frame(0, 1, bytes(100))
-        assert bench.JGroups5().recv_frame(0, 1, bytes(100)) == frame
+        frame = load.JGroups5().send_frame(0, 1, bytes(100))
+        assert load.JGroups5().recv_frame(0, 1, bytes(100)) == frame
 
         def route() -> bytes:
             socks[0].sendall(frame)
@@ -72,8 +75,8 @@ def test_floor_relays_native_frames_byte_for_byte(tmp_path: Path) -> None:
     OK) and forwards ROUTE frames unchanged: unicast to its destination only, multicast to every
     other member, frames split across writes or several in one write."""
     port = free_port()
-    router = bench.Router(bench.FLOOR, port, tmp_path / "floor.log")
-    proto = bench.Native()
+    router = procs.Router(procs.FLOOR, port, tmp_path / "floor.log")
+    proto = load.Native()
     socks = _register_all(port, range(3), proto)
     try:
         uni = [proto.send_frame(0, 1, bytes([k]) * 100) for k in range(3)]
@@ -106,10 +109,11 @@ def _paced_result(router: str, cpu_us: float, p50: float, p99: float) -> bench.R
 
 
 def test_tables_print_the_floor_beside_the_routers(capsys: pytest.CaptureFixture[str]) -> None:
-    case = next(c for c in bench.CASES if c.name == "paced-100")
-    routers = ["java5", "gr-5", "gr-native", bench.FLOOR]
+    case = next(c for c in load.CASES if c.name == "paced-100")
+    routers = ["java5", "gr-5", "gr-native", procs.FLOOR]
     results = [_paced_result("java5", 20.5, 45, 167), _paced_result("gr-5", 17.5, 50, 229),
-               _paced_result("gr-native", 16.0, 40, 200), _paced_result(bench.FLOOR, 10.0, 20, 50)]
+               _paced_result("gr-native", 16.0, 40, 200),
+               _paced_result(procs.FLOOR, 10.0, 20, 50)]
     summary = bench.summarize([case], routers, results)
     bench.print_table([case], routers, summary)
     table = capsys.readouterr().out
@@ -128,12 +132,12 @@ def test_tables_print_the_floor_beside_the_routers(capsys: pytest.CaptureFixture
 
 
 def test_without_jgroups5_the_default_routers_run() -> None:
-    assert bench.parse_args([]).routers == [*bench.ROUTERS, bench.FLOOR]
+    assert bench.parse_args([]).routers == [*bench.ROUTERS, procs.FLOOR]
 
 
 def test_jgroups5_adds_the_5x_routers(tmp_path: Path) -> None:
     args = bench.parse_args(["--jgroups5", str(tmp_path)])
-    assert args.routers == [*bench.ROUTERS, *bench.ROUTERS5, bench.FLOOR]
+    assert args.routers == [*bench.ROUTERS, *bench.ROUTERS5, procs.FLOOR]
 
 
 def test_java5_without_classpath_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -163,14 +167,14 @@ def test_paced_fanout_case_paces_both_senders_and_checks_no_stamp() -> None:
     """fanout-paced: 2 senders at half the rate each into the group of 8, latency stamps in
     the payload, and the checked prefix of a delivered frame stops short of the stamp (with
     the 2.12 protocol a multicast's header is shorter than the 16 bytes checked otherwise)."""
-    case = next(c for c in bench.CASES if c.name == "fanout-paced")
-    members = bench.layout(case)
+    case = next(c for c in load.CASES if c.name == "fanout-paced")
+    members = load.layout(case)
     senders = [m for m in members if m.sender_id is not None]
-    assert len(members) == bench.FANOUT_MEMBERS and len(senders) == bench.FANOUT_SENDERS
-    assert all(m.rate == case.rate // bench.FANOUT_SENDERS and m.dest is None for m in senders)
-    assert f"{case.rate * (bench.FANOUT_MEMBERS - 1):,} deliveries/s" in case.title
-    for proto in (bench.JGroups212(), bench.Native()):
-        configs = bench.loader_configs(case, proto, 1, 2, 60)
+    assert len(members) == load.FANOUT_MEMBERS and len(senders) == load.FANOUT_SENDERS
+    assert all(m.rate == case.rate // load.FANOUT_SENDERS and m.dest is None for m in senders)
+    assert f"{case.rate * (load.FANOUT_MEMBERS - 1):,} deliveries/s" in case.title
+    for proto in (load.JGroups212(), load.Native()):
+        configs = load.loader_configs(case, proto, 1, 2, 60)
         words = dict(w.split("=", 1) for line in configs[0] if line.startswith("member")
                      for w in line.split()[1:] if "=" in w)
         pay_off = int(words["rlen"]) - case.size

@@ -19,8 +19,8 @@ import trio
 
 from gossiprouter.core.config import Config, ConfigError
 from gossiprouter.core.topics import pattern, topic_id
-from gossiprouter.federation.bridge import (
-    Bridge,
+from gossiprouter.federation.bridge import Bridge
+from gossiprouter.federation.mqtt_topics import (
     escape_level,
     mqtt_filter,
     mqtt_topic,
@@ -392,7 +392,7 @@ async def test_publications_beyond_the_unwritten_bound_are_counted_not_queued(
         nursery: trio.Nursery, broker: Mosquitto, monkeypatch: pytest.MonkeyPatch) -> None:
     """A broker that reads too slowly must not grow the router's memory: past MAX_UNWRITTEN
     packets waiting in paho, global publications are counted as not forwarded."""
-    import gossiprouter.federation.bridge as bridge_mod
+    import gossiprouter.federation.broker as bridge_mod
 
     ra, _ = await federation(nursery, broker)
     a = bridge_of(ra)
@@ -408,7 +408,7 @@ async def test_publications_beyond_the_unwritten_bound_are_counted_not_queued(
 
 
 def test_dedup_remembers_a_window_per_origin() -> None:
-    from gossiprouter.federation.bridge import DEDUP_WINDOW, _Dedup
+    from gossiprouter.federation.publications import DEDUP_WINDOW, _Dedup
 
     d = _Dedup()
     assert d.first("a", 1) and not d.first("a", 1)
@@ -460,7 +460,7 @@ async def test_control_characters_in_ids_do_not_break_the_bridge(
 
 async def test_a_broker_that_never_answers_connect_is_given_up_and_retried(
         nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
-    import gossiprouter.federation.bridge as bridge_mod
+    import gossiprouter.federation.broker as bridge_mod
 
     monkeypatch.setattr(bridge_mod, "CONNACK_TIMEOUT", 0.3)
     accepted: list[trio.SocketStream] = []

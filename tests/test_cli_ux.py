@@ -36,7 +36,7 @@ from gossiprouter.core.addresses import (
 )
 from gossiprouter.core.cli_errors import install_hint
 from gossiprouter.core.config import ConfigError, load_file
-from gossiprouter.protocol.native import MAX_ADDR, MAX_GROUP
+from gossiprouter.protocol.native_frames import MAX_ADDR, MAX_GROUP
 from gossiprouter.server.listener import Server
 from tests.test_blocking_and_tools import CLI, REPO, cli, hostport
 from tests.test_stub import FAST, drain, free_port
@@ -261,8 +261,8 @@ async def test_a_peer_that_is_no_router_is_named(nursery: trio.Nursery) -> None:
     # --timeout 60: the answer comes from what the peer sent, not from waiting.
     r = await cli("members", f"127.0.0.1:{http}", "demo", "--timeout", "60")
     assert (r.returncode, r.stderr.decode()) == (1, (
-        f"{PREFIX}the peer at 127.0.0.1:{http} does not speak the gossiprouter protocol "
-        "(got 'HTTP/1.0 400 Bad Request'...)\n"))
+        f"{PREFIX}the peer at 127.0.0.1:{http} does not speak the gossiprouter protocol: "
+        "an HTTP server answered ('HTTP/1.0 400 Bad Request'): is this the metrics port?\n"))
 
     binary = await _peer(nursery, b"\x00\x00\x00\x02\x91\x01", close=False)  # a frame, no WELCOME
     r = await cli("send", f"127.0.0.1:{binary}", "demo", "x", "--timeout", "60")
@@ -273,7 +273,9 @@ async def test_a_peer_that_is_no_router_is_named(nursery: trio.Nursery) -> None:
     closing = await _peer(nursery, None, close=True)
     r = await cli("members", f"127.0.0.1:{closing}", "demo", "--timeout", "60")
     assert r.returncode == 1
-    assert "closed the connection without answering HELLO" in r.stderr.decode()
+    assert r.stderr.decode().startswith(
+        f"{PREFIX}the peer at 127.0.0.1:{closing} closed the connection during the handshake: "
+        "is this a gossiprouter or JGroups router port?")
 
     silent = await _peer(nursery, None, close=False)
     r = await cli("listen", f"127.0.0.1:{silent}", "demo", "--timeout", "1")
@@ -462,7 +464,7 @@ def _analyze(run: Path, *args: str, env: dict[str, str]) -> subprocess.Completed
 
 
 def test_analyze_without_java_says_so_before_spark_starts(tmp_path: Path) -> None:
-    from tests.test_audit import build_run
+    from tests.audit_runs import build_run
 
     run = tmp_path / "run"
     build_run(run)
@@ -481,7 +483,7 @@ def test_analyze_without_java_says_so_before_spark_starts(tmp_path: Path) -> Non
 
 @pytest.mark.spark
 def test_analyze_with_a_bad_master_quotes_sparks_cause(tmp_path: Path) -> None:
-    from tests.test_audit import build_run
+    from tests.audit_runs import build_run
 
     run = tmp_path / "run"
     build_run(run)

@@ -19,6 +19,7 @@ from gossiprouter.client.errors import (
 from gossiprouter.client.merge import Presence, SuspectFilter, merge_members
 from gossiprouter.client.model import Member
 from gossiprouter.protocol import native as wire
+from tests.stubkit import CountedTime
 
 A = wire.MemberInfo(b"A", "a", (("10.0.0.1", 7800),))
 A_ELSEWHERE = wire.MemberInfo(b"A", "a-other", (("10.0.0.9", 7800),))
@@ -147,3 +148,21 @@ def test_suspect_filter_delivers_one_suspect_per_window() -> None:
     f.first("g", b"C", 120.0)
     assert len(f) <= 2
     assert f.first("g", b"C", 120.5) is False  # the fresh entry survived the clean-up
+
+
+def test_suspect_filter_is_linear_in_the_number_of_suspects() -> None:
+    """100,000 suspects (one member's addresses dropping with its connection, and more), then
+    as many again once the first are expired: the work is O(n), counted, never timed. The
+    old filter rebuilt its table on every call past max_entries: n * n / 2 entries looked at."""
+    n = 100_000
+    CountedTime.reset(budget=6 * n)
+    f = SuspectFilter(window=5.0)
+    addrs = [i.to_bytes(4, "big") for i in range(n)]
+    assert all(f.first("g", a, CountedTime(100.0 + i * 1e-6)) for i, a in enumerate(addrs))
+    assert len(f) == n
+    # The second router's reports: all duplicates.
+    assert not any(f.first("g", a, CountedTime(100.5)) for a in addrs)
+    # Past the window, the same addresses are news again, and the old entries went.
+    assert all(f.first("g", a, CountedTime(200.0 + i * 1e-6)) for i, a in enumerate(addrs))
+    assert len(f) == n
+    assert CountedTime.calls <= 6 * n

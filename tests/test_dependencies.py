@@ -84,7 +84,8 @@ NO_IO = {"protocol", "core", "routing", "sessions"}
 IO_MODULES = {"trio", "anyio", "socket", "ssl", "selectors", "asyncio"}
 # Client modules that must stay sans-IO too (issue 14 item 3): the data, and the pure
 # registrar, merge and local delivery that are tested without sockets.
-NO_IO_MODULES = {"gossiprouter.federation.state", "gossiprouter.client.status",
+NO_IO_MODULES = {"gossiprouter.federation.state", "gossiprouter.federation.codec",
+                 "gossiprouter.federation.mqtt_topics", "gossiprouter.client.status",
                  "gossiprouter.client.errors", "gossiprouter.client.model",
                  "gossiprouter.client.registrar", "gossiprouter.client.merge",
                  "gossiprouter.client.local"}

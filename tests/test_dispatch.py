@@ -89,11 +89,14 @@ async def _until(cond: object, what: str) -> None:
             await trio.sleep(0.005)
 
 
-async def _serving(nursery: trio.Nursery, d: Dispatcher, r: socket.socket, s: Recorder,
-                   settle: Settler | None = None) -> Callable[[], Awaitable[None]]:
-    """Serve ``r`` for ``s`` in the background; returns once the connection is registered
-    (the only one: the callers serve one at a time), with a function that waits (bounded)
-    until ``d.serve`` has returned."""
+async def _serving(nursery: trio.Nursery, d: Dispatcher, s: Recorder,
+                   settle: Settler | None = None
+                   ) -> tuple[socket.socket, socket.socket, Callable[[], Awaitable[None]]]:
+    """Serve the reading end ``r`` of a new socket pair for ``s`` in the background; returns
+    once the connection is registered (the only one: the callers serve one at a time), with
+    ``r``, the writing end and a function that waits (bounded) until ``d.serve`` has
+    returned."""
+    r, w = _pair()
     done = trio.Event()
 
     async def serve() -> None:
@@ -106,7 +109,7 @@ async def _serving(nursery: trio.Nursery, d: Dispatcher, r: socket.socket, s: Re
 
     nursery.start_soon(serve)
     await _until(lambda: len(d) == 1, "registered")
-    return ended
+    return r, w, ended
 
 
 async def test_one_slice_per_connection_per_round(nursery: trio.Nursery) -> None:
@@ -133,9 +136,8 @@ async def test_one_slice_per_connection_per_round(nursery: trio.Nursery) -> None
 
 async def test_eof_ends_serve_and_unregisters(nursery: trio.Nursery) -> None:
     d = await _started(nursery)
-    r, w = _pair()
     s = Recorder("a", [])
-    ended = await _serving(nursery, d, r, s)
+    r, w, ended = await _serving(nursery, d, s)
     w.sendall(b"hello")
     w.close()
     await ended()
@@ -194,10 +196,9 @@ async def test_wait_step_handed_back_to_settle_then_reregisters(
 async def test_settle_false_or_end_ends_serve(nursery: trio.Nursery) -> None:
     d = await _started(nursery)
     for step, read_on in ((4, False), (END, True)):
-        r, w = _pair()
         s = Recorder("a", [], step=step)
         settle = Settler(read_on)
-        ended = await _serving(nursery, d, r, s, settle)
+        r, w, ended = await _serving(nursery, d, s, settle)
         w.sendall(b"x")
         await ended()
         # END never reaches settle; a wait step does, and its False ends the reader.
@@ -208,9 +209,8 @@ async def test_settle_false_or_end_ends_serve(nursery: trio.Nursery) -> None:
 
 async def test_closed_session_handed_back_without_reading(nursery: trio.Nursery) -> None:
     d = await _started(nursery)
-    r, w = _pair()
     s = Recorder("a", [])
-    ended = await _serving(nursery, d, r, s)
+    r, w, ended = await _serving(nursery, d, s)
     s.outbox.close("test")
     w.sendall(b"late")
     await ended()

@@ -24,7 +24,7 @@ from gossiprouter.protocol import native as wire
 from gossiprouter.server import fastpath
 from gossiprouter.server.fastpath import FastPath
 from gossiprouter.server.listener import Server
-from tests.jgroups_clients import J2Client, J5Client, uuid
+from tests.jgroups_clients import J2Client, J5Client, JAddress, uuid
 from tests.nclient import NativeClient
 from tests.test_ops_metrics import scrape, v
 
@@ -54,28 +54,38 @@ async def round_trip(c: NativeClient, nonce: int) -> None:
             return
 
 
+C = TypeVar("C", J2Client, J5Client)
+
+
+async def jgroups_pair(router: Server, cls: type[C]) -> tuple[C, C]:
+    """Two ``cls`` clients with members x and y in "cluster", registered."""
+    assert router.address is not None
+    x = await cls.open(*router.address)
+    y = await cls.open(*router.address)
+    await x.join("cluster", uuid(1, cls.version), "x")
+    await y.join("cluster", uuid(2, cls.version), "y")
+    await x.settle()
+    await y.settle()
+    return x, y
+
+
 async def j2_pair(router: Server) -> tuple[J2Client, J2Client]:
     """Two JGroups 2.12 clients with members x and y in "cluster", registered."""
-    assert router.address is not None
-    x = await J2Client.open(*router.address)
-    y = await J2Client.open(*router.address)
-    await x.connect("cluster", uuid(1, 2), "x")
-    await y.connect("cluster", uuid(2, 2), "y")
-    await x.round_trip()
-    await y.round_trip()
-    return x, y
+    return await jgroups_pair(router, J2Client)
 
 
 async def j5_pair(router: Server) -> tuple[J5Client, J5Client]:
     """Two JGroups 5.x clients with members x and y in "cluster", registered."""
-    assert router.address is not None
-    x = await J5Client.open(*router.address)
-    y = await J5Client.open(*router.address)
-    await x.register("cluster", uuid(1, 5), "x")
-    await y.register("cluster", uuid(2, 5), "y")
-    await x.sync()
-    await y.sync()
-    return x, y
+    return await jgroups_pair(router, J5Client)
+
+
+async def learned_pair(router: Server) -> tuple[NativeClient, NativeClient]:
+    """A and B in "g", and the route from A to B, which the thread learned from its first
+    frame (Python handled that one)."""
+    a, b = await NativeClient.joined(router, "g", b"A", b"B")
+    await a.send(wire.Route("g", b"B", b"A", b"learn"))
+    assert await b.recv() == wire.Route("g", b"B", b"A", b"learn")
+    return a, b
 
 
 async def test_routed_frames_are_relayed_by_the_thread_byte_for_byte(start_router: Start
@@ -166,11 +176,7 @@ async def _run_script(router: Server, seed: int) -> dict[str, bytes]:
     """Play ``_script(seed)`` from one client, cut at random points, against ``router``;
     what each client received, byte for byte."""
     rng = random.Random(seed)
-    a, b, c = await NativeClient.several(router, 3)
-    await a.connect("g", b"A")
-    await a.connect("g", b"A2")
-    await b.connect("g", b"B")
-    await c.connect("g", b"C")
+    a, b, c = await NativeClient.joined(router, "g", (b"A", b"A2"), b"B", b"C")
     stream = b"".join(_script(rng)) + wire.encode(wire.Route("g", None, b"A", b"END"))
     end = wire.encode(wire.Route("g", None, b"A", b"END"))
     pos = 0
@@ -216,11 +222,7 @@ async def test_same_bytes_as_the_pure_python_path(start_router: Start, seed: int
 async def test_a_frame_cut_between_reads_is_held_by_the_thread(start_router: Start) -> None:
     router = await start_router(fast_path="on")
     fast = fast_of(router)
-    a, b = await NativeClient.several(router, 2)
-    await a.connect("g", b"A")
-    await b.connect("g", b"B")
-    await a.send(wire.Route("g", b"B", b"A", b"learn"))
-    assert await b.recv() == wire.Route("g", b"B", b"A", b"learn")
+    a, b = await learned_pair(router)
     before = fast.upcalls
     frame = wire.encode(wire.Route("g", b"B", b"A", b"x" * 5000))
     for cut in (2, 10, 4000):  # in the length prefix, in the header, in the payload
@@ -238,11 +240,7 @@ async def test_a_frame_cut_after_an_upcall_goes_back_to_the_thread(start_router:
     stream itself (without that, every later read would go to Python whole)."""
     router = await start_router(fast_path="on")
     fast = fast_of(router)
-    a, b = await NativeClient.several(router, 2)
-    await a.connect("g", b"A")
-    await b.connect("g", b"B")
-    await a.send(wire.Route("g", b"B", b"A", b"learn"))
-    assert await b.recv() == wire.Route("g", b"B", b"A", b"learn")
+    a, b = await learned_pair(router)
     frames = [wire.encode(wire.Route("g", b"B", b"A", b"%03d" % i)) for i in range(30)]
     router.hub.sync()
     relayed, upcalls = router.hub.counters.fast_relayed, fast.upcalls
@@ -271,51 +269,56 @@ async def gather(client: J2Client | J5Client, kind: type[E], n: int, out: list[E
                 out.append(ev)
 
 
-async def test_jgroups2_messages_are_relayed_by_the_thread(start_router: Start) -> None:
-    router = await start_router(fast_path="on")
+R = TypeVar("R")
+
+
+async def relayed_by_the_thread(
+        router: Server, x: J2Client | J5Client, y: J2Client | J5Client, kind: type[E],
+        send: Callable[[JAddress | None, bytes], Awaitable[R]],
+) -> tuple[list[R], list[E], list[E]]:
+    """x sends 200 unicasts to y, then 200 multicasts (``send(dest, payload)``) while y reads
+    all 400 and x its 200 multicasts back (JGroups semantics: the sender gets its own
+    multicasts back). The thread relayed them: at most 4 went up to Python, and all 400 were
+    routed. Returns what ``send`` returned, and the events of ``kind`` x and y got."""
     fast = fast_of(router)
-    x, y = await j2_pair(router)
     before = fast.upcalls
-    got_x: list[j2.Message] = []
-    got_y: list[j2.Message] = []
+    sent: list[R] = []
+    got_x: list[E] = []
+    got_y: list[E] = []
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(gather, y, j2.Message, 400, got_y)
-        # 2.12 semantics: the sender gets its own multicasts back.
-        nursery.start_soon(gather, x, j2.Message, 200, got_x)
+        nursery.start_soon(gather, y, kind, 400, got_y)
+        nursery.start_soon(gather, x, kind, 200, got_x)
         for i in range(200):
-            await x.message("cluster", uuid(2, 2), b"u%03d" % i)
+            sent.append(await send(uuid(2, x.version), b"u%03d" % i))
         for i in range(200):
-            await x.message("cluster", None, b"m%03d" % i)
-    assert [bytes(m.payload) for m in got_y] == (
-        [b"u%03d" % i for i in range(200)] + [b"m%03d" % i for i in range(200)])
-    assert [bytes(m.payload) for m in got_x] == [b"m%03d" % i for i in range(200)]
+            sent.append(await send(None, b"m%03d" % i))
     assert fast.upcalls - before <= 4, (fast.by_kind, fast.learned, fast.info())
     router.hub.sync()
     assert router.hub.counters.routed == 400
+    return sent, got_x, got_y
+
+
+async def test_jgroups2_messages_are_relayed_by_the_thread(start_router: Start) -> None:
+    router = await start_router(fast_path="on")
+    x, y = await j2_pair(router)
+    _, got_x, got_y = await relayed_by_the_thread(
+        router, x, y, j2.Message, lambda dest, payload: x.message("cluster", dest, payload))
+    assert [bytes(m.payload) for m in got_y] == (
+        [b"u%03d" % i for i in range(200)] + [b"m%03d" % i for i in range(200)])
+    # 2.12 semantics: the sender gets its own multicasts back.
+    assert [bytes(m.payload) for m in got_x] == [b"m%03d" % i for i in range(200)]
 
 
 async def test_jgroups5_messages_are_relayed_by_the_thread_as_received(start_router: Start
                                                                       ) -> None:
     router = await start_router(fast_path="on")
-    fast = fast_of(router)
     x, y = await j5_pair(router)
-    before = fast.upcalls
-    sent = []
-    got_x: list[j5.Message] = []
-    got_y: list[j5.Message] = []
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(gather, y, j5.Message, 400, got_y)
-        # JGroups semantics: the sender gets its own multicasts back.
-        nursery.start_soon(gather, x, j5.Message, 200, got_x)
-        for i in range(200):
-            sent.append(await x.message("cluster", uuid(2, 5), uuid(1, 5), b"u%03d" % i))
-        for i in range(200):
-            sent.append(await x.message("cluster", None, uuid(1, 5), b"m%03d" % i))
+    sent, got_x, got_y = await relayed_by_the_thread(
+        router, x, y, j5.Message,
+        lambda dest, payload: x.message("cluster", dest, uuid(1, 5), payload))
     assert [m.raw for m in got_y] == sent  # byte for byte, in order
+    # JGroups semantics: the sender gets its own multicasts back.
     assert [m.raw for m in got_x] == sent[200:]
-    assert fast.upcalls - before <= 4, (fast.by_kind, fast.learned, fast.info())
-    router.hub.sync()
-    assert router.hub.counters.routed == 400
 
 
 async def test_traffic_relayed_by_the_thread_counts_for_the_idle_timeout(start_router: Start

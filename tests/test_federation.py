@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from gossiprouter.core.config import Config
 from gossiprouter.federation.state import Federation, RemoteGroup, RemoteMember
-from gossiprouter.protocol.jgroups_common import JAddress
+from gossiprouter.protocol.jgroups_address import JAddress
 from gossiprouter.routing.table import Kind, RoutingError
 from gossiprouter.sessions.base import Hub
 from gossiprouter.sessions.jgroups_common import JWire
@@ -454,7 +454,8 @@ def test_a_hostile_sequence_number_on_a_publication_is_counted_not_raised() -> N
     from paho.mqtt.packettypes import PacketTypes
     from paho.mqtt.properties import Properties
 
-    from gossiprouter.federation.bridge import ORIGIN_PROPERTY, SEQ_PROPERTY, Bridge
+    from gossiprouter.federation.bridge import Bridge
+    from gossiprouter.federation.publications import ORIGIN_PROPERTY, SEQ_PROPERTY
 
     cfg = Config(bridge="mqtt://127.0.0.1:1")
     bridge = Bridge(Hub(cfg), cfg)

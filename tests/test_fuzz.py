@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import fuzz_inputs as fi
 from benchmarks import fuzz_router as fz
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.protocol.jgroups_common import encode_utf
+from gossiprouter.protocol.jgroups_reader import encode_utf
 
 
 def _decode(proto: str, data: bytes) -> list[object]:
@@ -56,7 +57,7 @@ def test_corpus_registers_names_that_cannot_be_written_back_then_queries() -> No
     member reply (raw NULs, the 5.x all-groups prefix), followed by the query: issue 12
     item 1 is reachable on both JGroups protocols however short the run."""
     reached: set[str] = set()
-    for inp in fz.corpus(None):
+    for inp in fi.corpus(None):
         events = _decode(inp.proto, b"".join(inp.chunks))
         if inp.proto == "jgroups2":
             regs = [e for e in events if isinstance(e, j2.Connect)
@@ -79,8 +80,8 @@ def test_corpus_registers_names_that_cannot_be_written_back_then_queries() -> No
 
 def test_random_inputs_cover_every_protocol_and_mutation() -> None:
     rng = random.Random(7)
-    inputs = [fz.make_input(rng, None) for _ in range(600)]
-    assert {i.proto for i in inputs} == set(fz.PROTOCOLS)
+    inputs = [fi.make_input(rng, None) for _ in range(600)]
+    assert {i.proto for i in inputs} == set(fi.PROTOCOLS)
     kinds = {i.mutation.split(" x")[0] for i in inputs}
     assert kinds >= {"valid", "bit flips", "truncated", "length lie", "insert/delete",
                      "pipelined flood", "partial frame left open", "byte by byte",
@@ -89,7 +90,7 @@ def test_random_inputs_cover_every_protocol_and_mutation() -> None:
     assert any(i.keep_open for i in inputs)
     # Same seed, same inputs: a reported crash can be replayed.
     again = random.Random(7)
-    assert [fz.make_input(again, None).chunks for _ in range(50)] == [
+    assert [fi.make_input(again, None).chunks for _ in range(50)] == [
         i.chunks for i in inputs[:50]]
 
 
@@ -134,8 +135,8 @@ def test_short_fuzz_run_no_crash_no_honest_loss(tmp_path: Path, auth: bool) -> N
     can still be crashed by them."""
     out = fz.run(6.0, seed=12, auth=auth, workdir=tmp_path, say=lambda _: None)
     report = fz.report(out, 6.0, 12, auth)
-    assert out.inputs >= len(fz.corpus(None)), report
-    assert set(out.by_proto) == set(fz.PROTOCOLS), report
+    assert out.inputs >= len(fi.corpus(None)), report
+    assert set(out.by_proto) == set(fi.PROTOCOLS), report
     assert out.honest is not None, report
     assert len(out.honest.sent) == 6 and all(n > 50 for n in out.honest.sent.values()), report
     assert out.crashes == 0, report

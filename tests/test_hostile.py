@@ -29,7 +29,8 @@ from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.protocol.jgroups_common import V2, V5, JAddress, write_string
+from gossiprouter.protocol.jgroups_address import V2, V5, JAddress
+from gossiprouter.protocol.jgroups_reader import write_string
 from gossiprouter.server.listener import Server
 from gossiprouter.stub import RouterStub
 from tests.conftest import RouterFactory

@@ -21,14 +21,15 @@ import trio
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
-from gossiprouter.protocol.jgroups_common import V2, V5
+from gossiprouter.protocol.jgroups_address import V2, V5
 from gossiprouter.server.listener import REFUSAL_SLOTS, Server
 from tests.conftest import ops_of
 from tests.hostile import (
     FLOOD_BUDGET,
     Honest,
     during,
-    flood,
+    jgroups2_request_flood,
+    jgroups5_heartbeat_flood,
     native_control_flood,
     pipelined_pings,
     throttled_then_closed,
@@ -63,41 +64,12 @@ async def test_native_control_flood_is_throttled_then_closed(start_router: Start
 
 async def test_jgroups5_heartbeat_flood_is_throttled_then_closed(start_router: Start) -> None:
     router = await start_router(**FLOOD_BUDGET)
-
-    async def heartbeats() -> None:
-        assert router.address is not None
-        client = await J5Client.open(*router.address)
-
-        async def echoes() -> int:
-            n = 0
-            # Closed with our HEARTBEATs unread: the router's close ends in a reset, after
-            # the data it sent (the close marker last) has been read.
-            with contextlib.suppress(trio.BrokenResourceError, EOFError):
-                while True:
-                    n += isinstance(await client.recv(timeout=20), j5.Heartbeat)
-            return n
-
-        n = await flood(client.send_raw, j5.heartbeat() * 500, echoes)
-        assert client.close_marker  # closed deliberately, not reset
-        assert 200 <= n < 200_000  # its burst was answered, the rest was not read
-
-    await throttled_then_closed(router, heartbeats)
+    await throttled_then_closed(router, lambda: jgroups5_heartbeat_flood(router))
 
 
 async def test_jgroups2_request_flood_is_throttled_then_closed(start_router: Start) -> None:
     router = await start_router(**FLOOD_BUDGET)
-
-    async def requests() -> None:
-        assert router.address is not None
-        client = await J2Client.open(*router.address)
-
-        async def until_closed() -> None:
-            with contextlib.suppress(trio.BrokenResourceError):
-                await client.recv_until_closed(timeout=20)
-
-        await flood(client.send_raw, j2.ping() * 500, until_closed)
-
-    await throttled_then_closed(router, requests)
+    await throttled_then_closed(router, lambda: jgroups2_request_flood(router))
 
 
 async def test_a_burst_within_budget_is_not_closed(start_router: Start) -> None:

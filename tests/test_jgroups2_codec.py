@@ -10,25 +10,9 @@ from hypothesis import strategies as st
 
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.protocol.jgroups_common import V2, V5, JAddress
-from tests.jgroups_captures import (
-    C2S,
-    CAPTURES_212,
-    EXAMPLES,
-    S2C,
-    Chunk,
-    addresses_v2,
-    assert_split_anywhere,
-    connection_chunks,
-    decode_all,
-    h,
-    load,
-    names,
-    one_byte_pieces,
-    payloads,
-    split_at,
-    streams,
-)
+from gossiprouter.protocol.jgroups_address import V2, V5, JAddress
+from tests import jgroups_captures as cap
+from tests.jgroups_captures import EXAMPLES, addresses_v2, decode_all, h, names, payloads
 
 A = JAddress.from_uuid(0x0102030405060708, 0x1112131415161718, version=V2)
 B = JAddress.from_uuid(0x2122232425262728, 0x3132333435363738, version=V2)
@@ -160,7 +144,7 @@ def test_connect_reply_ok() -> None:
 # --------------------------------------------------------------------------- captures
 
 
-def _replay(chunks: Iterable[Chunk], split: bool) -> tuple[list[j2.Event], list[j2.Event]]:
+def _replay(chunks: Iterable[cap.Chunk], split: bool) -> tuple[list[j2.Event], list[j2.Event]]:
     """Replay one connection in observed order; returns (client->router, router->client) events.
 
     The router->client decoder is told what to expect when the client->router decoder sees
@@ -170,9 +154,9 @@ def _replay(chunks: Iterable[Chunk], split: bool) -> tuple[list[j2.Event], list[
     sev: list[j2.Event] = []
     cev: list[j2.Event] = []
     for c in chunks:
-        pieces = one_byte_pieces(c.data) if split else [c.data]
+        pieces = cap.one_byte_pieces(c.data) if split else [c.data]
         for piece in pieces:
-            if c.direction == C2S:
+            if c.direction == cap.C2S:
                 for ev in decode_all(sdec, piece):
                     sev.append(ev)
                     if isinstance(ev, j2.Connect):
@@ -189,24 +173,24 @@ def _encoded(events: Sequence[j2.Event]) -> bytes:
     return b"".join(j2.encode(ev) for ev in events)
 
 
-@pytest.mark.parametrize("name", CAPTURES_212)
+@pytest.mark.parametrize("name", cap.CAPTURES_212)
 @pytest.mark.parametrize("split", [False, True], ids=["as-received", "1-byte"])
 def test_capture_replays_and_reencodes_exactly(name: str, split: bool) -> None:
-    chunks = load(name)
-    whole = streams(chunks)
-    for conn, cl in connection_chunks(chunks).items():
+    chunks = cap.load(name)
+    whole = cap.streams(chunks)
+    for conn, cl in cap.connection_chunks(chunks).items():
         sev, cev = _replay(cl, split)
         assert sev and cev
         assert not any(isinstance(e, j2.Unknown) for e in [*sev, *cev])
-        assert _encoded(sev) == whole[(conn, C2S)]
-        assert _encoded(cev) == whole[(conn, S2C)]
+        assert _encoded(sev) == whole[(conn, cap.C2S)]
+        assert _encoded(cev) == whole[(conn, cap.S2C)]
 
 
-@pytest.mark.parametrize("name", CAPTURES_212)
+@pytest.mark.parametrize("name", cap.CAPTURES_212)
 def test_capture_whole_streams(name: str) -> None:
-    chunks = load(name)
-    for (conn, direction), data in streams(chunks).items():
-        if direction != C2S:
+    chunks = cap.load(name)
+    for (conn, direction), data in cap.streams(chunks).items():
+        if direction != cap.C2S:
             continue
         requests = decode_all(j2.Decoder(), data)
         assert _encoded(requests) == data
@@ -218,14 +202,14 @@ def test_capture_whole_streams(name: str) -> None:
                 cdec.expect_connect_reply()
             elif isinstance(ev, j2.GossipGet):
                 cdec.expect_members_reply()
-        replies = decode_all(cdec, streams(chunks)[(conn, S2C)])
-        assert _encoded(replies) == streams(chunks)[(conn, S2C)]
+        replies = decode_all(cdec, cap.streams(chunks)[(conn, cap.S2C)])
+        assert _encoded(replies) == cap.streams(chunks)[(conn, cap.S2C)]
         assert cdec.buffered == 0
 
 
 def test_capture_stub_session_content() -> None:
-    chunks = load("cap212.log")
-    sev, cev = _replay(connection_chunks(chunks)["conn1"], split=False)
+    chunks = cap.load("cap212.log")
+    sev, cev = _replay(cap.connection_chunks(chunks)["conn1"], split=False)
     assert sev == [
         j2.Connect("demo", A, "A", (PHYS_A,)),
         j2.GossipGet("demo"),
@@ -296,7 +280,7 @@ def _decode_client_stream(
     dec = j2.ClientDecoder()
     out: list[j2.ClientEvent] = []
     fed = 0
-    for piece in split_at(data, [*cuts, *starts]):
+    for piece in cap.split_at(data, [*cuts, *starts]):
         reply = starts.get(fed)
         if isinstance(reply, j2.ConnectReply):
             dec.expect_connect_reply()
@@ -331,7 +315,7 @@ def test_client_event_round_trip(ev: j2.ClientEvent) -> None:
 @EXAMPLES
 @given(st.lists(server_events, max_size=6), st.lists(st.integers(0, 5000), max_size=12))
 def test_server_stream_split_anywhere(evs: list[j2.ServerEvent], cuts: list[int]) -> None:
-    assert_split_anywhere(j2.Decoder(), j2.encode, evs, cuts)
+    cap.assert_split_anywhere(j2.Decoder(), j2.encode, evs, cuts)
 
 
 @EXAMPLES
@@ -345,28 +329,15 @@ def test_client_stream_split_anywhere(evs: list[j2.ClientEvent], cuts: list[int]
 def test_server_stream_one_byte_pieces(evs: list[j2.ServerEvent]) -> None:
     dec = j2.Decoder()
     out: list[j2.Event] = []
-    for piece in one_byte_pieces(b"".join(j2.encode(e) for e in evs)):
+    for piece in cap.one_byte_pieces(b"".join(j2.encode(e) for e in evs)):
         out += decode_all(dec, piece)
     assert out == evs
-
-
-def _drain_expecting_only_protocol_errors(dec: j2.Decoder | j2.ClientDecoder) -> None:
-    try:
-        while dec.next_event() is not None:
-            pass
-    except ProtocolError:
-        # the stream stays failed
-        with pytest.raises(ProtocolError):
-            dec.next_event()
 
 
 @EXAMPLES
 @given(st.binary(max_size=200), st.lists(st.integers(0, 200), max_size=5))
 def test_arbitrary_bytes_router_side(data: bytes, cuts: list[int]) -> None:
-    dec = j2.Decoder(max_frame=4096)
-    for piece in split_at(data, cuts):
-        dec.feed(piece)
-        _drain_expecting_only_protocol_errors(dec)
+    cap.assert_only_protocol_errors(j2.Decoder(max_frame=4096), data, cuts)
 
 
 @EXAMPLES
@@ -376,7 +347,7 @@ def test_arbitrary_bytes_client_side(data: bytes, expects: list[str]) -> None:
     for e in expects:
         (dec.expect_connect_reply if e == "c" else dec.expect_members_reply)()
     dec.feed(data)
-    _drain_expecting_only_protocol_errors(dec)
+    cap.drain_to_protocol_error(dec)
 
 
 @EXAMPLES
@@ -385,7 +356,7 @@ def test_valid_prefix_then_garbage(ev: j2.ServerEvent, garbage: bytes) -> None:
     dec = j2.Decoder(max_frame=4096)
     dec.feed(j2.encode(ev) + garbage)
     assert dec.next_event() == ev
-    _drain_expecting_only_protocol_errors(dec)
+    cap.drain_to_protocol_error(dec)
 
 
 # --------------------------------------------------------------------------- limits, errors

@@ -11,22 +11,9 @@ from hypothesis import strategies as st
 
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.protocol.jgroups_common import V2, V5, JAddress
-from tests.jgroups_captures import (
-    CAPTURES_556,
-    EXAMPLES,
-    addresses_v5,
-    assert_split_anywhere,
-    connection_chunks,
-    decode_all,
-    h,
-    load,
-    names,
-    one_byte_pieces,
-    payloads,
-    split_at,
-    streams,
-)
+from gossiprouter.protocol.jgroups_address import V2, V5, JAddress
+from tests import jgroups_captures as cap
+from tests.jgroups_captures import EXAMPLES, addresses_v5, decode_all, h, names, payloads
 
 A = JAddress.from_uuid(0x0102030405060708, 0x1112131415161718, version=V5)
 B = JAddress.from_uuid(0x2122232425262728, 0x3132333435363738, version=V5)
@@ -138,30 +125,30 @@ def _check_stream(events: list[j5.Event], data: bytes) -> None:
     assert pos == len(data)
 
 
-@pytest.mark.parametrize("name", CAPTURES_556)
+@pytest.mark.parametrize("name", cap.CAPTURES_556)
 def test_capture_whole_streams(name: str) -> None:
-    for data in streams(load(name)).values():
+    for data in cap.streams(cap.load(name)).values():
         dec = j5.Decoder()
         events = decode_all(dec, data)
         assert events and dec.buffered == 0
         _check_stream(events, data)
 
 
-@pytest.mark.parametrize("name", CAPTURES_556)
+@pytest.mark.parametrize("name", cap.CAPTURES_556)
 def test_capture_one_byte_pieces(name: str) -> None:
-    for data in streams(load(name)).values():
+    for data in cap.streams(cap.load(name)).values():
         dec = j5.Decoder()
         events: list[j5.Event] = []
-        for piece in one_byte_pieces(data):
+        for piece in cap.one_byte_pieces(data):
             events += decode_all(dec, piece)
         _check_stream(events, data)
 
 
-@pytest.mark.parametrize("name", CAPTURES_556)
+@pytest.mark.parametrize("name", cap.CAPTURES_556)
 def test_capture_as_received(name: str) -> None:
-    chunks = load(name)
-    whole = streams(chunks)
-    for conn, cl in connection_chunks(chunks).items():
+    chunks = cap.load(name)
+    whole = cap.streams(chunks)
+    for conn, cl in cap.connection_chunks(chunks).items():
         decoders = {"C>S": j5.Decoder(), "S>C": j5.Decoder()}
         events: dict[str, list[j5.Event]] = {"C>S": [], "S>C": []}
         for c in cl:
@@ -172,7 +159,7 @@ def test_capture_as_received(name: str) -> None:
 
 
 def test_capture_stub_session_content() -> None:
-    s = streams(load("cap556.log"))
+    s = cap.streams(cap.load("cap556.log"))
     assert decode_all(j5.Decoder(), s[("conn1", "C>S")])[:4] == [
         j5.Register("demo", A, "A", PHYS_A),
         j5.GetMembers("demo"),
@@ -237,22 +224,13 @@ def test_message_fields_round_trip(
 @EXAMPLES
 @given(st.lists(events, max_size=6), st.lists(st.integers(0, 4000), max_size=12))
 def test_stream_split_anywhere(evs: list[j5.Event], cuts: list[int]) -> None:
-    assert_split_anywhere(j5.Decoder(), j5.encode, evs, cuts)
+    cap.assert_split_anywhere(j5.Decoder(), j5.encode, evs, cuts)
 
 
 @EXAMPLES
 @given(st.binary(max_size=200), st.lists(st.integers(0, 200), max_size=5))
 def test_arbitrary_bytes_only_raise_protocol_error(data: bytes, cuts: list[int]) -> None:
-    dec = j5.Decoder(max_frame=4096)
-    for piece in split_at(data, cuts):
-        dec.feed(piece)
-        try:
-            while dec.next_event() is not None:
-                pass
-        except ProtocolError:
-            with pytest.raises(ProtocolError):  # the stream stays failed
-                dec.next_event()
-            return
+    cap.assert_only_protocol_errors(j5.Decoder(max_frame=4096), data, cuts)
 
 
 @EXAMPLES
@@ -308,7 +286,7 @@ def test_malformed_in_one_byte_pieces() -> None:
     data = b"".join(MALFORMED.values()) + j5.heartbeat()
     dec = j5.Decoder()
     out: list[j5.Event] = []
-    for piece in one_byte_pieces(data):
+    for piece in cap.one_byte_pieces(data):
         out += decode_all(dec, piece)
     assert [type(e) for e in out] == [j5.Malformed] * len(MALFORMED) + [j5.Heartbeat]
 

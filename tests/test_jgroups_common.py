@@ -9,20 +9,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.protocol.jgroups_common import (
+from gossiprouter.protocol.jgroups_address import (
     V2,
     V5,
     AddressKind,
     JAddress,
+    read_address,
+    read_addresses,
+    write_address,
+    write_addresses,
+)
+from gossiprouter.protocol.jgroups_reader import (
     NeedMore,
     Reader,
     copy_bytes,
     decode_utf,
     encode_utf,
-    read_address,
-    read_addresses,
-    write_address,
-    write_addresses,
     write_string,
 )
 from tests.jgroups_captures import (

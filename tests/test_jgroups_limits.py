@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from gossiprouter.protocol import jgroups5 as j5
-from gossiprouter.protocol.jgroups_common import JAddress
+from gossiprouter.protocol.jgroups_address import JAddress
 from gossiprouter.server.listener import Server
 from tests.conftest import RouterFactory
 from tests.jgroups_clients import V5, J5Client, ip, uuid

@@ -13,7 +13,7 @@ import trio.testing
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
-from gossiprouter.protocol.jgroups_common import JAddress
+from gossiprouter.protocol.jgroups_address import JAddress
 from gossiprouter.server.listener import Server
 from tests.conftest import RouterFactory
 from tests.jgroups_clients import (

@@ -1,4 +1,4 @@
-"""The JGroups scanners (``jgroups5.Scanner``, ``jgroups2.Scanner``) against naive references.
+"""The JGroups scanners (``jgroups5_scan.Scanner``, ``jgroups2_scan.Scanner``) vs naive references.
 
 The scanners cut received chunks into runs of same-header MESSAGEs (handed to a callback) and
 other items, with header caches and bulk counting of same-size frames. These property tests
@@ -22,9 +22,12 @@ from hypothesis import strategies as st
 
 from gossiprouter.core.config import Config
 from gossiprouter.protocol import jgroups2 as j2
+from gossiprouter.protocol import jgroups2_scan as j2scan
 from gossiprouter.protocol import jgroups5 as j5
+from gossiprouter.protocol import jgroups5_scan as j5scan
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.protocol.jgroups_common import (
+from gossiprouter.protocol.jgroups_address import V2, V5, JAddress
+from gossiprouter.protocol.jgroups_scan import (
     CACHE_MAX,
     CLOSED,
     CONTROL,
@@ -33,9 +36,6 @@ from gossiprouter.protocol.jgroups_common import (
     LENGTHS_MAX,
     OVERSIZED,
     PARTIAL,
-    V2,
-    V5,
-    JAddress,
 )
 from gossiprouter.sessions.base import Hub
 from gossiprouter.sessions.jgroups2 import JGroups2Session
@@ -123,7 +123,7 @@ def _reference5(stream: bytes) -> list[tuple[Any, ...]]:
 RUN = -1  # what _drive reports for a run: (RUN, head, frames, count)
 
 
-def _items_while(scanner: j5.Scanner | j2.Scanner, data: bytes
+def _items_while(scanner: j5scan.Scanner | j2scan.Scanner, data: bytes
                  ) -> Iterator[tuple[Any, ...]]:
     """Everything the scanner reports for ``data``, runs (``(RUN, head, frames, count)``)
     included, in stream order, one at a time: the caller acts on each before the next is
@@ -141,12 +141,12 @@ def _items_while(scanner: j5.Scanner | j2.Scanner, data: bytes
     yield from runs
 
 
-def _items(scanner: j5.Scanner | j2.Scanner, data: bytes) -> list[tuple[Any, ...]]:
+def _items(scanner: j5scan.Scanner | j2scan.Scanner, data: bytes) -> list[tuple[Any, ...]]:
     """Everything the scanner reports for ``data``, runs included, in stream order."""
     return list(_items_while(scanner, data))
 
 
-def _drive(scanner: j5.Scanner | j2.Scanner, stream: bytes, cuts: list[int]
+def _drive(scanner: j5scan.Scanner | j2scan.Scanner, stream: bytes, cuts: list[int]
            ) -> Iterator[tuple[bytes, tuple[Any, ...]]]:
     """Feed ``stream`` in the pieces ``cuts`` makes, as the sessions do: the start of a frame
     the chunk does not complete is kept for the next one, the rest of an oversized frame is
@@ -180,7 +180,7 @@ def _drive(scanner: j5.Scanner | j2.Scanner, stream: bytes, cuts: list[int]
     assert not rest and not skip
 
 
-def _check(scanner: j5.Scanner | j2.Scanner, stream: bytes, cuts: list[int],
+def _check(scanner: j5scan.Scanner | j2scan.Scanner, stream: bytes, cuts: list[int],
            expect: list[tuple[Any, ...]], skip: int) -> None:
     """What the scanner reports for ``stream`` cut at ``cuts``, one entry per frame as the
     references write them, is ``expect``. Every frame of a run starts with the run's header
@@ -211,10 +211,10 @@ def _check(scanner: j5.Scanner | j2.Scanner, stream: bytes, cuts: list[int],
 
 def test_jgroups5_scanner_close_marker_and_negative_lengths() -> None:
     msg = j5.message("g", None, _a(0, V5), b"x")
-    items = _items(j5.Scanner("p:", MAX), msg + j5.CLOSE_MARKER + msg)
+    items = _items(j5scan.Scanner("p:", MAX), msg + j5.CLOSE_MARKER + msg)
     assert [i[0] for i in items] == [RUN, CLOSED]  # nothing after the marker
     assert items[1][1:3] == (len(msg), len(msg) + 4)
-    items = _items(j5.Scanner("p:", MAX), msg + b"\xff\xff\xff\xfe" + msg)
+    items = _items(j5scan.Scanner("p:", MAX), msg + b"\xff\xff\xff\xfe" + msg)
     assert [i[0] for i in items] == [RUN, ERROR]
     err = items[1][4]
     assert isinstance(err, ProtocolError) and str(err) == "negative frame length -2"
@@ -224,21 +224,21 @@ def test_jgroups5_scanner_reads_max_frame_again_after_a_control_frame() -> None:
     """The session raises max_frame while it handles the first REGISTER: the frame after it
     is measured against the new limit."""
     big = j5.message("g", None, _a(0, V5), bytes(500))
-    scanner = j5.Scanner("p:", MAX)
+    scanner = j5scan.Scanner("p:", MAX)
     kinds = []
     for item in _items_while(scanner, j5.register("g", _a(0, V5), "n", None) + big):
         kinds.append(item[0])
         if item[0] == CONTROL:
             scanner.registered(1000)
     assert kinds == [CONTROL, RUN]
-    assert [i[0] for i in _items(j5.Scanner("p:", MAX), big)] == [OVERSIZED]
+    assert [i[0] for i in _items(j5scan.Scanner("p:", MAX), big)] == [OVERSIZED]
 
 
 def test_scanners_stop_when_the_run_callback_says_so() -> None:
     """The session's connection closed while routing a run: nothing after it is read."""
     for scanner, msg, other in (
-            (j5.Scanner("p:", MAX), j5.message("g", None, _a(0, V5), b"x"), j5.heartbeat()),
-            (j2.Scanner("p:", MAX), j2.message("g", None, b"x"), j2.ping())):
+            (j5scan.Scanner("p:", MAX), j5.message("g", None, _a(0, V5), b"x"), j5.heartbeat()),
+            (j2scan.Scanner("p:", MAX), j2.message("g", None, b"x"), j2.ping())):
         seen: list[int] = []
 
         def stop(head: Any, frames: bytes, count: int, seen: list[int] = seen) -> bool:
@@ -250,7 +250,7 @@ def test_scanners_stop_when_the_run_callback_says_so() -> None:
 
 
 def test_jgroups5_header_cache_is_bounded() -> None:
-    scanner = j5.Scanner("p:", MAX)
+    scanner = j5scan.Scanner("p:", MAX)
     for i in range(CACHE_MAX + 5):
         _items(scanner, j5.message("g", _a(i, V5), _a(0, V5), b"x"))
     assert 0 < len(scanner.entries) <= CACHE_MAX
@@ -318,12 +318,12 @@ def test_scanner_matches_the_reference(version: int, draw: st.DataObject) -> Non
     if version == 5:
         specs = draw.draw(st.lists(frames5, min_size=1, max_size=40))
         stream = b"".join(_frame5(s, i) for i, s in enumerate(specs))
-        _check(j5.Scanner("jgroups5:", MAX), stream, _cuts(draw, len(stream)),
+        _check(j5scan.Scanner("jgroups5:", MAX), stream, _cuts(draw, len(stream)),
                _reference5(stream), skip=4)
         return
     specs = draw.draw(st.lists(frames2, min_size=1, max_size=40))
     stream = b"".join(_frame2(s, i) for i, s in enumerate(specs))
-    scanner = j2.Scanner("jgroups2:", MAX)
+    scanner = j2scan.Scanner("jgroups2:", MAX)
     scanner.registered(MAX)  # oversized messages are skipped, not refused
     _check(scanner, stream, _cuts(draw, len(stream)), _reference2(stream), skip=0)
     assert not scanner.holding
@@ -331,9 +331,9 @@ def test_scanner_matches_the_reference(version: int, draw: st.DataObject) -> Non
 
 def test_jgroups2_scanner_refuses_an_oversized_message_before_registration() -> None:
     big = j2.message("g", None, bytes(MAX))
-    items = _items(j2.Scanner("p:", MAX), big)
+    items = _items(j2scan.Scanner("p:", MAX), big)
     assert [(i[0], i[4].code) for i in items] == [(ERROR, "frame_too_large")]
-    scanner = j2.Scanner("p:", MAX)
+    scanner = j2scan.Scanner("p:", MAX)
     scanner.registered(MAX)
     assert [(i[0], i[3]) for i in _items(scanner, big)] == [(OVERSIZED, len(big))]
 
@@ -341,7 +341,7 @@ def test_jgroups2_scanner_refuses_an_oversized_message_before_registration() -> 
 def test_jgroups2_scanner_holds_an_incomplete_object_across_chunks() -> None:
     get = j2.gossip_get("a-group-name")
     msg = j2.message("g", None, b"x")
-    scanner = j2.Scanner("p:", MAX)
+    scanner = j2scan.Scanner("p:", MAX)
     items = _items(scanner, msg + get[:5])
     assert [i[0] for i in items] == [RUN, HELD]
     assert items[1][3] == 5 and scanner.holding
@@ -353,7 +353,7 @@ def test_jgroups2_scanner_holds_an_incomplete_object_across_chunks() -> None:
 
 def test_jgroups2_scanner_partial_header_and_body() -> None:
     msg = j2.message("g", None, b"0123456789")
-    scanner = j2.Scanner("p:", MAX)
+    scanner = j2scan.Scanner("p:", MAX)
     _items(scanner, msg)  # the header is known now
     # Cut in the payload: the whole message's length is known, it may be skipped (count 1).
     assert _items(scanner, msg[:-3]) == [(PARTIAL, 0, len(msg), 1, None)]

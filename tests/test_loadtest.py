@@ -27,7 +27,7 @@ import trio
 from click.testing import CliRunner
 
 from gossiprouter.analytics.audit import analyze
-from gossiprouter.analytics.report import Report
+from gossiprouter.analytics.report.model import Report
 from gossiprouter.loadtest.cli import EXIT_INPUT, loadtest_command
 from gossiprouter.loadtest.driver import RunInputError, RunResult, run_loadtest
 from gossiprouter.loadtest.pacing import Pacer, PaceStats

@@ -14,39 +14,36 @@ from typing import Any
 
 import pytest
 
-from gossiprouter.analytics.report import (
-    EXIT_INCOMPLETE,
-    EXIT_LOSS,
-    EXIT_THRESHOLD,
+from gossiprouter.analytics.report.baseline import BaselineError, comparison_rows, load_baseline
+from gossiprouter.analytics.report.environment import environment_rows
+from gossiprouter.analytics.report.files import write_report
+from gossiprouter.analytics.report.formatting import fmt_ms
+from gossiprouter.analytics.report.html_page import render_html
+from gossiprouter.analytics.report.manifest import load_errors, run_events
+from gossiprouter.analytics.report.model import Report
+from gossiprouter.analytics.report.parts import (
     Audit,
-    BaselineError,
     Breakdown,
     Counts,
     Finding,
     Histogram,
     LatencyPoint,
     LatencyStats,
-    Report,
     RunEvent,
     ScopeBreakdown,
     ThroughputBucket,
+    size_bucket,
+)
+from gossiprouter.analytics.report.plots import (
     _figure,
     _latency_histogram,
     _latency_over_time,
     _pyplot,
-    comparison_rows,
-    environment_rows,
-    fmt_ms,
-    format_summary,
-    load_baseline,
-    load_errors,
     log_ticks,
     plot_caption,
-    render_html,
-    run_events,
-    size_bucket,
-    write_report,
 )
+from gossiprouter.analytics.report.summary import format_summary
+from gossiprouter.analytics.report.verdict import EXIT_INCOMPLETE, EXIT_LOSS, EXIT_THRESHOLD
 
 S = 1_000_000_000
 T0 = 500 * S

@@ -66,10 +66,7 @@ async def test_multicast_reaches_each_other_connection_once(router: Server) -> N
 
 
 async def test_disconnect_and_abrupt_close_remove_the_member(router: Server) -> None:
-    a, b, c = await NativeClient.several(router, 3)
-    await a.connect("g", b"A")
-    await b.connect("g", b"B")
-    await c.connect("g", b"C")
+    a, b, c = await NativeClient.joined(router, "g", b"A", b"B", b"C")
     assert await b.request(wire.Disconnect(b.req(), "g", b"B")) == wire.Ok(2)
     await c.aclose()
     # C vanished without DISCONNECT: A is told; B left cleanly: nobody is told.

@@ -75,7 +75,14 @@ SMOKE: dict[str, tuple[str, ...] | RunBy] = {
     "benchmarks/relay_harness.py": RunBy("tests/test_relay_harness.py, and scripts/test's "
                                          "sanitizer jobs"),
     "benchmarks/relay_build.py": RunBy("a module: scripts/sanitize builds with it"),
-    "benchmarks/routers.py": RunBy("a module: bench_fastpath_memory.py runs on it"),
+    "benchmarks/routers.py": RunBy("a module: bench_fastpath_memory.py, bench_fairness.py and "
+                                   "bench_admin_stall.py run on it"),
+    "benchmarks/fuzz_inputs.py": RunBy("a module: fuzz_router.py runs on it"),
+    "benchmarks/vs_jgroups_load.py": RunBy("a module: bench_vs_jgroups.py and bench_lightpath.py "
+                                           "run on it"),
+    "benchmarks/vs_jgroups_procs.py": RunBy("a module: bench_vs_jgroups.py runs on it"),
+    "benchmarks/profiling.py": RunBy("a module: bench_hotloop.py and bench_jgroups_hotloop.py "
+                                     "run on it"),
 }
 # Run in this process, on the module's local Spark (one JVM start for all of them).
 ON_SPARK = {"scripts/bench-analyze"}

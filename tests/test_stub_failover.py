@@ -20,16 +20,19 @@ from gossiprouter.protocol import native as wire
 from gossiprouter.stub import StubEvent
 from tests.stubkit import (
     FAST,
+    FakeLink,
+    FakeRouter,
     RouterThread,
     RouterThreads,
     anyio_backend,
     connected,
     drain,
     eventually,
+    fake_router,
     router,
     start_router,
 )
-from tests.test_stub_protocol_state import WELCOME, FakeLink, FakeRouter, fake_router
+from tests.test_stub_protocol_state import WELCOME
 
 __all__ = ["anyio_backend", "fake_router", "router", "start_router"]
 

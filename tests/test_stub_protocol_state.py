@@ -12,7 +12,6 @@ thread (tests/stubkit.py).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterator
 
 import anyio
 import pytest
@@ -20,82 +19,21 @@ import trio
 
 from gossiprouter import RouterStub
 from gossiprouter.protocol import native as wire
-from tests.nclient import NativeClient
-from tests.stubkit import FAST, TrioThread, anyio_backend, connected, eventually
+from tests.stubkit import (
+    FAST,
+    FakeLink,
+    FakeRouter,
+    anyio_backend,
+    connected,
+    eventually,
+    fake_router,
+)
 
-__all__ = ["anyio_backend"]
+__all__ = ["anyio_backend", "fake_router"]
 
 pytestmark = pytest.mark.anyio
 
 WELCOME = wire.Welcome(1, "fake", {})
-
-
-class FakeLink(NativeClient):
-    """The router end of one connection: the test client's frame I/O, after the preamble."""
-
-    @classmethod
-    async def accept(cls, stream: trio.SocketStream) -> FakeLink:
-        link = cls(stream, stream)
-        got = b""
-        with trio.fail_after(5):
-            while len(got) < len(wire.PREAMBLE):
-                data = await stream.receive_some(65536)
-                if not data:
-                    raise EOFError
-                got += data
-        assert got.startswith(wire.PREAMBLE), got
-        link.decoder.feed(got[len(wire.PREAMBLE):])
-        return link
-
-    async def send(self, *frames: wire.Frame) -> None:  # one write for several frames
-        await self.send_raw(b"".join(wire.encode(f) for f in frames))
-
-    async def serve_requests(self, then: Callable[[wire.Connect], list[wire.Frame]]) -> None:
-        """Answer CONNECT with OK (followed by ``then(connect)``), DISCONNECT with OK and
-        PING with PONG."""
-        while True:
-            f = await self.recv()
-            if isinstance(f, wire.Connect):
-                await self.send(wire.Ok(f.req), *then(f))
-            elif isinstance(f, wire.Disconnect):
-                await self.send(wire.Ok(f.req))
-            elif isinstance(f, wire.Ping):
-                await self.send(wire.Pong(f.nonce))
-
-
-Script = Callable[[FakeLink], Awaitable[None]]
-
-
-FakeRouter = Callable[[Script], tuple[str, int]]
-
-
-@pytest.fixture
-def fake_router() -> Iterator[FakeRouter]:
-    """Serve a script for every connection on a free 127.0.0.1 port, in a trio thread."""
-    loops: list[TrioThread] = []
-
-    def start(script: Script) -> tuple[str, int]:
-        async def serve(*, task_status: trio.TaskStatus[int]) -> None:
-            listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-
-            async def handle(stream: trio.SocketStream) -> None:
-                try:
-                    await script(await FakeLink.accept(stream))
-                except (EOFError, trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass
-                finally:
-                    await trio.aclose_forcefully(stream)
-
-            task_status.started(listeners[0].socket.getsockname()[1])
-            await trio.serve_listeners(handle, listeners)
-
-        loop = TrioThread()
-        loops.append(loop)
-        return "127.0.0.1", loop.start(serve)
-
-    yield start
-    for loop in loops:
-        loop.stop()
 
 
 async def _illegal_after_welcome(fake_router: FakeRouter, caplog: pytest.LogCaptureFixture,

@@ -18,7 +18,8 @@ import trio
 from click.testing import CliRunner
 
 from gossiprouter.analytics.cli import EXIT_INPUT, EXIT_LOSS, EXIT_OK, analyze_command
-from gossiprouter.analytics.report import Report, environment_rows
+from gossiprouter.analytics.report.environment import environment_rows
+from gossiprouter.analytics.report.model import Report
 from gossiprouter.analytics.topics_audit import analyze_topics, match_table, run_kind
 from gossiprouter.core.topics import matches, parse_topic
 from gossiprouter.loadtest.records import MANIFEST_FILE
@@ -30,6 +31,7 @@ from gossiprouter.loadtest.topic_records import (
 )
 from gossiprouter.loadtest.topics import run_topics
 from gossiprouter.loadtest.topics_scenario import load_topics_scenario
+from tests.audit_runs import run_fixture
 from tests.chromium import Browser, find_chromium
 from tests.conftest import TopicsScenario
 
@@ -110,11 +112,7 @@ def build_topics_run(run_dir: Path) -> None:
 
 
 
-@pytest.fixture(scope="module")
-def unit_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("topics-run")
-    build_topics_run(path)
-    return path
+unit_run = run_fixture("topics-run", build_topics_run)
 
 
 @pytest.fixture(scope="module")

@@ -20,15 +20,14 @@ from pathlib import Path
 
 import click
 
-from gossiprouter.analytics.report import (
+from gossiprouter.analytics.report.baseline import BaselineError, load_baseline
+from gossiprouter.analytics.report.verdict import (
     EXIT_FAILED,
     EXIT_INCOMPLETE,
     EXIT_INPUT,
     EXIT_LOSS,
     EXIT_OK,
     EXIT_THRESHOLD,
-    BaselineError,
-    load_baseline,
 )
 from gossiprouter.core.cli_errors import PREFIX, needs_extra
 
@@ -130,7 +129,7 @@ def analyze_command(
             check_run_dir,
             local_path,
         )
-        from gossiprouter.analytics.report import format_summary
+        from gossiprouter.analytics.report.summary import format_summary
         from gossiprouter.analytics.spark_io import check_java
         from gossiprouter.analytics.topics_audit import (
             analyze_topics,

@@ -8,9 +8,10 @@ exact when the bucket holds one distinct value, else interpolated within the buc
 under 0.1 %). Unlike percentile_approx at a high accuracy this costs one cheap
 aggregation, and the same histogram draws the latency plot.
 
-Spark computes the buckets (:func:`bucket_column`, :func:`bucket_aggregates`); the figures
-are made from the collected rows in Python (:func:`bucket`, :func:`latency_stats`,
-:func:`histogram`, :func:`over_time`).
+Spark computes the buckets (:func:`bucket_column`, :func:`bucket_aggregates`; both audits
+collect them with :func:`latency_rows`); the figures are made from the collected rows in
+Python (:func:`bucket`, :func:`latency_stats`, :func:`histogram`, :func:`over_time`; for
+the ROUTE audit's breakdowns by group, payload size and cast, :func:`latency_breakdowns`).
 """
 
 from __future__ import annotations
@@ -20,13 +21,20 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from gossiprouter.analytics.report import Histogram, LatencyPoint, LatencyStats
+from gossiprouter.analytics.report.parts import (
+    Histogram,
+    LatencyPoint,
+    LatencyStats,
+    size_bucket,
+)
+from gossiprouter.analytics.spark_io import rows
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column
+    from pyspark.sql import Column, DataFrame
 
-__all__ = ["HISTOGRAM_BINS", "LATENCY_PRECISION", "Bucket", "bucket", "bucket_aggregates",
-           "bucket_column", "histogram", "latency_stats", "over_time"]
+__all__ = ["HISTOGRAM_BINS", "LATENCY_PRECISION", "Bucket", "LatencyBreakdowns", "bucket",
+           "bucket_aggregates", "bucket_column", "histogram", "latency_breakdowns",
+           "latency_rows", "latency_stats", "over_time", "size_labels"]
 
 HISTOGRAM_BINS: Final = 80
 LATENCY_PRECISION: Final = 0.001
@@ -61,6 +69,16 @@ def bucket_aggregates(lat: Column) -> list[Column]:
 
     return [F.count(F.lit(1)).alias("n"), F.min(lat).alias("lo"), F.max(lat).alias("hi"),
             F.sum(lat).alias("total")]
+
+
+def latency_rows(delivered: DataFrame, *keys: str | Column) -> list[dict[str, Any]]:
+    """The fine histogram of the latency (receive time minus send time) of the
+    ``delivered`` pairs, grouped by ``keys`` and the bucket, collected: one row per group
+    and bucket, for :func:`bucket`."""
+    from pyspark.sql import functions as F
+
+    lat = F.col("t_recv_ns") - F.col("t_send_ns")
+    return rows(delivered.groupBy(*keys, bucket_column(lat)).agg(*bucket_aggregates(lat)))
 
 
 def bucket(row: Mapping[str, Any]) -> Bucket:
@@ -132,3 +150,64 @@ def over_time(rows: Iterable[Mapping[str, Any]]) -> list[LatencyPoint]:
         if st is not None:
             points.append(LatencyPoint(t, st.count, st.p50_ns, st.p99_ns, st.max_ns))
     return points
+
+
+@dataclass(frozen=True)
+class LatencyBreakdowns:
+    """The latency of a ROUTE run: overall, its histogram, and by group, by payload size
+    (power-of-two buckets, named by :func:`size_labels`) and by cast kind."""
+
+    overall: LatencyStats | None
+    histogram: Histogram
+    by_group: dict[str, LatencyStats]
+    by_size: dict[str, LatencyStats]
+    by_cast: dict[str, LatencyStats]
+
+
+def latency_breakdowns(fine: list[dict[str, Any]]) -> LatencyBreakdowns:
+    """The :class:`LatencyBreakdowns` of the fine histogram collected per (group, size,
+    cast) (:func:`latency_rows`)."""
+    # Merge the (group, size, cast, q) histogram into the breakdowns. Sizes go into
+    # power-of-two buckets: a run with sizes drawn from a range has hundreds of them.
+    merged: dict[tuple[str, str], dict[int, Bucket]] = {}
+
+    def merge(key: tuple[str, str], b: Bucket) -> None:
+        into = merged.setdefault(key, {})
+        old = into.get(b.q)
+        into[b.q] = b if old is None else Bucket(
+            b.q, old.n + b.n, min(old.lo, b.lo), max(old.hi, b.hi), old.total + b.total)
+
+    for r in fine:
+        b = bucket(r)
+        lo, _ = size_bucket(int(r["size"]))
+        for key in (("all", ""), ("group", str(r["group"])), ("size", str(lo)),
+                    ("cast", str(r["cast"]))):
+            merge(key, b)
+
+    def breakdown(kind: str) -> dict[str, LatencyStats]:
+        out = {key: latency_stats(bs.values())
+               for (k, key), bs in merged.items() if k == kind}
+        return {k: v for k, v in out.items() if v is not None}
+
+    size_label = size_labels(int(r["size"]) for r in fine)
+    overall = list(merged.get(("all", ""), {}).values())
+    return LatencyBreakdowns(
+        overall=latency_stats(overall),
+        histogram=histogram(overall),
+        by_group=dict(sorted(breakdown("group").items())),
+        by_size={size_label[int(k)]: v for k, v in
+                 sorted(breakdown("size").items(), key=lambda kv: int(kv[0]))},
+        by_cast=dict(sorted(breakdown("cast").items())),
+    )
+
+
+def size_labels(sizes: Iterable[int]) -> dict[int, str]:
+    """Labels of the power-of-two size buckets, by their lower bound: a bucket that holds
+    one size only is named by it ("64"), else by its range ("64-127")."""
+    ranges: dict[int, tuple[int, int]] = {}
+    for size in sizes:
+        lo, _ = size_bucket(size)
+        seen = ranges.get(lo, (size, size))
+        ranges[lo] = (min(seen[0], size), max(seen[1], size))
+    return {lo: str(a) if a == b else f"{lo}-{size_bucket(lo)[1]}"
+            for lo, (a, b) in ranges.items()}

@@ -44,25 +44,23 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from gossiprouter.analytics.audit import NS_PER_S
 from gossiprouter.analytics.latency import (
     Bucket,
     bucket,
-    bucket_aggregates,
-    bucket_column,
     histogram,
+    latency_rows,
     latency_stats,
     over_time,
 )
-from gossiprouter.analytics.report import (
+from gossiprouter.analytics.report.files import write_report
+from gossiprouter.analytics.report.model import Report
+from gossiprouter.analytics.report.parts import (
     Audit,
     Counts,
     Finding,
     LatencyStats,
-    Report,
     ScopeBreakdown,
     ThroughputBucket,
-    write_report,
 )
 from gossiprouter.analytics.spark_io import (
     AuditInputError,
@@ -73,6 +71,7 @@ from gossiprouter.analytics.spark_io import (
     open_session,
     rows,
 )
+from gossiprouter.analytics.timeline import NS_PER_S
 from gossiprouter.core.topics import TopicError, TopicIndex, parse_topic, pattern
 from gossiprouter.loadtest.records import MANIFEST_FILE
 from gossiprouter.loadtest.topic_records import (
@@ -295,8 +294,6 @@ class _TopicsJob:
         from pyspark.sql import functions as F
 
         col, one = F.col, F.lit(1)
-        lat = col("t_recv_ns") - col("t_send_ns")
-        q = bucket_column(lat)
         t0 = manifest.get("t0_ns")
         origin = t0 if isinstance(t0, int) and not isinstance(t0, bool) else int(
             pubs.agg(F.min("t_send_ns")).collect()[0][0])
@@ -328,11 +325,10 @@ class _TopicsJob:
                 F.countDistinct("receiver").alias("receivers"))),
             "receivers": pairs.filter(col("copies") > 0).select("receiver").distinct().count(),
             "orphans": pairs.filter(col("scope").isNull()).count(),
-            "latency": rows(pairs.filter(delivered).groupBy("scope", q)
-                            .agg(*bucket_aggregates(lat))),
+            "latency": latency_rows(pairs.filter(delivered), "scope"),
             # The same histogram per send second, for the percentiles over time.
-            "latency_s": rows(pairs.filter(delivered).groupBy(second("t_send_ns").alias("t"), q)
-                              .agg(*bucket_aggregates(lat))),
+            "latency_s": latency_rows(pairs.filter(delivered),
+                                      second("t_send_ns").alias("t")),
             "sends": rows(pubs.groupBy(second("t_send_ns").alias("t")).agg(
                 F.count(one).alias("n"))),
             "seconds": rows(pairs.groupBy(

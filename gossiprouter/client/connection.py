@@ -24,7 +24,12 @@ from gossiprouter.client.errors import (
     NotConnectedError,
     StubError,
 )
-from gossiprouter.client.model import RECV_SIZE, fmt_router
+from gossiprouter.client.model import (
+    MAX_REPLY_BYTES,
+    MAX_REPLY_MEMBERS,
+    RECV_SIZE,
+    fmt_router,
+)
 from gossiprouter.client.registrar import Held
 from gossiprouter.client.status import ConnectionState, RouterAddress, RouterStatus
 from gossiprouter.client.tls import start_tls
@@ -53,8 +58,10 @@ def describe_error(e: BaseException) -> str:
         return "connection refused"
     if isinstance(e, OSError) and e.errno is None and isinstance(e.__cause__, OSError):
         return describe_error(e.__cause__)  # anyio.connect_tcp, one address
-    if isinstance(e, anyio.BrokenResourceError) and isinstance(e.__cause__, ssl.SSLError):
-        e = e.__cause__
+    if isinstance(e, anyio.BrokenResourceError) and isinstance(e.__cause__, OSError):
+        e = e.__cause__  # an SSLError, a reset: say which, not the wrapper's class name
+    if isinstance(e, anyio.BrokenResourceError | anyio.EndOfStream):
+        return "the connection was closed"
     if isinstance(e, ssl.SSLError):
         return f"TLS handshake failed ({e.reason or e})"
     if isinstance(e, OSError) and e.strerror:
@@ -63,14 +70,27 @@ def describe_error(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
+class ReplyTooLarge(Exception):
+    """A router's answer past :data:`~gossiprouter.client.model.MAX_REPLY_MEMBERS` or
+    :data:`~gossiprouter.client.model.MAX_REPLY_BYTES`: a protocol violation, which ends the
+    connection (the message is the reason)."""
+
+
+def _member_bytes(m: wire.MemberInfo) -> int:
+    """About what one member costs on the wire (address, name, physical addresses)."""
+    return 8 + len(m.addr) + len(m.name or "") + sum(len(h) + 4 for h, _ in m.physical)
+
+
 class PendingRequest:
-    __slots__ = ("event", "parts", "result")
+    __slots__ = ("event", "parts", "parts_bytes", "result")
 
     def __init__(self) -> None:
         self.event = anyio.Event()
         self.result: wire.Ok | StubError | None = None
-        # The members of the OK parts received so far (a list longer than one frame).
+        # The members of the OK parts received so far (a list longer than one frame), and
+        # about how many bytes they took on the wire: both bounded (ReplyTooLarge).
         self.parts: list[wire.MemberInfo] = []
+        self.parts_bytes = 0
 
     def set(self, result: wire.Ok | StubError) -> None:
         if self.result is None:
@@ -81,6 +101,12 @@ class PendingRequest:
         """One OK frame: a part of a member list (``more``), or the answer, whole or last."""
         if f.members is not None and (f.more or self.parts):
             self.parts += f.members
+            self.parts_bytes += sum(_member_bytes(m) for m in f.members)
+            if len(self.parts) > MAX_REPLY_MEMBERS or self.parts_bytes > MAX_REPLY_BYTES:
+                raise ReplyTooLarge(
+                    f"router sent a member list of more than {len(self.parts) - len(f.members)}"
+                    f" members ({self.parts_bytes} bytes) in one answer, past the client's "
+                    f"bound of {MAX_REPLY_MEMBERS} members or {MAX_REPLY_BYTES} bytes")
             if f.more:
                 return
             f = wire.Ok(f.req, tuple(self.parts))
@@ -131,7 +157,8 @@ class Connection:
     """One live TCP connection to a router (a new object for every reconnect)."""
 
     def __init__(self, transport: RouterSlot, stream: ByteStream, welcome: wire.Welcome,
-                 decoder: wire.Decoder, write_timeout: float, proto: NativeState) -> None:
+                 decoder: wire.Decoder, write_timeout: float, proto: NativeState,
+                 max_frame: int = wire.DEFAULT_MAX_FRAME) -> None:
         assert proto.state is State.OPEN, proto  # made only after WELCOME (open_connection)
         self.transport = transport
         self.router = transport.address
@@ -139,7 +166,11 @@ class Connection:
         self.welcome = welcome
         settings = welcome.settings
         mf = settings.get("max_frame")
-        self.max_frame = mf if isinstance(mf, int) and mf > 0 else wire.DEFAULT_MAX_FRAME
+        # What the router announced, capped at the stub's own ``max_frame`` option: a router
+        # announcing 2**40 must not make the client buffer gigabytes for one frame.
+        self.announced_max_frame = mf if isinstance(mf, int) and mf > 0 \
+            else wire.DEFAULT_MAX_FRAME
+        self.max_frame = min(self.announced_max_frame, max_frame)
         hb = settings.get("heartbeat_ms")
         self.router_heartbeat = hb / 1000 if isinstance(hb, int) and hb > 0 else 0.0
         idle = settings.get("idle_timeout_ms")
@@ -170,7 +201,18 @@ class Connection:
         self.held: Held[Channel] = Held()
         self.kick = anyio.Event()
         self.wake = anyio.Event()
+        # The PONGs owed to the router's PINGs, written by the heartbeat; bounded
+        # (MAX_QUEUED_PONGS): a router that pings without reading is a protocol violation.
         self.pongs: list[int] = []
+
+    def too_large(self, e: ProtocolError) -> str:
+        """The reason for ending the connection on a frame longer than :attr:`max_frame`."""
+        if self.max_frame < self.announced_max_frame:
+            return (f"router sent a frame longer than this client's max_frame of "
+                    f"{self.max_frame} bytes ({e}); the router announced max_frame "
+                    f"{self.announced_max_frame}: raise the RouterStub max_frame option to "
+                    f"take such frames")
+        return f"router sent an unframed stream: {e}"
 
     def __repr__(self) -> str:
         return f"<link {fmt_router(self.router)}>"
@@ -273,12 +315,22 @@ class HandshakeError(Exception):
 
 
 FOREIGN = "does not speak the gossiprouter protocol"
+# A peer that closed (or reset) the connection before WELCOME: an MQTT broker, a server that
+# takes the HELLO for garbage. (A gossiprouter closes at once too when its allow-list
+# refuses the client, or when it expects TLS.)
+CLOSED = ("closed the connection during the handshake: is this a gossiprouter or JGroups "
+          "router port? (a gossiprouter also closes at once when its allow-list refuses "
+          "this client, or when it expects TLS)")
+HTTP = "an HTTP server answered"
 
 
 def _foreign(got: bytes | str) -> HandshakeError:
     """The peer answered HELLO with something else than a gossiprouter would."""
     if isinstance(got, str):
         return HandshakeError(f"{FOREIGN} ({got})")
+    if got.startswith(b"HTTP/"):
+        status = got[:48].split(b"\n", 1)[0].rstrip(b"\r").decode("latin-1")
+        return HandshakeError(f"{FOREIGN}: {HTTP} ({status!r}): is this the metrics port?")
     if got[:1] in (b"\x15", b"\x16") and got[1:2] == b"\x03":
         return HandshakeError(f"{FOREIGN} (got a TLS record: the port expects TLS)")
     line = got[:48].split(b"\n", 1)[0].rstrip(b"\r")
@@ -291,7 +343,7 @@ def _foreign(got: bytes | str) -> HandshakeError:
 
 def _peer_error(address: RouterAddress, error: str) -> str:
     """``the peer at H:P does not speak ...`` or ``H:P: connection refused``."""
-    if error.startswith(FOREIGN):
+    if error.startswith((FOREIGN, CLOSED)):
         return f"the peer at {fmt_router(address)} {error}"
     return f"{fmt_router(address)}: {error}"
 
@@ -325,7 +377,8 @@ def _pending_error(t: RouterSlot) -> str:
 async def open_connection(t: RouterSlot, *, connect_timeout: float,
                           ssl_context: ssl.SSLContext | None, server_hostname: str | None,
                           client_name: str, token: str | None,
-                          write_timeout: float) -> Connection:
+                          write_timeout: float,
+                          max_frame: int = wire.DEFAULT_MAX_FRAME) -> Connection:
     """Open one connection to ``t``'s router: TCP, TLS if ``ssl_context``, HELLO, WELCOME.
 
     Raises HandshakeError when the peer refuses HELLO or is no gossiprouter (named from the
@@ -344,7 +397,12 @@ async def open_connection(t: RouterSlot, *, connect_timeout: float,
             proto = NativeState(Role.CLIENT)
             hello = wire.Hello(wire.SUPPORTED_VERSIONS, client_name, token)
             proto.send(type(hello))
-            await stream.send(wire.PREAMBLE + wire.encode(hello))
+            try:
+                await stream.send(wire.PREAMBLE + wire.encode(hello))
+            except (anyio.BrokenResourceError, OSError) as e:
+                if isinstance(e, ssl.SSLError) or isinstance(e.__cause__, ssl.SSLError):
+                    raise
+                raise HandshakeError(CLOSED) from None
             t.hello_sent_at = anyio.current_time()
             decoder = wire.Decoder(max_frame=64 * 1024)
             got = b""  # the start of the reply, to show a peer that is no router
@@ -356,15 +414,14 @@ async def open_connection(t: RouterSlot, *, connect_timeout: float,
                 if f is None:
                     try:
                         data = await stream.receive(RECV_SIZE)
-                    except anyio.EndOfStream:
-                        data = b""
+                    except (anyio.EndOfStream, anyio.BrokenResourceError, OSError) as e:
+                        if isinstance(e, ssl.SSLError) or isinstance(e.__cause__, ssl.SSLError):
+                            raise
+                        data = b""  # closed, or reset (it did not read all of HELLO)
                     if not data:
                         if got:
                             raise _foreign(got)
-                        # A gossiprouter may close at once too: its allow-list, or TLS.
-                        raise HandshakeError("closed the connection without answering "
-                                              "HELLO (not a gossiprouter, or one that "
-                                              "refuses this client or expects TLS)")
+                        raise HandshakeError(CLOSED)
                     got += data[: 64 - len(got)]
                     decoder.feed(data)
                     continue
@@ -382,4 +439,4 @@ async def open_connection(t: RouterSlot, *, connect_timeout: float,
             raise
     t.router_id = f.router_id
     t.hello_sent_at = None
-    return Connection(t, stream, f, decoder, write_timeout, proto)
+    return Connection(t, stream, f, decoder, write_timeout, proto, max_frame)

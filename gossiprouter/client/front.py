@@ -108,7 +108,12 @@ class RouterStub(StubLifecycle):
             than the router's ``heartbeat_ms``); 0 disables.
         heartbeat_timeout: a connection from which nothing was received for this
             long is dropped and reconnected (half-open detection); 0 disables.
-            Must exceed ``heartbeat_interval``.
+            Must exceed ``heartbeat_interval``. Only whole frames count: a router
+            that sends a frame byte by byte and never ends it is dropped too.
+        max_frame: the largest frame this client takes or sends (default 8 MiB): a
+            router that announces more is capped at it (one WARNING), and a frame
+            past it ends the connection, so a router cannot make the client buffer
+            more than this for one frame.
         receive_buffer: messages buffered per channel; when full the oldest is
             dropped and counted in :attr:`Channel.dropped`.
         event_buffer: events buffered per channel, per watch and per
@@ -140,6 +145,7 @@ class RouterStub(StubLifecycle):
         reconnect_reset: float = 30.0,
         heartbeat_interval: float = 5.0,
         heartbeat_timeout: float = 15.0,
+        max_frame: int = wire.DEFAULT_MAX_FRAME,
         receive_buffer: int = 1024,
         event_buffer: int = 256,
         client_name: str = CLIENT_NAME,
@@ -153,7 +159,7 @@ class RouterStub(StubLifecycle):
                       request_timeout=request_timeout, send_timeout=send_timeout,
                       reconnect_initial=reconnect_initial, reconnect_max=reconnect_max,
                       reconnect_reset=reconnect_reset, heartbeat_interval=heartbeat_interval,
-                      heartbeat_timeout=heartbeat_timeout)
+                      heartbeat_timeout=heartbeat_timeout, max_frame=max_frame)
         self.routers: tuple[RouterAddress, ...] = tuple(addrs)
         self.mode: Mode = mode
         self.policy: Policy = policy
@@ -165,6 +171,7 @@ class RouterStub(StubLifecycle):
         self.reconnect_reset = reconnect_reset
         self.heartbeat_interval = heartbeat_interval
         self.heartbeat_timeout = heartbeat_timeout
+        self.max_frame = max_frame
         self.receive_buffer = receive_buffer
         self.event_buffer = event_buffer
         self.client_name = client_name

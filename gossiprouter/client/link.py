@@ -39,6 +39,7 @@ from gossiprouter.client.connection import (
     Connection,
     HandshakeError,
     PendingRequest,
+    ReplyTooLarge,
     RouterSlot,
     describe_error,
     open_connection,
@@ -52,9 +53,19 @@ from gossiprouter.client.errors import (
     router_error,
 )
 from gossiprouter.client.local import Local
-from gossiprouter.client.model import CLOSING_CODES, RECV_SIZE, GroupEvent, Key, Policy, fmt_router
+from gossiprouter.client.model import (
+    CLOSING_CODES,
+    MAX_QUEUED_PONGS,
+    RECV_SIZE,
+    WARN_INTERVAL,
+    GroupEvent,
+    Key,
+    Policy,
+    fmt_router,
+)
 from gossiprouter.client.status import ConnectionState
 from gossiprouter.client.streams import Waiters
+from gossiprouter.core.ratelog import RateLimitedLog
 from gossiprouter.core.topics import TopicId
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
@@ -75,6 +86,7 @@ class LinkSettings(Protocol):
     reconnect_reset: float
     heartbeat_interval: float
     heartbeat_timeout: float
+    max_frame: int
     client_name: str
     token: str | None
     ssl_context: ssl.SSLContext | None
@@ -122,6 +134,9 @@ class Links:
         self._nonce = itertools.count(1)
         self._rr = itertools.count()  # the round-robin position
         self._changed = Waiters()
+        # What a router can make the stub log at will (bad frames, ERRORs without a request):
+        # one line per kind per WARN_INTERVAL, however many routers and connections.
+        self._warn = RateLimitedLog(log, WARN_INTERVAL)
 
     @property
     def changed(self) -> anyio.Event:
@@ -183,12 +198,17 @@ class Links:
                 link = await open_connection(
                     t, connect_timeout=s.connect_timeout, ssl_context=s.ssl_context,
                     server_hostname=s.server_hostname, client_name=s.client_name,
-                    token=s.token, write_timeout=write_timeout(s))
+                    token=s.token, write_timeout=write_timeout(s), max_frame=s.max_frame)
             except (*STREAM_ERRORS, TimeoutError, HandshakeError) as e:
                 t.failures += 1
                 t.last_error = describe_error(e) if not isinstance(e, HandshakeError) else str(e)
                 log.debug("cannot connect to %s: %s", fmt_router(t.address), t.last_error)
             else:
+                if link.max_frame < link.announced_max_frame:
+                    self.warn("router %s announces max_frame %d, more than this client's "
+                              "max_frame option (%d): frames past it end the connection",
+                              fmt_router(t.address), link.announced_max_frame,
+                              link.max_frame)
                 started = anyio.current_time()
                 await self._run_link(t, link)
                 t.last_error = link.error
@@ -215,11 +235,18 @@ class Links:
                 await anyio.aclose_forcefully(link.stream)
             self.notify_changed()
 
+    def warn(self, fmt: str, *args: object) -> None:
+        """A WARNING a router can cause at will: rate-limited (:data:`WARN_INTERVAL`)."""
+        self._warn.warning(fmt, *args, now=anyio.current_time())
+
     async def _reader(self, link: Connection) -> None:
         dec = link.decoder
         stream = link.stream
         while True:
-            while True:
+            framed = False
+            # Nothing more is handed on once the connection is dead (killed by a frame here,
+            # or by another task): what the router sent after that is not news, and not logged.
+            while not link.dead:
                 try:
                     f = dec.next_frame()
                     if f is not None:
@@ -229,13 +256,21 @@ class Links:
                 except ProtocolError as e:
                     self.local.stats.bad_frames += 1  # an unframed stream too (framing check)
                     if e.code == "frame_too_large":
-                        link.kill(f"router sent an unframed stream: {e}")
+                        link.kill(link.too_large(e))
                         return
-                    log.warning("dropping a bad frame from %s: %s", fmt_router(link.router), e)
+                    framed = True  # a whole frame, if a bad one
+                    self.warn("dropping a bad frame from %s: %s", fmt_router(link.router), e)
                     continue
                 if f is None:
                     break
+                framed = True
                 self.dispatch(link, f)
+            if link.dead:
+                return
+            if framed:
+                # Life is whole frames, not bytes: a router that drips a frame one byte at a
+                # time and never ends it is dropped at the heartbeat timeout.
+                link.last_recv = anyio.current_time()
             try:
                 data = await stream.receive(RECV_SIZE)
             except anyio.EndOfStream:
@@ -244,7 +279,6 @@ class Links:
             except STREAM_ERRORS as e:
                 link.kill(f"connection broken: {describe_error(e)}")
                 return
-            link.last_recv = anyio.current_time()
             dec.feed(data)
 
     async def _heartbeat(self, link: Connection) -> None:
@@ -434,7 +468,10 @@ class Links:
             case wire.Ok(req):
                 p = link.pending.get(req)
                 if p is not None:
-                    p.ok(f)
+                    try:
+                        p.ok(f)
+                    except ReplyTooLarge as e:
+                        link.kill(f"protocol violation: {e}")
             case wire.Error(req, code, message):
                 p = None if req is None else link.pending.get(req)
                 if p is not None:
@@ -445,8 +482,12 @@ class Links:
                 else:
                     counts = local.stats.async_errors
                     counts[code] = counts.get(code, 0) + 1
-                    log.warning("router %s: %s: %s", fmt_router(link.router), code, message)
+                    self.warn("router %s: %s: %s", fmt_router(link.router), code, message)
             case wire.Ping(nonce):
+                if len(link.pongs) >= MAX_QUEUED_PONGS:
+                    link.kill(f"protocol violation: router sent more than {MAX_QUEUED_PONGS} "
+                              "PINGs without reading the PONGs")
+                    return
                 link.pongs.append(nonce)
                 link.wake.set()
             case wire.Pong():

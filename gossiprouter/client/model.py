@@ -24,6 +24,18 @@ Policy = Literal["random", "round-robin"]
 
 CLIENT_NAME = "gossiprouter-stub/python"
 RECV_SIZE = 256 * 1024
+# What a router may make the client hold (issue 31). A member list sent in parts (a
+# GET_MEMBERS answer) has at most this many members and bytes; the PONGs owed to the
+# router's PINGs, at most this many (a router pings every heartbeat_ms: one or two are owed,
+# unless it stopped reading). Past either, the connection ends as a protocol violation.
+MAX_REPLY_MEMBERS = 1 << 18
+MAX_REPLY_BYTES = 32 * 1024 * 1024
+MAX_QUEUED_PONGS = 1024
+# The smallest max_frame option a stub takes (a WELCOME, a member list part must fit).
+MIN_MAX_FRAME = 64 * 1024
+# The rate-limited WARNING lines a router can cause (bad frames, ERRORs without a request):
+# at most one line per this many seconds for each kind, with a count of those left out.
+WARN_INTERVAL = 10.0
 # Suspects for the same (group, addr) arriving within this window (one per
 # router, typically milliseconds apart) are delivered once.
 SUSPECT_DEDUPE_WINDOW = 5.0
@@ -146,7 +158,7 @@ def parse_routers(routers: Sequence[str | tuple[str, int]] | str) -> list[Router
 def check_options(*, mode: str, policy: str, connect_timeout: float, request_timeout: float,
                   send_timeout: float, reconnect_initial: float, reconnect_max: float,
                   reconnect_reset: float, heartbeat_interval: float,
-                  heartbeat_timeout: float) -> None:
+                  heartbeat_timeout: float, max_frame: int = wire.DEFAULT_MAX_FRAME) -> None:
     """ValueError naming the first of a stub's options that is out of range."""
     if mode not in ("relay", "discovery"):
         raise ValueError(f"mode {mode!r}: expected 'relay' or 'discovery'")
@@ -164,6 +176,8 @@ def check_options(*, mode: str, policy: str, connect_timeout: float, request_tim
                         ("heartbeat_timeout", heartbeat_timeout)):
         if not value >= 0:
             raise ValueError(f"{name} must be >= 0")
+    if not isinstance(max_frame, int) or max_frame < MIN_MAX_FRAME:
+        raise ValueError(f"max_frame must be an int of at least {MIN_MAX_FRAME} (bytes)")
     if heartbeat_timeout and heartbeat_timeout <= heartbeat_interval:
         raise ValueError("heartbeat_timeout must be greater than heartbeat_interval")
     if heartbeat_timeout and not heartbeat_interval:

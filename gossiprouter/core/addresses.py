@@ -6,7 +6,7 @@ and the stub all call in here.
 
 * ``HOST:PORT``: an IPv6 host goes in brackets, ``[::1]:12001``, both when read and when
   printed (an unbracketed ``::1:12001`` is ambiguous and refused).
-* A member address is bytes (at most :data:`~gossiprouter.protocol.native.MAX_ADDR`). It is
+* A member address is bytes (at most :data:`~gossiprouter.protocol.native_frames.MAX_ADDR`). It is
   written ``hex:`` followed by hex digits, or as plain text meaning its UTF-8 bytes.
   :func:`format_addr` prints plain text only when that text reads back as the same bytes
   and needs no quoting in a shell, so a printed address pastes straight into
@@ -15,7 +15,7 @@ and the stub all call in here.
 
 from __future__ import annotations
 
-from gossiprouter.protocol.native import MAX_ADDR, MAX_GROUP
+from gossiprouter.protocol.native_frames import MAX_ADDR, MAX_GROUP
 
 __all__ = [
     "HostPort",

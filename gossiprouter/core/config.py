@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gossiprouter.core import addresses
-from gossiprouter.protocol.native import DEFAULT_MAX_FRAME
+from gossiprouter.protocol.native_frames import DEFAULT_MAX_FRAME
 
 
 class ConfigError(ValueError):

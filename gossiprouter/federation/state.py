@@ -2,8 +2,9 @@
 
 The routers of a federation tell each other, through the MQTT broker, which members of
 each group they carry. This module holds that state and applies it to the router's own
-routing table; :mod:`gossiprouter.federation.bridge` does the MQTT I/O (topics, Last Will, the
-subscriptions) and calls it with payloads. No trio, no sockets: tested with bytes.
+routing table; :mod:`gossiprouter.federation.peers` does the MQTT I/O (topics, Last Will, the
+subscriptions) and calls it with payloads, which :mod:`gossiprouter.federation.codec` encodes
+and decodes. No trio, no sockets: tested with bytes.
 
 * A member registered on another router R is an ordinary entry of the table, carried by a
   :class:`RemoteMember` (a :class:`~gossiprouter.routing.table.RemoteCarrier`): routing rules,
@@ -24,31 +25,35 @@ subscriptions) and calls it with payloads. No trio, no sockets: tested with byte
 from __future__ import annotations
 
 import logging
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import msgpack
-
-from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.protocol.jgroups_common import V2, V5, JAddress
+from gossiprouter.federation.codec import (
+    PRESENCE_ERRORS,
+    RECORD_ERRORS,
+    ROUTE_ERRORS,
+    Member,
+    decode_presence,
+    decode_record,
+    decode_route,
+    encode_presence,
+    encode_record,
+    encode_route,
+    local_members,
+)
 from gossiprouter.routing.table import (
     Carrier,
     Entry,
     Group,
-    Kind,
     Notice,
     RemoteCarrier,
     RoutingError,
 )
 from gossiprouter.sessions.base import Hub
-from gossiprouter.sessions.jgroups_common import JWire
 
 log = logging.getLogger("gossiprouter.federation.state")
 
-FORMAT = 1
-_HEAD_LEN = struct.Struct(">H")  # before a routed message's msgpack header
 RECEIVERS_CACHE = 10_000
 # A presence is republished every PRESENCE_TTL / 3 seconds and expires after PRESENCE_TTL (at
 # the broker too): a router whose Last Will was lost (it died while a persistent broker was
@@ -57,8 +62,6 @@ PRESENCE_TTL = 60
 # Records are republished every RECORD_TTL / 3 and expire after RECORD_TTL at the broker, so
 # the inert records of stopped routers do not pile up in a persistent broker.
 RECORD_TTL = 86_400
-# What one member record holds: addr, name, physical, kind, identity, live, wire.
-_Member = tuple[bytes, str | None, tuple[tuple[str, int], ...], Kind, str | None, bool, Any]
 
 
 @dataclass
@@ -148,7 +151,7 @@ class RemoteMember(_Remote, RemoteCarrier):
         self.addr = addr
         self.fanout: Carrier = remote.fanout(group)
         self.live = True
-        self.data: _Member | None = None
+        self.data: Member | None = None
 
     def push(self, data: bytes, count: int = 1) -> None:
         self.fed.send(self.remote, self.group, self.addr, data, count)
@@ -256,8 +259,7 @@ class Federation:
             s.add(suspected)
 
     def presence(self) -> bytes:
-        out: bytes = msgpack.packb({"v": FORMAT, "name": self.name, "ttl": PRESENCE_TTL})
-        return out
+        return encode_presence(self.name, PRESENCE_TTL)
 
     def records(self) -> list[tuple[str, bytes]]:
         """Every record as last published (the periodic refresh: see RECORD_TTL)."""
@@ -291,7 +293,7 @@ class Federation:
         old, self.published = self.published, {}
         out = []
         for name, g in self.table.groups.items():
-            if self._local(g):
+            if local_members(g):
                 out += [(name, rec) for rec in self._record(name, set())]
         for name in old:
             if name not in self.published:
@@ -299,34 +301,22 @@ class Federation:
                 out.append((name, b""))
         return out
 
-    def _local(self, g: Group) -> list[list[Any]]:
-        out = []
-        for e in g.entries.values():
-            if e.kind == Kind.PROVISIONED:
-                continue  # every router has its own, from its config
-            live = any(not isinstance(c, RemoteCarrier) for c in e.carriers)
-            if not live and not (e.grace_until is not None and not e.carriers):
-                continue
-            out.append([e.addr, e.name, [list(p) for p in e.physical], int(e.kind), e.identity,
-                        live, _wire_out(e.wire)])
-        return out
-
     def _record(self, group: str, suspected: set[bytes]) -> list[bytes]:
         """What to publish for ``group`` now: nothing when its record is unchanged; an empty
         payload deletes it. When the last members went as suspected, a record saying so
         comes first (the empty one cannot), then the deletion."""
         g = self.table.groups.get(group)
-        members = [] if g is None else self._local(g)
+        members = [] if g is None else local_members(g)
         before = self.published.get(group)
         gone = sorted(suspected & before[1]) if before is not None else []
         if not members:
             if before is None:
                 return []
             del self.published[group]
-            out = [msgpack.packb({"m": [], "s": gone}), b""] if gone else [b""]
+            out = [encode_record([], gone), b""] if gone else [b""]
             self.stats.records_out += len(out)
             return out
-        payload: bytes = msgpack.packb({"m": members, "s": gone})
+        payload = encode_record(members, gone)
         if before is not None and before[0] == payload:
             return []
         self.published[group] = (payload, frozenset(m[0] for m in members))
@@ -394,12 +384,8 @@ class Federation:
                 self.hub.deliver(self._drop_router(r, suspect=not left))
             return
         try:
-            info = msgpack.unpackb(payload)
-            name = info.get("name", "") if isinstance(info, dict) else ""
-            ttl = info.get("ttl") if isinstance(info, dict) else None
-            if not isinstance(name, str) or not (ttl is None or isinstance(ttl, int)):
-                raise ValueError("name or ttl")
-        except (ValueError, msgpack.UnpackException) as e:
+            name, ttl = decode_presence(payload)
+        except PRESENCE_ERRORS as e:
             self.stats.malformed += 1
             log.debug("federation: bad presence of %r: %s", origin, e)
             return
@@ -436,9 +422,8 @@ class Federation:
                 r.pending[group] = payload
             return
         try:
-            members, suspected = _parse_record(payload)
-        except (ValueError, TypeError, OverflowError, ProtocolError,
-                msgpack.UnpackException) as e:
+            members, suspected = decode_record(payload)
+        except RECORD_ERRORS as e:
             self.stats.malformed += 1
             log.debug("federation: bad record of %r for %r: %s", origin, group, e)
             return
@@ -446,7 +431,7 @@ class Federation:
         r.record_epochs[group] = self.epoch
         self.hub.deliver(self._apply(r, group, members, suspected))
 
-    def _apply(self, r: RemoteRouter, group: str, members: list[_Member],
+    def _apply(self, r: RemoteRouter, group: str, members: list[Member],
                suspected: set[bytes]) -> list[Notice]:
         table = self.table
         held = r.groups.get(group, {})
@@ -524,8 +509,7 @@ class Federation:
         """
         if group in self.dirty and self.publish is not None:
             self.publish(group)
-        head: bytes = msgpack.packb([self.origin, group, dest, count])
-        if self._send(remote.origin, _HEAD_LEN.pack(len(head)) + head + frames):
+        if self._send(remote.origin, encode_route(self.origin, group, dest, count, frames)):
             self.stats.routed_out += count
         else:
             self.stats.not_forwarded += count
@@ -534,16 +518,8 @@ class Federation:
         """Frames another router sent here: delivered to local connections only, never sent
         on (so nothing loops)."""
         try:
-            # The header is read alone (its length first), so the frames are not copied
-            # into a decoder's buffer on the way.
-            (n,) = _HEAD_LEN.unpack_from(payload)
-            origin, group, dest, count = msgpack.unpackb(payload[2:2 + n])
-            if not (isinstance(origin, str) and isinstance(group, str)
-                    and (dest is None or isinstance(dest, bytes))
-                    and isinstance(count, int) and count > 0):
-                raise ValueError("bad header")
-            frames = payload[2 + n:]
-        except (ValueError, TypeError, struct.error, msgpack.UnpackException) as exc:
+            origin, group, dest, count, frames = decode_route(payload)
+        except ROUTE_ERRORS as exc:
             self.stats.malformed += 1
             log.debug("federation: bad routed message: %s", exc)
             return
@@ -598,57 +574,3 @@ class Federation:
                 continue
             out[c] = None
         return list(out)
-
-
-# --------------------------------------------------------------------------- records
-
-
-def _wire_out(w: object) -> list[Any] | None:
-    if not isinstance(w, JWire):
-        return None
-    phys = None if w.physical is None else [a.raw for a in w.physical]
-    return [w.addr.version, w.addr.raw, phys]
-
-
-def _wire_in(w: Any) -> JWire | None:
-    if w is None:
-        return None
-    version, raw, phys = w
-    # Checked before parsing: the codec trusts its caller's version and types.
-    if version not in (V2, V5) or isinstance(version, bool) or not isinstance(raw, bytes) \
-            or not (phys is None or (isinstance(phys, list)
-                                     and all(isinstance(p, bytes) for p in phys))):
-        raise ValueError("bad JGroups encoding")
-    addr = JAddress.parse(raw, version=version)
-    if addr is None:
-        raise ValueError("null address")
-    physical = None
-    if phys is not None:
-        physical = tuple(a for a in (JAddress.parse(p, version=version) for p in phys)
-                         if a is not None)
-    return JWire(addr, physical)
-
-
-def _parse_record(payload: bytes) -> tuple[list[_Member], set[bytes]]:
-    if not payload:
-        return [], set()
-    data = msgpack.unpackb(payload)
-    if not isinstance(data, dict):
-        raise ValueError("not a map")
-    members: list[_Member] = []
-    for m in data.get("m", ()):
-        addr, name, physical, kind, identity, live, wire = m
-        if not isinstance(addr, bytes) or not (name is None or isinstance(name, str)) \
-                or not (identity is None or isinstance(identity, str)):
-            raise ValueError("bad member")
-        phys = tuple((h, p) for h, p in physical)
-        if not all(isinstance(h, str) and isinstance(p, int) and 0 <= p <= 0xFFFF
-                   for h, p in phys):
-            raise ValueError("bad physical address")
-        # Provisioned entries are never federated (each router has its own): one in a record
-        # would be an entry no record could remove.
-        if kind not in (Kind.CONNECTION, Kind.IN_PROCESS) or isinstance(kind, bool):
-            raise ValueError(f"bad kind {kind!r}")
-        members.append((addr, name, phys, Kind(kind), identity, bool(live), _wire_in(wire)))
-    suspected = {a for a in data.get("s", ()) if isinstance(a, bytes)}
-    return members, suspected

@@ -47,7 +47,13 @@ log = logging.getLogger("gossiprouter.ops.admin")
 
 MAX_REQUEST = 16 * 1024
 REQUEST_TIMEOUT = 10.0
+# Requests answered at once (a request holds a slot only once its head is read).
 MAX_CLIENTS = 32
+# Connections still sending their request head: each has HEAD_TIMEOUT to send it, and past
+# MAX_UNREAD of them the oldest is closed for the newest, so idle connections without a
+# token (or a request) can never lock the scraper out (issue 31).
+HEAD_TIMEOUT = 5.0
+MAX_UNREAD = 32
 
 # Pages: items per answer by default and at most.
 DEFAULT_LIMIT = 1000
@@ -136,6 +142,9 @@ class AdminServer:
         self.render_metrics: Callable[[], Awaitable[bytes]] | None = None
         self.address: tuple[str, int] | None = None
         self._limit = trio.Semaphore(MAX_CLIENTS)
+        # The head reads under way, oldest first: the scope that ends each one.
+        self._unread: dict[trio.CancelScope, None] = {}
+        self.evicted = 0  # connections closed for a newer one before sending their head
 
     async def serve(self, view: RouterView,
                     render_metrics: Callable[[], Awaitable[bytes]] | None, *,
@@ -173,30 +182,50 @@ class AdminServer:
             nursery.start_soon(self._handle, stream)
 
     async def _handle(self, stream: trio.SocketStream) -> None:
-        if self._limit.value == 0:  # too many scrapers at once: refuse, never queue
+        try:
+            with trio.move_on_after(REQUEST_TIMEOUT):
+                head = await self._read_head(stream)
+                if head is not None:
+                    await self._answer(stream, head)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        except Exception:  # a bug in a view must not take the router down
+            log.exception("admin request failed")
+        finally:
             await trio.aclose_forcefully(stream)
-            return
-        async with self._limit:
-            try:
-                with trio.move_on_after(REQUEST_TIMEOUT):
-                    await self._exchange(stream)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                pass
-            except Exception:  # a bug in a view must not take the router down
-                log.exception("admin request failed")
-            finally:
-                await trio.aclose_forcefully(stream)
 
-    async def _exchange(self, stream: trio.SocketStream) -> None:
-        head = b""
-        while b"\r\n\r\n" not in head and b"\n\n" not in head:
-            if len(head) > MAX_REQUEST:
-                await _send(stream, "GET", _json(413, {"error": "request too large"}))
-                return
-            data = await stream.receive_some(4096)
-            if not data:
-                return
-            head += data
+    async def _read_head(self, stream: trio.SocketStream) -> bytes | None:
+        """The request head, or None: the peer closed, sent no head within HEAD_TIMEOUT,
+        was closed for a newer connection (past MAX_UNREAD), or sent no HTTP (answered)."""
+        scope = trio.CancelScope(deadline=trio.current_time() + HEAD_TIMEOUT)
+        self._unread[scope] = None
+        if len(self._unread) > MAX_UNREAD:
+            oldest = next(iter(self._unread))
+            del self._unread[oldest]
+            oldest.cancel()
+            self.evicted += 1
+        try:
+            with scope:
+                head = b""
+                while b"\r\n\r\n" not in head and b"\n\n" not in head:
+                    if len(head) > MAX_REQUEST:
+                        await _send(stream, "GET", _json(413, {"error": "request too large"}))
+                        return None
+                    data = await stream.receive_some(4096)
+                    if not data:
+                        return None
+                    head += data
+                    if not _http_line(head):
+                        # A client of another protocol (a RouterStub sent here by mistake)
+                        # is told at once, not when the head times out.
+                        await _send(stream, "GET", _json(400, {"error": "not HTTP"}))
+                        return None
+                return head
+            return None
+        finally:
+            self._unread.pop(scope, None)
+
+    async def _answer(self, stream: trio.SocketStream, head: bytes) -> None:
         line = head.split(b"\n", 1)[0].decode("latin-1").strip()
         parts = line.split()
         if len(parts) != 3 or not parts[2].startswith("HTTP/"):
@@ -209,6 +238,13 @@ class AdminServer:
                 "error": "this endpoint needs Authorization: Bearer TOKEN (admin_token)"}),
                 extra='WWW-Authenticate: Bearer realm="gossiprouter"\r\n')
             return
+        if self._limit.value == 0:  # too many requests at once: refuse, never queue
+            await _send(stream, method, _json(503, {"error": "too many requests at once"}))
+            return
+        async with self._limit:
+            await self._respond_to(stream, method, target)
+
+    async def _respond_to(self, stream: trio.SocketStream, method: str, target: str) -> None:
         if method not in ("GET", "HEAD"):
             await _send(stream, method, _json(405, {
                 "error": f"{method} not allowed: this endpoint is read-only (GET, HEAD)"}),
@@ -268,6 +304,12 @@ class AdminServer:
             return _json(200, page)
         return _json(404, {"error": f"no such endpoint {path!r}",
                            "endpoints": ["/metrics", "/groups", "/groups/NAME"]})
+
+
+def _http_line(head: bytes) -> bool:
+    """Whether the request line received so far can be HTTP: no control bytes but CR, TAB."""
+    line = head.split(b"\n", 1)[0]
+    return not any((c < 32 and c not in (9, 13)) or c == 127 for c in line)
 
 
 async def _send(stream: trio.SocketStream, method: str, response: Response,

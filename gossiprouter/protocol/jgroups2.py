@@ -15,8 +15,9 @@ what to expect (:meth:`ClientDecoder.expect_connect_reply`,
 
 * :class:`Decoder`: what the router reads (client -> router).
 * :class:`ClientDecoder`: what a client reads (router -> client).
-* :class:`Scanner`: the router's zero-copy reader of a client's stream, runs of MESSAGEs with
-  one header and the other objects, decoded (the sessions' hot loop builds on it).
+* The router's zero-copy reader of a client's stream, runs of MESSAGEs with one header and the
+  other objects, decoded by :class:`Decoder`, is :mod:`gossiprouter.protocol.jgroups2_scan`
+  (the sessions' hot loop builds on it).
 * Encoders for both directions, and :func:`encode` for any event.
 
 Since nothing delimits objects, a parse error leaves the stream unusable; decoders raise
@@ -28,35 +29,21 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.protocol.jgroups_common import (
-    CONTROL,
-    DEFAULT_MAX_FRAME,
-    ERROR,
-    HELD,
-    OVERSIZED,
-    PARTIAL,
-    U32,
+from gossiprouter.protocol.jgroups_address import (
     V2,
-    Buffer,
-    Item,
     JAddress,
-    NeedMore,
-    Reader,
-    ScannerBase,
-    StreamBuffer,
-    encode_utf,
     read_address,
     read_addresses,
     write_address,
     write_addresses,
-    write_string,
 )
-from gossiprouter.protocol.scan import same_frames
+from gossiprouter.protocol.jgroups_buffer import DEFAULT_MAX_FRAME, StreamBuffer
+from gossiprouter.protocol.jgroups_reader import Buffer, NeedMore, Reader, encode_utf, write_string
 
 __all__ = [
     "CLOSE",
@@ -84,8 +71,6 @@ __all__ = [
     "Message",
     "OpFail",
     "Ping",
-    "Route",
-    "Scanner",
     "ServerEvent",
     "Suspect",
     "Unknown",
@@ -381,209 +366,6 @@ class ClientDecoder(_StreamDecoder[ClientEvent]):
         if t == OP_FAIL:
             return OpFail()
         return Unknown(t)
-
-
-# --------------------------------------------------------------------------- scanning
-
-#: A MESSAGE header as the scanner parsed it: (header length, ``prefix`` + group, destination key
-#: or None for the whole group, the re-wrapped message's first bytes up to and including the
-#: buffer's presence byte: group null, as 2.12 does, the destination as received; the header's
-#: exact bytes as received, the cache key (the compiled fast path learns routes by it).
-Route = tuple[int, str, bytes | None, bytes, bytes]
-
-# _learn's answer for an object that is not a MESSAGE with a group and a buffer, or does not
-# parse: the full decoder handles it (or refuses it).
-_DECODER = 0
-# The decoder is handed the rest of a chunk in growing windows, so that a chunk of many small
-# control objects is not copied once per object.
-_FIRST_WINDOW = 256
-
-
-class Scanner(ScannerBase[Route]):
-    """The router's zero-copy reader of a 2.12 connection: runs of MESSAGEs, and the rest.
-
-    :meth:`scan` cuts a received chunk into :data:`~gossiprouter.protocol.jgroups_common.Item`
-    tuples. A MESSAGE header (type, group, destination, logical name, member and physical lists,
-    the buffer's presence byte) is parsed once, when first seen, and then found in the cache by
-    its exact bytes; on a hit only the payload length is read. Consecutive MESSAGEs with
-    byte-identical headers form one run, re-wrapped into one bytes object for the receivers.
-    2.12 objects are not length-framed, so anything else goes through the validating
-    :class:`Decoder` here, which finds where it ends: a ``CONTROL`` item carries the decoded
-    event, an object the chunk does not complete stays in that decoder (``HELD``) until the next
-    chunk, and a parse error (``ERROR``) leaves the stream unusable. Pure: no routing table,
-    session or I/O.
-    """
-
-    def __init__(self, prefix: str, max_frame: int) -> None:
-        super().__init__(prefix, max_frame)
-        # Skip a MESSAGE above max_frame as it streams past (once the connection registered,
-        # see registered()); before that, the decoder refuses it.
-        self.skip_oversized = False
-        # A decoder holding an object that is not complete yet.
-        self._dec: Decoder | None = None
-
-    def registered(self, max_frame: int) -> None:
-        super().registered(max_frame)
-        self.skip_oversized = True
-
-    @property
-    def holding(self) -> bool:
-        """An incomplete object is held: the next chunk continues it (see ``HELD``)."""
-        return self._dec is not None
-
-    def reset(self) -> None:
-        """Forget a held incomplete object (the connection is closing)."""
-        self._dec = None
-
-    def scan(self, data: bytes, on_run: Callable[[Route, bytes, int], bool]) -> Iterator[Item]:
-        """The items of ``data``, in order, the rest of a held object first, if any; its runs
-        of MESSAGEs go to ``on_run`` (see ``jgroups_common``).
-        """
-        size = len(data)
-        pos = 0
-        dec = self._dec
-        if dec is not None:
-            dec.feed(data)
-            try:
-                ev = dec.next_event()
-            except ProtocolError as e:
-                self._dec = None
-                yield ERROR, 0, size, 0, e
-                return
-            if ev is None:
-                yield HELD, 0, size, dec.buffered, None
-                return
-            self._dec = None
-            # The object ended inside ``data``: what the decoder still holds is the rest.
-            pos = size - dec.buffered
-            yield CONTROL, 0, pos, 0, ev
-        routes = self.entries
-        lengths = self.lengths
-        max_frame = self.max_frame
-        u32 = U32
-        # The current run: its header bytes, their length, the parsed header, and the
-        # (length + payload) part of each message.
-        run_hdr = b""
-        hlen = 0
-        run: Route = (0, "", None, b"", b"")
-        parts: list[bytes] = []
-        while pos < size:
-            if parts and data.startswith(run_hdr, pos):
-                p = pos + hlen
-                if p + 4 <= size:
-                    n = u32(data, p)[0]
-                    end = p + 4 + n
-                    # n == 0 (the decoder's) and oversize (skipped or refused) end the run.
-                    if n and end <= size and end - pos <= max_frame:
-                        if data[end + hlen : end + hlen + 4] == data[p : p + 4]:
-                            # The next one may have the same header and length: count the
-                            # bulk at C speed.
-                            step = end - pos
-                            k = same_frames(data, pos, step, hlen + 4, size)
-                            tail = step - hlen
-                            parts += [data[a : a + tail] for a in range(p, p + k * step, step)]
-                            pos += k * step
-                        else:
-                            parts.append(data[p:end])
-                            pos = end
-                        continue
-            if parts:
-                head = run[3]
-                if on_run(run, head + head.join(parts) if len(parts) > 1 else head + parts[0],
-                          len(parts)):
-                    return
-                parts = []
-            if data[pos] == MESSAGE:
-                hit: Route | int | None = None
-                for length in lengths:
-                    hit = routes.get(data[pos : pos + length])
-                    if hit is not None:
-                        break
-                if hit is None:
-                    hit = self._learn(data, pos, size, max_frame)
-                if isinstance(hit, tuple):
-                    p = pos + hit[0]
-                    if p + 4 > size:
-                        yield PARTIAL, pos, p + 4, 0, None
-                        return
-                    n = u32(data, p)[0]
-                    end = p + 4 + n
-                    if n and end - pos <= max_frame:
-                        if end > size:
-                            yield PARTIAL, pos, end, 1, None
-                            return
-                        run = hit
-                        hlen = hit[0]
-                        run_hdr = data[pos:p]
-                        parts.append(data[p:end])
-                        pos = end
-                        continue
-                    if n and self.skip_oversized:
-                        # The buffer's length is known: the message streams past unbuffered
-                        # and the stream stays in sync.
-                        yield OVERSIZED, pos, end, end - pos, None
-                        if end > size:
-                            return
-                        pos = end
-                        continue
-                elif hit:  # the header itself is incomplete: it needs ``hit`` bytes
-                    yield PARTIAL, pos, pos + hit, 0, None
-                    return
-            dec = Decoder(max_frame)
-            fed = pos
-            window = _FIRST_WINDOW
-            try:
-                while True:
-                    stop = min(size, fed + window)
-                    dec.feed(data[fed:stop])
-                    fed = stop
-                    ev = dec.next_event()
-                    if ev is not None:
-                        break
-                    if fed >= size:
-                        self._dec = dec
-                        yield HELD, pos, size, dec.buffered, None
-                        return
-                    window *= 4
-            except ProtocolError as e:
-                yield ERROR, pos, size, 0, e
-                return
-            end = fed - dec.buffered
-            yield CONTROL, pos, end, 0, ev
-            max_frame = self.max_frame  # raised by the first CONNECT
-            pos = end
-        if parts:
-            head = run[3]
-            on_run(run, head + head.join(parts) if len(parts) > 1 else head + parts[0],
-                   len(parts))
-
-    def _learn(self, data: bytes, pos: int, size: int, max_frame: int) -> Route | int:
-        """Parse the header of the MESSAGE at ``pos`` and cache it.
-
-        Returns the route; or the number of bytes the header needs when it is incomplete; or
-        ``_DECODER`` when the object is not a MESSAGE with a group and a buffer, or does not
-        parse (the full decoder then handles it, or refuses it).
-        """
-        r = Reader(data, pos, size, pos + max_frame)
-        try:
-            r.u8()  # the type, 0x0a
-            group = r.string()
-            dest = read_address(r, V2)
-            r.string()  # logical_name: unused in a MESSAGE
-            read_addresses(r, V2)  # mbrs: unused
-            read_addresses(r, V2)  # physical_addrs: unused
-            has_buffer = r.presence("byte buffer")
-        except NeedMore as e:
-            return e.needed - pos
-        except ProtocolError:
-            return _DECODER
-        if group is None or not has_buffer:
-            return _DECODER
-        key = data[pos : r.pos]
-        route: Route = (r.pos - pos, self.prefix + group, None if dest is None else dest.key,
-                        message_to_client(dest, b"")[:-4], key)
-        self.add(key, route)
-        return route
 
 
 # --------------------------------------------------------------------------- encoding

@@ -6,7 +6,7 @@ share a header (and so one routing decision), and the header itself. :class:`Nat
 says exactly that, as offsets into the chunk, and nothing else: it holds no routing table, no
 session, no I/O. The session (``gossiprouter.sessions.native``) decides what happens to each
 item; every frame that is not relayed byte for byte goes, whole, to the validating decoder
-(:func:`gossiprouter.protocol.native.frame_from_body`).
+(:func:`gossiprouter.protocol.native_frames.frame_from_body`).
 
 An item is a tuple ``(kind, start, end, count, head)``; for the first four kinds
 ``data[start:end]`` is whole frames, length prefixes included:
@@ -35,8 +35,15 @@ import struct
 from collections.abc import Iterator
 from typing import Final, Literal
 
-from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
+from gossiprouter.protocol.native_frames import (
+    MAX_ADDR,
+    MAX_GROUP,
+    PUBLISH_START,
+    ROUTE_START,
+    Publish,
+    frame_from_body,
+)
 from gossiprouter.protocol.scan import HeaderCache, same_frames
 
 __all__ = [
@@ -63,7 +70,7 @@ RouteHeader = tuple[str, bytes | None, bytes]  # group, dest (None: the whole gr
 
 Item = (
     tuple[Literal[0], int, int, int, RouteHeader]
-    | tuple[Literal[1], int, int, int, wire.Publish]
+    | tuple[Literal[1], int, int, int, Publish]
     | tuple[Literal[2], int, int, int, None]
     | tuple[Literal[3], int, int, int, ProtocolError]
     | tuple[Literal[4], int, int, int, None]
@@ -75,8 +82,8 @@ ROUTE_CACHE_MAX = 4096
 ROUTE_LENGTHS_MAX = 16
 
 _LEN = struct.Struct(">I")
-_ROUTE0, _ROUTE1 = wire.ROUTE_START
-_PUB0, _PUB1 = wire.PUBLISH_START
+_ROUTE0, _ROUTE1 = ROUTE_START
+_PUB0, _PUB1 = PUBLISH_START
 # msgpack's bin 8 / 16 / 32 markers: the only payload encodings a relayed frame may use.
 _BIN8, _BIN16, _BIN32 = 0xC4, 0xC5, 0xC6
 _BINS = (_BIN8, _BIN16, _BIN32)
@@ -194,11 +201,11 @@ class NativeScanner:
                 run_start, run_n = pos, 1
             elif relay and n > 2 and data[body] == _PUB0 and data[body + 1] == _PUB1:
                 try:
-                    f = wire.frame_from_body(data[body:end])
+                    f = frame_from_body(data[body:end])
                 except ProtocolError as e:
                     yield (MALFORMED, pos, end, 0, e)
                     return
-                assert isinstance(f, wire.Publish)
+                assert isinstance(f, Publish)
                 k = _publish_run(data, pos, end, size, len(f.payload))
                 end = pos + k * (end - pos)
                 yield (PUBLICATIONS, pos, end, k, f)
@@ -220,9 +227,9 @@ class NativeScanner:
             group = group_b.decode()
         except UnicodeDecodeError:
             raise ProtocolError("group is not UTF-8") from None
-        if not group or len(group_b) > wire.MAX_GROUP:
+        if not group or len(group_b) > MAX_GROUP:
             raise ProtocolError("group must be 1 to 1024 bytes of UTF-8")
-        if len(sender) > wire.MAX_ADDR or (dest is not None and len(dest) > wire.MAX_ADDR):
+        if len(sender) > MAX_ADDR or (dest is not None and len(dest) > MAX_ADDR):
             raise ProtocolError("address longer than 255 bytes")
         hit = (hdr, (group, dest, sender))
         self._routes.add(hdr, hit)

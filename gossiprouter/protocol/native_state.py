@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from gossiprouter.protocol import native as wire
+from gossiprouter.protocol import native_frames as wire
 from gossiprouter.protocol.errors import ProtocolError
 
 __all__ = [

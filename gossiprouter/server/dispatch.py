@@ -46,13 +46,13 @@ import trio
 MAX_EVENTS = 1024
 
 # Steps returned by Feed.feed: READ, the chunk is done (read the next one); END, the reader is
-# over. Any other step is a wait the connection's task does (gossiprouter.server.listener.Feeder).
+# over. Any other step is a wait the connection's task does (gossiprouter.server.feeder.Feeder).
 READ = 0
 END = 1
 
 
 class Feed(Protocol):
-    """What the dispatcher needs of a connection (gossiprouter.server.listener.Feeder)."""
+    """What the dispatcher needs of a connection (gossiprouter.server.feeder.Feeder)."""
 
     @property
     def closed(self) -> bool: ...

@@ -11,7 +11,7 @@ keeps every decision:
   connections. The thread reads them; a frame whose header Python has learned (below) it
   relays itself; anything else (control frames, a header not learned yet, an oversized or cut
   frame) ends its reading of that connection and comes back here as an *upcall*, which the
-  dispatcher task hands to the connection's :class:`~gossiprouter.server.listener.Feeder` exactly as
+  dispatcher task hands to the connection's :class:`~gossiprouter.server.feeder.Feeder` exactly as
   the pure-Python dispatcher would; then the thread reads on. So a connection's frames are
   handled in order, and every waiting, budget, pause and error rule is the Feeder's as before.
   A cut frame the session kept at the end of an upcall is handed back to the thread

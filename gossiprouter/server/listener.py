@@ -1,11 +1,19 @@
 """The trio server: listeners, a reader task per connection, a writer task when needed.
 
-This is the only module that touches sockets. A connection's first bytes say
-which protocol it speaks (:func:`sniff`); a session of that protocol then
+The server package is the only one that touches the clients' sockets. A connection's first
+bytes say which protocol it speaks (:func:`sniff`); a session of that protocol then
 turns what the reader receives into bytes queued on other connections'
 outboxes, and each connection's writer drains its own outbox with one
 ``send_all`` per wake-up. A receiver that cannot keep up is handled by its
 outbox's policy; nothing here ever waits on another connection's socket.
+
+:class:`Server` is built in parts, one module each, each part over the one below it:
+:mod:`gossiprouter.server.connection` (the :class:`~gossiprouter.server.connection.Connection`
+and its writer), :mod:`gossiprouter.server.shutdown` (the shutdown, the reaper and the
+notifier), :mod:`gossiprouter.server.feeder` (reading: the
+:class:`~gossiprouter.server.feeder.Feeder` and the waits it asks for), and this module, the
+accept path: listening, the connection limits, the protocol sniffed from the first bytes, the
+handshake, and each connection's task from accept to close.
 
 Errors (the policy, as :func:`trio.serve_listeners` states its own):
 
@@ -35,12 +43,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import math
 import socket as _stdsocket
 import warnings
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import trio
 
@@ -50,46 +56,27 @@ from gossiprouter.core.ratelog import RateLimitedLog
 from gossiprouter.federation.bridge import Bridge
 from gossiprouter.protocol import native as wire
 from gossiprouter.server import snapshot
-from gossiprouter.server.dispatch import END, READ, Dispatcher, Parked
+from gossiprouter.server.connection import Connection, drop_unread, nothing_to_wake
+from gossiprouter.server.dispatch import Dispatcher
 from gossiprouter.server.fastpath import FastPath, status
-from gossiprouter.server.hooks import ByteStream, NoHooks, ServerHooks, needs_hooks
+from gossiprouter.server.feeder import RECV_SIZE, Feeder, ReadPart
+from gossiprouter.server.hooks import NoHooks, ServerHooks, needs_hooks
 from gossiprouter.sessions import jgroups2 as _jgroups2
 from gossiprouter.sessions import jgroups5 as _jgroups5
-from gossiprouter.sessions.base import TURN_CONTROLS, Counters, Hub, Session
+from gossiprouter.sessions.base import Hub, Session
 from gossiprouter.sessions.native import NativeSession
 
 log = logging.getLogger("gossiprouter")
 
-RECV_SIZE = 256 * 1024
 # The first read only has to tell the protocol; a small buffer keeps the
 # allocator from fragmenting on thousands of connections that say little.
 SNIFF_SIZE = 4096
 CONNECTION_TASK = "gossiprouter connection"
-WRITER_TASK = "gossiprouter writer"
-# A writer sends at most about this much per send_all, so that its progress
-# (which tells a slow receiver from a stalled one) is seen often.
-WRITE_BATCH = 1 << 20
-# Back-pressure (see sessions.base.Congestion): a reader that fed a congested
-# receiver pauses in steps of STALL_STEP, at most MAX_STALL per chunk; a
-# receiver whose writer made no progress for STALLED_AFTER slows nobody.
-STALL_STEP = 0.002
-MAX_STALL = 0.05
-STALLED_AFTER = 0.25
-# Fairness (issue 12): a reader hands a received chunk to its session in slices of at most
-# SLICE bytes, and lets every other task run (a checkpoint) once it has used TURN seconds
-# since its last one, or when its session paused (its share of control frames per turn, or
-# its control budget, is spent: see Session.spend_control).
-SLICE = 64 * 1024
-TURN = 0.001
 # Connections accepted beyond max_connections, at most this many at once, get a short
 # handshake so that a native client can be told why (ERROR limit); beyond them, new
 # connections are closed at accept without reading a byte.
 REFUSAL_SLOTS = 16
 REFUSAL_HANDSHAKE = 1.0
-# Membership events wait this long so that a burst of closes is seen whole
-# before anyone is told (see Hub.deliver).
-NOTICE_DELAY = 0.005
-NOTICE_MAX_DELAY = 1.0
 
 # Accept errors that mean "out of resources right now": retried after a pause,
 # as trio.serve_listeners does, instead of killing the accept loop.
@@ -162,99 +149,7 @@ def _describe(first: bytes) -> str:
     return f"{kind} (first bytes {head!r})"
 
 
-class Connection:
-    """A live TCP connection and its session.
-
-    Also the one per-connection object behind the callbacks the server gives the outbox
-    (:meth:`direct`, :meth:`start_writer`, :meth:`on_close`): bound methods of this object
-    rather than closures per connection, and no nursery per connection (the writer task,
-    when one is needed, runs in the server's nursery under :attr:`writer_scope`, which
-    follows :attr:`scope`'s deadline): idle connections are what a router has most of
-    (issue 24)."""
-
-    __slots__ = ("close_reason", "counters", "handshake_deadline", "lot", "peer", "raw_send",
-                 "scope", "server", "session", "stream", "writer", "writer_scope")
-
-    def __init__(self, stream: trio.SocketStream, peer: str, server: Server | None = None
-                 ) -> None:
-        # The socket stream, or the TLS stream over it once the accept hook has run.
-        self.stream: trio.SocketStream | ByteStream = stream
-        self.peer = peer
-        self.server = server
-        self.session: Session | None = None
-        self.scope = trio.CancelScope()
-        self.lot = Parked()  # its writer task's, when it has one
-        # The whole handshake (TLS, preamble, HELLO or the first JGroups frame) must be done
-        # by then (the reaper enforces it once the session exists).
-        self.handshake_deadline = math.inf
-        # Why the router closed it before it had a session (a session's outbox says it after).
-        self.close_reason = ""
-        # The writer task, once started: set when it is over; and the scope it runs in.
-        self.writer: trio.Event | None = None
-        self.writer_scope: trio.CancelScope | None = None
-        # The direct send (plain TCP): the socket's send, and the counters it adds to.
-        self.raw_send: Callable[[bytes], int] | None = None
-        self.counters: Counters | None = None
-
-    def limit(self, deadline: float) -> None:
-        """Bound the connection's remaining life (its reader and writer) by ``deadline``."""
-        scope = self.scope
-        scope.deadline = min(scope.deadline, deadline)
-        ws = self.writer_scope
-        if ws is not None:
-            ws.deadline = min(ws.deadline, deadline)
-
-    def direct(self, data: bytes) -> int:
-        """The outbox's non-blocking send on a plain-TCP socket, counted."""
-        n: int = self.raw_send(data)  # type: ignore[misc]  # set before it is installed
-        counters = self.counters
-        assert counters is not None
-        counters.bytes_out += n
-        counters.writes += 1
-        return n
-
-    def on_close(self) -> None:
-        """The outbox closed: the connection counts as closed at once (its members leave
-        now, and nothing more is routed to it); its final flush, the farewell frame behind
-        whatever was already being written, gets a bounded time."""
-        server = self.server
-        session = self.session
-        assert server is not None and session is not None
-        server._forget(session)
-        cfg = server.config
-        linger = cfg.shutdown_timeout if server._stopping else cfg.close_timeout
-        self.limit(trio.current_time() + linger)
-
-    def start_writer(self) -> None:
-        """The outbox's wake-up: the writer task starts only when something has to wait for
-        the socket (with direct sends most connections never need one), in the server's
-        nursery; later wake-ups unpark it."""
-        session = self.session
-        server = self.server
-        assert session is not None and server is not None
-        ob = session.outbox
-        # The writer owns the stream from now on (docs/architecture.md, "One writer per
-        # stream"): the relay thread stops writing this socket before the writer can start
-        # a frame, and anything routed here meanwhile queues behind.
-        ob.claim()
-        if not ob.busy:
-            # A busy period starts now: the write deadline counts from here, not from the
-            # end of the last one (or 0.0), since the reaper may run before the writer task
-            # does and would see a stall that is not one.
-            ob.last_progress = trio.current_time()
-        if self.writer is not None:
-            self.lot.unpark()
-            return
-        self.writer = trio.Event()
-        scope = self.writer_scope = trio.CancelScope(deadline=self.scope.deadline)
-        if self.scope.cancel_called:
-            scope.cancel()
-        nursery = server._nursery
-        assert nursery is not None
-        nursery.start_soon(server._writer, self, session, name=WRITER_TASK)
-
-
-class Server:
+class Server(ReadPart):
     """A gossiprouter listening on one port.
 
     Use :meth:`serve` in a nursery (``await nursery.start(server.serve)``
@@ -384,23 +279,6 @@ class Server:
             raise
         return trio.SocketListener(sock)
 
-    def shutdown(self) -> None:
-        """Stop accepting, tell every client (ERROR ``shutting_down``), flush, stop."""
-        if self._stopping:
-            return
-        self._stopping = True
-        log.info("shutting down: %d connections", len(self.connections))
-        if self.bridge is not None:
-            # First, so the federation sees this router's members leave (not suspected) and
-            # the connections closing below publish nothing more.
-            self.bridge.leave()
-        self._accept_scope.cancel()
-        deadline = trio.current_time() + self.config.shutdown_timeout
-        for conn in list(self.connections):
-            if conn.session is not None:
-                conn.session.close("shutting_down", "router is shutting down")
-            conn.limit(deadline)
-
     async def wait_closed(self) -> None:
         await self._closed.wait()
 
@@ -486,7 +364,7 @@ class Server:
                     del feeder
                     ob = session.outbox
                     if conn.writer is None and not ob.chunks:
-                        ob.wake = _nothing_to_wake
+                        ob.wake = nothing_to_wake
                     if not ob.closed:
                         ob.close("eof")
                     if conn.writer is not None or ob.chunks:
@@ -527,7 +405,7 @@ class Server:
                     with trio.move_on_after(0.5):
                         await conn.stream.aclose()
                 else:
-                    _drop_unread(stream)
+                    drop_unread(stream)
                 await stream.aclose()
 
     async def _run(self, conn: Connection) -> bytes | None:
@@ -611,442 +489,6 @@ class Server:
         else:  # the rest (initial) is counted by the Feeder
             self.hub.counters.bytes_in += verdict.consumed
         return first[verdict.consumed:] if not ob.closed else b""
-
-    def _reader(self, conn: Connection, session: Session, feeder: Feeder
-                ) -> Coroutine[Any, Any, None]:
-        """What feeds the session what the socket delivers, until EOF or the session closes:
-        the dispatcher's (or the fast path's) ``serve`` for plain TCP, else :meth:`_receive`.
-
-        A plain function returning the coroutine that :meth:`_handle` awaits, so that an
-        idle connection keeps no frame of its own here: only :meth:`_handle`'s and the
-        dispatcher's (issue 24)."""
-        stream = conn.stream
-        if self.config.dispatcher and isinstance(stream, trio.SocketStream):
-            fast = self.fast
-            if fast is not None and fast.reads(session):
-                return fast.serve(session, feeder, self._settle)
-            raw = getattr(stream.socket, "_sock", None)
-            if raw is not None:
-                return self.dispatcher.serve(raw, feeder, self._settle)
-        return self._receive(stream, feeder)
-
-    async def _receive(self, stream: trio.SocketStream | ByteStream, feeder: Feeder) -> None:
-        """The connection's own reader loop (TLS, or ``dispatcher`` off)."""
-        while not feeder.closed:
-            try:
-                chunk = await stream.receive_some(RECV_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return
-            if not chunk:
-                feeder.eof()
-                return
-            step = feeder.feed(chunk)
-            del chunk  # not held while waiting for the next one (thousands of idle readers)
-            if not await self._settle(feeder, step):
-                return
-
-    async def _settle(self, feeder: Feeder, step: int) -> bool:
-        """Do the wait ``feeder`` asked for (see the steps above Feeder), feeding on after
-        it until the chunk is done. True: read the next chunk; False: the reader is over."""
-        while True:
-            if step == READ:
-                return True
-            if step == END:
-                return False
-            if step == THROTTLE:
-                await self._throttle()
-                return not feeder.closed
-            if step == YIELD:
-                await trio.lowlevel.checkpoint()
-                feeder.turn = trio.current_time()
-            else:
-                assert step == PAUSE
-                feeder.turn = await self._pause(feeder.session, feeder.turn)
-            step = feeder.run()
-
-    async def _pause(self, session: Session, turn: float) -> float:
-        """The session paused and must wait: its share of this turn was spent after the
-        turn's time (a checkpoint), or its control budget is spent (wait for the bucket,
-        or close it when it stays over). Returns when its new turn starts."""
-        counters = self.hub.counters
-        if session.tokens >= 0:
-            counters.turns_cut += 1
-            await trio.lowlevel.checkpoint()
-            return trio.current_time()
-        counters.throttled_turns += 1
-        cfg = self.config
-        now = trio.current_time()
-        since = session.over_since if session.over_since is not None else now
-        if now - since >= cfg.control_grace:
-            counters.rate_limited += 1
-            self._refusals.warning(
-                "closing %r: over its control budget (%g frames/s, burst %d) for %.1fs",
-                session, cfg.control_rate, cfg.control_burst, now - since)
-            session.close("rate_limited",
-                          f"more than {cfg.control_rate:g} control frames per second "
-                          f"(burst {cfg.control_burst}) for {cfg.control_grace:g}s")
-            return now
-        # Read nothing more from it until the bucket holds a turn's share again: TCP then
-        # slows the client down to its budget.
-        refill = min(TURN_CONTROLS, session.control_burst) - session.tokens
-        await trio.sleep(refill / session.control_rate)
-        return trio.current_time()
-
-    def _handshake_expired(self, conn: Connection, session: Session) -> None:
-        log.info("closing %r: handshake not done within %.1fs", session,
-                 self.config.handshake_timeout)
-        session.close("handshake_timeout",
-                      f"handshake not done within {self.config.handshake_timeout:g}s")
-
-    async def _throttle(self) -> None:
-        """Pause this reader while a receiver it fed is congested but still draining."""
-        congestion = self.hub.congestion
-        end = trio.current_time() + MAX_STALL
-        while True:
-            now = trio.current_time()
-            if now >= end or not congestion.draining(now, STALLED_AFTER):
-                return
-            await trio.sleep(STALL_STEP)
-
-    async def _writer(self, conn: Connection, session: Session) -> None:
-        """Write what the outbox queues until the connection is over; in the server's nursery,
-        under the connection's writer scope (its deadline follows the connection's), and
-        when it ends, it ends the connection's reader (Connection.start_writer)."""
-        scope = conn.writer_scope
-        assert scope is not None and conn.writer is not None
-        try:
-            with scope:
-                ob = session.outbox
-                ob.last_progress = trio.current_time()
-                stream = conn.stream
-                sock = stream.socket if isinstance(stream, trio.SocketStream) else None
-                counters = self.hub.counters
-                try:
-                    while True:
-                        if not ob.chunks:
-                            if ob.closed:
-                                break
-                            await conn.lot.park()
-                            ob.last_progress = trio.current_time()  # a busy period starts
-                            continue
-                        ob.claim()  # woken by start_writer, which claimed: cheap, never wrong
-                        chunks = ob.take(WRITE_BATCH)
-                        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-                        counters.writes += 1  # per write, not per frame
-                        counters.bytes_out += len(data)
-                        ob.busy = True
-                        if sock is None:
-                            await stream.send_all(data)
-                        else:
-                            # Plain TCP: one send() at a time, so that every bit of progress
-                            # is seen (the write deadline, write_timeout, is about progress).
-                            with memoryview(data) as view:
-                                sent = 0
-                                while sent < len(data):
-                                    sent += await sock.send(view[sent:])
-                                    ob.last_progress = trio.current_time()
-                        ob.busy = False
-                        ob.last_progress = trio.current_time()
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                    pass
-                except Exception as exc:
-                    self.hub.contain(session, exc, "writing to it")
-                finally:
-                    # The writer ends only when the connection is over.
-                    if not ob.closed:
-                        ob.close("write failed")
-                    conn.scope.cancel()  # the reader too, as the nursery's scope did
-        finally:
-            conn.writer.set()
-
-    def _forget(self, session: Session) -> None:
-        """Drop everything ``session`` held from the table (idempotent)."""
-        table = self.hub.table
-        held = list(table.registrations(session).values())
-        if not held and session not in table.watching:
-            return
-        notices = table.drop_carrier(session, trio.current_time())
-        if not self._stopping:  # when everyone is being closed, nobody needs telling
-            self.hub.deliver(notices)
-        if held and log.isEnabledFor(logging.INFO):
-            reason = session.outbox.close_reason or "closed"
-            for e in held:
-                if table.entry(e.group, e.addr) is not e:
-                    log.info("%s (%s) left %r: connection %r closed (%s)", e.name or "-",
-                             e.addr.hex(), e.group, session, reason)
-                elif e.grace_until is not None:
-                    log.info("%s (%s) in %r: connection %r closed (%s); in reconnect grace",
-                             e.name or "-", e.addr.hex(), e.group, session, reason)
-
-    # ------------------------------------------------------------------ notices
-
-    async def _notifier(self) -> None:
-        """Deliver membership events a few milliseconds late, in batches (Hub.deliver)."""
-        hub = self.hub
-        lot = trio.lowlevel.ParkingLot()
-
-        def wake() -> None:
-            lot.unpark_all()
-
-        hub.defer = wake
-        try:
-            while True:
-                if not hub.pending:
-                    await lot.park()
-                # Wait while members keep dropping (a mass disconnect), at most
-                # NOTICE_MAX_DELAY, then tell only those still connected.
-                start = trio.current_time()
-                seen = -1
-                while len(hub.pending) != seen and (
-                        trio.current_time() - start < NOTICE_MAX_DELAY):
-                    seen = len(hub.pending)
-                    await trio.sleep(NOTICE_DELAY)
-                try:  # failures per target are contained inside; this is the last resort
-                    hub.flush_notices(hub.take_pending())
-                except Exception as exc:
-                    self._task_error("notifier", exc)
-        finally:
-            hub.defer = None
-
-    # ------------------------------------------------------------------ reaper
-
-    def _task_error(self, task: str, exc: Exception) -> None:
-        """An exception in a router-wide task: logged and counted; the task carries on."""
-        self.hub.counters.internal_errors += 1
-        log.error("internal error in the %s (it carries on)", task, exc_info=exc)
-
-    async def _reaper(self) -> None:
-        """Idle connections, expired entries, ended reconnect graces."""
-        cfg = self.config
-        idle = cfg.idle_timeout
-        write_timeout = cfg.write_timeout
-        while True:
-            try:
-                await self._reap(idle, write_timeout)
-            except Exception as exc:
-                self._task_error("reaper", exc)
-                await trio.sleep(1.0)
-
-    async def _reap(self, idle: float, write_timeout: float) -> None:
-        """One round of the reaper, then sleep until the next thing to reap."""
-        self.hub.sync()  # what the relay thread received counts for the idle timeout
-        now = trio.current_time()
-        wake = now + 1.0
-        for conn in list(self.connections):
-            s = conn.session
-            if s is None or s.outbox.closed:
-                continue
-            if not s.established:
-                if now >= conn.handshake_deadline:
-                    self._handshake_expired(conn, s)
-                    continue
-                wake = min(wake, conn.handshake_deadline)
-            if idle > 0:
-                if now - s.last_recv >= idle:
-                    log.info("closing %r: idle for %.1fs", s, now - s.last_recv)
-                    s.close("idle_timeout", f"nothing received for {idle:g}s")
-                    continue
-                wake = min(wake, s.last_recv + idle)
-            if write_timeout > 0 and s.outbox.chunks:
-                if now - s.outbox.last_progress >= write_timeout:
-                    self._write_timeout(s, now)
-                else:
-                    wake = min(wake, s.outbox.last_progress + write_timeout)
-        notices = self.hub.table.expire(now)
-        if notices:
-            self.hub.deliver(notices)
-            for e in {id(n.entry): n.entry for n in notices}.values():
-                log.info("%s (%s) left %r: %s", e.name or "-", e.addr.hex(), e.group,
-                         "reconnect grace ended" if e.kind.label == "connection"
-                         else "registration expired")
-        nd = self.hub.table.next_deadline()
-        if nd is not None:
-            wake = min(wake, nd)
-        await trio.sleep_until(max(wake, now + 0.01) if math.isfinite(wake) else now + 1.0)
-
-    def _write_timeout(self, s: Session, now: float) -> None:
-        """NATS' write deadline: data queued for ``s`` and its socket took nothing for
-        write_timeout seconds. Its slow-consumer policy applies: ``disconnect`` closes it
-        (ERROR slow_consumer); ``drop`` discards what is queued (counted in
-        drops{reason="write_timeout"}) and keeps the connection, which the idle timeout
-        still covers."""
-        ob = s.outbox
-        counters = self.hub.counters
-        counters.write_timeouts += 1
-        stalled = now - ob.last_progress
-        if ob.policy == "drop":
-            # The first chunk may be the tail of a frame whose start is on the wire: it
-            # stays, so the stream remains whole.
-            dropped = len(ob.chunks) - 1
-            if dropped:
-                ob.dropped += dropped
-                counters.drop("write_timeout", dropped)
-                ob.nbytes = len(ob.chunks[0])
-                del ob.chunks[1:]
-            ob.last_progress = now
-            self._refusals.warning("%r: socket took nothing for %.1fs (write_timeout): "
-                                   "%d queued chunks dropped", s, stalled, dropped)
-            return
-        counters.slow_consumer_disconnects += 1
-        log.warning("closing %r: slow consumer (socket took nothing for %.1fs, "
-                    "write_timeout %gs)", s, stalled, self.config.write_timeout)
-        ob.close("slow_consumer",
-                 s.farewell("slow_consumer", f"nothing written for {stalled:.1f}s "
-                            f"(write_timeout {self.config.write_timeout:g}s)"),
-                 discard=True)
-
-
-# What Feeder.feed / Feeder.run ask of the connection's task (besides READ: read the next
-# chunk, and END: the reader is over, from gossiprouter.server.dispatch). The dispatcher handles
-# READ itself and hands the connection back to its task for everything else (Server._settle).
-YIELD = 2  # the turn's time (TURN) is used: a checkpoint, then Feeder.run
-PAUSE = 3  # the session paused and must wait (Server._pause), then Feeder.run
-THROTTLE = 4  # a receiver it fed is congested: Server._throttle, then the next chunk
-
-
-class Feeder:
-    """The one place that processes a received chunk for a session, whoever read it (the
-    connection's reader task or the dispatcher): it counts the bytes, feeds the session in
-    slices of SLICE bytes within a turn of TURN seconds, withholds the session's replies to
-    itself and flushes them once per slice (:meth:`_flush_own`), honours the session's pause
-    (its share of control frames per turn, or its control budget), contains the session's
-    exceptions (Hub.contain) and checks the handshake deadline. It never waits: where a
-    wait is due it returns a step (YIELD, PAUSE, THROTTLE) and keeps its place; the
-    connection's task waits (Server._settle) and calls :meth:`run` to go on."""
-
-    __slots__ = ("clock", "conn", "data", "hub", "outbox", "pos", "resume", "server", "session",
-                 "turn")
-
-    def __init__(self, server: Server, conn: Connection, session: Session) -> None:
-        self.server = server
-        self.hub = server.hub
-        self.conn = conn
-        self.session = session
-        self.outbox = session.outbox
-        self.data = b""  # the chunk being fed, from pos on
-        self.pos = 0
-        self.turn = 0.0  # when the current turn started (after the last checkpoint)
-        self.resume = False  # the session paused: go on with on_data(b"")
-        # The run's clock itself: trio.current_time() is two more calls to reach it, and
-        # a light-load message reads the clock twice (issue 16, Step 3). The server's, one
-        # bound method for every connection (issue 24).
-        self.clock = server.clock
-
-    @property
-    def closed(self) -> bool:
-        return self.outbox.closed
-
-    def feed(self, data: bytes) -> int:
-        """A chunk was received (right after a read, which was a checkpoint)."""
-        self.hub.counters.bytes_in += len(data)
-        self.data = data
-        self.pos = 0
-        now = self.turn = self.clock()
-        return self.run(now)
-
-    def eof(self) -> None:
-        """The peer closed its side."""
-        try:
-            self.session.on_eof()
-        except Exception as exc:  # see "Errors" above: this connection only
-            self.hub.contain(self.session, exc, "handling its end of stream")
-
-    def run(self, now: float = -1.0) -> int:
-        """Feed the chunk on from where it stopped, until it is done or a wait is due
-        (``now``: the time, when the caller just read the clock)."""
-        session = self.session
-        ob = self.outbox
-        if ob.closed:
-            self.data = b""
-            return END
-        clock = self.clock
-        data = self.data
-        size = len(data)
-        pos = self.pos
-        resume = self.resume
-        self.resume = False
-        # The session's replies to itself (PONG, OK, echoed HEARTBEATs, its own
-        # multicasts) are queued while it runs and written once afterwards, not
-        # with one send() each.
-        held = ob.direct, ob.wake
-        ob.direct, ob.wake = None, _nothing_to_wake
-        try:
-            while True:
-                session.new_turn()
-                if resume:
-                    resume = False
-                    session.on_data(b"", clock())
-                else:
-                    piece = data if size <= SLICE else data[pos:pos + SLICE]
-                    pos += SLICE
-                    session.on_data(piece, now if now >= 0.0 else clock())
-                    now = -1.0
-                if session.paused and not ob.closed:
-                    # Its share of this turn's control frames is spent: it goes on at once
-                    # while the turn's time is not used up; otherwise it waits.
-                    if session.tokens >= 0 and clock() - self.turn < TURN:
-                        resume = True
-                        continue
-                    self.pos, self.resume = pos, True
-                    self._flush_own(held)
-                    return PAUSE
-                if ob.closed or pos >= size:
-                    break
-                if clock() - self.turn >= TURN:
-                    self.hub.counters.turns_cut += 1
-                    self.pos = pos
-                    self._flush_own(held)
-                    return YIELD
-        except Exception as exc:  # see "Errors" above: this connection only
-            self.hub.contain(session, exc, "handling received data")
-            self.data = b""
-            self._flush_own(held)  # gives back the wake-up: the farewell goes out
-            return END
-        self.data = b""
-        if ob.chunks or ob.closed:
-            self._flush_own(held)
-        else:  # nothing for itself (most chunks under light load): no call
-            ob.direct, ob.wake = held
-        if not session.established and not ob.closed and clock() >= (
-                self.conn.handshake_deadline):
-            self.server._handshake_expired(self.conn, session)
-        congestion = self.hub.congestion
-        if congestion.pending:
-            congestion.pending = False
-            return THROTTLE
-        return END if ob.closed else READ
-
-    def _flush_own(self, held: tuple[Callable[[bytes], int] | None, Callable[[], None]]
-                   ) -> None:
-        """Give the outbox back the direct send and the wake-up withheld while the session
-        ran, and write what the session queued for its own connection meanwhile (PONG, OK,
-        echoed HEARTBEATs, its own multicasts) in one send instead of one per reply.
-        Outbox.push sends directly when the writer is idle, else wakes it."""
-        ob = self.outbox
-        ob.direct, ob.wake = held
-        if ob.closed:
-            ob.wake()  # the farewell queued by close() must be written
-            return
-        ob.flush()  # held for the round's WriteBatch, if one is open
-
-
-def _drop_unread(stream: trio.SocketStream) -> None:
-    """Read and drop, without waiting, what the peer sent that nobody will read.
-
-    Closing a socket with unread input makes the kernel send a reset and discard what is
-    still unsent, such as the farewell telling a flooding or stalled client why it was
-    closed (ERROR rate_limited, slow_consumer). At most 1 MiB, then a normal close."""
-    raw = getattr(stream.socket, "_sock", None)
-    if raw is None:
-        return
-    with contextlib.suppress(OSError):  # BlockingIOError: nothing more is buffered
-        for _ in range(16):
-            if not raw.recv(65536):
-                return
-
-
-def _nothing_to_wake() -> None:
-    pass
 
 
 def _native_factory(hub: Hub, peer: str, first: bytes) -> Session:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -25,11 +25,19 @@ from gossiprouter.routing.table import Kind, RemoteCarrier, RoutingTable
 
 if TYPE_CHECKING:
     from gossiprouter.federation.bridge import Bridge
-    from gossiprouter.server.listener import Connection
-    from gossiprouter.sessions.base import Hub
+    from gossiprouter.sessions.base import Hub, Session
 
 # Items (connections, groups, members) looked at between two checkpoints of a walk.
 BATCH = 2000
+
+
+class Counted(Protocol):
+    """What :func:`census` reads of a connection (the server's
+    :class:`~gossiprouter.server.connection.Connection`): its session, None while the
+    handshake has not made one."""
+
+    @property
+    def session(self) -> Session | None: ...
 
 
 @dataclass(frozen=True)
@@ -122,7 +130,7 @@ class RouterView:
     bridge: Bridge | None
 
 
-async def census(connections: Collection[Connection]) -> ConnectionCensus:
+async def census(connections: Collection[Counted]) -> ConnectionCensus:
     """Count ``connections`` (copied first, at C speed) by protocol, with their queues."""
     conns = list(connections)
     by_protocol: dict[str, int] = {}

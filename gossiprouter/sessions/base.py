@@ -20,7 +20,7 @@ from gossiprouter.protocol import jgroups2 as _j2
 from gossiprouter.protocol import jgroups5 as _j5
 from gossiprouter.protocol import native as _native
 from gossiprouter.protocol.errors import ERROR_CODES
-from gossiprouter.protocol.jgroups_common import JAddress
+from gossiprouter.protocol.jgroups_address import JAddress
 from gossiprouter.routing.table import (
     RESERVED_PREFIXES,
     Carrier,

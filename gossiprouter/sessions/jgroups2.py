@@ -7,7 +7,7 @@ is queued as one push on this connection's FIFO outbox: nothing can interleave w
 a reply that cannot be queued closes the connection rather than being dropped.
 
 :meth:`JGroups2Session.on_data` is the hot loop; the parsing is the codec's
-:class:`gossiprouter.protocol.jgroups2.Scanner`, which cuts each chunk into runs of MESSAGEs
+:class:`gossiprouter.protocol.jgroups2_scan.Scanner`, which cuts each chunk into runs of MESSAGEs
 with byte-identical headers, re-wrapped (group rewritten to null, as 2.12 does) into one bytes
 object shared by every receiver, and other objects, decoded by the codec's full decoder
 (:class:`gossiprouter.protocol.jgroups2.Decoder`). What is left here are the decisions: the
@@ -21,14 +21,9 @@ import logging
 
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.protocol.jgroups_common import (
-    CONTROL,
-    HELD,
-    OVERSIZED,
-    PARTIAL,
-    V2,
-    JAddress,
-)
+from gossiprouter.protocol.jgroups2_scan import Route, Scanner
+from gossiprouter.protocol.jgroups_address import V2, JAddress
+from gossiprouter.protocol.jgroups_scan import CONTROL, HELD, OVERSIZED, PARTIAL
 from gossiprouter.routing.table import Entry
 from gossiprouter.sessions.base import Hub
 from gossiprouter.sessions.jgroups_common import JGroupsSession, wire_address, wire_physical
@@ -44,8 +39,8 @@ class JGroups2Session(JGroupsSession):
     protocol = "jgroups2"
     prefix = "jgroups2:"
     version = V2
-    scanner_class = j2.Scanner
-    scanner: j2.Scanner
+    scanner_class = Scanner
+    scanner: Scanner
 
     def __init__(self, hub: Hub, peer: str) -> None:
         super().__init__(hub, peer)
@@ -92,7 +87,7 @@ class JGroups2Session(JGroupsSession):
                 self._reserve(0)
                 self.fail(head)
 
-    def _run(self, head: j2.Route, frames: bytes, count: int) -> bool:
+    def _run(self, head: Route, frames: bytes, count: int) -> bool:
         """A run of ``count`` MESSAGEs with one header, re-wrapped, from the scanner: the
         membership check, then the route. True (stop scanning) when that closed this
         connection."""

@@ -10,7 +10,7 @@ the connection's first REGISTER the limit is ``preauth_max_frame`` and a longer 
 the connection. The length ``-5`` is the peer's graceful close.
 
 :meth:`JGroups5Session.on_data` is the hot loop; the parsing is the codec's
-:class:`gossiprouter.protocol.jgroups5.Scanner`, which cuts each chunk into runs of MESSAGE
+:class:`gossiprouter.protocol.jgroups5_scan.Scanner`, which cuts each chunk into runs of MESSAGE
 frames with byte-identical headers (forwarded as one slice of the received chunk, length
 prefixes included, shared by every receiver) and other frames. What is left here are the
 decisions: the sender check and the route of each run, the full decoder
@@ -25,7 +25,9 @@ from collections.abc import Mapping
 
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.protocol.jgroups_common import CLOSED, CONTROL, OVERSIZED, PARTIAL, V5, JAddress
+from gossiprouter.protocol.jgroups5_scan import Route, Scanner
+from gossiprouter.protocol.jgroups_address import V5, JAddress
+from gossiprouter.protocol.jgroups_scan import CLOSED, CONTROL, OVERSIZED, PARTIAL
 from gossiprouter.routing.table import Entry
 from gossiprouter.sessions.base import Hub
 from gossiprouter.sessions.jgroups_common import JGroupsSession, wire_address, wire_physical
@@ -41,7 +43,7 @@ class JGroups5Session(JGroupsSession):
     protocol = "jgroups5"
     prefix = "jgroups5:"
     version = V5
-    scanner_class = j5.Scanner
+    scanner_class = Scanner
 
     def __init__(self, hub: Hub, peer: str) -> None:
         super().__init__(hub, peer)
@@ -84,7 +86,7 @@ class JGroups5Session(JGroupsSession):
             else:  # ERROR: a negative length other than the close marker
                 self.fail(head)
 
-    def _run(self, head: j5.Route, frames: bytes, count: int) -> bool:
+    def _run(self, head: Route, frames: bytes, count: int) -> bool:
         """A run of ``count`` MESSAGEs with one header, from the scanner: the sender check,
         then the route. True (stop scanning) when that closed this connection."""
         registered = head[3] in self._regs

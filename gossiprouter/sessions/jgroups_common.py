@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.protocol.jgroups_common import CACHE_MAX, Item, JAddress
+from gossiprouter.protocol.jgroups_address import JAddress
+from gossiprouter.protocol.jgroups_scan import CACHE_MAX, Item
 from gossiprouter.routing.table import Entry, Kind, Notice, Physical, RoutingError
 from gossiprouter.sessions.base import Hub, Session
 
@@ -92,7 +93,8 @@ def wire_physical(entry: Entry, version: int) -> tuple[JAddress, ...] | None:
 
 
 class Scanner(Protocol):
-    """What the sessions need of a codec's scanner (``jgroups5.Scanner``, ``jgroups2.Scanner``)."""
+    """What the sessions need of a codec's scanner (``jgroups5_scan.Scanner``,
+    ``jgroups2_scan.Scanner``)."""
 
     max_frame: int
 

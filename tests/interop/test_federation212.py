@@ -16,15 +16,13 @@ import pytest
 from tests.test_bridge import MOSQUITTO, Mosquitto
 
 from .conftest import GOSSIPROUTER_ONLY
+from .exchange import assert_ring_traffic_exact, send_ring_traffic, wait_ring_traffic
 from .harness import (
     ROUTER_GOSSIPROUTER,
     NodeFactory,
     Router,
-    expected_texts,
     free_port,
-    summarize_counts,
     wait_for_view,
-    wait_until,
 )
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow, getattr(pytest.mark, GOSSIPROUTER_ONLY)]
@@ -62,21 +60,10 @@ async def test_one_view_across_two_federated_routers(
                    + nodes.start(["B"], f"fed-{stack}", stack, routers=[rb]))
         await wait_for_view(members, ["A", "B"], JOIN_TIMEOUT, ra)
         a, b = members
-        for n, other in ((a, b), (b, a)):
-            n.send_command(f"MCAST {COUNT} m{n.name}")
-            n.send_command(f"UCAST {other.name} {COUNT} u{n.name}")
-        prefixes = [f"m{n.name}" for n in members] + [f"u{n.name}" for n in members]
-        await wait_until(
-            lambda: all(r.received_count(f"m{s.name}") >= COUNT for r in members
-                        for s in members)
-            and a.received_count("uB") >= COUNT and b.received_count("uA") >= COUNT,
-            40, lambda: "messages: " + summarize_counts(members, prefixes))
-        for r in members:
-            for s in members:
-                assert r.received(sender=s.name, prefix=f"m{s.name}") == expected_texts(
-                    f"m{s.name}", COUNT), (r.name, s.name)
-        assert a.received(sender="B", prefix="uB") == expected_texts("uB", COUNT)
-        assert b.received(sender="A", prefix="uA") == expected_texts("uA", COUNT)
+        # Each multicasts, and unicasts to the other (its successor round a ring of two).
+        send_ring_traffic(members, COUNT)
+        await wait_ring_traffic(members, COUNT, 40, "messages: ")
+        assert_ring_traffic_exact(members, COUNT)
         assert a.errors() == b.errors() == []
     finally:
         nodes.close()

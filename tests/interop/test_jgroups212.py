@@ -13,6 +13,7 @@ import sys
 import pytest
 import trio
 
+from .exchange import assert_ring_traffic_exact, send_ring_traffic, wait_ring_traffic
 from .harness import (
     LOOPBACK,
     JavaNode,
@@ -78,40 +79,17 @@ async def test_tunnel_three_members_exchange_multicasts_and_unicasts(
     view_before = members[0].view
 
     # All at once: each member multicasts `count` texts, then unicasts `count` to the next one.
-    successor = {n.name: members[(i + 1) % len(members)] for i, n in enumerate(members)}
     start = trio.current_time()
-    for n in members:
-        n.send_command(f"MCAST {count} m{n.name}")
-        n.send_command(f"UCAST {successor[n.name].name} {count} u{n.name}")
+    send_ring_traffic(members, count)
     for n in members:
         await n.wait_sent("MCAST", f"m{n.name}", 60)
         await n.wait_sent("UCAST", f"u{n.name}", 60)
-
-    mprefixes = [f"m{n.name}" for n in members]
-    uprefixes = [f"u{n.name}" for n in members]
-    await wait_until(
-        lambda: (
-            all(r.received_count(p) >= count for r in members for p in mprefixes)
-            and all(successor[s.name].received_count(f"u{s.name}") >= count for s in members)
-        ),
-        40,
-        lambda: "all messages: " + summarize_counts(members, mprefixes + uprefixes),
-    )
+    await wait_ring_traffic(members, count, 40, "all messages: ")
     print(f"exchange took {trio.current_time() - start:.1f}s")
     await trio.sleep(1.0)  # late duplicates would show up here
 
+    assert_ring_traffic_exact(members, count)
     for receiver in members:
-        for sender in members:
-            got = receiver.received(sender=sender.name, prefix=f"m{sender.name}")
-            assert got == expected_texts(f"m{sender.name}", count), (
-                f"{receiver.name} got {len(got)} multicasts from {sender.name} "
-                f"(expected {count}, in order, no duplicates)"
-            )
-        predecessor = next(s for s in members if successor[s.name] is receiver)
-        got = receiver.received(sender=predecessor.name, prefix=f"u{predecessor.name}")
-        assert got == expected_texts(f"u{predecessor.name}", count), (
-            f"{receiver.name} got {len(got)} unicasts from {predecessor.name}"
-        )
         # Nothing else: exactly 3 x count multicasts plus count unicasts.
         assert len(receiver.received()) == len(members) * count + count
         assert receiver.errors() == []

@@ -12,7 +12,7 @@ from gossiprouter.loadtest.attacks.spec import MiB
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
-from gossiprouter.protocol.jgroups_common import V2, V5, JAddress
+from gossiprouter.protocol.jgroups_address import V2, V5, JAddress
 
 __all__ = ["HugeNames"]
 

@@ -1,280 +1,46 @@
-"""Primitives shared by the two JGroups GossipRouter codecs (2.12 and 3.6.5+/5.x), sans-IO.
+"""JGroups addresses (``Util.writeAddress``) for both wire versions, sans-IO.
 
-JGroups writes everything with ``java.io.DataOutput``: big-endian integers, Java *modified* UTF-8
-strings (``writeUTF``), and its own address encoding (``Util.writeAddress``). This module holds:
-
-* :func:`encode_utf` / :func:`decode_utf` / :func:`write_string`: ``writeUTF`` and
-  ``Bits.writeString`` (``00`` for null, ``01`` + UTF otherwise).
-* :class:`Reader`: a cursor over ``bytes``/``bytearray``/``memoryview`` that raises
-  :class:`NeedMore` when the input ends early, so the stream decoders can simply retry once more
-  bytes have arrived, and ``ProtocolError(code="frame_too_large")`` when a value would run past the
-  caller's size limit, *before* waiting for (or allocating) those bytes.
 * :class:`JAddress`: the address model. ``key`` is the routing identity (what JGroups' ``equals``
   compares), ``raw`` the exact ``writeAddress`` bytes as received so that the router can re-emit
   subclasses it does not fully model (ExtendedUUID, SiteUUID, TopologyUUID, ...) byte for byte.
 * :func:`read_address` / :func:`read_addresses` / :func:`write_address` /
   :func:`write_addresses` for both wire versions (``version=2`` for 2.12, ``version=5`` for
-  3.6.5+ including 5.x).
-* :class:`StreamBuffer`: the receive buffer of both stream decoders.
-* What the two scanners share (the router's zero-copy readers, ``jgroups2.Scanner`` and
-  ``jgroups5.Scanner``): the kinds of item they report, :class:`ScannerBase` (on
-  protocol/scan.py's ``HeaderCache``) and its bounds.
-
-Everything that is not valid input raises :class:`~gossiprouter.protocol.errors.ProtocolError`.
+  3.6.5+ including 5.x), over the :class:`~gossiprouter.protocol.jgroups_reader.Reader`; an
+  address that is not valid input raises :class:`~gossiprouter.protocol.errors.ProtocolError`.
 """
 
 from __future__ import annotations
 
 import enum
 import ipaddress
-import re
 import struct
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.protocol.scan import HeaderCache
+from gossiprouter.protocol.jgroups_reader import Buffer, NeedMore, Reader
 
 __all__ = [
-    "CACHE_MAX",
-    "CLOSED",
-    "CONTROL",
-    "DEFAULT_MAX_FRAME",
-    "ERROR",
-    "HELD",
-    "LENGTHS_MAX",
-    "OVERSIZED",
-    "PARTIAL",
-    "U32",
     "V2",
     "V5",
     "AddressKind",
-    "Buffer",
-    "Item",
     "JAddress",
-    "NeedMore",
-    "Reader",
-    "ScannerBase",
-    "StreamBuffer",
-    "copy_bytes",
-    "decode_utf",
-    "encode_utf",
     "read_address",
     "read_addresses",
     "write_address",
     "write_addresses",
-    "write_string",
 ]
-
-#: Default cap on one GossipData (2.12) or one frame body (5.x), in bytes.
-DEFAULT_MAX_FRAME = 8 * 1024 * 1024
 
 #: Wire versions understood by the address functions.
 V2 = 2  # JGroups 2.x up to 3.6.4: UUID/IpAddress carry a trailing additional_data boolean
 V5 = 5  # JGroups 3.6.5+ (and 4.x, 5.x)
-
-Buffer = bytes | bytearray | memoryview
 
 _U16 = struct.Struct(">H")
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 _Q2 = struct.Struct(">qq")
-
-
-class NeedMore(Exception):
-    """The input ended before the value being read; ``needed`` is the absolute end offset required.
-
-    Internal to the codecs: stream decoders catch it and wait for more bytes; frame decoders
-    turn it into a "truncated frame" report. It never escapes the public decoder API.
-    """
-
-    __slots__ = ("needed",)
-
-    def __init__(self, needed: int) -> None:
-        super().__init__(needed)
-        self.needed = needed
-
-
-_SMALL_COPY = 512
-
-
-def copy_bytes(buf: Buffer, start: int, end: int) -> bytes:
-    """``bytes(buf[start:end])`` with exactly one copy, whatever the buffer type."""
-    if isinstance(buf, bytes):
-        return buf[start:end]
-    if end - start <= _SMALL_COPY:
-        # Copying a few bytes twice is cheaper than setting up and releasing a memoryview.
-        return bytes(buf[start:end])
-    # Slicing a bytearray would copy twice (bytearray slice, then bytes()); a memoryview slice
-    # does not copy. Release the views at once so the bytearray can still be resized afterwards.
-    with memoryview(buf) as mv, mv[start:end] as part:
-        return bytes(part)
-
-
-# --------------------------------------------------------------------------- modified UTF-8
-
-_NON_BMP = re.compile("[\U00010000-\U0010ffff]")
-# Java's readUTF rejects lead bytes 0xF0-0xFF (it has no 4-byte form); Python's UTF-8 codec would
-# accept F0-F4, so they are screened out first.
-_FOUR_BYTE_LEAD = re.compile(rb"[\xf0-\xff]")
-
-
-def _split_surrogates(m: re.Match[str]) -> str:
-    v = ord(m.group()) - 0x10000
-    return chr(0xD800 + (v >> 10)) + chr(0xDC00 + (v & 0x3FF))
-
-
-def encode_utf(s: str) -> bytes:
-    """Java ``DataOutput.writeUTF``: u16 byte length, then modified UTF-8.
-
-    NUL becomes ``C0 80`` and characters outside the BMP become a surrogate pair of 3 bytes each,
-    as Java strings are UTF-16. More than 65535 encoded bytes is refused with ProtocolError.
-    """
-    if s.isascii() and "\x00" not in s:
-        body = s.encode("ascii")
-    else:
-        body = (
-            _NON_BMP.sub(_split_surrogates, s)
-            .encode("utf-8", "surrogatepass")
-            .replace(b"\x00", b"\xc0\x80")
-        )
-    if len(body) > 0xFFFF:
-        raise ProtocolError(f"string too long for writeUTF: {len(body)} bytes")
-    return _U16.pack(len(body)) + body
-
-
-def decode_utf(data: Buffer) -> str:
-    """Decode the body of a Java ``writeUTF`` string (modified UTF-8, without the length)."""
-    raw = data if isinstance(data, bytes | bytearray) else bytes(data)
-    if raw.isascii():
-        return raw.decode("ascii")
-    if _FOUR_BYTE_LEAD.search(raw):
-        raise ProtocolError("invalid modified UTF-8: 4-byte sequence")
-    # C0 can only ever be a lead byte (continuations are 80-BF), so this replacement cannot
-    # touch anything but the 2-byte NUL form.
-    raw = raw.replace(b"\xc0\x80", b"\x00")
-    try:
-        s = raw.decode("utf-8", "surrogatepass")
-    except UnicodeDecodeError as e:
-        raise ProtocolError(f"invalid modified UTF-8: {e.reason}") from None
-    if b"\xed" in raw:
-        # Surrogates came as separate 3-byte units: join valid pairs into one code point (a
-        # UTF-16 round trip does exactly that), keep lone surrogates as Java would.
-        s = s.encode("utf-16-be", "surrogatepass").decode("utf-16-be", "surrogatepass")
-    return s
-
-
-def write_string(s: str | None) -> bytes:
-    """``Util.writeString`` / ``Bits.writeString``: ``00`` for null, else ``01`` + writeUTF."""
-    if s is None:
-        return b"\x00"
-    return b"\x01" + encode_utf(s)
-
-
-# --------------------------------------------------------------------------- reader
-
-
-class Reader:
-    """A position over a byte buffer, reading Java ``DataInput`` values.
-
-    ``end`` is where the available data stops (reading past it raises :class:`NeedMore`);
-    ``limit`` is where the caller's size budget stops (reading, or merely *declaring* a length,
-    past it raises ``ProtocolError(code="frame_too_large")`` at once, without waiting).
-    """
-
-    __slots__ = ("buf", "end", "limit", "pos")
-
-    def __init__(
-        self, buf: Buffer, pos: int = 0, end: int | None = None, limit: int | None = None
-    ) -> None:
-        self.buf = buf
-        self.pos = pos
-        self.end = len(buf) if end is None else end
-        self.limit = limit
-
-    def remaining(self) -> int:
-        return self.end - self.pos
-
-    def _advance(self, n: int) -> int:
-        """Reserve ``n`` bytes; return where they start."""
-        start = self.pos
-        stop = start + n
-        if self.limit is not None and stop > self.limit:
-            raise ProtocolError(
-                f"object larger than the limit ({stop - start} bytes wanted at offset {start})",
-                code="frame_too_large",
-            )
-        if stop > self.end:
-            raise NeedMore(stop)
-        self.pos = stop
-        return start
-
-    def u8(self) -> int:
-        return self.buf[self._advance(1)]
-
-    def i8(self) -> int:
-        b = self.buf[self._advance(1)]
-        return b - 256 if b > 127 else b
-
-    def boolean(self) -> bool:
-        """Java ``readBoolean``: any non-zero byte is true."""
-        return self.buf[self._advance(1)] != 0
-
-    def presence(self, what: str) -> bool:
-        """A 0/1 presence byte (writeString, writeByteBuffer); anything else is refused."""
-        b = self.buf[self._advance(1)]
-        if b > 1:
-            raise ProtocolError(f"bad presence byte {b:#04x} for {what}")
-        return b == 1
-
-    def u16(self) -> int:
-        return int(_U16.unpack_from(self.buf, self._advance(2))[0])
-
-    def i16(self) -> int:
-        return int(_I16.unpack_from(self.buf, self._advance(2))[0])
-
-    def i32(self) -> int:
-        return int(_I32.unpack_from(self.buf, self._advance(4))[0])
-
-    def i64(self) -> int:
-        return int(_I64.unpack_from(self.buf, self._advance(8))[0])
-
-    def skip(self, n: int) -> None:
-        self._advance(n)
-
-    def take(self, n: int) -> bytes:
-        start = self._advance(n)
-        return copy_bytes(self.buf, start, start + n)
-
-    def slice(self, start: int, end: int) -> bytes:
-        """The bytes between two absolute offsets already read."""
-        return copy_bytes(self.buf, start, end)
-
-    def utf(self) -> str:
-        n = self.u16()
-        start = self._advance(n)
-        # Strings are short: a slice (a copy for bytes/bytearray, a view for memoryview) is fine.
-        return decode_utf(self.buf[start : start + n])
-
-    def string(self) -> str | None:
-        """``Util.readString``: presence byte, then writeUTF."""
-        if not self.presence("string"):
-            return None
-        return self.utf()
-
-    def int_compressed(self) -> int:
-        """``Bits.readIntCompressed``: byte count (0-4), then that many little-endian bytes."""
-        n = self.u8()
-        if n > 4:
-            raise ProtocolError(f"bad compressed int length {n}")
-        start = self._advance(n)
-        return int.from_bytes(bytes(self.buf[start : start + n]), "little")
-
-
-# --------------------------------------------------------------------------- addresses
 
 
 class AddressKind(enum.Enum):
@@ -651,107 +417,3 @@ def write_addresses(addrs: Sequence[JAddress] | None, version: int | None = None
     if len(parts) > 0x7FFF:
         raise ProtocolError(f"too many addresses for one list: {len(parts)}")
     return _I16.pack(len(parts)) + b"".join(parts)
-
-
-# --------------------------------------------------------------------------- decoders
-
-
-class StreamBuffer:
-    """The receive buffer of both JGroups stream decoders (``jgroups2``, ``jgroups5``).
-
-    Bytes are :meth:`feed`-ed as they arrive and parsed from ``_pos``; once a parse error made
-    the stream unusable (``_error``), every later :meth:`_check` raises it again.
-    """
-
-    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
-        if max_frame <= 0:
-            raise ValueError("max_frame must be positive")
-        self.max_frame = max_frame
-        self._buf = bytearray()
-        self._pos = 0  # start of the first unparsed object or frame
-        self._error: ProtocolError | None = None
-
-    def feed(self, data: Buffer) -> None:
-        """Append bytes received from the socket."""
-        self._buf += data
-
-    @property
-    def buffered(self) -> int:
-        """Bytes received but not yet returned as an event (a partial object at EOF)."""
-        return len(self._buf) - self._pos
-
-    def _check(self) -> None:
-        """Raise again the error that made the stream unusable, if any."""
-        if self._error is not None:
-            raise ProtocolError(f"stream unusable after: {self._error}", self._error.code)
-
-    def _compact(self) -> None:
-        """Drop the bytes already parsed."""
-        if self._pos:
-            del self._buf[: self._pos]
-            self._pos = 0
-
-
-# --------------------------------------------------------------------------- scanning
-
-#: Reads a big-endian u32 (frame and payload lengths) in the scanners' hot loops.
-U32 = struct.Struct(">I").unpack_from
-
-# A scanner's header cache is cleared when it grows past this: one entry per (group,
-# destination, sender) a client sends to is plenty for clusters of hundreds of members, and a
-# client cycling through made-up destinations must not grow the router's memory without bound.
-CACHE_MAX = 1024
-# Distinct header lengths remembered per scanner (each is one slice and dict lookup to try).
-LENGTHS_MAX = 16
-
-# What the scanners (``jgroups5.Scanner``, ``jgroups2.Scanner``) report, from their method
-# ``scan(data, on_run)``. A run of MESSAGEs goes to
-# the caller's ``on_run(head, frames, count)`` callback, called in stream order: ``count`` whole
-# MESSAGEs, all with the header ``head`` (the parsed header from the scanner's cache), and
-# ``frames`` their bytes in the receivers' wire form; it returns True to stop the scan. Runs are
-# the hot path, where a call is cheaper than a generator's yield and resume. Everything else is
-# yielded as one tuple ``(kind, start, end, count, head)``, in stream order. The scan stops when
-# ``on_run`` returns True and after the items marked "last" below. The caller may stop iterating
-# at any item (``end`` is where to resume) and may call ``registered`` while it handles a
-# CONTROL item.
-#: One frame (5.x: ``data[start:end]``, for the full decoder) or one decoded object (2.12:
-#: ``head`` is the event, ``end`` where it stopped) that is not a plain MESSAGE. The scanner
-#: reads its ``max_frame`` again afterwards, so the handler may change it.
-CONTROL = 1
-#: A frame above ``max_frame`` starts at ``start`` and ends at ``end`` (possibly past the chunk:
-#: the scan then stops); ``count`` is the size to report. The scan goes on after it.
-OVERSIZED = 2
-#: The chunk ends inside the frame at ``start``, which needs ``end - start`` bytes in all;
-#: ``count`` is 1 when that length covers the whole frame (it can be skipped unbuffered), 0 when
-#: only the next header field is known (2.12). Last item.
-PARTIAL = 3
-#: 2.12: the decoder holds an incomplete object of ``count`` bytes until the next chunk. Last.
-HELD = 4
-#: 5.x: the peer's graceful close marker (the length -5) at ``start``. Last item.
-CLOSED = 5
-#: The stream is unusable: ``head`` is the ProtocolError. Last item.
-ERROR = 6
-
-#: One scanner item, as above.
-Item = tuple[int, int, int, int, Any]
-
-_R = TypeVar("_R")
-
-
-class ScannerBase(HeaderCache[_R]):
-    """What both JGroups scanners share: the MESSAGE header cache (:class:`HeaderCache` of
-    protocol/scan.py, bounded by CACHE_MAX and LENGTHS_MAX: the exact header bytes, type byte
-    included, to what the scanner parsed from them), the namespace ``prefix`` of the groups,
-    and ``max_frame``, the connection's current limit on one frame (raised by
-    :meth:`registered`; read again after every CONTROL item).
-    """
-
-    def __init__(self, prefix: str, max_frame: int) -> None:
-        super().__init__(CACHE_MAX, LENGTHS_MAX)
-        self.prefix = prefix
-        self.max_frame = max_frame
-
-    def registered(self, max_frame: int) -> None:
-        """The connection registered its first member: frames up to ``max_frame`` are taken
-        from now on (called by the session while it handles a CONTROL item)."""
-        self.max_frame = max_frame

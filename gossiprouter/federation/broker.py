@@ -1,0 +1,403 @@
+"""The federation bridge's connection to the MQTT 5 broker: the paho client's life cycle, the
+reconnects, and the subscriptions to the union of the local patterns.
+
+* **Subscriptions**: the broker is subscribed to the union of the local
+  patterns, reference-counted by the routing table (``on_patterns``): a filter
+  is subscribed when the first local member takes the pattern and
+  unsubscribed when the last one drops it (leave, expiry, UNSUBSCRIBE).
+* **Failures**: the bridge reconnects with full-jitter exponential backoff (0.5 s doubling up
+  to ``bridge_reconnect_max``) and re-subscribes the whole union on every new connection
+  (clean start). While the broker reads slowly, at most :data:`MAX_UNWRITTEN` packets wait in
+  paho (:meth:`BrokerSession._writable`); beyond the broker's Maximum Packet Size nothing is
+  sent (:meth:`BrokerSession._fits`).
+
+paho-mqtt is driven from trio through its external-socket API: the bridge
+waits on the socket with ``trio.lowlevel.wait_readable`` / ``wait_writable``
+and calls ``loop_read`` / ``loop_write`` / ``loop_misc``. paho's ``connect`` is
+blocking (TCP connect and TLS handshake), so that one call runs in trio's worker
+thread; the session itself runs in the router's trio thread, with no thread
+per connection and no lock around the routing table.
+
+:class:`BrokerSession` is the base of :class:`gossiprouter.federation.bridge.Bridge`; what it
+carries is the layers' above: the topic publications
+(:mod:`gossiprouter.federation.publications`) and the federation traffic
+(:mod:`gossiprouter.federation.peers`), which add to a broker session through
+:meth:`BrokerSession._connected` and :meth:`BrokerSession._session_tasks`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import ssl
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from gossiprouter.core.cli_errors import needs_extra
+from gossiprouter.core.config import Config, ConfigError, parse_bridge_url
+from gossiprouter.core.ratelog import RateLimitedLog
+from gossiprouter.core.topics import TopicId
+from gossiprouter.federation.mqtt_topics import mqtt_filter
+
+if TYPE_CHECKING:
+    from paho.mqtt.client import Client, ConnectFlags, DisconnectFlags
+    from paho.mqtt.properties import Properties
+    from paho.mqtt.reasoncodes import ReasonCode
+
+    from gossiprouter.sessions.base import Hub
+
+log = logging.getLogger("gossiprouter.federation.bridge")
+
+CONNECT_TIMEOUT = 5.0
+CONNACK_TIMEOUT = 10.0
+# Publications queued in paho but not yet written while the broker reads slowly. paho bounds
+# only QoS>0 messages; beyond this the bridge counts QoS 0 ones as not forwarded instead of
+# letting memory grow without bound.
+MAX_UNWRITTEN = 10_000
+
+
+@dataclass
+class BridgeStats:
+    """What the bridge counts (exported as metrics and in /groups)."""
+
+    forwarded: int = 0  # global publications handed to the broker connection
+    not_forwarded: int = 0  # global publications lost: broker not connected, or too slow
+    received: int = 0  # publications from the broker delivered locally
+    echo_dropped: int = 0  # own publications the broker sent back anyway (No Local ignored)
+    malformed: int = 0  # broker messages under the prefix that are not valid publications
+    duplicates_dropped: int = 0  # extra copies for overlapping subscriptions (MQTT allows them)
+    connects: int = 0  # successful broker connections (CONNACK success)
+    subacks: int = 0  # SUBSCRIBE requests the broker acknowledged
+    refused_filters: int = 0  # filters the broker refused in a SUBACK
+    failures: int = 0  # connection attempts or sessions that failed
+    oversized: int = 0  # publications, routed messages, records beyond the broker's limit
+
+
+class BrokerSession:
+    """One router's connection to the federation broker (see the module docstring)."""
+
+    def __init__(self, hub: Hub, config: Config) -> None:
+        try:
+            from paho.mqtt.client import Client
+            from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+        except ImportError:  # paho-mqtt is the bridge extra
+            raise ConfigError(needs_extra("the bridge", "paho-mqtt", "bridge")) from None
+        self.hub = hub
+        self.table = hub.table
+        try:
+            self.scheme, self.host, self.port = parse_bridge_url(config.bridge)
+        except ValueError as e:
+            raise ConfigError(f"bridge = {config.bridge!r}: {e}") from None
+        if config.bridge_qos not in (0, 1):
+            raise ConfigError(f"bridge_qos = {config.bridge_qos!r}: expected 0 or 1")
+        self.qos = config.bridge_qos
+        if config.bridge_keepalive > 65535:  # MQTT's keep alive is 16 bits
+            raise ConfigError(f"bridge_keepalive = {config.bridge_keepalive}: at most 65535")
+        self.prefix = config.bridge_prefix
+        self.reconnect_max = config.bridge_reconnect_max
+        self.keepalive = config.bridge_keepalive
+        # A new id on every start: a restarted router is a new origin, and two routers
+        # configured with the same name still never drop each other's publications.
+        self.origin = f"{config.name}#{uuid.uuid4().hex[:12]}"
+        self.state = "disconnected"
+        self.last_error: str | None = None
+        self.stats = BridgeStats()
+        self.filters: set[str] = set()
+        self._client: Client = Client(
+            CallbackAPIVersion.VERSION2, client_id=f"gossiprouter-{uuid.uuid4().hex}",
+            protocol=MQTTProtocolVersion.MQTTv5)
+        c = self._client
+        c.connect_timeout = CONNECT_TIMEOUT
+        if config.bridge_username:
+            password = None
+            if config.bridge_password_file:
+                try:
+                    password = Path(config.bridge_password_file).read_text().splitlines()[0]
+                except (OSError, IndexError) as e:
+                    raise ConfigError(f"bridge_password_file = {config.bridge_password_file!r}: "
+                                      f"cannot read a password ({e})") from None
+            c.username_pw_set(config.bridge_username, password)
+        if self.scheme == "mqtts" or config.bridge_tls_ca or config.bridge_tls_cert:
+            try:
+                ctx = ssl.create_default_context(cafile=config.bridge_tls_ca or None)
+                if config.bridge_tls_cert:
+                    ctx.load_cert_chain(config.bridge_tls_cert, config.bridge_tls_key or None)
+            except (OSError, ssl.SSLError) as e:
+                raise ConfigError(f"bridge TLS files: {e}") from None
+            c.tls_set_context(ctx)
+        c.on_connect = self._on_connect
+        c.on_disconnect = self._on_disconnect
+        c.on_subscribe = self._on_subscribe
+        self._lost_at: float | None = None
+        self._cut = trio.Event()  # set when a broker session ends
+        # The federation's own SUBSCRIBE (peers.py): its SUBACK is not counted here.
+        self._fed_mid: int | None = None
+        self._session_scope: trio.CancelScope | None = None
+        # leave() was called (the router shuts down cleanly); ``left`` is set once the
+        # leave is written and the broker connection closed with DISCONNECT (or there was
+        # no connection to leave by).
+        self._leaving = False
+        self._disconnecting = False
+        self.left = trio.Event()
+        # The broker's Maximum Packet Size (CONNACK), if it announced one: a longer PUBLISH
+        # makes it close the connection (MQTT 5 3.1.2.24), so none is sent (_fits).
+        self.max_packet: int | None = None
+        self._oversized_log = RateLimitedLog(log, 10.0)
+        self._wake_writer = trio.Event()
+
+    def _writable(self) -> bool:
+        """Connected, with no more than MAX_UNWRITTEN packets waiting in paho: a publication
+        is handed to the client, else counted as not forwarded by the caller."""
+        return self.state == "connected" and self._unwritten() <= MAX_UNWRITTEN
+
+    def _disconnect_when_acked(self) -> None:
+        """Leaving: DISCONNECT once the broker has acknowledged every QoS 1 message. paho
+        sends at most 20 ahead of their PUBACKs and queues the rest, so a DISCONNECT queued
+        at once went before them: the last records and the presence deletion were never
+        sent. Called again by the reader as PUBACKs arrive."""
+        if self.state != "leaving" or self._disconnecting:
+            return
+        if getattr(self._client, "_out_messages", None):  # paho's unacknowledged QoS>0
+            return
+        self._disconnecting = True
+        self._client.disconnect()
+        self._kick_writer()
+
+    def _fits(self, topic: str, payload: bytes, *user_props: str) -> bool:
+        """Whether a PUBLISH of ``payload`` to ``topic`` is within the broker's Maximum Packet
+        Size (counted and logged when not). An upper bound of the packet's size: fixed header
+        5, topic, packet id 2, properties (length 4, expiry 5, the user properties' values
+        with their keys, at most 40 bytes each)."""
+        limit = self.max_packet
+        if limit is None:
+            return True
+        size = (len(payload) + len(topic.encode()) + 20
+                + sum(40 + len(v.encode()) for v in user_props))
+        if size <= limit:
+            return True
+        self.stats.oversized += 1
+        self._oversized_log.warning(
+            "bridge: not sent: a message of %d bytes on %s is beyond the broker's maximum "
+            "packet size (%d)", len(payload), topic, limit)
+        return False
+
+    def _unwritten(self) -> int:
+        # paho keeps unwritten packets in _out_packet and offers no public count of them.
+        q = getattr(self._client, "_out_packet", ())
+        return len(q)
+
+    def _on_patterns(self, group: str, pats: list[TopicId], added: bool) -> None:
+        from paho.mqtt.subscribeoptions import SubscribeOptions
+
+        filters = [mqtt_filter(self.prefix, group, p) for p in pats]
+        if added:
+            self.filters.update(filters)
+            if self.state == "connected":
+                opts = SubscribeOptions(qos=self.qos, noLocal=True)
+                self._client.subscribe([(f, opts) for f in filters])
+        else:
+            self.filters.difference_update(filters)
+            if self.state == "connected":
+                self._client.unsubscribe(filters)
+        self._kick_writer()
+
+    # ------------------------------------------------------------------ paho callbacks
+
+    def _on_connect(self, client: Client, userdata: Any, flags: ConnectFlags,
+                    reason: ReasonCode, properties: Properties | None) -> None:
+        if reason.is_failure:
+            self.last_error = f"broker refused the connection: {reason}"
+            log.warning("bridge: %s", self.last_error)
+            return
+        if self._leaving:
+            # Connected while the router was already shutting down: nothing to announce,
+            # and a clean DISCONNECT keeps the Last Will from being published.
+            self.state = "leaving"
+            self._disconnecting = True
+            client.disconnect()
+            self._kick_writer()
+            return
+        from paho.mqtt.subscribeoptions import SubscribeOptions
+
+        self.state = "connected"
+        self.last_error = None
+        self._lost_at = None
+        limit = getattr(properties, "MaximumPacketSize", None)
+        self.max_packet = limit if isinstance(limit, int) else None
+        self.stats.connects += 1
+        log.info("bridge connected to %s://%s:%d as %s (%d subscriptions)", self.scheme,
+                 self.host, self.port, self.origin, len(self.filters))
+        if self.filters:
+            opts = SubscribeOptions(qos=self.qos, noLocal=True)
+            client.subscribe([(f, opts) for f in sorted(self.filters)])
+        self._connected(client)
+
+    def _connected(self, client: Client) -> None:
+        """A broker session began (CONNACK success, the filters subscribed again): what the
+        layers above announce on it. Nothing here."""
+
+    def _on_disconnect(self, client: Client, userdata: Any, flags: DisconnectFlags,
+                       reason: ReasonCode, properties: Properties | None) -> None:
+        if self.state == "connected":
+            log.warning("bridge lost the broker: %s", reason)
+            self.last_error = f"disconnected: {reason}"
+        # (Otherwise the CONNACK refusal, already in last_error, says more.)
+        if self.state == "leaving":
+            log.info("bridge: left the federation")
+            self.left.set()
+        self.state = "disconnected"
+        if self._session_scope is not None:
+            self._session_scope.cancel()
+
+    def _on_subscribe(self, client: Client, userdata: Any, mid: int,
+                      reasons: list[ReasonCode], properties: Properties | None) -> None:
+        if mid == self._fed_mid:
+            # The federation's own subscriptions: not the topic filters counted here.
+            if any(r.is_failure for r in reasons):
+                log.error("bridge: the broker refused the federation's subscriptions: %s",
+                          reasons)
+            return
+        self.stats.subacks += 1
+        refused = [r for r in reasons if r.is_failure]
+        if refused:
+            self.stats.refused_filters += len(refused)
+            log.warning("bridge: the broker refused %d subscription(s): %s", len(refused),
+                        refused[0])
+
+    # ------------------------------------------------------------------ the connection
+
+    async def _connect_loop(self) -> None:
+        n = 0
+        try:
+            while not self._leaving:
+                self.state = "connecting"
+                started = trio.current_time()
+                try:
+                    # Blocking TCP connect + TLS handshake + CONNECT: in a worker thread;
+                    # nothing else touches the client meanwhile (state is not connected).
+                    # Abandoned on cancellation, so a blackholed broker cannot hold up
+                    # the router's shutdown; the socket is closed in the finally below.
+                    await trio.to_thread.run_sync(self._connect_blocking,
+                                                  abandon_on_cancel=True)
+                except (OSError, ssl.SSLError, ValueError) as e:
+                    self.last_error = f"cannot connect: {e.strerror or e}" if isinstance(
+                        e, OSError) else f"cannot connect: {e}"
+                    self.stats.failures += 1
+                    log.info("bridge: %s", self.last_error)
+                else:
+                    await self._session()
+                    if self._leaving:
+                        return  # (the finally below sets ``left``)
+                    self._lost_at = trio.current_time()
+                    self._cut.set()
+                    if trio.current_time() - started > 30.0:
+                        n = 0
+                    self.stats.failures += 1
+                self.state = "disconnected"
+                delay = random.uniform(0.0, min(self.reconnect_max, 0.5 * 2.0 ** min(n, 30)))
+                n += 1
+                await trio.sleep(delay)
+        finally:
+            self.state = "stopped"
+            self.left.set()  # whatever was not written by now never will be
+            sock = self._client.socket()
+            if sock is not None:
+                sock.close()
+
+    def _connect_blocking(self) -> None:
+        self._client.connect(self.host, self.port, keepalive=self.keepalive, clean_start=True)
+
+    async def _session(self) -> None:
+        c = self._client
+        sock = c.socket()
+        if sock is None:
+            return
+        with trio.CancelScope() as scope:
+            self._session_scope = scope
+            try:
+                async with trio.open_nursery() as n:
+                    n.start_soon(self._reader, sock)
+                    n.start_soon(self._writer, sock)
+                    n.start_soon(self._misc)
+                    self._session_tasks(n)
+            finally:
+                self._session_scope = None
+        if self.state == "connected":
+            # Cancelled from outside (router stopping) or the reader found EOF without a
+            # callback: drop the connection so the next run starts clean.
+            self.state = "disconnected"
+
+    def _session_tasks(self, nursery: trio.Nursery) -> None:
+        """Start the tasks of the layers above that live as long as one broker session (in
+        ``nursery``, after the reader, the writer and the keepalive). None here."""
+
+    async def _reader(self, sock: Any) -> None:
+        c = self._client
+        while True:
+            if not (isinstance(sock, ssl.SSLSocket) and sock.pending()):
+                if c.socket() is None or sock.fileno() < 0:
+                    self._end("connection lost")
+                    return
+                await trio.lowlevel.wait_readable(sock)
+            if c.loop_read(max_packets=64) or c.socket() is None:
+                self._end("connection lost")
+                return
+            if self.state == "leaving":
+                self._disconnect_when_acked()
+            if c.want_write():
+                self._kick_writer()
+
+    async def _writer(self, sock: Any) -> None:
+        c = self._client
+        while True:
+            await self._wake_writer.wait()
+            self._wake_writer = trio.Event()
+            while c.want_write():
+                if c.socket() is None or sock.fileno() < 0:
+                    # paho closed it in a callback (the reader saw the end) while this task
+                    # was waking up: waiting on a closed descriptor would raise.
+                    self._end("connection lost")
+                    return
+                await trio.lowlevel.wait_writable(sock)
+                if c.loop_write() or c.socket() is None:
+                    self._end("write failed")
+                    return
+
+    async def _misc(self) -> None:
+        c = self._client
+        # A broker that accepts TCP but never answers CONNECT: paho's keepalive does not
+        # cover the handshake, so the session gives up itself and the backoff takes over.
+        connack_by = trio.current_time() + CONNACK_TIMEOUT
+        while True:
+            await trio.sleep(min(1.0, CONNACK_TIMEOUT))
+            if self.connack_overdue(connack_by, trio.current_time()):
+                self.last_error = f"no CONNACK within {CONNACK_TIMEOUT:g}s"
+                log.warning("bridge: %s", self.last_error)
+                self._end(self.last_error)
+                return
+            if c.loop_misc():
+                self._end("keepalive timeout")
+                return
+            if c.want_write():
+                self._kick_writer()
+
+    def connack_overdue(self, connack_by: float, now: float) -> bool:
+        """Still waiting for the CONNACK past its deadline. Only while connecting: a session
+        that is leaving (not "connected" either) must live until its DISCONNECT is written,
+        or its Last Will goes out after all."""
+        return self.state == "connecting" and now >= connack_by
+
+    def _kick_writer(self) -> None:
+        self._wake_writer.set()
+
+    def _end(self, why: str) -> None:
+        if self.state == "connected":
+            log.warning("bridge lost the broker: %s", why)
+            self.last_error = why
+        self.state = "disconnected"
+        if self._session_scope is not None:
+            self._session_scope.cancel()

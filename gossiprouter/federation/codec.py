@@ -1,0 +1,148 @@
+"""The federation's payloads, encoded and decoded: a router's presence, its membership record
+of a group, and the header of a routed message (docs/federation.md).
+
+Sans-IO, as :mod:`gossiprouter.federation.state`, which holds what they describe: bytes in,
+plain values out. A decoder raises one of its ``*_ERRORS`` for a payload it cannot read (the
+state counts it as malformed); what the MQTT bridge does with the bytes is
+:mod:`gossiprouter.federation.peers`.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+
+from gossiprouter.protocol.errors import ProtocolError
+from gossiprouter.protocol.jgroups_address import V2, V5, JAddress
+from gossiprouter.routing.table import Group, Kind, RemoteCarrier
+from gossiprouter.sessions.jgroups_common import JWire
+
+FORMAT = 1
+_HEAD_LEN = struct.Struct(">H")  # before a routed message's msgpack header
+# What one member record holds: addr, name, physical, kind, identity, live, wire.
+Member = tuple[bytes, str | None, tuple[tuple[str, int], ...], Kind, str | None, bool, Any]
+# What each decoder raises for a payload it cannot read.
+PRESENCE_ERRORS = (ValueError, msgpack.UnpackException)
+RECORD_ERRORS = (ValueError, TypeError, OverflowError, ProtocolError, msgpack.UnpackException)
+ROUTE_ERRORS = (ValueError, TypeError, struct.error, msgpack.UnpackException)
+
+
+# --------------------------------------------------------------------------- presence
+
+
+def encode_presence(name: str, ttl: int) -> bytes:
+    """A router's presence: its name and the seconds it is valid for unless republished."""
+    out: bytes = msgpack.packb({"v": FORMAT, "name": name, "ttl": ttl})
+    return out
+
+
+def decode_presence(payload: bytes) -> tuple[str, int | None]:
+    """(name, ttl) of a non-empty presence."""
+    info = msgpack.unpackb(payload)
+    name = info.get("name", "") if isinstance(info, dict) else ""
+    ttl = info.get("ttl") if isinstance(info, dict) else None
+    if not isinstance(name, str) or not (ttl is None or isinstance(ttl, int)):
+        raise ValueError("name or ttl")
+    return name, ttl
+
+
+# --------------------------------------------------------------------------- records
+
+
+def local_members(g: Group) -> list[list[Any]]:
+    """The members of ``g`` this router publishes in its record: those it carries, and those
+    it holds in reconnect grace (never a provisioned one: every router has its own)."""
+    out = []
+    for e in g.entries.values():
+        if e.kind == Kind.PROVISIONED:
+            continue  # every router has its own, from its config
+        live = any(not isinstance(c, RemoteCarrier) for c in e.carriers)
+        if not live and not (e.grace_until is not None and not e.carriers):
+            continue
+        out.append([e.addr, e.name, [list(p) for p in e.physical], int(e.kind), e.identity,
+                    live, _wire_out(e.wire)])
+    return out
+
+
+def encode_record(members: list[list[Any]], suspected: list[bytes]) -> bytes:
+    """A record: the members (:func:`local_members`) and those that went as suspected."""
+    out: bytes = msgpack.packb({"m": members, "s": suspected})
+    return out
+
+
+def _wire_out(w: object) -> list[Any] | None:
+    if not isinstance(w, JWire):
+        return None
+    phys = None if w.physical is None else [a.raw for a in w.physical]
+    return [w.addr.version, w.addr.raw, phys]
+
+
+def _wire_in(w: Any) -> JWire | None:
+    if w is None:
+        return None
+    version, raw, phys = w
+    # Checked before parsing: the codec trusts its caller's version and types.
+    if version not in (V2, V5) or isinstance(version, bool) or not isinstance(raw, bytes) \
+            or not (phys is None or (isinstance(phys, list)
+                                     and all(isinstance(p, bytes) for p in phys))):
+        raise ValueError("bad JGroups encoding")
+    addr = JAddress.parse(raw, version=version)
+    if addr is None:
+        raise ValueError("null address")
+    physical = None
+    if phys is not None:
+        physical = tuple(a for a in (JAddress.parse(p, version=version) for p in phys)
+                         if a is not None)
+    return JWire(addr, physical)
+
+
+def decode_record(payload: bytes) -> tuple[list[Member], set[bytes]]:
+    """(members, suspected) of a record; an empty payload (a deletion) has neither."""
+    if not payload:
+        return [], set()
+    data = msgpack.unpackb(payload)
+    if not isinstance(data, dict):
+        raise ValueError("not a map")
+    members: list[Member] = []
+    for m in data.get("m", ()):
+        addr, name, physical, kind, identity, live, wire = m
+        if not isinstance(addr, bytes) or not (name is None or isinstance(name, str)) \
+                or not (identity is None or isinstance(identity, str)):
+            raise ValueError("bad member")
+        phys = tuple((h, p) for h, p in physical)
+        if not all(isinstance(h, str) and isinstance(p, int) and 0 <= p <= 0xFFFF
+                   for h, p in phys):
+            raise ValueError("bad physical address")
+        # Provisioned entries are never federated (each router has its own): one in a record
+        # would be an entry no record could remove.
+        if kind not in (Kind.CONNECTION, Kind.IN_PROCESS) or isinstance(kind, bool):
+            raise ValueError(f"bad kind {kind!r}")
+        members.append((addr, name, phys, Kind(kind), identity, bool(live), _wire_in(wire)))
+    suspected = {a for a in data.get("s", ()) if isinstance(a, bytes)}
+    return members, suspected
+
+
+# --------------------------------------------------------------------------- routed messages
+
+
+def encode_route(origin: str, group: str, dest: bytes | None, count: int,
+                 frames: bytes) -> bytes:
+    """A routed message: ``count`` frames from router ``origin`` for ``dest`` (None: the
+    group), behind a header read alone (its length first)."""
+    head: bytes = msgpack.packb([origin, group, dest, count])
+    return _HEAD_LEN.pack(len(head)) + head + frames
+
+
+def decode_route(payload: bytes) -> tuple[str, str, bytes | None, int, bytes]:
+    """(origin, group, dest, count, frames) of a routed message."""
+    # The header is read alone (its length first), so the frames are not copied
+    # into a decoder's buffer on the way.
+    (n,) = _HEAD_LEN.unpack_from(payload)
+    origin, group, dest, count = msgpack.unpackb(payload[2:2 + n])
+    if not (isinstance(origin, str) and isinstance(group, str)
+            and (dest is None or isinstance(dest, bytes))
+            and isinstance(count, int) and count > 0):
+        raise ValueError("bad header")
+    return origin, group, dest, count, payload[2 + n:]

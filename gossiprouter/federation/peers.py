@@ -1,0 +1,241 @@
+"""The federation bridge's traffic between routers: presence (and its Last Will), membership
+records, routed frames and the resync marker (docs/federation.md).
+
+* **Membership and routing** (:mod:`gossiprouter.federation.state` holds the state): under
+  ``{prefix}/%fed/`` (a level the topic mapping never produces), a retained presence per
+  router whose Last Will deletes it, a retained record per router and group, a route topic
+  per router for forwarded frames, and a sync marker per router that ends the resync after
+  each (re)connect. Topic names: :mod:`gossiprouter.federation.mqtt_topics`; payloads:
+  :mod:`gossiprouter.federation.codec`.
+* **Life cycle**: on every broker session the presence, the snapshot of the records and the
+  sync marker are published (:meth:`Peers._connected`); a clean shutdown withdraws the
+  records and the presence before a DISCONNECT (:meth:`Peers.leave`), so the others see this
+  router's members leave instead of being suspected; a router cut off from the broker for 1.5
+  keepalives drops the others' members, as they drop its own (:meth:`Peers._watch_cut_off`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+
+from gossiprouter.core.config import Config
+from gossiprouter.federation.broker import BrokerSession
+from gossiprouter.federation.mqtt_topics import (
+    FED,
+    members_topic,
+    presence_topic,
+    route_topic,
+    sync_topic,
+    unescape_level,
+)
+from gossiprouter.federation.state import PRESENCE_TTL, RECORD_TTL, Federation
+
+if TYPE_CHECKING:
+    from paho.mqtt.client import Client
+    from paho.mqtt.properties import Properties
+
+    from gossiprouter.sessions.base import Hub
+
+log = logging.getLogger("gossiprouter.federation.bridge")
+
+# On the presence deletion a router publishes when it shuts down cleanly: its members leave
+# the others' views instead of being suspected (docs/federation.md, "Life cycle").
+LEFT_PROPERTY = "gossiprouter-left"
+# Membership records of a burst of changes are published together this long after the first.
+FLUSH_DELAY = 0.005
+
+
+def _expiring(seconds: int) -> Properties:
+    """PUBLISH properties with an MQTT 5 Message Expiry Interval."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+    props.MessageExpiryInterval = seconds
+    return props
+
+
+class Peers(BrokerSession):
+    """What a bridge tells the other routers of the federation and hears from them (see the
+    module docstring)."""
+
+    def __init__(self, hub: Hub, config: Config) -> None:
+        super().__init__(hub, config)
+        c = self._client
+        # Deleted (empty and retained) by the broker when this router dies or is cut off, so
+        # the others drop its members (docs/federation.md, "Life cycle").
+        c.will_set(presence_topic(self.prefix, self.origin), b"", qos=1, retain=True)
+        self._fed_root = f"{self.prefix}/{FED}/"
+        self._route_topic = route_topic(self.prefix, self.origin)
+        self._sync_topic = sync_topic(self.prefix, self.origin)
+        self._fed_dirty = trio.Event()
+        self.federation = Federation(hub, self.origin, config.name, self._send_route,
+                                     self._mark_dirty)
+        self.federation.publish = self._publish_group
+
+    def _send_route(self, origin: str, payload: bytes) -> bool:
+        if not self._writable():
+            return False
+        topic = route_topic(self.prefix, origin)
+        if not self._fits(topic, payload):
+            return False
+        info = self._client.publish(topic, payload, self.qos)
+        if info.rc:
+            return False
+        self._kick_writer()
+        return True
+
+    def _publish_presence(self) -> None:
+        self._client.publish(presence_topic(self.prefix, self.origin),
+                             self.federation.presence(), qos=1, retain=True,
+                             properties=_expiring(PRESENCE_TTL))
+        self._kick_writer()
+
+    def _publish_records(self, records: list[tuple[str, bytes]]) -> None:
+        props = _expiring(RECORD_TTL)
+        for group, payload in records:
+            topic = members_topic(self.prefix, self.origin, group)
+            if not self._fits(topic, payload):
+                # The others keep this group's previous record of this router (or none):
+                # better than a broker that cuts the router off at every reconnect.
+                continue
+            # A deletion (empty payload) must not expire: it is the absence of a record.
+            self._client.publish(topic, payload, qos=1, retain=True,
+                                 properties=props if payload else None)
+        if records:
+            self._kick_writer()
+
+    def leave(self) -> None:
+        """The router shuts down cleanly (Server.shutdown), before it closes its connections:
+        delete its records and presence at the broker, then DISCONNECT, so the broker does
+        not publish the Last Will. The other routers see its members leave, not suspected;
+        a router killed (or cancelled) still goes by its Last Will, and is suspected."""
+        if self._leaving:
+            return
+        self._leaving = True
+        records = self.federation.leave()
+        if self.state != "connected":
+            # Nothing can be published: its presence is gone already (Last Will) or expires.
+            self.left.set()
+            return
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        self.state = "leaving"  # routed frames and publications from now: not forwarded
+        self._publish_records(records)
+        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        props.UserProperty = [(LEFT_PROPERTY, "1")]
+        # After the records on the one connection, so every router has applied them (leave)
+        # before it drops this router.
+        self._client.publish(presence_topic(self.prefix, self.origin), b"", qos=1, retain=True,
+                             properties=props)
+        self._kick_writer()
+        self._disconnect_when_acked()
+        log.info("bridge: leaving the federation (%d records withdrawn)", len(records))
+
+    def _publish_group(self, group: str) -> None:
+        # Before a routed message of that group (Federation.send); while not connected the
+        # change stays dirty, and the snapshot after the reconnect carries it.
+        if self.state == "connected":
+            self._publish_records(self.federation.flush_group(group))
+
+    def _connected(self, client: Client) -> None:
+        super()._connected(client)
+        from paho.mqtt.subscribeoptions import SubscribeOptions
+
+        # Membership: presences before records (one SUBSCRIBE, served in order), then the
+        # snapshot, then the marker that comes back after every retained message.
+        fed = self.federation
+        fed.begin_sync()
+        root = self._fed_root
+        state = SubscribeOptions(qos=1, noLocal=True)
+        _, self._fed_mid = client.subscribe([
+            (root + "router/+", state), (root + "members/#", state),
+            (self._route_topic, SubscribeOptions(qos=self.qos, noLocal=True)),
+            (self._sync_topic, SubscribeOptions(qos=1))])
+        self._publish_presence()
+        self._publish_records(fed.snapshot())
+        client.publish(self._sync_topic, b"", qos=1)
+
+    def _on_federation(self, topic: str, payload: bytes, props: Properties | None) -> None:
+        fed = self.federation
+        try:
+            if topic == self._route_topic:  # the routed frames: first, nothing else parsed
+                fed.on_route(payload)
+                return
+            if topic == self._sync_topic:
+                fed.end_sync()
+                return
+            levels = topic[len(self._fed_root):].split("/")
+            if levels[0] == "router" and len(levels) == 2:
+                left = any(k == LEFT_PROPERTY for k, _ in
+                           getattr(props, "UserProperty", None) or ())
+                expiry = getattr(props, "MessageExpiryInterval", None)
+                fed.on_presence(unescape_level(levels[1]), payload, trio.current_time(),
+                                left=left, expiry=expiry if isinstance(expiry, int) else None)
+            elif levels[0] == "members" and len(levels) == 3:
+                fed.on_record(unescape_level(levels[1]), unescape_level(levels[2]), payload)
+            else:
+                raise ValueError("unknown federation topic")
+        except ValueError as e:
+            fed.stats.malformed += 1
+            log.debug("bridge: dropping %r: %s", topic, e)
+        except Exception:
+            # Last resort: raised here, it would leave paho's callback and end the bridge's
+            # task, and with it the router. The decoders count what they cannot read; this
+            # is for what they missed (a bug), logged with its traceback.
+            fed.stats.malformed += 1
+            log.exception("bridge: federation message on %r could not be handled", topic)
+
+    def _session_tasks(self, nursery: trio.Nursery) -> None:
+        super()._session_tasks(nursery)
+        nursery.start_soon(self._flusher)
+        nursery.start_soon(self._refresher)
+
+    async def _watch_cut_off(self) -> None:
+        # The others declare this router dead 1.5 keepalives after it lost the broker (its
+        # Last Will); it drops them after as long, so both sides see the same partition.
+        while True:
+            await self._cut.wait()
+            self._cut = trio.Event()
+            while (lost := self._lost_at) is not None and self.state != "connected":
+                deadline = lost + 1.5 * self.keepalive
+                if trio.current_time() < deadline:
+                    await trio.sleep_until(deadline)
+                    continue
+                self._lost_at = None
+                if self.federation.routers:
+                    log.warning("bridge: no broker for %.1fs: dropping the other routers' "
+                                "members", 1.5 * self.keepalive)
+                    self.federation.cut_off()
+
+    async def _flusher(self) -> None:
+        while True:
+            await self._fed_dirty.wait()
+            # A burst of joins (a cluster starting) makes one record per group, not one each.
+            await trio.sleep(FLUSH_DELAY)
+            self._fed_dirty = trio.Event()
+            if self.state == "connected":
+                self._publish_records(self.federation.flush())
+
+    async def _refresher(self) -> None:
+        # Presence and records are retained with an expiry (federation.PRESENCE_TTL,
+        # RECORD_TTL): republished well before it, and the others' presences checked.
+        every = PRESENCE_TTL / 3
+        records_every = max(1, round(RECORD_TTL / 3 / every))
+        n = 0
+        while True:
+            await trio.sleep(every)
+            n += 1
+            if self.state != "connected":
+                continue
+            self._publish_presence()
+            if n % records_every == 0:
+                self._publish_records(self.federation.records())
+            self.federation.expire(trio.current_time())
+
+    def _mark_dirty(self) -> None:
+        self._fed_dirty.set()
