@@ -13,6 +13,16 @@ shipped or built here) two more take part, as a fourth protocol column:
 * ``java5``: ``org.jgroups.stack.GossipRouter`` from that classpath, with its defaults;
 * ``gr-5``: gossiprouter driven over the JGroups 5.x protocol (``gossiprouter.protocol.jgroups5``).
 
+and the light-load floor (issue 30), in every run unless ``--routers`` leaves it out:
+
+* ``floor``: ``benchmarks/floor/relay.c``, a minimal single-threaded C epoll relay of the native
+  framing (preamble, HELLO/WELCOME, CONNECT/OK, ROUTE forwarded byte for byte, nothing else),
+  compiled with the system ``cc`` into ``build/`` on first use (``benchmarks/floor/build.py``)
+  and driven over the native protocol by the same Blaster loaders, the same frames as
+  ``gr-native``. What any relay pays per message in wake-ups and system calls: the
+  ``gr ... / C floor`` columns are gossiprouter's distance to it. It answers no GET_MEMBERS, so
+  its idle-case registrations are checked only by the loaders (each waits for its OK).
+
 The load generator is ``benchmarks/jgroups/Blaster.java``, compiled on first use into
 ``benchmarks/jgroups/classes``. It is protocol-agnostic: this script pre-encodes every byte
 sequence (registration, message frames, the router's replies) with the project's codecs
@@ -64,6 +74,7 @@ from benchmarks.vs_jgroups_load import (  # noqa: E402
     loader_configs,
 )
 from benchmarks.vs_jgroups_procs import (  # noqa: E402
+    FLOOR,
     JAR,
     JAVA_ROUTER_OPTS,
     LOADER_OPTS,
@@ -72,6 +83,7 @@ from benchmarks.vs_jgroups_procs import (  # noqa: E402
     background_load,
     cleanup_on_exit,
     ensure_compiled,
+    ensure_floor_built,
     jgroups5_version,
     machine_busy_seconds,
     machine_info,
@@ -81,12 +93,16 @@ from tests.procs import free_port  # noqa: E402
 ROUTERS = ("java", "gr-2.12", "gr-native")
 # Only with --jgroups5 CLASSPATH: the Java 5.x router and gossiprouter over the 5.x protocol.
 ROUTERS5 = ("java5", "gr-5")
+# The light-load floor (FLOOR, from vs_jgroups_procs): benchmarks/floor/relay.c, native frames.
+ALL_ROUTERS = (*ROUTERS, *ROUTERS5, FLOOR)
 ROUTER_TITLES = {
     "java": "Java 2.12", "gr-2.12": "gossiprouter 2.12", "gr-native": "gossiprouter native",
-    "java5": "Java 5.x", "gr-5": "gossiprouter 5.x",
+    "java5": "Java 5.x", "gr-5": "gossiprouter 5.x", FLOOR: "C floor",
 }
 # The Java router each gossiprouter column is compared with (same protocol for gr-5).
 RATIO_BASE = {"gr-2.12": "java", "gr-native": "java", "gr-5": "java5"}
+# The gossiprouter columns also compared with the floor: native (the floor's own frames) and 5.x.
+FLOOR_RATIO = ("gr-native", "gr-5")
 # With --variant ARGS every gossiprouter router also runs as "<router>+v" with ARGS added,
 # alternating with the others, so that a change is measured against its baseline in one run.
 VARIANT = "+v"
@@ -105,7 +121,7 @@ def proto_for(router: str) -> Proto:
     router = base_kind(router)
     if router in ("java5", "gr-5"):
         return JGroups5()
-    return Native() if router == "gr-native" else JGroups212()
+    return Native() if router in ("gr-native", FLOOR) else JGroups212()
 
 
 # --------------------------------------------------------------------------- one run
@@ -237,7 +253,7 @@ def run_one(case: Case, router_kind: str, run: int, seconds: float, warmup: floa
             res.max_us = percentile(m1.hist, 1.0)
         res.rss_mib = router.rss_mib()
         res.router_threads = router.threads()
-        if case.kind == "idle":
+        if case.kind == "idle" and router_kind != FLOOR:  # the floor has no GET_MEMBERS
             res.registered = proto.count_members(port)
             res.expected_registered = case.idle + len(layout(case))
         return res
@@ -314,10 +330,13 @@ def _fmt(v: object, fmt: str) -> str:
 def print_table(cases: Sequence[Case], routers: Sequence[str],
                 summary: Sequence[dict[str, object]]) -> None:
     cols = [title(r) for r in routers]
-    # Each gossiprouter column against the Java router of its protocol family, when it ran.
-    others = [r for r in routers if RATIO_BASE.get(base_kind(r)) in routers]
-    ratio_cols = [f"{title(r).replace('gossiprouter', 'gr')} / "
-                  f"{ROUTER_TITLES[RATIO_BASE[base_kind(r)]]}" for r in others]
+    # Each gossiprouter column against the Java router of its protocol family, when it ran,
+    # and the native and 5.x ones against the C floor.
+    others = [(r, RATIO_BASE[base_kind(r)]) for r in routers
+              if RATIO_BASE.get(base_kind(r)) in routers]
+    if FLOOR in routers:
+        others += [(r, FLOOR) for r in routers if base_kind(r) in FLOOR_RATIO]
+    ratio_cols = [_ratio_title(r, base) for r, base in others]
     print("| case | metric | " + " | ".join(cols + ratio_cols) + " |")
     print("|---|---|" + "---:|" * (len(cols) + len(ratio_cols)))
     for case in cases:
@@ -336,14 +355,49 @@ def print_table(cases: Sequence[Case], routers: Sequence[str],
             if ratio_cols and key in NO_RATIO:
                 ratios = [""] * len(others)
             elif ratio_cols:
-                for r in others:
-                    base = rows.get(RATIO_BASE[base_kind(r)], {}).get(key)
-                    v = rows.get(r, {}).get(key)
-                    ok = isinstance(v, int | float) and isinstance(base, int | float) and base
-                    ratios.append(f"{v / base:.3g}x" if ok else "n/a")  # type: ignore[operator]
+                ratios = [_ratio(rows, r, base, key) for r, base in others]
             print(f"| {case.title if first else ''} | {label} | "
                   + " | ".join(cells + ratios) + " |")
             first = False
+
+
+def _ratio_title(router: str, base: str) -> str:
+    return f"{title(router).replace('gossiprouter', 'gr')} / {ROUTER_TITLES[base]}"
+
+
+def _ratio(rows: dict[str, dict[str, object]], router: str, base: str, key: str) -> str:
+    b = rows.get(base, {}).get(key)
+    v = rows.get(router, {}).get(key)
+    if isinstance(v, int | float) and isinstance(b, int | float) and b:
+        return f"{v / b:.3g}x"
+    return "n/a"
+
+
+def print_floor_table(cases: Sequence[Case], routers: Sequence[str],
+                      summary: Sequence[dict[str, object]]) -> None:
+    """The light-load floor table of each paced case: router CPU per message, p50 and p99 of
+    every router beside the C floor, and each gossiprouter column over the floor."""
+    if FLOOR not in routers:
+        return
+    others = [r for r in routers if base_kind(r) in FLOOR_RATIO]
+    for case in cases:
+        rows = {str(s["router"]): s for s in summary if s["case"] == case.name}
+        if case.kind != "paced" or FLOOR not in rows:
+            continue
+        print()
+        print(f"Light-load floor, {case.title}: the same Blaster loaders drive every router "
+              "(native frames for gossiprouter native and the C floor, JGroups 5.x frames for "
+              "Java 5.x and gossiprouter 5.x, 2.12 frames for the 2.12 columns).")
+        print()
+        ratio_cols = [_ratio_title(r, FLOOR) for r in others]
+        print("| metric | " + " | ".join([title(r) for r in routers] + ratio_cols) + " |")
+        print("|---|" + "---:|" * (len(routers) + len(ratio_cols)))
+        for key, label, fmt in METRICS:
+            if key not in ("router_cpu_us_per_msg", "p50_us", "p99_us"):
+                continue
+            cells = [_fmt(rows[r][key], fmt) if r in rows else "n/a" for r in routers]
+            cells += [_ratio(rows, r, FLOOR, key) for r in others]
+            print(f"| {label} | " + " | ".join(cells) + " |")
 
 
 def progress(i: int, total: int, r: RunResult, elapsed: float) -> None:
@@ -376,9 +430,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--cases", nargs="+", choices=[c.name for c in CASES],
                     default=[c.name for c in CASES], metavar="CASE",
                     help="cases to run: " + ", ".join(c.name for c in CASES))
-    ap.add_argument("--routers", nargs="+", choices=ROUTERS + ROUTERS5, default=None,
-                    help="routers to run (default: all three, plus java5 and gr-5 with "
-                         "--jgroups5)")
+    ap.add_argument("--routers", nargs="+", choices=ALL_ROUTERS, default=None,
+                    help="routers to run (default: all three, the C floor, plus java5 and gr-5 "
+                         "with --jgroups5)")
     ap.add_argument("--gr-args", default="", metavar="ARGS",
                     help="extra options for every gossiprouter router, e.g. '--no-dispatcher'")
     ap.add_argument("--variant", default="", metavar="ARGS",
@@ -410,7 +464,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     else:
         args.variant_tree = REPO
     if args.routers is None:
-        args.routers = list(ROUTERS) + (list(ROUTERS5) if args.jgroups5 else [])
+        args.routers = [*ROUTERS, *(ROUTERS5 if args.jgroups5 else ()), FLOOR]
     if "java5" in args.routers and not args.jgroups5:
         ap.error("the java5 router needs --jgroups5 CLASSPATH (a local JGroups 5.x build)")
     if args.jgroups5:
@@ -459,7 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cases = [Case(f"idle-{c.idle // 10}", c.kind, c.size, c.rate, c.idle // 10)
                  if c.kind == "idle" else c for c in cases]
     routers: list[str] = []
-    for r in ROUTERS + ROUTERS5:
+    for r in ALL_ROUTERS:
         if r in args.routers:
             routers.append(r)
             if (args.variant or args.variant_tree != REPO) and r in RATIO_BASE:
@@ -475,6 +529,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         print(f"JGroups 5.x router: {version} from {args.jgroups5}", flush=True)
     ensure_compiled()
+    if FLOOR in routers:
+        print(f"C floor: {ensure_floor_built().relative_to(REPO)}", flush=True)
     info = machine_info()
     total = len(cases) * args.runs * len(routers)
     print(f"bench-vs-jgroups: {info['cores']} cores ({info['cpu']}), {info['ram']} RAM, "
@@ -502,6 +558,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           "multicast to its sender are excluded (see echo_per_s in the JSON).")
     print()
     print_table(cases, routers, summary)
+    print_floor_table(cases, routers, summary)
     if args.json:
         args.json.write_text(json.dumps({
             "machine": info,

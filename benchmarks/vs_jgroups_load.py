@@ -133,7 +133,9 @@ class JGroups212:
 
 
 class Native:
-    """gossiprouter's native protocol (docs/protocol.md)."""
+    """gossiprouter's native protocol (docs/protocol.md); also the C floor's (benchmarks/floor/
+    relay.c), which relays the same ROUTE frames byte for byte but answers no GET_MEMBERS, so
+    count_members is for gossiprouter only."""
 
     def _addr(self, i: int) -> bytes:
         return struct.pack(">QQ", *_uuid_bits(i))

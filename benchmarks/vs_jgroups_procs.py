@@ -1,6 +1,6 @@
-"""bench_vs_jgroups.py's child processes and what it reads of the machine: the routers (Java
-or gossiprouter, one fresh process a run), the Blaster load generators, their clean-up however
-the driver ends, and CPU and memory from /proc.
+"""bench_vs_jgroups.py's child processes and what it reads of the machine: the routers (Java,
+gossiprouter or the C floor, one fresh process a run), the Blaster load generators, their
+clean-up however the driver ends, and CPU and memory from /proc.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from benchmarks.floor import build as floor_build
 from tests.procs import proc_cpu_seconds, wait_listening
 
 REPO = Path(__file__).resolve().parent.parent
@@ -25,6 +26,8 @@ JAR = Path("/usr/share/java/jgroups.jar")
 JAVA_SRC = REPO / "benchmarks" / "jgroups" / "Blaster.java"
 CLASSES = REPO / "benchmarks" / "jgroups" / "classes"
 JAVA = "java"
+# The light-load floor's router kind: benchmarks/floor/relay.c, built with cc into build/.
+FLOOR = "floor"
 
 # The Java router is thread-per-connection: a small stack per thread keeps 10,000 connections
 # cheap in address space; 512 MiB of heap is plenty for the router's per-connection buffers.
@@ -94,6 +97,8 @@ class Router:
             # (blocking TcpServer, one reader thread per connection).
             cmd = [JAVA, *JAVA_ROUTER_OPTS, "-cp", jgroups5, "org.jgroups.stack.GossipRouter",
                    "-port", str(port), "-bind_addr", "127.0.0.1"]
+        elif kind == FLOOR:
+            cmd = [str(ensure_floor_built()), str(port)]
         else:
             cmd = [sys.executable, "-m", "gossiprouter", "serve", "--host", "127.0.0.1",
                    "--port", str(port), "--log-level", "warning", *gr_args]
@@ -187,6 +192,12 @@ def ensure_compiled() -> None:
     print(f"compiling {JAVA_SRC.relative_to(REPO)} -> {CLASSES.relative_to(REPO)}/", flush=True)
     CLASSES.mkdir(parents=True, exist_ok=True)
     subprocess.run(["javac", "-d", str(CLASSES), str(JAVA_SRC)], check=True)
+
+
+def ensure_floor_built() -> Path:
+    """The C floor's binary, compiled first if relay.c is newer (SystemExit with the cause when
+    it cannot be built)."""
+    return floor_build.built()
 
 
 @contextmanager

@@ -1,6 +1,7 @@
 """bench-vs-jgroups' protocol side (no Java needed; benchmarks/vs_jgroups_load.py): the 5.x
-registration handshake its loaders rely on, against gossiprouter on 127.0.0.1, and the
---jgroups5 option's parsing."""
+registration handshake its loaders rely on, against gossiprouter on 127.0.0.1, the C floor
+(benchmarks/floor/relay.c, a router kind of vs_jgroups_procs.py) relaying the native frames the
+loaders write, its rows in the printed tables, and the option parsing."""
 
 from __future__ import annotations
 
@@ -12,24 +13,33 @@ import trio
 
 from benchmarks import bench_vs_jgroups as bench
 from benchmarks import vs_jgroups_load as load
+from benchmarks import vs_jgroups_procs as procs
 from tests.conftest import RouterFactory
+from tests.procs import free_port
 
 
-def _register_all(port: int, members: range) -> list[socket.socket]:
-    """What Blaster does per member: write the registration, read exactly the expected reply."""
-    proto = load.JGroups5()
+def _recv_exact(s: socket.socket, n: int) -> bytes:
+    got = b""
+    while len(got) < n:
+        chunk = s.recv(n - len(got))
+        assert chunk, "router closed the connection"
+        got += chunk
+    return got
+
+
+def _register_all(port: int, members: range,
+                  proto: load.Proto | None = None) -> list[socket.socket]:
+    """What Blaster does per member: write the registration, skip the reply frames it is told
+    to (u32-length-prefixed), then read exactly the expected reply."""
+    proto = proto or load.JGroups5()
     socks = []
     for i in members:
         reg, skip, ok = proto.register(i)
-        assert skip == 0
         s = socket.create_connection(("127.0.0.1", port), timeout=10)
         s.sendall(reg)
-        got = b""
-        while len(got) < len(ok):
-            chunk = s.recv(len(ok) - len(got))
-            assert chunk, "router closed the connection"
-            got += chunk
-        assert got == ok  # the echoed HEARTBEAT, byte for byte
+        for _ in range(skip):
+            _recv_exact(s, int.from_bytes(_recv_exact(s, 4), "big"))
+        assert _recv_exact(s, len(ok)) == ok  # 5.x: the echoed HEARTBEAT; native: OK
         socks.append(s)
     return socks
 
@@ -60,13 +70,74 @@ async def test_jgroups5_registration_reply_and_member_count(
             s.close()
 
 
-def test_without_jgroups5_the_three_routers_run() -> None:
-    assert bench.parse_args([]).routers == list(bench.ROUTERS)
+def test_floor_relays_native_frames_byte_for_byte(tmp_path: Path) -> None:
+    """The floor answers the native handshake the loaders expect (WELCOME skipped, then the exact
+    OK) and forwards ROUTE frames unchanged: unicast to its destination only, multicast to every
+    other member, frames split across writes or several in one write."""
+    port = free_port()
+    router = procs.Router(procs.FLOOR, port, tmp_path / "floor.log")
+    proto = load.Native()
+    socks = _register_all(port, range(3), proto)
+    try:
+        uni = [proto.send_frame(0, 1, bytes([k]) * 100) for k in range(3)]
+        assert proto.recv_frame(0, 1, bytes(100)) == proto.send_frame(0, 1, bytes(100))
+        socks[0].sendall(uni[0][:7])  # a frame cut inside its prefix and header ...
+        socks[0].sendall(uni[0][7:] + uni[1] + uni[2])  # ... then three frames in one write
+        assert _recv_exact(socks[1], sum(map(len, uni))) == b"".join(uni)
+        multi = proto.send_frame(2, None, b"m" * 100)
+        socks[2].sendall(multi)
+        assert _recv_exact(socks[0], len(multi)) == multi
+        assert _recv_exact(socks[1], len(multi)) == multi
+        # The sender got no copy of its multicast (written in the same wake-up as the others):
+        # the next bytes on its connection are a later unicast to it.
+        back = proto.send_frame(1, 2, b"u" * 100)
+        socks[1].sendall(back)
+        assert _recv_exact(socks[2], len(back)) == back
+        assert router.alive()
+    finally:
+        for s in socks:
+            s.close()
+        router.stop()
+
+
+def _paced_result(router: str, cpu_us: float, p50: float, p99: float) -> bench.RunResult:
+    return bench.RunResult(case="paced-100", router=router, run=1, seconds=4.0,
+                           deliveries_per_s=10_000, echo_per_s=0, sent_per_s=10_000,
+                           router_cpu_us_per_msg=cpu_us, router_cpu_cores=cpu_us / 100,
+                           loader_cpu_cores=0.5, machine_busy_cores=1.0, other_cpu_cores=0.0,
+                           p50_us=p50, p99_us=p99)
+
+
+def test_tables_print_the_floor_beside_the_routers(capsys: pytest.CaptureFixture[str]) -> None:
+    case = next(c for c in load.CASES if c.name == "paced-100")
+    routers = ["java5", "gr-5", "gr-native", procs.FLOOR]
+    results = [_paced_result("java5", 20.5, 45, 167), _paced_result("gr-5", 17.5, 50, 229),
+               _paced_result("gr-native", 16.0, 40, 200),
+               _paced_result(procs.FLOOR, 10.0, 20, 50)]
+    summary = bench.summarize([case], routers, results)
+    bench.print_table([case], routers, summary)
+    table = capsys.readouterr().out
+    assert "| gr 5.x / C floor | gr native / C floor |" in table
+    assert "| router CPU µs/msg | 20.50 | 17.50 | 16.00 | 10.00 | 0.854x | 1.75x | 1.6x |" \
+        in table
+    bench.print_floor_table([case], routers, summary)
+    floor = capsys.readouterr().out
+    assert "| metric | Java 5.x | gossiprouter 5.x | gossiprouter native | C floor | " \
+           "gr 5.x / C floor | gr native / C floor |" in floor
+    assert "| router CPU µs/msg | 20.50 | 17.50 | 16.00 | 10.00 | 1.75x | 1.6x |" in floor
+    assert "| p50 latency µs | 45 | 50 | 40 | 20 | 2.5x | 2x |" in floor
+    assert "| p99 latency µs | 167 | 229 | 200 | 50 | 4.58x | 4x |" in floor
+    bench.print_floor_table([case], routers[:-1], summary)  # no floor in the run: no table
+    assert capsys.readouterr().out == ""
+
+
+def test_without_jgroups5_the_default_routers_run() -> None:
+    assert bench.parse_args([]).routers == [*bench.ROUTERS, procs.FLOOR]
 
 
 def test_jgroups5_adds_the_5x_routers(tmp_path: Path) -> None:
     args = bench.parse_args(["--jgroups5", str(tmp_path)])
-    assert args.routers == list(bench.ROUTERS + bench.ROUTERS5)
+    assert args.routers == [*bench.ROUTERS, *bench.ROUTERS5, procs.FLOOR]
 
 
 def test_java5_without_classpath_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,460 @@
+/* The light-load floor: a minimal single-threaded epoll relay of gossiprouter's native framing.
+ *
+ *     floor-relay PORT        (listens on 127.0.0.1:PORT only; prints nothing, runs until killed)
+ *
+ * A benchmark reference, not product code (benchmarks/floor/build.py builds it into build/;
+ * benchmarks/bench_vs_jgroups.py drives it as the "floor" router). It does what any relay of
+ * length-prefixed frames must do per message, and nothing more: one epoll_wait per wake-up, one
+ * read per readable connection, the frames of that read appended to their receivers' buffers,
+ * one write per receiver at the end of the wake-up. Against docs/protocol.md it keeps only:
+ *
+ *   - the GRTR preamble, then frames: u32 big-endian length + one msgpack array;
+ *   - HELLO -> WELCOME [2, 1, "floor", {}];
+ *   - CONNECT [3, req, group, addr, ...] -> registers (group, addr) on this connection, OK [7, req, nil]
+ *     (req copied byte for byte);
+ *   - ROUTE [6, group, dest, sender, payload] -> forwarded byte for byte, length prefix included,
+ *     to the connection carrying dest in group, or with dest nil to every other connection that
+ *     registered in group.
+ *
+ * Every other frame is ignored; no validation, authentication, heartbeats, events or limits beyond
+ * the memory bound below. A frame whose prefix or header cannot be read closes its connection.
+ * Back-pressure: a receiver holding more than OUT_HIGH unwritten bytes stops the connection that
+ * fed it from being read until it drains below OUT_LOW.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define READ_SIZE (256 * 1024)
+#define MAX_FRAME (8u << 20)
+#define OUT_HIGH (4u << 20)
+#define OUT_LOW (1u << 20)
+#define MAX_EVENTS 256
+
+typedef struct {
+    uint8_t *p;
+    size_t off, len, cap; /* bytes [off, len) are pending */
+} buf_t;
+
+typedef struct conn {
+    int fd;
+    unsigned gen;      /* tells a reused fd from the connection a member entry names */
+    int greeted;       /* preamble seen */
+    int paused;        /* reading stopped by a full receiver */
+    int dirty;         /* in the flush list of this wake-up */
+    uint32_t events;   /* what epoll watches for it now */
+    unsigned mark;     /* multicast de-duplication */
+    buf_t in, out;
+    int *feeders;      /* fds paused because of this receiver */
+    size_t nfeeders, feeders_cap;
+} conn_t;
+
+typedef struct { int fd; unsigned gen; } ref_t;
+
+typedef struct {
+    uint8_t *key; /* group bytes, 0, addr bytes: so (group, addr) pairs never collide */
+    size_t klen;
+    ref_t ref;
+} member_t;
+
+typedef struct {
+    uint8_t *name;
+    size_t len;
+    ref_t *refs;
+    size_t n, cap;
+} group_t;
+
+static conn_t **conns;
+static size_t nconns;
+static unsigned next_gen = 1, next_mark = 1;
+static member_t *members;
+static size_t members_cap, members_n;
+static group_t *groups;
+static size_t ngroups;
+static int *flush_list;
+static size_t nflush, flush_cap;
+static int ep;
+
+static void *xrealloc(void *p, size_t n) {
+    void *q = realloc(p, n);
+    if (!q) { perror("floor-relay: realloc"); exit(1); }
+    return q;
+}
+
+static void reserve(buf_t *b, size_t more) {
+    if (b->off && b->len + more > b->cap) { /* compact first */
+        memmove(b->p, b->p + b->off, b->len - b->off);
+        b->len -= b->off;
+        b->off = 0;
+    }
+    if (b->len + more > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + more) cap *= 2;
+        b->p = xrealloc(b->p, cap);
+        b->cap = cap;
+    }
+}
+
+static conn_t *live(ref_t r) {
+    if (r.fd < 0 || (size_t)r.fd >= nconns || !conns[r.fd] || conns[r.fd]->gen != r.gen) return NULL;
+    return conns[r.fd];
+}
+
+/* ---------------------------------------------------------------- msgpack, just enough */
+
+typedef struct { const uint8_t *p, *end; } cur_t;
+
+static int need(cur_t *c, size_t n) { return (size_t)(c->end - c->p) >= n; }
+
+static uint64_t be(const uint8_t *p, int n) {
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v = v << 8 | p[i];
+    return v;
+}
+
+/* An unsigned integer; -1 when the next value is not one. */
+static int read_uint(cur_t *c, uint64_t *v) {
+    if (!need(c, 1)) return -1;
+    uint8_t t = *c->p;
+    int n = t <= 0x7f ? 0 : t == 0xcc ? 1 : t == 0xcd ? 2 : t == 0xce ? 4 : t == 0xcf ? 8 : -1;
+    if (n < 0 || !need(c, 1 + (size_t)n)) return -1;
+    *v = n ? be(c->p + 1, n) : t;
+    c->p += 1 + n;
+    return 0;
+}
+
+/* A str, bin or nil (*len = 0, *s = NULL); -1 when the next value is none of them. */
+static int read_bytes(cur_t *c, const uint8_t **s, size_t *len) {
+    if (!need(c, 1)) return -1;
+    uint8_t t = *c->p;
+    int n;
+    size_t l;
+    if (t == 0xc0) { c->p++; *s = NULL; *len = 0; return 0; }
+    if ((t & 0xe0) == 0xa0) { n = 0; l = t & 0x1f; }
+    else if (t == 0xd9 || t == 0xc4) n = 1;
+    else if (t == 0xda || t == 0xc5) n = 2;
+    else if (t == 0xdb || t == 0xc6) n = 4;
+    else return -1;
+    if (!need(c, 1 + (size_t)n)) return -1;
+    if (n) l = (size_t)be(c->p + 1, n);
+    c->p += 1 + n;
+    if (!need(c, l)) return -1;
+    *s = c->p;
+    *len = l;
+    c->p += l;
+    return 0;
+}
+
+static int read_array(cur_t *c, size_t *n) {
+    if (!need(c, 1)) return -1;
+    uint8_t t = *c->p;
+    if ((t & 0xf0) == 0x90) { *n = t & 0x0f; c->p++; return 0; }
+    if (t == 0xdc && need(c, 3)) { *n = (size_t)be(c->p + 1, 2); c->p += 3; return 0; }
+    if (t == 0xdd && need(c, 5)) { *n = (size_t)be(c->p + 1, 4); c->p += 5; return 0; }
+    return -1;
+}
+
+/* ---------------------------------------------------------------- membership */
+
+static uint64_t hash(const uint8_t *k, size_t n) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < n; i++) h = (h ^ k[i]) * 1099511628211ull;
+    return h;
+}
+
+static member_t *slot(const uint8_t *k, size_t n) {
+    size_t i = hash(k, n) & (members_cap - 1);
+    while (members[i].key && !(members[i].klen == n && !memcmp(members[i].key, k, n)))
+        i = (i + 1) & (members_cap - 1);
+    return &members[i];
+}
+
+static size_t make_key(uint8_t *k, const uint8_t *g, size_t glen, const uint8_t *a, size_t alen) {
+    memcpy(k, g, glen);
+    k[glen] = 0;
+    memcpy(k + glen + 1, a, alen);
+    return glen + 1 + alen;
+}
+
+static group_t *group(const uint8_t *name, size_t len, int create) {
+    for (size_t i = 0; i < ngroups; i++)
+        if (groups[i].len == len && !memcmp(groups[i].name, name, len)) return &groups[i];
+    if (!create) return NULL;
+    groups = xrealloc(groups, (ngroups + 1) * sizeof *groups);
+    group_t *g = &groups[ngroups++];
+    memset(g, 0, sizeof *g);
+    g->name = xrealloc(NULL, len ? len : 1);
+    memcpy(g->name, name, len);
+    g->len = len;
+    return g;
+}
+
+static void connect_member(conn_t *c, const uint8_t *gname, size_t glen, const uint8_t *a,
+                           size_t alen) {
+    uint8_t k[1024 + 1 + 256];
+    if (glen > 1024 || alen > 255) return;
+    size_t n = make_key(k, gname, glen, a, alen);
+    if ((members_n + 1) * 2 > members_cap) { /* grow and rehash */
+        member_t *old = members;
+        size_t old_cap = members_cap;
+        members_cap = members_cap ? members_cap * 2 : 1024;
+        members = xrealloc(NULL, members_cap * sizeof *members);
+        memset(members, 0, members_cap * sizeof *members);
+        for (size_t i = 0; i < old_cap; i++)
+            if (old[i].key) *slot(old[i].key, old[i].klen) = old[i];
+        free(old);
+    }
+    member_t *m = slot(k, n);
+    if (!m->key) {
+        m->key = xrealloc(NULL, n);
+        memcpy(m->key, k, n);
+        m->klen = n;
+        members_n++;
+    }
+    m->ref = (ref_t){c->fd, c->gen};
+    group_t *g = group(gname, glen, 1);
+    if (g->n == g->cap) {
+        g->cap = g->cap ? g->cap * 2 : 16;
+        g->refs = xrealloc(g->refs, g->cap * sizeof *g->refs);
+    }
+    g->refs[g->n++] = m->ref;
+}
+
+/* ---------------------------------------------------------------- output */
+
+static void queue_bytes(conn_t *to, const uint8_t *p, size_t n) {
+    reserve(&to->out, n);
+    memcpy(to->out.p + to->out.len, p, n);
+    to->out.len += n;
+    if (!to->dirty) {
+        to->dirty = 1;
+        if (nflush == flush_cap) {
+            flush_cap = flush_cap ? flush_cap * 2 : 64;
+            flush_list = xrealloc(flush_list, flush_cap * sizeof *flush_list);
+        }
+        flush_list[nflush++] = to->fd;
+    }
+}
+
+/* Watch for input unless paused, for output only while a write is blocked; no system call
+ * when nothing changes (the common case: every write completes at once). */
+static void set_events(conn_t *c) {
+    uint32_t want = (c->paused ? 0 : EPOLLIN) | (c->out.len > c->out.off ? EPOLLOUT : 0);
+    if (want == c->events) return;
+    struct epoll_event ev = {.events = want, .data.fd = c->fd};
+    epoll_ctl(ep, EPOLL_CTL_MOD, c->fd, &ev);
+    c->events = want;
+}
+
+/* A receiver past OUT_HIGH stops its feeder from being read. */
+static void throttle(conn_t *from, conn_t *to) {
+    if (from == to || from->paused || to->out.len - to->out.off <= OUT_HIGH) return;
+    from->paused = 1;
+    if (to->nfeeders == to->feeders_cap) {
+        to->feeders_cap = to->feeders_cap ? to->feeders_cap * 2 : 8;
+        to->feeders = xrealloc(to->feeders, to->feeders_cap * sizeof *to->feeders);
+    }
+    to->feeders[to->nfeeders++] = from->fd;
+    set_events(from);
+}
+
+static void close_conn(conn_t *c);
+
+/* Write what is pending; 0 when the connection is still open. */
+static int flush(conn_t *c) {
+    while (c->out.len > c->out.off) {
+        ssize_t n = send(c->fd, c->out.p + c->out.off, c->out.len - c->out.off, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno == EAGAIN) break;
+        if (n <= 0) { close_conn(c); return -1; }
+        c->out.off += (size_t)n;
+    }
+    size_t left = c->out.len - c->out.off;
+    if (!left) c->out.off = c->out.len = 0;
+    if (left <= OUT_LOW && c->nfeeders) {
+        for (size_t i = 0; i < c->nfeeders; i++) {
+            int fd = c->feeders[i];
+            if ((size_t)fd < nconns && conns[fd] && conns[fd]->paused) {
+                conns[fd]->paused = 0;
+                set_events(conns[fd]);
+            }
+        }
+        c->nfeeders = 0;
+    }
+    set_events(c);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- input */
+
+static const uint8_t WELCOME[] = {0, 0, 0, 10, 0x94, 2, 1, 0xa5, 'f', 'l', 'o', 'o', 'r', 0x80};
+
+/* One frame (body of len bytes, prefix just before it); -1 closes the connection. */
+static int handle_frame(conn_t *c, const uint8_t *body, size_t len) {
+    cur_t cur = {body, body + len};
+    size_t n;
+    uint64_t type;
+    if (read_array(&cur, &n) || n < 1 || read_uint(&cur, &type)) return -1;
+    if (type == 1) { /* HELLO */
+        queue_bytes(c, WELCOME, sizeof WELCOME);
+    } else if (type == 3 && n >= 4) { /* CONNECT req group addr ... */
+        const uint8_t *req = cur.p, *g, *a;
+        size_t glen, alen;
+        uint64_t r;
+        if (read_uint(&cur, &r)) return -1;
+        size_t rlen = (size_t)(cur.p - req);
+        if (read_bytes(&cur, &g, &glen) || read_bytes(&cur, &a, &alen) || !a) return -1;
+        connect_member(c, g, glen, a, alen);
+        uint8_t ok[4 + 3 + 9] = {0, 0, 0, (uint8_t)(3 + rlen), 0x93, 7};
+        memcpy(ok + 6, req, rlen);
+        ok[6 + rlen] = 0xc0;
+        queue_bytes(c, ok, 7 + rlen);
+    } else if (type == 6 && n >= 5) { /* ROUTE group dest sender payload */
+        const uint8_t *g, *d;
+        size_t glen, dlen;
+        if (read_bytes(&cur, &g, &glen) || read_bytes(&cur, &d, &dlen)) return -1;
+        const uint8_t *frame = body - 4;
+        size_t flen = len + 4;
+        if (d) {
+            uint8_t k[1024 + 1 + 256];
+            if (glen > 1024 || dlen > 255 || !members_cap) return 0;
+            member_t *m = slot(k, make_key(k, g, glen, d, dlen));
+            conn_t *to = m->key ? live(m->ref) : NULL;
+            if (to) { queue_bytes(to, frame, flen); throttle(c, to); }
+        } else {
+            group_t *gr = group(g, glen, 0);
+            unsigned mark = next_mark++;
+            c->mark = mark; /* not back to the sender's own connection */
+            for (size_t i = 0; gr && i < gr->n; i++) {
+                conn_t *to = live(gr->refs[i]);
+                if (!to || to->mark == mark) continue;
+                to->mark = mark;
+                queue_bytes(to, frame, flen);
+                throttle(c, to);
+            }
+        }
+    }
+    return 0;
+}
+
+/* Read once; route every whole frame; -1 when the connection was closed. */
+static int on_readable(conn_t *c) {
+    reserve(&c->in, READ_SIZE);
+    ssize_t got = recv(c->fd, c->in.p + c->in.len, c->in.cap - c->in.len, 0);
+    if (got < 0 && (errno == EAGAIN || errno == EINTR)) return 0;
+    if (got <= 0) { close_conn(c); return -1; }
+    c->in.len += (size_t)got;
+    for (;;) {
+        size_t have = c->in.len - c->in.off;
+        const uint8_t *p = c->in.p + c->in.off;
+        if (!c->greeted) {
+            if (have < 4) break;
+            if (memcmp(p, "GRTR", 4)) { close_conn(c); return -1; }
+            c->greeted = 1;
+            c->in.off += 4;
+            continue;
+        }
+        if (have < 4) break;
+        size_t len = (size_t)be(p, 4);
+        if (len > MAX_FRAME) { close_conn(c); return -1; }
+        if (have < 4 + len) {
+            reserve(&c->in, 4 + len - have); /* a large frame: room for all of it */
+            break;
+        }
+        if (handle_frame(c, p + 4, len)) { close_conn(c); return -1; }
+        c->in.off += 4 + len;
+        if (c->paused) break; /* the rest waits until the receiver drains */
+    }
+    if (c->in.off == c->in.len) c->in.off = c->in.len = 0;
+    return 0;
+}
+
+static void close_conn(conn_t *c) {
+    epoll_ctl(ep, EPOLL_CTL_DEL, c->fd, NULL);
+    close(c->fd);
+    conns[c->fd] = NULL;
+    /* members and group entries naming it go stale by gen; a dirty entry is skipped */
+    free(c->in.p);
+    free(c->out.p);
+    free(c->feeders);
+    free(c);
+}
+
+static void on_accept(int lfd) {
+    for (;;) {
+        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) return;
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        if ((size_t)fd >= nconns) {
+            size_t n = nconns ? nconns : 1024;
+            while (n <= (size_t)fd) n *= 2;
+            conns = xrealloc(conns, n * sizeof *conns);
+            memset(conns + nconns, 0, (n - nconns) * sizeof *conns);
+            nconns = n;
+        }
+        conn_t *c = xrealloc(NULL, sizeof *c);
+        memset(c, 0, sizeof *c);
+        c->fd = fd;
+        c->gen = next_gen++;
+        c->events = EPOLLIN;
+        conns[fd] = c;
+        struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
+        epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2 || atoi(argv[1]) <= 0 || atoi(argv[1]) > 65535) {
+        fprintf(stderr, "usage: floor-relay PORT   (listens on 127.0.0.1:PORT)\n");
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int one = 1;
+    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[1]))};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(lfd, (struct sockaddr *)&sa, sizeof sa) || listen(lfd, 4096)) {
+        perror("floor-relay: bind 127.0.0.1");
+        return 1;
+    }
+    ep = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = lfd};
+    epoll_ctl(ep, EPOLL_CTL_ADD, lfd, &ev);
+    struct epoll_event evs[MAX_EVENTS];
+    for (;;) {
+        int n = epoll_wait(ep, evs, MAX_EVENTS, -1);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) { perror("floor-relay: epoll_wait"); return 1; }
+        for (int i = 0; i < n; i++) {
+            int fd = evs[i].data.fd;
+            if (fd == lfd) { on_accept(lfd); continue; }
+            conn_t *c = (size_t)fd < nconns ? conns[fd] : NULL;
+            if (!c) continue;
+            if (c->paused && (evs[i].events & (EPOLLHUP | EPOLLERR))) { close_conn(c); continue; }
+            if ((evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) && !c->paused
+                && on_readable(c))
+                continue;
+            if ((evs[i].events & EPOLLOUT) && !c->dirty) flush(c);
+        }
+        /* one write per receiver per wake-up */
+        for (size_t i = 0; i < nflush; i++) {
+            conn_t *c = conns[flush_list[i]];
+            if (!c) continue;
+            c->dirty = 0;
+            flush(c);
+        }
+        nflush = 0;
+    }
+}
