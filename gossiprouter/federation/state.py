@@ -42,6 +42,7 @@ from gossiprouter.federation.codec import (
     encode_route,
     local_members,
 )
+from gossiprouter.federation.frames import check_routed
 from gossiprouter.routing.table import (
     Carrier,
     Entry,
@@ -76,6 +77,7 @@ class FederationStats:
     records_out: int = 0  # membership records published
     records_in: int = 0  # membership records applied
     malformed: int = 0  # federation messages that could not be read
+    refused: int = 0  # routed frames not delivered: bad frames, or a sender not of that router
     conflicts: int = 0  # remote registrations a local rule refused (e.g. an in-process address)
     routers_lost: int = 0  # routers dropped: Last Will, resync, or this router cut off
     routers_left: int = 0  # routers that shut down cleanly (their members left, unsuspected)
@@ -467,7 +469,7 @@ class Federation:
             held[addr] = rm
             notices += n
             for f in frames:  # held here in grace: handed to the router it came back to
-                rm.push(f)
+                self.send(r, group, addr, f, 1, handed=True)
             if graced:
                 # Its grace here ended (it came back on that router): this router's record,
                 # which listed it as held here, must drop it, or the others keep routing
@@ -499,7 +501,7 @@ class Federation:
     # ------------------------------------------------------------------ routing
 
     def send(self, remote: RemoteRouter, group: str, dest: bytes | None, frames: bytes,
-             count: int) -> None:
+             count: int, handed: bool = False) -> None:
         """Frames for ``dest`` (None: the group) through router ``remote``: one message.
 
         A change of the group's members still waiting for the coalesced flush is published
@@ -509,7 +511,8 @@ class Federation:
         """
         if group in self.dirty and self.publish is not None:
             self.publish(group)
-        if self._send(remote.origin, encode_route(self.origin, group, dest, count, frames)):
+        if self._send(remote.origin, encode_route(self.origin, group, dest, count, frames,
+                                                       handed)):
             self.stats.routed_out += count
         else:
             self.stats.not_forwarded += count
@@ -518,14 +521,23 @@ class Federation:
         """Frames another router sent here: delivered to local connections only, never sent
         on (so nothing loops)."""
         try:
-            origin, group, dest, count, frames = decode_route(payload)
+            origin, group, dest, count, handed, frames = decode_route(payload)
         except ROUTE_ERRORS as exc:
             self.stats.malformed += 1
             log.debug("federation: bad routed message: %s", exc)
             return
         self.stats.routed_in += count
+        # Nothing from the broker reaches a client socket unread (frames.py).
+        r = self.routers.get(origin)
+        g = self.table.groups.get(group)
+        senders = (() if r is None or not r.alive else  # handed on: a member of the group
+                   (g.entries if g is not None else ()) if handed else r.groups.get(group, {}))
+        why = check_routed(group, frames, count, self.hub.config.max_frame, senders)
+        if why is not None:
+            self.stats.refused += count
+            log.debug("federation: routed frames from %r refused: %s", origin, why)
+            return
         table = self.table
-        g = table.groups.get(group)
         if g is None:
             self.stats.undeliverable += count
             return

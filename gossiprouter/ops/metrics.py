@@ -325,11 +325,14 @@ def federation_metrics(bridge: Bridge) -> Iterator[Metric]:
     frames = CounterMetricFamily("gossiprouter_federation_frames",
                                  "Routed frames across routers: sent to other routers, "
                                  "received from them, lost because the broker was not "
-                                 "connected or too slow (not_forwarded), or received for a "
-                                 "member no longer here (undeliverable).", labels=["kind"])
+                                 "connected or too slow (not_forwarded), received for a "
+                                 "member no longer here (undeliverable), or refused: not "
+                                 "whole frames of the group's protocol within max_frame, or "
+                                 "from a sender the sending router does not carry.",
+                                 labels=["kind"])
     for kind, value in (("out", s.routed_out), ("in", s.routed_in),
                         ("not_forwarded", s.not_forwarded),
-                        ("undeliverable", s.undeliverable)):
+                        ("undeliverable", s.undeliverable), ("refused", s.refused)):
         frames.add_metric([kind], value)
     yield frames
     yield _counter("gossiprouter_federation_deliveries",

@@ -1,0 +1,78 @@
+"""An authenticated, bounded federation (docs/federation.md, "Threat model"): what a client of
+the broker that is not a router can try, against in-process routers and a real mosquitto on
+127.0.0.1. The attacker is a plain paho client.
+
+Every wait is bounded by work (the routers' counters), never by the clock.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import trio
+
+from gossiprouter.federation import mqtt_topics
+from gossiprouter.ops.metrics import federation_metrics
+from gossiprouter.protocol import native as wire
+from tests.test_bridge import Mosquitto, bridge_of
+from tests.test_bridge import broker as broker  # the fixture: mosquitto on a free port
+from tests.test_federation_sockets import G, everywhere, federation, member, routes
+from tests.test_stub import InProcessRouter, eventually
+
+
+def publish(broker: Mosquitto, msgs: list[tuple[str, bytes]], **auth: Any) -> None:
+    """The attacker: a plain MQTT 5 client (not a router) publishes ``msgs``, QoS 1, in order."""
+    from paho.mqtt import publish as paho_publish
+    from paho.mqtt.client import MQTTv5
+
+    paho_publish.multiple([{"topic": t, "payload": p, "qos": 1} for t, p in msgs],
+                          hostname="127.0.0.1", port=broker.port, protocol=MQTTv5,
+                          client_id="", **auth)
+
+
+def route_to(victim: InProcessRouter, claimed: InProcessRouter) -> str:
+    """The topic where ``claimed`` sends routed frames to ``victim``."""
+    return mqtt_topics.route_topic(bridge_of(victim).prefix, bridge_of(victim).origin)
+
+
+def route_message(origin: str, frames: bytes, count: int = 1) -> bytes:
+    """A routed message with a well-formed header (codec.encode_route, written by hand)."""
+    head = msgpack.packb([origin, G, None, count])
+    return len(head).to_bytes(2, "big") + head + frames
+
+
+def counters(r: InProcessRouter) -> dict[str, float]:
+    return {x.name + "".join(x.labels.values()): x.value
+            for m in federation_metrics(bridge_of(r)) for x in m.samples}
+
+
+async def test_route_topic_injection_never_reaches_a_client_socket(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    """Raw bytes, a bogus 5-byte length prefix and a ROUTE spoofed "from" a member the
+    origin router does not carry, published on a router's route topic: none of it reaches
+    the member's socket, each is counted, and the member keeps receiving its peers' frames."""
+    ra, rb = await federation(nursery, broker, 2)
+    a = await member(ra, b"a")
+    b = await member(rb, b"b")
+    await everywhere([ra, rb], {b"a", b"b"})
+    fb = bridge_of(rb).federation
+    origin = bridge_of(ra).origin
+    topic = route_to(rb, ra)
+    await trio.to_thread.run_sync(publish, broker, [
+        (topic, b"raw bytes, no header"),
+        (topic, route_message(origin, b"\x00\x10\x00\x00\x01")),
+        (topic, route_message(origin, wire.encode_route(G, None, b"zz", b"spoofed"))),
+        (topic, route_message(origin, wire.encode_route(G, None, b"a", b"two?"), count=2)),
+    ])
+    await eventually(lambda: fb.stats.malformed == 1 and fb.stats.routed_in == 4,
+                     what="the attack received")
+    assert fb.stats.refused == 4 and fb.stats.delivered_in == 0
+    assert counters(rb)["gossiprouter_federation_frames_totalrefused"] == 4
+    # b's stream is whole: the next frames from a arrive, and only they.
+    await a.send(wire.Route(G, None, b"a", b"m1"))
+    await a.send(wire.Route(G, b"b", b"a", b"u1"))
+    await eventually(lambda: fb.stats.routed_in == 6, what="a's frames received")
+    assert [(r.sender, r.dest, r.payload) for r in await routes(b)] == [
+        (b"a", None, b"m1"), (b"a", b"b", b"u1")]
+    assert fb.stats.refused == 4
