@@ -48,7 +48,7 @@ class Net:
         def send(to: str, payload: bytes) -> bool:
             if to in self.lost or origin in self.lost:
                 return False
-            self.feds[to].on_route(payload)
+            self.feds[to].on_route(payload, origin)
             return True
         return send
 
@@ -293,7 +293,7 @@ def test_malformed_federation_messages_are_counted_and_change_nothing() -> None:
     b = net.feds["b"]
     net.connect("a", Named("x"), b"x")
     for bad in (b"", b"\x00", b"\x00\x05\x93\x01", b"\x00\x02\x92\x01"):
-        b.on_route(bad)
+        b.on_route(bad, "a")
     for bad in (b"\xc1", b"\x81\xa1m\x91\x93\x01\x02\x03", b"\x90"):
         b.on_record("a", G, bad)
     b.on_presence("a", b"\xc1")
@@ -387,7 +387,7 @@ def test_hostile_federation_payloads_never_crash_and_never_store_what_cannot_be_
         if kind == "record":
             f.on_record(origin, group, record)
         elif kind == "route":
-            f.on_route(route)
+            f.on_route(route, "b")
         else:
             f.on_presence(origin, presence, 1.0)
     check = hub.check_registration

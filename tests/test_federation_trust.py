@@ -13,32 +13,42 @@ import msgpack
 import trio
 
 from gossiprouter.federation import mqtt_topics
+from gossiprouter.federation.mqtt_topics import escape_level
 from gossiprouter.ops.metrics import federation_metrics
 from gossiprouter.protocol import native as wire
 from tests.test_bridge import Mosquitto, bridge_of
 from tests.test_bridge import broker as broker  # the fixture: mosquitto on a free port
-from tests.test_federation_sockets import G, everywhere, federation, member, routes
+from tests.test_federation_sockets import (
+    G,
+    everywhere,
+    federation,
+    member,
+    routes,
+    table_members,
+)
 from tests.test_stub import InProcessRouter, eventually
 
 
-def publish(broker: Mosquitto, msgs: list[tuple[str, bytes]], **auth: Any) -> None:
+def publish(broker: Mosquitto, msgs: list[tuple[str, bytes]], retain: bool = False,
+            **auth: Any) -> None:
     """The attacker: a plain MQTT 5 client (not a router) publishes ``msgs``, QoS 1, in order."""
     from paho.mqtt import publish as paho_publish
     from paho.mqtt.client import MQTTv5
 
-    paho_publish.multiple([{"topic": t, "payload": p, "qos": 1} for t, p in msgs],
+    paho_publish.multiple([{"topic": t, "payload": p, "qos": 1, "retain": retain}
+                           for t, p in msgs],
                           hostname="127.0.0.1", port=broker.port, protocol=MQTTv5,
                           client_id="", **auth)
 
 
-def route_to(victim: InProcessRouter, claimed: InProcessRouter) -> str:
-    """The topic where ``claimed`` sends routed frames to ``victim``."""
-    return mqtt_topics.route_topic(bridge_of(victim).prefix, bridge_of(victim).origin)
+def route_to(victim: InProcessRouter, sender: str) -> str:
+    """The topic where router ``sender`` sends routed frames to ``victim``."""
+    return mqtt_topics.route_topic(bridge_of(victim).prefix, sender, bridge_of(victim).origin)
 
 
 def route_message(origin: str, frames: bytes, count: int = 1) -> bytes:
     """A routed message with a well-formed header (codec.encode_route, written by hand)."""
-    head = msgpack.packb([origin, G, None, count])
+    head: bytes = msgpack.packb([origin, G, None, count])
     return len(head).to_bytes(2, "big") + head + frames
 
 
@@ -58,7 +68,7 @@ async def test_route_topic_injection_never_reaches_a_client_socket(
     await everywhere([ra, rb], {b"a", b"b"})
     fb = bridge_of(rb).federation
     origin = bridge_of(ra).origin
-    topic = route_to(rb, ra)
+    topic = route_to(rb, origin)
     await trio.to_thread.run_sync(publish, broker, [
         (topic, b"raw bytes, no header"),
         (topic, route_message(origin, b"\x00\x10\x00\x00\x01")),
@@ -76,3 +86,29 @@ async def test_route_topic_injection_never_reaches_a_client_socket(
     assert [(r.sender, r.dest, r.payload) for r in await routes(b)] == [
         (b"a", None, b"m1"), (b"a", b"b", b"u1")]
     assert fb.stats.refused == 4
+
+
+async def test_a_message_about_a_router_is_read_only_from_its_own_subtree(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    """Router A's Last Will and record forged where the pre-issue-29 layout kept them (one
+    shared ``router/`` and ``members/`` level that anyone wrote), and A's routed frames
+    published in another router's subtree: B drops none of A's members and delivers nothing."""
+    ra, rb = await federation(nursery, broker, 2)
+    a = await member(ra, b"a")
+    b = await member(rb, b"b")
+    await everywhere([ra, rb], {b"a", b"b"})
+    fb = bridge_of(rb).federation
+    prefix, origin = bridge_of(ra).prefix, bridge_of(ra).origin
+    await trio.to_thread.run_sync(lambda: publish(broker, [
+        (f"{prefix}/%fed/router/{escape_level(origin)}", b""),  # A's Last Will
+        (f"{prefix}/%fed/members/{escape_level(origin)}/{G}", b""),  # A's record, emptied
+        (mqtt_topics.presence_topic(prefix, "evil"), b""),  # a Last Will of nobody
+    ], retain=True))
+    await trio.to_thread.run_sync(publish, broker, [
+        # A's frames (from a, whom A carries), written in the subtree of a router "evil".
+        (route_to(rb, "evil"), route_message(origin, wire.encode_route(G, None, b"a", b"x"))),
+    ])
+    await eventually(lambda: fb.stats.malformed == 1, what="the attack received")
+    assert fb.stats.routed_in == 0 and fb.stats.routers_lost == 0
+    assert fb.live_routers() == 1 and table_members(rb) == {b"a", b"b"}
+    assert await routes(b) == [] and await routes(a) == []

@@ -1,10 +1,10 @@
 """The federation bridge's traffic between routers: presence (and its Last Will), membership
 records, routed frames and the resync marker (docs/federation.md).
 
-* **Membership and routing** (:mod:`gossiprouter.federation.state` holds the state): under
-  ``{prefix}/%fed/`` (a level the topic mapping never produces), a retained presence per
-  router whose Last Will deletes it, a retained record per router and group, a route topic
-  per router for forwarded frames, and a sync marker per router that ends the resync after
+* **Membership and routing** (:mod:`gossiprouter.federation.state` holds the state): in each
+  router's own subtree ``%fed/{prefix}/<router>/`` (beside the topic publications' tree), a
+  retained presence whose Last Will deletes it, a retained record per group, a route topic
+  per destination router for forwarded frames, and a sync marker that ends the resync after
   each (re)connect. Topic names: :mod:`gossiprouter.federation.mqtt_topics`; payloads:
   :mod:`gossiprouter.federation.codec`.
 * **Life cycle**: on every broker session the presence, the snapshot of the records and the
@@ -24,12 +24,13 @@ import trio
 from gossiprouter.core.config import Config
 from gossiprouter.federation.broker import BrokerSession
 from gossiprouter.federation.mqtt_topics import (
-    FED,
+    escape_level,
+    fed_root,
     members_topic,
+    parse_fed_topic,
     presence_topic,
     route_topic,
     sync_topic,
-    unescape_level,
 )
 from gossiprouter.federation.state import PRESENCE_TTL, RECORD_TTL, Federation
 
@@ -68,8 +69,7 @@ class Peers(BrokerSession):
         # Deleted (empty and retained) by the broker when this router dies or is cut off, so
         # the others drop its members (docs/federation.md, "Life cycle").
         c.will_set(presence_topic(self.prefix, self.origin), b"", qos=1, retain=True)
-        self._fed_root = f"{self.prefix}/{FED}/"
-        self._route_topic = route_topic(self.prefix, self.origin)
+        self._fed_root = fed_root(self.prefix)
         self._sync_topic = sync_topic(self.prefix, self.origin)
         self._fed_dirty = trio.Event()
         self.federation = Federation(hub, self.origin, config.name, self._send_route,
@@ -79,7 +79,7 @@ class Peers(BrokerSession):
     def _send_route(self, origin: str, payload: bytes) -> bool:
         if not self._writable():
             return False
-        topic = route_topic(self.prefix, origin)
+        topic = route_topic(self.prefix, self.origin, origin)
         if not self._fits(topic, payload):
             return False
         info = self._client.publish(topic, payload, self.qos)
@@ -153,8 +153,9 @@ class Peers(BrokerSession):
         root = self._fed_root
         state = SubscribeOptions(qos=1, noLocal=True)
         _, self._fed_mid = client.subscribe([
-            (root + "router/+", state), (root + "members/#", state),
-            (self._route_topic, SubscribeOptions(qos=self.qos, noLocal=True)),
+            (root + "+/presence", state), (root + "+/members/#", state),
+            (f"{root}+/route/{escape_level(self.origin)}",
+             SubscribeOptions(qos=self.qos, noLocal=True)),
             (self._sync_topic, SubscribeOptions(qos=1))])
         self._publish_presence()
         self._publish_records(fed.snapshot())
@@ -163,23 +164,23 @@ class Peers(BrokerSession):
     def _on_federation(self, topic: str, payload: bytes, props: Properties | None) -> None:
         fed = self.federation
         try:
-            if topic == self._route_topic:  # the routed frames: first, nothing else parsed
-                fed.on_route(payload)
-                return
-            if topic == self._sync_topic:
+            # Who wrote it is the subtree it is in (which the broker's ACL confines each
+            # router to): a message about router R is only ever read from R's subtree.
+            writer, kind, arg = parse_fed_topic(self.prefix, topic)
+            if kind == "route" and arg == self.origin:
+                fed.on_route(payload, writer)
+            elif kind == "sync" and writer == self.origin:
                 fed.end_sync()
-                return
-            levels = topic[len(self._fed_root):].split("/")
-            if levels[0] == "router" and len(levels) == 2:
+            elif kind == "presence":
                 left = any(k == LEFT_PROPERTY for k, _ in
                            getattr(props, "UserProperty", None) or ())
                 expiry = getattr(props, "MessageExpiryInterval", None)
-                fed.on_presence(unescape_level(levels[1]), payload, trio.current_time(),
+                fed.on_presence(writer, payload, trio.current_time(),
                                 left=left, expiry=expiry if isinstance(expiry, int) else None)
-            elif levels[0] == "members" and len(levels) == 3:
-                fed.on_record(unescape_level(levels[1]), unescape_level(levels[2]), payload)
+            elif kind == "members" and arg is not None:
+                fed.on_record(writer, arg, payload)
             else:
-                raise ValueError("unknown federation topic")
+                raise ValueError("not a federation topic this router subscribed to")
         except ValueError as e:
             fed.stats.malformed += 1
             log.debug("bridge: dropping %r: %s", topic, e)

@@ -517,11 +517,13 @@ class Federation:
         else:
             self.stats.not_forwarded += count
 
-    def on_route(self, payload: bytes) -> None:
-        """Frames another router sent here: delivered to local connections only, never sent
-        on (so nothing loops)."""
+    def on_route(self, payload: bytes, writer: str) -> None:
+        """Frames router ``writer`` sent here (the subtree they came from): delivered to
+        local connections only, never sent on (so nothing loops)."""
         try:
             origin, group, dest, count, handed, frames = decode_route(payload)
+            if origin != writer:
+                raise ValueError(f"router {origin!r} in the subtree of {writer!r}")
         except ROUTE_ERRORS as exc:
             self.stats.malformed += 1
             log.debug("federation: bad routed message: %s", exc)
