@@ -7,18 +7,24 @@ Every wait is bounded by work (the routers' counters), never by the clock.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import msgpack
+import pytest
 import trio
 
+from gossiprouter.core.config import Config, ConfigError
 from gossiprouter.federation import mqtt_topics
+from gossiprouter.federation.bridge import Bridge
 from gossiprouter.federation.mqtt_topics import escape_level
 from gossiprouter.ops.metrics import federation_metrics
 from gossiprouter.protocol import native as wire
+from gossiprouter.sessions.base import Hub
 from tests.test_bridge import Mosquitto, bridge_of
 from tests.test_bridge import broker as broker  # the fixture: mosquitto on a free port
 from tests.test_federation_sockets import (
+    FED,
     G,
     everywhere,
     federation,
@@ -112,3 +118,30 @@ async def test_a_message_about_a_router_is_read_only_from_its_own_subtree(
     assert fb.stats.routed_in == 0 and fb.stats.routers_lost == 0
     assert fb.live_routers() == 1 and table_members(rb) == {b"a", b"b"}
     assert await routes(b) == [] and await routes(a) == []
+
+
+async def test_the_federation_id_is_configured_and_is_the_mqtt_user_name(
+        nursery: trio.Nursery, broker: Mosquitto, caplog: pytest.LogCaptureFixture) -> None:
+    """The router id is the MQTT user name (or federation_id), the same at every start, and
+    names the router's subtree and MQTT client id; a router with neither warns."""
+    ra = await InProcessRouter(nursery, bridge=broker.url, bridge_username="router-a",
+                               **FED).start()
+    rb = await InProcessRouter(nursery, bridge=broker.url, federation_id="router-b",
+                               **FED).start()
+    with caplog.at_level(logging.WARNING, "gossiprouter.federation.bridge"):
+        rc = await InProcessRouter(nursery, bridge=broker.url, **FED).start()
+    assert (bridge_of(ra).origin, bridge_of(rb).origin) == ("router-a", "router-b")
+    assert "random federation id" in caplog.text and bridge_of(rc).origin in caplog.text
+    fc = bridge_of(rc).federation
+    await eventually(lambda: fc.synced and fc.live_routers() == 2, what="federation up")
+    assert [p["origin"] for p in fc.peers()] == ["router-a", "router-b"]
+    log = broker.log.read_text()
+    assert "as gossiprouter-router-a (p5" in log and "u'router-a'" in log
+    assert "as gossiprouter-router-b (p5" in log
+    for bad in ("a/b", "a b", "#", "x%y"):
+        with pytest.raises(ConfigError, match="federation_id"):
+            Bridge(Hub(Config(bridge=broker.url, federation_id=bad)),
+                   Config(bridge=broker.url, federation_id=bad))
+    with pytest.raises(ConfigError, match="set federation_id"):
+        Bridge(Hub(Config(bridge=broker.url, bridge_username="a/b")),
+               Config(bridge=broker.url, bridge_username="a/b"))

@@ -247,6 +247,12 @@ OPTIONS: tuple[Option, ...] = (
            "First level of every MQTT topic the bridge uses (one federation per prefix).",
            parse=lambda v: _check_prefix(v)),
     Option("bridge_username", str, "", "MQTT user name (empty: none)."),
+    Option("federation_id", str, "",
+           "This router's stable identity in the federation: its topic subtree "
+           "%fed/PREFIX/ID/ and its MQTT client id. Give it the router's MQTT user name, so "
+           "the broker's ACL confines the router to its own topics (docs/federation.md, "
+           "'Locked-down deployment'). Default: bridge_username; without one, a random id "
+           "at each start (with a warning).", parse=lambda v: check_federation_id(v)),
     Option("bridge_password_file", str, "",
            "File holding the MQTT password (first line), so it is not on the command line.",
            metavar="FILE"),
@@ -287,6 +293,14 @@ def parse_bridge_url(value: str) -> tuple[str, str, int]:
     except ValueError:
         raise ValueError("port must be 1..65535") from None
     return u.scheme, u.hostname, port or (8883 if u.scheme == "mqtts" else 1883)
+
+
+def check_federation_id(value: str) -> str:
+    if value and not (value.isascii() and value.isprintable() and len(value) <= 128
+                      and not any(c in value for c in "/+#% ")):
+        raise ValueError("at most 128 printable ASCII characters without '/', '+', '#', "
+                         "'%' or spaces (one MQTT topic level, as the broker's user name)")
+    return value
 
 
 def _check_prefix(value: str) -> str:
@@ -369,6 +383,7 @@ class Config:
     bridge: str = ""
     bridge_prefix: str = "gossiprouter"
     bridge_username: str = ""
+    federation_id: str = ""
     bridge_password_file: str = ""
     bridge_tls_ca: str = ""
     bridge_tls_cert: str = ""

@@ -28,6 +28,7 @@ to its own subscribers (:meth:`Publications._on_publication`). Topics and filter
 from __future__ import annotations
 
 import logging
+import uuid
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -91,6 +92,9 @@ class Publications(BrokerSession):
         super().__init__(hub, config)
         self._seq = 0
         self._dedup = _Dedup()
+        # The origin of this run's publications: the federation id is stable across restarts,
+        # the sequence numbers are not, so each start is a new de-duplication window.
+        self._pub_origin = f"{self.origin}/{uuid.uuid4().hex[:12]}"
 
     def forward(self, group: str, sender: bytes, tid: TopicId, payload: bytes) -> None:
         """Publish one global publication of a local client (already delivered locally)."""
@@ -101,7 +105,7 @@ class Publications(BrokerSession):
         from paho.mqtt.properties import Properties
 
         self._seq += 1
-        user = [(ORIGIN_PROPERTY, self.origin), (SENDER_PROPERTY, sender.hex()),
+        user = [(ORIGIN_PROPERTY, self._pub_origin), (SENDER_PROPERTY, sender.hex()),
                 (SEQ_PROPERTY, str(self._seq))]
         topic = mqtt_topic(self.prefix, group, tid)
         if not self._fits(topic, payload, *(v for _, v in user)):
@@ -126,7 +130,7 @@ class Publications(BrokerSession):
                 sender = v
             elif k == SEQ_PROPERTY:
                 seq = v
-        if origin == self.origin:
+        if origin == self._pub_origin:
             self.stats.echo_dropped += 1
             return
         if seq is not None and not (seq.isascii() and seq.isdigit() and len(seq) <= 20):
