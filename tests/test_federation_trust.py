@@ -8,6 +8,7 @@ Every wait is bounded by work (the routers' counters), never by the clock.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -15,9 +16,10 @@ import pytest
 import trio
 
 from gossiprouter.core.config import Config, ConfigError
-from gossiprouter.federation import mqtt_topics
+from gossiprouter.federation import mqtt_topics, signing
 from gossiprouter.federation.bridge import Bridge
 from gossiprouter.federation.mqtt_topics import escape_level
+from gossiprouter.federation.signing import MAC_PROPERTY, Signer, Verifier
 from gossiprouter.ops.metrics import federation_metrics
 from gossiprouter.protocol import native as wire
 from gossiprouter.sessions.base import Hub
@@ -145,3 +147,110 @@ async def test_the_federation_id_is_configured_and_is_the_mqtt_user_name(
     with pytest.raises(ConfigError, match="set federation_id"):
         Bridge(Hub(Config(bridge=broker.url, bridge_username="a/b")),
                Config(bridge=broker.url, bridge_username="a/b"))
+
+
+def signed(value: str) -> Any:
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+    props.UserProperty = [(MAC_PROPERTY, value)]
+    return props
+
+
+async def test_with_a_federation_key_nothing_unsigned_badly_signed_or_replayed_is_read(
+        nursery: trio.Nursery, broker: Mosquitto, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """On an anonymous broker, routers sharing a key: a forged Last Will, a fake router, a
+    record and frames unsigned or signed with another key, and a replayed genuine message
+    are all refused and counted; the routers' own traffic goes on."""
+    key = tmp_path / "fed.key"
+    key.write_text("0123456789abcdef-shared\n")
+    with caplog.at_level(logging.WARNING, "gossiprouter.federation.bridge"):
+        ra, rb = await federation(nursery, broker, 2, federation_key_file=str(key))
+    assert "no broker credentials" not in caplog.text
+    a = await member(ra, b"a")
+    b = await member(rb, b"b")
+    await everywhere([ra, rb], {b"a", b"b"})
+    fb = bridge_of(rb).federation
+    prefix, origin = bridge_of(ra).prefix, bridge_of(ra).origin
+    frames = wire.encode_route(G, None, b"a", b"forged")
+    route = route_message(origin, frames)
+    topic = route_to(rb, origin)
+    wrong = Signer(b"another key, 16+ bytes", "run").sign(topic, route, "route")
+    signer = bridge_of(ra)._signer
+    assert signer is not None
+    genuine = signer.sign(topic, route, "route")
+
+    def attack() -> None:
+        from paho.mqtt import publish as paho_publish
+        from paho.mqtt.client import MQTTv5
+
+        msgs: list[dict[str, Any]] = [
+            {"topic": mqtt_topics.presence_topic(prefix, origin), "payload": b"",
+             "retain": True},  # A's Last Will, unsigned
+            {"topic": mqtt_topics.presence_topic(prefix, "0-fake"),
+             "payload": bridge_of(ra).federation.presence(), "retain": True},
+            {"topic": mqtt_topics.members_topic(prefix, origin, G), "payload": b"",
+             "retain": True, "properties": signed(wrong)},
+            {"topic": topic, "payload": route, "properties": signed(wrong)},
+            {"topic": topic, "payload": route, "properties": signed(genuine)},  # accepted
+            {"topic": topic, "payload": route, "properties": signed(genuine)},  # replayed
+        ]
+        batch: Any = [{"qos": 1, **m} for m in msgs]
+        paho_publish.multiple(batch, hostname="127.0.0.1", port=broker.port, protocol=MQTTv5,
+                              client_id="")
+
+    await trio.to_thread.run_sync(attack)
+    await eventually(lambda: fb.stats.unauthenticated == 5, what="the attack refused")
+    assert counters(rb)["gossiprouter_federation_unauthenticated_total"] == 5
+    assert fb.live_routers() == 1 and fb.stats.routers_lost == 0
+    assert table_members(rb) == {b"a", b"b"}
+    await a.send(wire.Route(G, b"b", b"a", b"u1"))
+    await eventually(lambda: fb.stats.routed_in == 2, what="a's frame")
+    assert [(r.sender, r.payload) for r in await routes(b)] == [(b"a", b"forged"),
+                                                                 (b"a", b"u1")]
+    assert fb.stats.unauthenticated == 5
+    # A router without the key is not heard.
+    with caplog.at_level(logging.WARNING, "gossiprouter.federation.bridge"):
+        rc = await InProcessRouter(nursery, bridge=broker.url, **FED).start()
+    assert "no broker credentials and no federation_key_file" in caplog.text
+    fc = bridge_of(rc).federation
+    await eventually(lambda: fc.synced and fb.stats.unauthenticated == 6,
+                     what="the keyless router refused")
+    assert fb.live_routers() == 1
+    with pytest.raises(ConfigError, match="at least 16 bytes"):
+        (tmp_path / "short").write_text("short")
+        Bridge(Hub(Config()), Config(bridge=broker.url, federation_key_file=str(
+            tmp_path / "short")))
+
+
+def test_the_verifier_refuses_old_state_and_wills_of_other_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sans-IO: retained state never goes back in time on a topic (a deletion included), a
+    Last Will counts only for the run whose presence is current, a changed byte fails."""
+    clock = iter(range(10**12, 10**12 + 100))  # a millisecond clock that moves at each call
+    monkeypatch.setattr(signing, "_now_ms", lambda: next(clock))
+    key = b"k" * 16
+    old, new = Signer(key, "run1"), Signer(key, "run2")
+    v = Verifier(key)
+    p, r = "%fed/p/a/presence", "%fed/p/a/members/g"
+
+    def check(topic: str, payload: bytes, sig: str, kind: str, **kw: Any) -> str | None:
+        return v.check(topic, payload, sig, writer="a", kind=kind, **kw)
+
+    will_1 = old.sign(p, b"", "presence")
+    rec_1 = old.sign(r, b"rec1", "members")
+    assert check(p, b"pres", old.sign(p, b"pres", "presence"), "presence") is None
+    assert check(r, b"rec1", rec_1, "members") is None
+    assert check(r, b"rec1", rec_1, "members") is None  # the broker's copy at a resync
+    assert check(r, b"rec2", rec_1, "members") == "bad signature"
+    assert check(p, b"pres", new.sign(p, b"pres", "presence"), "presence") is None
+    assert check(p, b"", will_1, "presence", last_will=True) == "a Last Will of another run"
+    assert check(p, b"", new.sign(p, b"", "presence"), "presence", last_will=True) is None
+    deletion = new.sign(r, b"", "members")
+    assert check(r, b"", deletion, "members") is None
+    assert check(r, b"", deletion, "members") == "replayed"
+    assert check(r, b"rec1", rec_1, "members") == (
+        "older than the state accepted before on this topic")
+    assert check(r, b"x", None, "members") == "unsigned"  # type: ignore[arg-type]

@@ -253,6 +253,11 @@ OPTIONS: tuple[Option, ...] = (
            "the broker's ACL confines the router to its own topics (docs/federation.md, "
            "'Locked-down deployment'). Default: bridge_username; without one, a random id "
            "at each start (with a warning).", parse=lambda v: check_federation_id(v)),
+    Option("federation_key_file", str, "",
+           "File holding a key shared by every router of the federation (at least 16 bytes): "
+           "every federation message is then signed (HMAC-SHA256) and nothing unsigned, "
+           "badly signed or replayed is read. For a broker that cannot confine each router "
+           "to its own topics (docs/federation.md, 'Threat model').", metavar="FILE"),
     Option("bridge_password_file", str, "",
            "File holding the MQTT password (first line), so it is not on the command line.",
            metavar="FILE"),
@@ -384,6 +389,7 @@ class Config:
     bridge_prefix: str = "gossiprouter"
     bridge_username: str = ""
     federation_id: str = ""
+    federation_key_file: str = ""
     bridge_password_file: str = ""
     bridge_tls_ca: str = ""
     bridge_tls_cert: str = ""

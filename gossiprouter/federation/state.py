@@ -78,6 +78,7 @@ class FederationStats:
     records_in: int = 0  # membership records applied
     malformed: int = 0  # federation messages that could not be read
     refused: int = 0  # routed frames not delivered: bad frames, or a sender not of that router
+    unauthenticated: int = 0  # messages the federation key refused (unsigned, bad, replayed)
     conflicts: int = 0  # remote registrations a local rule refused (e.g. an in-process address)
     routers_lost: int = 0  # routers dropped: Last Will, resync, or this router cut off
     routers_left: int = 0  # routers that shut down cleanly (their members left, unsuspected)

@@ -273,6 +273,8 @@ _FEDERATION_COUNTERS: Final = (
     ("ghosts_removed", "Remote members a resync found gone."),
     ("conflicts", "Remote registrations a local rule refused (e.g. an in-process address)."),
     ("malformed", "Federation messages that could not be read."),
+    ("unauthenticated", "Federation messages refused by the federation key (unsigned, badly "
+     "signed, or replayed)."),
 )
 
 
