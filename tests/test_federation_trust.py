@@ -18,11 +18,14 @@ import trio
 from gossiprouter.core.config import Config, ConfigError
 from gossiprouter.federation import mqtt_topics, signing
 from gossiprouter.federation.bridge import Bridge
+from gossiprouter.federation.codec import encode_record
 from gossiprouter.federation.mqtt_topics import escape_level
 from gossiprouter.federation.signing import MAC_PROPERTY, Signer, Verifier
 from gossiprouter.ops.metrics import federation_metrics
 from gossiprouter.protocol import native as wire
 from gossiprouter.sessions.base import Hub
+from gossiprouter.stub import RouterStub
+from tests.stubkit import drain
 from tests.test_bridge import Mosquitto, bridge_of
 from tests.test_bridge import broker as broker  # the fixture: mosquitto on a free port
 from tests.test_federation_sockets import (
@@ -34,7 +37,7 @@ from tests.test_federation_sockets import (
     routes,
     table_members,
 )
-from tests.test_stub import InProcessRouter, eventually
+from tests.test_stub import FAST, InProcessRouter, eventually
 
 
 def publish(broker: Mosquitto, msgs: list[tuple[str, bytes]], retain: bool = False,
@@ -254,3 +257,81 @@ def test_the_verifier_refuses_old_state_and_wills_of_other_runs(
     assert check(r, b"rec1", rec_1, "members") == (
         "older than the state accepted before on this topic")
     assert check(r, b"x", None, "members") == "unsigned"  # type: ignore[arg-type]
+
+
+def publication(prefix: str, payload: bytes, origin: str | None = None,
+                seq: int | None = None) -> dict[str, Any]:
+    """A global publication to ("p", "b", ["eu"]) in G as a plain MQTT client writes it,
+    optionally with a router's origin and sequence number."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    from gossiprouter.federation.publications import ORIGIN_PROPERTY, SEQ_PROPERTY
+
+    msg: dict[str, Any] = {"topic": mqtt_topics.mqtt_topic(prefix, G, ("p", "b", ("eu",))),
+                           "payload": payload, "qos": 1}
+    if origin is not None:
+        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        props.UserProperty = [(ORIGIN_PROPERTY, origin), (SEQ_PROPERTY, str(seq))]
+        msg["properties"] = props
+    return msg
+
+
+async def test_remote_state_is_bounded_like_local_state(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    """A router announced by a plain client (anonymous broker, no key: the records are
+    believed) cannot grow a router past max_groups or federation_members_per_router; a
+    retained publication beyond max_frame reaches no subscriber (who stays connected); one
+    huge sequence number does not make the origin's later publications duplicates."""
+    rb = await InProcessRouter(nursery, bridge=broker.url, max_groups=5, max_frame=65536,
+                               federation_members_per_router=10, **FED).start()
+    fb, prefix = bridge_of(rb).federation, bridge_of(rb).prefix
+    await eventually(lambda: fb.synced, what="router up")
+
+    def member_of(i: int) -> list[Any]:
+        return [b"m%d" % i, None, [["10.0.0.1", 7800]], 1, None, True, None]
+
+    records = [(f"g{i}", encode_record([member_of(i)], [])) for i in range(20)]
+    records.append(("big", encode_record([member_of(100 + i) for i in range(50)], [])))
+    async with RouterStub([rb.address], **FAST) as sb:
+        x = await sb.connect(G, b"X")  # a local group: 1 of the 5
+        await x.subscribe("p", "b", ["*"])
+        st = bridge_of(rb).stats
+        await eventually(lambda: st.subacks >= 1, what="subscribed")
+        await trio.to_thread.run_sync(lambda: publish(broker, [
+            (mqtt_topics.presence_topic(prefix, "fake"), fb.presence()),
+            *((mqtt_topics.members_topic(prefix, "fake", g), r) for g, r in records)],
+            retain=True))
+        await eventually(lambda: fb.stats.records_in == 21, what="the records")
+        assert rb.server is not None
+        assert len(rb.server.hub.table.groups) == 5 and fb.remote_members() == 4
+        assert fb.stats.conflicts == 16 + 50
+        # The 10-member cap, alone: the big group's first 10 only, once there is room.
+        for g in ("g0", "g1", "g2", "g3"):
+            await trio.to_thread.run_sync(lambda g=g: publish(  # type: ignore[misc]
+                broker, [(mqtt_topics.members_topic(prefix, "fake", g), b"")], retain=True))
+        await trio.to_thread.run_sync(lambda: publish(broker, [
+            (mqtt_topics.members_topic(prefix, "fake", "big"), records[-1][1])], retain=True))
+        await eventually(lambda: fb.stats.records_in == 26, what="the big record again")
+        assert fb.remote_members() == 10
+
+        def attack() -> None:
+            from paho.mqtt import publish as paho_publish
+            from paho.mqtt.client import MQTTv5
+
+            batch: Any = [{**publication(prefix, b"x" * 100_000), "retain": True},
+                          publication(prefix, b"poison", "o/run", 10**19),
+                          publication(prefix, b"after", "o/run", 1)]
+            paho_publish.multiple(batch, hostname="127.0.0.1", port=broker.port,
+                                  protocol=MQTTv5, client_id="")
+
+        await trio.to_thread.run_sync(attack)
+        await eventually(lambda: st.received == 2 and st.too_large == 1, what="publications")
+        assert [m.payload for m in await drain(x, 0.2)] == [b"poison", b"after"]
+        assert st.duplicates_dropped == 0
+        # The retained one again, at a new subscription: never delivered either.
+        await x.subscribe("p", "+", ["eu"])
+        await eventually(lambda: st.too_large == 2, what="the retained copy")
+        y = await sb.connect(G, b"Y")
+        await y.publish(("p", "b", ["eu"]), b"still connected", scope="local")
+        assert [m.payload for m in await drain(x, 0.2)] == [b"still connected"]

@@ -253,6 +253,10 @@ OPTIONS: tuple[Option, ...] = (
            "the broker's ACL confines the router to its own topics (docs/federation.md, "
            "'Locked-down deployment'). Default: bridge_username; without one, a random id "
            "at each start (with a warning).", parse=lambda v: check_federation_id(v)),
+    Option("federation_members_per_router", int, 100_000,
+           "Most members this router takes from the records of one other router of the "
+           "federation (beyond: left out and counted in conflicts); 0 = no bound. Remote "
+           "groups count in max_groups like local ones.", minimum=0),
     Option("federation_key_file", str, "",
            "File holding a key shared by every router of the federation (at least 16 bytes): "
            "every federation message is then signed (HMAC-SHA256) and nothing unsigned, "
@@ -390,6 +394,7 @@ class Config:
     bridge_username: str = ""
     federation_id: str = ""
     federation_key_file: str = ""
+    federation_members_per_router: int = 100_000
     bridge_password_file: str = ""
     bridge_tls_ca: str = ""
     bridge_tls_cert: str = ""

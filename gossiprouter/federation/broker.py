@@ -75,6 +75,7 @@ class BridgeStats:
     refused_filters: int = 0  # filters the broker refused in a SUBACK
     failures: int = 0  # connection attempts or sessions that failed
     oversized: int = 0  # publications, routed messages, records beyond the broker's limit
+    too_large: int = 0  # publications from the broker beyond max_frame: never delivered
 
 
 def _federation_id(config: Config) -> str:

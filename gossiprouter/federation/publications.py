@@ -58,13 +58,14 @@ class _Dedup:
 
     MQTT lets a broker deliver one copy per matching subscription (mosquitto does), and
     the union of local patterns overlaps as soon as two members use ``+`` and ``*``. Every
-    bridged publication carries its origin's sequence number; per origin the last
-    ``DEDUP_WINDOW`` numbers are remembered (copies arrive back to back, and one origin's
-    publications in order), and anything older than the window counts as seen.
+    bridged publication carries its origin's sequence number; per origin (a router's id and
+    a random id of its run) the last ``DEDUP_WINDOW`` numbers received are remembered
+    (copies arrive back to back). Nothing else is inferred from the numbers, so a forged
+    huge one costs one slot of the window, never the origin's later publications.
     """
 
     def __init__(self) -> None:
-        self._origins: dict[str, tuple[set[int], deque[int], list[int]]] = {}
+        self._origins: dict[str, tuple[set[int], deque[int]]] = {}
 
     def first(self, origin: str, seq: int) -> bool:
         st = self._origins.get(origin)
@@ -72,16 +73,14 @@ class _Dedup:
             if len(self._origins) >= MAX_ORIGINS:
                 # Forget the oldest origin (a router restarted long ago gets a new id).
                 del self._origins[next(iter(self._origins))]
-            st = self._origins[origin] = (set(), deque(), [seq - 1])
-        seen, order, top = st
-        if seq in seen or seq <= top[0] - DEDUP_WINDOW:
+            st = self._origins[origin] = (set(), deque())
+        seen, order = st
+        if seq in seen:
             return False
         seen.add(seq)
         order.append(seq)
         if len(order) > DEDUP_WINDOW:
             seen.discard(order.popleft())
-        if seq > top[0]:
-            top[0] = seq
         return True
 
 
@@ -154,9 +153,17 @@ class Publications(BrokerSession):
             return
         from gossiprouter.sessions.native import deliver_publication
 
+        max_frame = self.hub.config.max_frame
+        if len(msg.payload) > max_frame:  # before the copy: it may be a retained 9 MiB
+            self.stats.too_large += 1
+            return
         payload = bytes(msg.payload)
         frame = wire.encode_publish(group, addr, tid[0], tid[1], tid[2], wire.PUB_GLOBAL,
                                     payload)
+        if len(frame) - 4 > max_frame:
+            # No subscriber could take it (each would be cut for frame_too_large).
+            self.stats.too_large += 1
+            return
         self.stats.received += 1
         self.table.stats.federated_in += 1
         # Delivered here and never forwarded again: on_global is not called for it.

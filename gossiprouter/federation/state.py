@@ -440,6 +440,9 @@ class Federation:
         held = r.groups.get(group, {})
         new = {m[0]: m for m in members}
         notices: list[Notice] = []
+        # Bounded like local state: remote groups count in max_groups, a router's members capped.
+        cap, max_groups = self.hub.config.federation_members_per_router, table.limits.max_groups
+        total = sum(len(h) for h in r.groups.values())
         for addr in [a for a in held if a not in new]:
             rm = held.pop(addr)
             notices += table.unlink_remote(rm, group, addr, suspect=addr in suspected)
@@ -451,6 +454,9 @@ class Federation:
             rm.live = m[5]
             rm.data = m
             try:
+                if (known is None and cap and total >= cap) or (
+                        group not in table.groups and 0 < max_groups <= len(table.groups)):
+                    raise RoutingError("limit", "federation_members_per_router or max_groups")
                 before = table.entry(group, addr)
                 graced = before is not None and before.grace_until is not None
                 if table.check is not None:
@@ -467,6 +473,7 @@ class Federation:
                 if addr in held:
                     notices += table.unlink_remote(held.pop(addr), group, addr, suspect=False)
                 continue
+            total += known is None
             held[addr] = rm
             notices += n
             for f in frames:  # held here in grace: handed to the router it came back to

@@ -261,6 +261,7 @@ _BRIDGE_COUNTERS: Final = (
      "Extra copies the broker sent for overlapping subscriptions (dropped)."),
     ("malformed", "Broker messages under the prefix that were not publications."),
     ("connects", "Successful broker connections."),
+    ("too_large", "Publications from the broker beyond max_frame: never delivered."),
     ("oversized", "Publications, routed messages and records not sent: beyond the broker's "
      "Maximum Packet Size."),
 )
