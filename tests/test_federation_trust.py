@@ -8,12 +8,16 @@ Every wait is bounded by work (the routers' counters), never by the clock.
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import msgpack
 import pytest
 import trio
+import trustme
 
 from gossiprouter.core.config import Config, ConfigError
 from gossiprouter.federation import mqtt_topics, signing
@@ -335,3 +339,126 @@ async def test_remote_state_is_bounded_like_local_state(
         y = await sb.connect(G, b"Y")
         await y.publish(("p", "b", ["eu"]), b"still connected", scope="local")
         assert [m.payload for m in await drain(x, 0.2)] == [b"still connected"]
+
+
+SHIPPED = Path(__file__).parent.parent / "docs" / "mosquitto"
+
+
+def locked_down(tmp: Path, users: list[str]) -> tuple[Mosquitto, Path]:
+    """mosquitto with the shipped docs/mosquitto/ configuration, on 127.0.0.1: only its paths
+    and port replaced (and, as root, the user it runs as). The password file is made by
+    mosquitto_passwd (password = user name + "-pw"), the TLS certificates by trustme.
+    Returns the broker and the CA's PEM."""
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1")
+    ca.cert_pem.write_to_path(str(tmp / "ca.pem"))
+    server.cert_chain_pems[0].write_to_path(str(tmp / "server.pem"))
+    server.private_key_pem.write_to_path(str(tmp / "server.key"))
+    passwd = tmp / "passwd"
+    for i, user in enumerate(users):
+        subprocess.run([shutil.which("mosquitto_passwd") or "mosquitto_passwd", "-b",
+                        *(["-c"] if i == 0 else []), str(passwd), user, f"{user}-pw"],
+                       check=True, capture_output=True)
+    (tmp / "acl").write_text((SHIPPED / "acl").read_text())
+    b = Mosquitto(tmp)
+    conf = (SHIPPED / "mosquitto.conf").read_text()
+    conf = conf.replace("/etc/mosquitto/gossiprouter/", f"{tmp}/")
+    conf = conf.replace("listener 8883", f"listener {b.port} 127.0.0.1")
+    conf = conf.replace("persistence true", "persistence false")
+    assert "allow_anonymous false" in conf and "acl_file" in conf and "certfile" in conf
+    if os.geteuid() == 0:
+        # Started as root, mosquitto reads these files as the user "mosquitto", who cannot
+        # enter pytest's private temporary directories.
+        conf += "user root\n"
+    b.conf.write_text(conf)
+    return b, tmp / "ca.pem"
+
+
+def mqtt_client(b: Mosquitto, ca: Path, user: str | None) -> Any:
+    """A plain paho client over TLS, as ``user`` (None: anonymous); CONNACK's reason code."""
+    from paho.mqtt.client import Client, MQTTv5
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    c = Client(CallbackAPIVersion.VERSION2, client_id=f"attacker-{user}", protocol=MQTTv5)
+    c.tls_set(ca_certs=str(ca))
+    if user is not None:
+        c.username_pw_set(user, f"{user}-pw")
+    return c
+
+
+def connack(b: Mosquitto, ca: Path, user: str | None) -> str:
+    import threading
+
+    c = mqtt_client(b, ca, user)
+    result: list[str] = []
+    done = threading.Event()
+
+    def on_connect(client: Any, userdata: Any, flags: Any, rc: Any, props: Any) -> None:
+        result.append(str(rc))
+        done.set()
+
+    c.on_connect = on_connect
+    c.connect("127.0.0.1", b.port)
+    c.loop_start()
+    done.wait(10)
+    c.loop_stop()
+    c.disconnect()
+    return result[0] if result else "no CONNACK"
+
+
+async def test_the_shipped_locked_down_broker_confines_each_router_to_its_subtree(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    """The shipped mosquitto configuration (TLS, no anonymous client, a password per router,
+    the %u ACL): two routers federate through it; an anonymous client cannot connect; router
+    A's credentials cannot write router B's Last Will, record or routed frames."""
+    b, ca = locked_down(tmp_path, ["router-a", "router-b"])
+    b.start()
+    try:
+        assert await trio.to_thread.run_sync(connack, b, ca, None) == "Not authorized"
+        opts: dict[str, Any] = {**FED, "bridge": f"mqtts://127.0.0.1:{b.port}",
+                                "bridge_tls_ca": str(ca)}
+        routers = []
+        for user in ("router-a", "router-b"):
+            (tmp_path / f"{user}.pw").write_text(f"{user}-pw\n")
+            routers.append(await InProcessRouter(
+                nursery, bridge_username=user, bridge_password_file=str(tmp_path / f"{user}.pw"),
+                **opts).start())
+        ra, rb = routers
+        fa = bridge_of(ra).federation
+        await eventually(lambda: fa.synced and fa.live_routers() == 1, what="federation up")
+        a = await member(ra, b"a")
+        bm = await member(rb, b"b")
+        await everywhere([ra, rb], {b"a", b"b"})
+        prefix = bridge_of(ra).prefix
+
+        def attack() -> None:
+            c = mqtt_client(b, ca, "router-a")
+            c.connect("127.0.0.1", b.port)
+            c.loop_start()
+            forged = [  # everything of router B's, written with A's credentials
+                (mqtt_topics.presence_topic(prefix, "router-b"), b"", True),
+                (mqtt_topics.members_topic(prefix, "router-b", G), b"", True),
+                (mqtt_topics.route_topic(prefix, "router-b", "router-a"),
+                 route_message("router-b", wire.encode_route(G, None, b"b", b"forged")),
+                 False),
+                # A marker that A's credentials may write and A reads: to itself, refused.
+                (mqtt_topics.route_topic(prefix, "router-a", "router-a"),
+                 route_message("router-a", b"marker"), False),
+            ]
+            for topic, payload, retain in forged:
+                c.publish(topic, payload, qos=1, retain=retain).wait_for_publish(10)
+            c.loop_stop()
+            c.disconnect()
+
+        await trio.to_thread.run_sync(attack)
+        # The marker, in A's own subtree, is allowed: A reads it after whatever of the
+        # forged messages the broker let through (one connection, in order).
+        await eventually(lambda: fa.stats.refused == 1, what="the marker")
+        assert fa.stats.routers_lost == 0 and fa.stats.routed_in == 1
+        assert table_members(ra) == {b"a", b"b"} and fa.live_routers() == 1
+        assert await routes(a) == []
+        await bm.send(wire.Route(G, b"a", b"b", b"real"))
+        await eventually(lambda: fa.stats.routed_in == 2, what="B's real frame")
+        assert [r.payload for r in await routes(a)] == [b"real"]
+    finally:
+        b.stop()
