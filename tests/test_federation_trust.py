@@ -23,6 +23,7 @@ from gossiprouter.core.config import Config, ConfigError
 from gossiprouter.federation import mqtt_topics, signing
 from gossiprouter.federation.bridge import Bridge
 from gossiprouter.federation.codec import encode_record
+from gossiprouter.federation.frames import check_routed
 from gossiprouter.federation.mqtt_topics import escape_level
 from gossiprouter.federation.signing import MAC_PROPERTY, Signer, Verifier
 from gossiprouter.ops.metrics import federation_metrics
@@ -462,3 +463,30 @@ async def test_the_shipped_locked_down_broker_confines_each_router_to_its_subtre
         assert [r.payload for r in await routes(a)] == [b"real"]
     finally:
         b.stop()
+
+
+def test_routed_frames_are_read_as_the_receivers_protocol() -> None:
+    """Sans-IO (frames.check_routed), per protocol family: whole messages only, exactly as
+    many as announced, within max_frame, from a sender the sending router carries."""
+    from gossiprouter.protocol import jgroups2 as j2
+    from gossiprouter.protocol import jgroups5 as j5
+    from gossiprouter.protocol.jgroups_common import JAddress
+
+    src = JAddress.from_uuid(1, 2, version=5)
+    other = JAddress.from_uuid(3, 4, version=5)
+    ok5 = j5.message("g", None, src, b"hello")
+    senders = {src.key}
+    assert check_routed("jgroups5:g", ok5 * 2, 2, 1 << 20, senders) is None
+    for bad, count in ((ok5, 2), (ok5[:-1], 1), (ok5 + b"\x00", 1), (j5.heartbeat(), 1),
+                       (j5.message("g", None, other, b"spoof"), 1)):
+        assert check_routed("jgroups5:g", bad, count, 1 << 20, senders) is not None
+    assert check_routed("jgroups5:g", ok5, 1, len(ok5) - 5, senders) is not None
+    ok2 = j2.message_to_client(None, b"hello")
+    assert check_routed("jgroups2:g", ok2, 1, 1 << 20, ()) is None
+    for bad in (ok2[:-2], ok2 + b"\x01", j2.suspect(None)):
+        assert check_routed("jgroups2:g", bad, 1, 1 << 20, ()) is not None
+    ok = wire.encode_route(G, None, b"a", b"x")
+    assert check_routed(G, ok, 1, 1 << 20, {b"a"}) is None
+    assert check_routed(G, wire.encode_route("other", None, b"a", b"x"), 1, 1 << 20,
+                        {b"a"}) == "a ROUTE of group 'other'"
+    assert check_routed(G, ok, 1, len(ok) - 5, {b"a"}) is not None

@@ -19,7 +19,7 @@ Sans-IO: bytes in, a reason out (None: accepted).
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Callable, Container
 
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
@@ -63,27 +63,29 @@ def _check_native(group: str, frames: bytes, count: int, max_frame: int,
 
 def _check_j5(frames: bytes, count: int, max_frame: int,
               senders: Container[bytes]) -> str | None:
-    dec = j5.Decoder(max_frame)
-    dec.feed(frames)
-    n = 0
-    while (ev := dec.next_event()) is not None:
-        if not isinstance(ev, j5.Message):
-            return f"a {type(ev).__name__}, not a MESSAGE"
-        if ev.sender is None or ev.sender.key not in senders:
-            return "sender not carried by the sending router"
-        n += 1
-    if dec.buffered or n != count:
-        return f"{n} whole frames, {dec.buffered} bytes left, {count} announced"
-    return None
+    def sender_ok(ev: object) -> bool:
+        s = getattr(ev, "sender", None)
+        return s is not None and s.key in senders
+
+    return _check_stream(j5.Decoder(max_frame), j5.Message, frames, count, sender_ok)
 
 
 def _check_j2(frames: bytes, count: int, max_frame: int) -> str | None:
-    dec = j2.ClientDecoder(max_frame)
+    return _check_stream(j2.ClientDecoder(max_frame), j2.Message, frames, count,
+                         lambda ev: True)
+
+
+def _check_stream(dec: j5.Decoder | j2.ClientDecoder, message: type, frames: bytes,
+                  count: int, sender_ok: Callable[[object], bool]) -> str | None:
+    """``count`` whole messages of ``dec``'s protocol, from accepted senders, and nothing
+    after them."""
     dec.feed(frames)
     n = 0
     while (ev := dec.next_event()) is not None:
-        if not isinstance(ev, j2.Message):
+        if not isinstance(ev, message):
             return f"a {type(ev).__name__}, not a MESSAGE"
+        if not sender_ok(ev):
+            return "sender not carried by the sending router"
         n += 1
     if dec.buffered or n != count:
         return f"{n} whole frames, {dec.buffered} bytes left, {count} announced"
