@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from gossiprouter.core.config import Config
 from gossiprouter.federation.state import Federation, RemoteGroup, RemoteMember
+from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.jgroups_address import JAddress
 from gossiprouter.routing.table import Kind, RoutingError
 from gossiprouter.sessions.base import Hub
@@ -21,6 +22,11 @@ from gossiprouter.sessions.jgroups_common import JWire
 from tests.carriers import Named
 
 G = "g"
+
+
+def F(sender: bytes, payload: bytes, dest: bytes | None = None) -> bytes:
+    """A native ROUTE frame of group G: what routed messages carry (they are checked)."""
+    return wire.encode_route(G, dest, sender, payload)
 
 
 class Net:
@@ -42,7 +48,7 @@ class Net:
         def send(to: str, payload: bytes) -> bool:
             if to in self.lost or origin in self.lost:
                 return False
-            self.feds[to].on_route(payload)
+            self.feds[to].on_route(payload, origin)
             return True
         return send
 
@@ -94,9 +100,10 @@ def test_a_multicast_goes_once_to_each_router_and_is_fanned_out_there() -> None:
     net.connect("c", cx, b"c")
     targets = a.table.resolve_multicast(G, s)
     assert sorted(type(t).__name__ for t in targets) == ["RemoteGroup", "RemoteGroup"]
+    two = F(b"s", b"1") + F(b"s", b"2")
     for t in targets:
-        t.push(b"frame", 2)
-    assert [x.pushed for x in bs] == [[(b"frame", 2)]] * 3 and cx.pushed == [(b"frame", 2)]
+        t.push(two, 2)
+    assert [x.pushed for x in bs] == [[(two, 2)]] * 3 and cx.pushed == [(two, 2)]
     assert (b.stats.routed_in, c.stats.routed_in, a.stats.routed_out) == (2, 2, 4)
 
 
@@ -113,26 +120,27 @@ def test_a_member_on_two_routers_gets_each_message_once() -> None:
     net.connect("a", s, b"s")
     net.connect("c", c1, b"c1")  # so C gets A's multicasts too
     for t in a.table.resolve_multicast(G, s):
-        t.push(b"m")
-    assert (tb.pushed, tc.pushed, c1.pushed) == ([(b"m", 1)], [], [(b"m", 1)])
+        t.push(F(b"s", b"m"))
+    assert (tb.pushed, tc.pushed, c1.pushed) == ([(F(b"s", b"m"), 1)], [], [(F(b"s", b"m"), 1)])
     # A multicast from C's sender: C delivers locally, B must not.
     sc = Named("sc")
     net.connect("c", sc, b"sc")
     for t in c.table.resolve_multicast(G, sc):
-        t.push(b"from-c")
-    assert (tb.pushed, tc.pushed) == ([(b"m", 1)], [(b"from-c", 1)])
+        t.push(F(b"sc", b"from-c"))
+    assert (tb.pushed, tc.pushed) == ([(F(b"s", b"m"), 1)], [(F(b"sc", b"from-c"), 1)])
     # What B delivers of A's multicasts (cached per group and sender's router) follows t.
-    a.send(a.routers["b"], G, None, b"direct", 1)
-    assert tb.pushed[-1] == (b"direct", 1)
+    a.send(a.routers["b"], G, None, F(b"s", b"direct"), 1)
+    assert tb.pushed[-1] == (F(b"s", b"direct"), 1)
     # t also connects to A: A delivers its own senders' messages locally, B and C nothing.
     net.connect("a", ta, b"t")
-    a.send(a.routers["b"], G, None, b"direct-2", 1)
-    assert tb.pushed[-1] == (b"direct", 1)
+    a.send(a.routers["b"], G, None, F(b"s", b"direct-2"), 1)
+    assert tb.pushed[-1] == (F(b"s", b"direct"), 1)
     assert kinds(a, b"t") == ["RemoteMember", "RemoteMember", "Named"]
     for t in a.table.resolve_multicast(G, s):
         t.push(b"local")
     assert (ta.pushed, tb.pushed, tc.pushed) == (
-        [(b"local", 1)], [(b"m", 1), (b"direct", 1)], [(b"from-c", 1)])
+        [(b"local", 1)], [(F(b"s", b"m"), 1), (F(b"s", b"direct"), 1)],
+        [(F(b"sc", b"from-c"), 1)])
     assert b.receivers(b.table.groups[G], "a") == []
 
 
@@ -219,10 +227,10 @@ def test_grace_at_the_members_router_holds_and_hands_over() -> None:
     e = b.table.entry(G, b"t")
     assert e is not None and [c.live for c in e.carriers] == [False]  # type: ignore[attr-defined]
     for t in b.table.resolve_multicast(G, s):
-        t.push(b"held")
-    assert a.table.entry(G, b"t").held == [b"held"]  # type: ignore[union-attr]
+        t.push(F(b"s", b"held"))
+    assert a.table.entry(G, b"t").held == [F(b"s", b"held")]  # type: ignore[union-attr]
     net.connect("b", tb, b"t")
-    assert tb.pushed == [(b"held", 1)]
+    assert tb.pushed == [(F(b"s", b"held"), 1)]
     assert isinstance(a.table.entry(G, b"t").carriers[-1], RemoteMember)  # type: ignore[union-attr]
     assert RemoteGroup.fast_id is None and RemoteMember.fast_id is None
     # A's grace ended: its record no longer lists t, so B carries t alone everywhere, and a
@@ -285,7 +293,7 @@ def test_malformed_federation_messages_are_counted_and_change_nothing() -> None:
     b = net.feds["b"]
     net.connect("a", Named("x"), b"x")
     for bad in (b"", b"\x00", b"\x00\x05\x93\x01", b"\x00\x02\x92\x01"):
-        b.on_route(bad)
+        b.on_route(bad, "a")
     for bad in (b"\xc1", b"\x81\xa1m\x91\x93\x01\x02\x03", b"\x90"):
         b.on_record("a", G, bad)
     b.on_presence("a", b"\xc1")
@@ -379,7 +387,7 @@ def test_hostile_federation_payloads_never_crash_and_never_store_what_cannot_be_
         if kind == "record":
             f.on_record(origin, group, record)
         elif kind == "route":
-            f.on_route(route)
+            f.on_route(route, "b")
         else:
             f.on_presence(origin, presence, 1.0)
     check = hub.check_registration
@@ -436,13 +444,13 @@ def test_a_new_members_record_goes_before_its_first_message() -> None:
     x = Named("x")
     a.table.connect(x, G, b"x", "x")  # no net.sync(): the flush has not run yet
     for t in a.table.resolve_multicast(G, x):
-        t.push(b"hello")
-    assert y.pushed == [(b"hello", 1)] and len(published) == 1
+        t.push(F(b"x", b"hello"))
+    assert y.pushed == [(F(b"x", b"hello"), 1)] and len(published) == 1
     # y answers x through B: B knows x now.
     e = b.table.resolve_unicast(G, b"x")
     assert e is not None and e.carrier is not None
-    e.carrier.push(b"answer")
-    assert x.pushed == [(b"answer", 1)] and b.stats.undeliverable == 0
+    e.carrier.push(F(b"y", b"answer", b"x"))
+    assert x.pushed == [(F(b"y", b"answer", b"x"), 1)] and b.stats.undeliverable == 0
     assert a.flush() == []  # nothing left for the coalesced flush
 
 

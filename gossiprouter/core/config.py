@@ -247,6 +247,21 @@ OPTIONS: tuple[Option, ...] = (
            "First level of every MQTT topic the bridge uses (one federation per prefix).",
            parse=lambda v: _check_prefix(v)),
     Option("bridge_username", str, "", "MQTT user name (empty: none)."),
+    Option("federation_id", str, "",
+           "This router's stable identity in the federation: its topic subtree "
+           "%fed/PREFIX/ID/ and its MQTT client id. Give it the router's MQTT user name, so "
+           "the broker's ACL confines the router to its own topics (docs/federation.md, "
+           "'Locked-down deployment'). Default: bridge_username; without one, a random id "
+           "at each start (with a warning).", parse=lambda v: check_federation_id(v)),
+    Option("federation_members_per_router", int, 100_000,
+           "Most members this router takes from the records of one other router of the "
+           "federation (beyond: left out and counted in conflicts); 0 = no bound. Remote "
+           "groups count in max_groups like local ones.", minimum=0),
+    Option("federation_key_file", str, "",
+           "File holding a key shared by every router of the federation (at least 16 bytes): "
+           "every federation message is then signed (HMAC-SHA256) and nothing unsigned, "
+           "badly signed or replayed is read. For a broker that cannot confine each router "
+           "to its own topics (docs/federation.md, 'Threat model').", metavar="FILE"),
     Option("bridge_password_file", str, "",
            "File holding the MQTT password (first line), so it is not on the command line.",
            metavar="FILE"),
@@ -287,6 +302,14 @@ def parse_bridge_url(value: str) -> tuple[str, str, int]:
     except ValueError:
         raise ValueError("port must be 1..65535") from None
     return u.scheme, u.hostname, port or (8883 if u.scheme == "mqtts" else 1883)
+
+
+def check_federation_id(value: str) -> str:
+    if value and not (value.isascii() and value.isprintable() and len(value) <= 128
+                      and not any(c in value for c in "/+#% ")):
+        raise ValueError("at most 128 printable ASCII characters without '/', '+', '#', "
+                         "'%' or spaces (one MQTT topic level, as the broker's user name)")
+    return value
 
 
 def _check_prefix(value: str) -> str:
@@ -369,6 +392,9 @@ class Config:
     bridge: str = ""
     bridge_prefix: str = "gossiprouter"
     bridge_username: str = ""
+    federation_id: str = ""
+    federation_key_file: str = ""
+    federation_members_per_router: int = 100_000
     bridge_password_file: str = ""
     bridge_tls_ca: str = ""
     bridge_tls_cert: str = ""

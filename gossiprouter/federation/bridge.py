@@ -6,7 +6,7 @@ mqtt://HOST:PORT``). A **global** publication of a local client is delivered
 locally first, then published once to the broker; the broker hands it to the
 other routers whose local subscribers' patterns match, and each of them
 delivers it to its own subscribers. The routers also tell each other, under
-``{prefix}/%fed/``, which members each carries, and forward each other the
+``%fed/{prefix}/<router>/``, which members each carries, and forward each other the
 frames for those members.
 
 :class:`Bridge` is one object built in parts, one module a job:

@@ -75,6 +75,29 @@ class BridgeStats:
     refused_filters: int = 0  # filters the broker refused in a SUBACK
     failures: int = 0  # connection attempts or sessions that failed
     oversized: int = 0  # publications, routed messages, records beyond the broker's limit
+    too_large: int = 0  # publications from the broker beyond max_frame: never delivered
+
+
+def _federation_id(config: Config) -> str:
+    """The configured federation id: ``federation_id``, else ``bridge_username`` ("" for
+    neither); ValueError if the user name cannot be one."""
+    from gossiprouter.core.config import check_federation_id
+
+    if config.federation_id:
+        try:
+            check_federation_id(config.federation_id)
+        except ValueError as e:
+            raise ValueError(f"federation_id = {config.federation_id!r}: {e}") from None
+        if config.bridge_username and config.bridge_username != config.federation_id:
+            log.warning("bridge: federation_id %r is not the MQTT user name %r: a broker ACL "
+                        "with %%u cannot confine this router to its own topics",
+                        config.federation_id, config.bridge_username)
+        return config.federation_id
+    try:
+        return check_federation_id(config.bridge_username)
+    except ValueError as e:
+        raise ValueError(f"bridge_username = {config.bridge_username!r} cannot be the "
+                         f"federation id ({e}): set federation_id") from None
 
 
 class BrokerSession:
@@ -100,15 +123,24 @@ class BrokerSession:
         self.prefix = config.bridge_prefix
         self.reconnect_max = config.bridge_reconnect_max
         self.keepalive = config.bridge_keepalive
-        # A new id on every start: a restarted router is a new origin, and two routers
-        # configured with the same name still never drop each other's publications.
-        self.origin = f"{config.name}#{uuid.uuid4().hex[:12]}"
+        # The router's federation identity (docs/federation.md, "Identity"): configured, and
+        # by default its MQTT user name, so the broker's ACL can confine it to its subtree.
+        try:
+            fed_id = _federation_id(config)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        self.origin = fed_id or f"{config.name}#{uuid.uuid4().hex[:12]}"
+        if not fed_id:
+            log.warning("bridge: no federation_id and no bridge_username: a random federation "
+                        "id %r, new at each start, which no broker ACL can confine",
+                        self.origin)
         self.state = "disconnected"
         self.last_error: str | None = None
         self.stats = BridgeStats()
         self.filters: set[str] = set()
         self._client: Client = Client(
-            CallbackAPIVersion.VERSION2, client_id=f"gossiprouter-{uuid.uuid4().hex}",
+            CallbackAPIVersion.VERSION2,
+            client_id=f"gossiprouter-{fed_id}" if fed_id else f"gossiprouter-{uuid.uuid4().hex}",
             protocol=MQTTProtocolVersion.MQTTv5)
         c = self._client
         c.connect_timeout = CONNECT_TIMEOUT

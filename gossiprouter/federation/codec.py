@@ -128,21 +128,25 @@ def decode_record(payload: bytes) -> tuple[list[Member], set[bytes]]:
 
 
 def encode_route(origin: str, group: str, dest: bytes | None, count: int,
-                 frames: bytes) -> bytes:
+                 frames: bytes, handed: bool = False) -> bytes:
     """A routed message: ``count`` frames from router ``origin`` for ``dest`` (None: the
-    group), behind a header read alone (its length first)."""
-    head: bytes = msgpack.packb([origin, group, dest, count])
+    group), behind a header read alone (its length first). ``handed``: frames another
+    router sent to ``origin`` for a member it held in grace, handed on to where the member
+    came back (their senders are members of the group, not necessarily of ``origin``)."""
+    head: bytes = msgpack.packb([origin, group, dest, count, *((True,) if handed else ())])
     return _HEAD_LEN.pack(len(head)) + head + frames
 
 
-def decode_route(payload: bytes) -> tuple[str, str, bytes | None, int, bytes]:
-    """(origin, group, dest, count, frames) of a routed message."""
+def decode_route(payload: bytes) -> tuple[str, str, bytes | None, int, bool, bytes]:
+    """(origin, group, dest, count, handed, frames) of a routed message."""
     # The header is read alone (its length first), so the frames are not copied
     # into a decoder's buffer on the way.
     (n,) = _HEAD_LEN.unpack_from(payload)
-    origin, group, dest, count = msgpack.unpackb(payload[2:2 + n])
+    origin, group, dest, count, *rest = msgpack.unpackb(payload[2:2 + n])
+    handed = rest == [True]
     if not (isinstance(origin, str) and isinstance(group, str)
             and (dest is None or isinstance(dest, bytes))
-            and isinstance(count, int) and count > 0):
+            and isinstance(count, int) and not isinstance(count, bool) and count > 0
+            and (handed or not rest)):
         raise ValueError("bad header")
-    return origin, group, dest, count, payload[2 + n:]
+    return origin, group, dest, count, handed, payload[2 + n:]

@@ -9,8 +9,9 @@ patterns to MQTT topics and filters, and the names of the federation's own topic
   percent-encoded (their UTF-8 bytes: ``%2F``, ``%2B``, ...) and an empty
   level is ``%``, so every level is one MQTT level, never a wildcard, and never
   refused by a broker.
-* **Federation topics**, under ``{prefix}/%fed/`` (a level the mapping never produces):
-  :func:`presence_topic`, :func:`members_topic`, :func:`route_topic`, :func:`sync_topic`.
+* **Federation topics**, under ``%fed/{prefix}/<router>/``: each router writes only in its
+  own subtree (:func:`router_root`): :func:`presence_topic`, :func:`members_topic`,
+  :func:`route_topic`, :func:`sync_topic`; :func:`parse_fed_topic` reads them back.
 
 Plain strings, no I/O: :mod:`gossiprouter.federation.bridge` and its parts publish and
 subscribe to them.
@@ -85,24 +86,55 @@ def mqtt_filter(prefix: str, group: str, pat: TopicId) -> str:
     return "/".join(levels)
 
 
+def fed_root(prefix: str) -> str:
+    """The root of the federation's own topics: ``%fed/{prefix}/``, beside the topic
+    publications' ``{prefix}/`` and never inside it, so a broker ACL can let a router write
+    topic publications without letting it write any other router's federation topics."""
+    return f"{FED}/{prefix}/"
+
+
+def router_root(prefix: str, origin: str) -> str:
+    """Router ``origin``'s subtree: everything it writes, and nothing any other router writes
+    (one ACL pattern ``pattern write %fed/{prefix}/%u/#`` confines it there)."""
+    return f"{fed_root(prefix)}{escape_level(origin)}/"
+
+
 def presence_topic(prefix: str, origin: str) -> str:
     """The retained presence of router ``origin`` (its Last Will empties it)."""
-    return f"{prefix}/{FED}/router/{escape_level(origin)}"
+    return router_root(prefix, origin) + "presence"
 
 
 def members_topic(prefix: str, origin: str, group: str) -> str:
     """The retained record of the members router ``origin`` carries in ``group``."""
-    return f"{prefix}/{FED}/members/{escape_level(origin)}/{escape_level(group)}"
+    return f"{router_root(prefix, origin)}members/{escape_level(group)}"
 
 
-def route_topic(prefix: str, origin: str) -> str:
-    """Where frames for router ``origin`` are published."""
-    return f"{prefix}/{FED}/route/{escape_level(origin)}"
+def route_topic(prefix: str, sender: str, dest: str) -> str:
+    """Where router ``sender`` publishes frames for router ``dest`` (in the sender's
+    subtree: the topic says who wrote it)."""
+    return f"{router_root(prefix, sender)}route/{escape_level(dest)}"
 
 
 def sync_topic(prefix: str, origin: str) -> str:
     """The marker router ``origin`` sends itself to end a resync."""
-    return f"{prefix}/{FED}/sync/{escape_level(origin)}"
+    return router_root(prefix, origin) + "sync"
+
+
+def parse_fed_topic(prefix: str, topic: str) -> tuple[str, str, str | None]:
+    """(writer, kind, argument) of a federation topic: the router whose subtree it is in,
+    ``presence`` / ``members`` / ``route`` / ``sync``, and the group (members) or destination
+    router (route); ValueError for anything else."""
+    root = fed_root(prefix)
+    if not topic.startswith(root):
+        raise ValueError(f"not a federation topic: {topic!r}")
+    levels = topic[len(root):].split("/")
+    writer = unescape_level(levels[0])
+    kind = levels[1] if len(levels) > 1 else ""
+    if kind in ("presence", "sync") and len(levels) == 2:
+        return writer, kind, None
+    if kind in ("members", "route") and len(levels) == 3:
+        return writer, kind, unescape_level(levels[2])
+    raise ValueError(f"unknown federation topic {topic!r}")
 
 
 def parse_mqtt_topic(prefix: str, topic: str) -> tuple[str, TopicId]:

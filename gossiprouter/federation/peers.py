@@ -1,10 +1,10 @@
 """The federation bridge's traffic between routers: presence (and its Last Will), membership
 records, routed frames and the resync marker (docs/federation.md).
 
-* **Membership and routing** (:mod:`gossiprouter.federation.state` holds the state): under
-  ``{prefix}/%fed/`` (a level the topic mapping never produces), a retained presence per
-  router whose Last Will deletes it, a retained record per router and group, a route topic
-  per router for forwarded frames, and a sync marker per router that ends the resync after
+* **Membership and routing** (:mod:`gossiprouter.federation.state` holds the state): in each
+  router's own subtree ``%fed/{prefix}/<router>/`` (beside the topic publications' tree), a
+  retained presence whose Last Will deletes it, a retained record per group, a route topic
+  per destination router for forwarded frames, and a sync marker that ends the resync after
   each (re)connect. Topic names: :mod:`gossiprouter.federation.mqtt_topics`; payloads:
   :mod:`gossiprouter.federation.codec`.
 * **Life cycle**: on every broker session the presence, the snapshot of the records and the
@@ -17,19 +17,28 @@ records, routed frames and the resync marker (docs/federation.md).
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import TYPE_CHECKING
 
 import trio
 
-from gossiprouter.core.config import Config
+from gossiprouter.core.config import Config, ConfigError
 from gossiprouter.federation.broker import BrokerSession
 from gossiprouter.federation.mqtt_topics import (
-    FED,
+    escape_level,
+    fed_root,
     members_topic,
+    parse_fed_topic,
     presence_topic,
     route_topic,
     sync_topic,
-    unescape_level,
+)
+from gossiprouter.federation.signing import (
+    MAC_PROPERTY,
+    KeyFileError,
+    Signer,
+    Verifier,
+    read_key,
 )
 from gossiprouter.federation.state import PRESENCE_TTL, RECORD_TTL, Federation
 
@@ -50,12 +59,17 @@ FLUSH_DELAY = 0.005
 
 def _expiring(seconds: int) -> Properties:
     """PUBLISH properties with an MQTT 5 Message Expiry Interval."""
+    props = _properties()
+    props.MessageExpiryInterval = seconds
+    return props
+
+
+def _properties(will: bool = False) -> Properties:
     from paho.mqtt.packettypes import PacketTypes
     from paho.mqtt.properties import Properties
 
-    props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-    props.MessageExpiryInterval = seconds
-    return props
+    return Properties(  # type: ignore[no-untyped-call]
+        PacketTypes.WILLMESSAGE if will else PacketTypes.PUBLISH)
 
 
 class Peers(BrokerSession):
@@ -65,11 +79,26 @@ class Peers(BrokerSession):
     def __init__(self, hub: Hub, config: Config) -> None:
         super().__init__(hub, config)
         c = self._client
+        # The optional federation key (signing.py): everything under %fed/ signed and checked.
+        self._signer: Signer | None = None
+        self._verifier: Verifier | None = None
+        if config.federation_key_file:
+            try:
+                key = read_key(config.federation_key_file)
+            except KeyFileError as e:
+                raise ConfigError(str(e)) from None
+            self._signer = Signer(key, uuid.uuid4().hex[:16])
+            self._verifier = Verifier(key)
+        elif not config.bridge_username and not config.bridge_tls_cert:
+            log.warning("bridge: federating with no broker credentials and no "
+                        "federation_key_file: anyone who can reach the broker can take over "
+                        "the federation (docs/federation.md, 'Threat model')")
         # Deleted (empty and retained) by the broker when this router dies or is cut off, so
         # the others drop its members (docs/federation.md, "Life cycle").
-        c.will_set(presence_topic(self.prefix, self.origin), b"", qos=1, retain=True)
-        self._fed_root = f"{self.prefix}/{FED}/"
-        self._route_topic = route_topic(self.prefix, self.origin)
+        will = presence_topic(self.prefix, self.origin)
+        c.will_set(will, b"", qos=1, retain=True,
+                   properties=self._signed(will, b"", "presence", _properties(will=True)))
+        self._fed_root = fed_root(self.prefix)
         self._sync_topic = sync_topic(self.prefix, self.origin)
         self._fed_dirty = trio.Event()
         self.federation = Federation(hub, self.origin, config.name, self._send_route,
@@ -79,23 +108,35 @@ class Peers(BrokerSession):
     def _send_route(self, origin: str, payload: bytes) -> bool:
         if not self._writable():
             return False
-        topic = route_topic(self.prefix, origin)
+        topic = route_topic(self.prefix, self.origin, origin)
         if not self._fits(topic, payload):
             return False
-        info = self._client.publish(topic, payload, self.qos)
+        info = self._client.publish(topic, payload, self.qos,
+                                    properties=self._signed(topic, payload, "route"))
         if info.rc:
             return False
         self._kick_writer()
         return True
 
+    def _signed(self, topic: str, payload: bytes, kind: str,
+                props: Properties | None = None) -> Properties | None:
+        """``props`` with this router's signature of the message (only with a key)."""
+        if self._signer is None:
+            return props
+        if props is None:
+            props = _properties()
+        user = list(getattr(props, "UserProperty", None) or ())
+        props.UserProperty = [*user, (MAC_PROPERTY, self._signer.sign(topic, payload, kind))]
+        return props
+
     def _publish_presence(self) -> None:
-        self._client.publish(presence_topic(self.prefix, self.origin),
-                             self.federation.presence(), qos=1, retain=True,
-                             properties=_expiring(PRESENCE_TTL))
+        topic, payload = presence_topic(self.prefix, self.origin), self.federation.presence()
+        self._client.publish(topic, payload, qos=1, retain=True,
+                             properties=self._signed(topic, payload, "presence",
+                                                     _expiring(PRESENCE_TTL)))
         self._kick_writer()
 
     def _publish_records(self, records: list[tuple[str, bytes]]) -> None:
-        props = _expiring(RECORD_TTL)
         for group, payload in records:
             topic = members_topic(self.prefix, self.origin, group)
             if not self._fits(topic, payload):
@@ -104,7 +145,9 @@ class Peers(BrokerSession):
                 continue
             # A deletion (empty payload) must not expire: it is the absence of a record.
             self._client.publish(topic, payload, qos=1, retain=True,
-                                 properties=props if payload else None)
+                                 properties=self._signed(topic, payload, "members",
+                                                         _expiring(RECORD_TTL)
+                                                         if payload else None))
         if records:
             self._kick_writer()
 
@@ -130,8 +173,9 @@ class Peers(BrokerSession):
         props.UserProperty = [(LEFT_PROPERTY, "1")]
         # After the records on the one connection, so every router has applied them (leave)
         # before it drops this router.
-        self._client.publish(presence_topic(self.prefix, self.origin), b"", qos=1, retain=True,
-                             properties=props)
+        topic = presence_topic(self.prefix, self.origin)
+        self._client.publish(topic, b"", qos=1, retain=True,
+                             properties=self._signed(topic, b"", "presence", props))
         self._kick_writer()
         self._disconnect_when_acked()
         log.info("bridge: leaving the federation (%d records withdrawn)", len(records))
@@ -153,33 +197,45 @@ class Peers(BrokerSession):
         root = self._fed_root
         state = SubscribeOptions(qos=1, noLocal=True)
         _, self._fed_mid = client.subscribe([
-            (root + "router/+", state), (root + "members/#", state),
-            (self._route_topic, SubscribeOptions(qos=self.qos, noLocal=True)),
+            (root + "+/presence", state), (root + "+/members/#", state),
+            (f"{root}+/route/{escape_level(self.origin)}",
+             SubscribeOptions(qos=self.qos, noLocal=True)),
             (self._sync_topic, SubscribeOptions(qos=1))])
         self._publish_presence()
         self._publish_records(fed.snapshot())
-        client.publish(self._sync_topic, b"", qos=1)
+        client.publish(self._sync_topic, b"", qos=1,
+                       properties=self._signed(self._sync_topic, b"", "sync"))
 
     def _on_federation(self, topic: str, payload: bytes, props: Properties | None) -> None:
         fed = self.federation
         try:
-            if topic == self._route_topic:  # the routed frames: first, nothing else parsed
-                fed.on_route(payload)
-                return
-            if topic == self._sync_topic:
+            # Who wrote it is the subtree it is in (which the broker's ACL confines each
+            # router to): a message about router R is only ever read from R's subtree.
+            writer, kind, arg = parse_fed_topic(self.prefix, topic)
+            user = getattr(props, "UserProperty", None) or ()
+            left = any(k == LEFT_PROPERTY for k, _ in user)
+            if self._verifier is not None:
+                why = self._verifier.check(
+                    topic, payload, next((v for k, v in user if k == MAC_PROPERTY), None),
+                    writer=writer, kind=kind, last_will=not payload and not left)
+                if why is not None:
+                    fed.stats.unauthenticated += 1
+                    log.debug("bridge: refusing %r: %s", topic, why)
+                    return
+                if kind == "presence" and not payload:
+                    self._verifier.forget(writer)
+            if kind == "route" and arg == self.origin:
+                fed.on_route(payload, writer)
+            elif kind == "sync" and writer == self.origin:
                 fed.end_sync()
-                return
-            levels = topic[len(self._fed_root):].split("/")
-            if levels[0] == "router" and len(levels) == 2:
-                left = any(k == LEFT_PROPERTY for k, _ in
-                           getattr(props, "UserProperty", None) or ())
+            elif kind == "presence":
                 expiry = getattr(props, "MessageExpiryInterval", None)
-                fed.on_presence(unescape_level(levels[1]), payload, trio.current_time(),
+                fed.on_presence(writer, payload, trio.current_time(),
                                 left=left, expiry=expiry if isinstance(expiry, int) else None)
-            elif levels[0] == "members" and len(levels) == 3:
-                fed.on_record(unescape_level(levels[1]), unescape_level(levels[2]), payload)
+            elif kind == "members" and arg is not None:
+                fed.on_record(writer, arg, payload)
             else:
-                raise ValueError("unknown federation topic")
+                raise ValueError("not a federation topic this router subscribed to")
         except ValueError as e:
             fed.stats.malformed += 1
             log.debug("bridge: dropping %r: %s", topic, e)

@@ -28,6 +28,7 @@ to its own subscribers (:meth:`Publications._on_publication`). Topics and filter
 from __future__ import annotations
 
 import logging
+import uuid
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -57,13 +58,14 @@ class _Dedup:
 
     MQTT lets a broker deliver one copy per matching subscription (mosquitto does), and
     the union of local patterns overlaps as soon as two members use ``+`` and ``*``. Every
-    bridged publication carries its origin's sequence number; per origin the last
-    ``DEDUP_WINDOW`` numbers are remembered (copies arrive back to back, and one origin's
-    publications in order), and anything older than the window counts as seen.
+    bridged publication carries its origin's sequence number; per origin (a router's id and
+    a random id of its run) the last ``DEDUP_WINDOW`` numbers received are remembered
+    (copies arrive back to back). Nothing else is inferred from the numbers, so a forged
+    huge one costs one slot of the window, never the origin's later publications.
     """
 
     def __init__(self) -> None:
-        self._origins: dict[str, tuple[set[int], deque[int], list[int]]] = {}
+        self._origins: dict[str, tuple[set[int], deque[int]]] = {}
 
     def first(self, origin: str, seq: int) -> bool:
         st = self._origins.get(origin)
@@ -71,16 +73,14 @@ class _Dedup:
             if len(self._origins) >= MAX_ORIGINS:
                 # Forget the oldest origin (a router restarted long ago gets a new id).
                 del self._origins[next(iter(self._origins))]
-            st = self._origins[origin] = (set(), deque(), [seq - 1])
-        seen, order, top = st
-        if seq in seen or seq <= top[0] - DEDUP_WINDOW:
+            st = self._origins[origin] = (set(), deque())
+        seen, order = st
+        if seq in seen:
             return False
         seen.add(seq)
         order.append(seq)
         if len(order) > DEDUP_WINDOW:
             seen.discard(order.popleft())
-        if seq > top[0]:
-            top[0] = seq
         return True
 
 
@@ -91,6 +91,9 @@ class Publications(BrokerSession):
         super().__init__(hub, config)
         self._seq = 0
         self._dedup = _Dedup()
+        # The origin of this run's publications: the federation id is stable across restarts,
+        # the sequence numbers are not, so each start is a new de-duplication window.
+        self._pub_origin = f"{self.origin}/{uuid.uuid4().hex[:12]}"
 
     def forward(self, group: str, sender: bytes, tid: TopicId, payload: bytes) -> None:
         """Publish one global publication of a local client (already delivered locally)."""
@@ -101,7 +104,7 @@ class Publications(BrokerSession):
         from paho.mqtt.properties import Properties
 
         self._seq += 1
-        user = [(ORIGIN_PROPERTY, self.origin), (SENDER_PROPERTY, sender.hex()),
+        user = [(ORIGIN_PROPERTY, self._pub_origin), (SENDER_PROPERTY, sender.hex()),
                 (SEQ_PROPERTY, str(self._seq))]
         topic = mqtt_topic(self.prefix, group, tid)
         if not self._fits(topic, payload, *(v for _, v in user)):
@@ -126,7 +129,7 @@ class Publications(BrokerSession):
                 sender = v
             elif k == SEQ_PROPERTY:
                 seq = v
-        if origin == self.origin:
+        if origin == self._pub_origin:
             self.stats.echo_dropped += 1
             return
         if seq is not None and not (seq.isascii() and seq.isdigit() and len(seq) <= 20):
@@ -150,9 +153,17 @@ class Publications(BrokerSession):
             return
         from gossiprouter.sessions.native import deliver_publication
 
+        max_frame = self.hub.config.max_frame
+        if len(msg.payload) > max_frame:  # before the copy: it may be a retained 9 MiB
+            self.stats.too_large += 1
+            return
         payload = bytes(msg.payload)
         frame = wire.encode_publish(group, addr, tid[0], tid[1], tid[2], wire.PUB_GLOBAL,
                                     payload)
+        if len(frame) - 4 > max_frame:
+            # No subscriber could take it (each would be cut for frame_too_large).
+            self.stats.too_large += 1
+            return
         self.stats.received += 1
         self.table.stats.federated_in += 1
         # Delivered here and never forwarded again: on_global is not called for it.

@@ -42,6 +42,7 @@ from gossiprouter.federation.codec import (
     encode_route,
     local_members,
 )
+from gossiprouter.federation.frames import check_routed
 from gossiprouter.routing.table import (
     Carrier,
     Entry,
@@ -76,6 +77,8 @@ class FederationStats:
     records_out: int = 0  # membership records published
     records_in: int = 0  # membership records applied
     malformed: int = 0  # federation messages that could not be read
+    refused: int = 0  # routed frames not delivered: bad frames, or a sender not of that router
+    unauthenticated: int = 0  # messages the federation key refused (unsigned, bad, replayed)
     conflicts: int = 0  # remote registrations a local rule refused (e.g. an in-process address)
     routers_lost: int = 0  # routers dropped: Last Will, resync, or this router cut off
     routers_left: int = 0  # routers that shut down cleanly (their members left, unsuspected)
@@ -437,6 +440,9 @@ class Federation:
         held = r.groups.get(group, {})
         new = {m[0]: m for m in members}
         notices: list[Notice] = []
+        # Bounded like local state: remote groups count in max_groups, a router's members capped.
+        cap, max_groups = self.hub.config.federation_members_per_router, table.limits.max_groups
+        total = sum(len(h) for h in r.groups.values())
         for addr in [a for a in held if a not in new]:
             rm = held.pop(addr)
             notices += table.unlink_remote(rm, group, addr, suspect=addr in suspected)
@@ -448,6 +454,9 @@ class Federation:
             rm.live = m[5]
             rm.data = m
             try:
+                if (known is None and cap and total >= cap) or (
+                        group not in table.groups and 0 < max_groups <= len(table.groups)):
+                    raise RoutingError("limit", "federation_members_per_router or max_groups")
                 before = table.entry(group, addr)
                 graced = before is not None and before.grace_until is not None
                 if table.check is not None:
@@ -464,10 +473,11 @@ class Federation:
                 if addr in held:
                     notices += table.unlink_remote(held.pop(addr), group, addr, suspect=False)
                 continue
+            total += known is None
             held[addr] = rm
             notices += n
             for f in frames:  # held here in grace: handed to the router it came back to
-                rm.push(f)
+                self.send(r, group, addr, f, 1, handed=True)
             if graced:
                 # Its grace here ended (it came back on that router): this router's record,
                 # which listed it as held here, must drop it, or the others keep routing
@@ -499,7 +509,7 @@ class Federation:
     # ------------------------------------------------------------------ routing
 
     def send(self, remote: RemoteRouter, group: str, dest: bytes | None, frames: bytes,
-             count: int) -> None:
+             count: int, handed: bool = False) -> None:
         """Frames for ``dest`` (None: the group) through router ``remote``: one message.
 
         A change of the group's members still waiting for the coalesced flush is published
@@ -509,23 +519,35 @@ class Federation:
         """
         if group in self.dirty and self.publish is not None:
             self.publish(group)
-        if self._send(remote.origin, encode_route(self.origin, group, dest, count, frames)):
+        if self._send(remote.origin, encode_route(self.origin, group, dest, count, frames,
+                                                       handed)):
             self.stats.routed_out += count
         else:
             self.stats.not_forwarded += count
 
-    def on_route(self, payload: bytes) -> None:
-        """Frames another router sent here: delivered to local connections only, never sent
-        on (so nothing loops)."""
+    def on_route(self, payload: bytes, writer: str) -> None:
+        """Frames router ``writer`` sent here (the subtree they came from): delivered to
+        local connections only, never sent on (so nothing loops)."""
         try:
-            origin, group, dest, count, frames = decode_route(payload)
+            origin, group, dest, count, handed, frames = decode_route(payload)
+            if origin != writer:
+                raise ValueError(f"router {origin!r} in the subtree of {writer!r}")
         except ROUTE_ERRORS as exc:
             self.stats.malformed += 1
             log.debug("federation: bad routed message: %s", exc)
             return
         self.stats.routed_in += count
+        # Nothing from the broker reaches a client socket unread (frames.py).
+        r = self.routers.get(origin)
+        g = self.table.groups.get(group)
+        senders = (() if r is None or not r.alive else  # handed on: a member of the group
+                   (g.entries if g is not None else ()) if handed else r.groups.get(group, {}))
+        why = check_routed(group, frames, count, self.hub.config.max_frame, senders)
+        if why is not None:
+            self.stats.refused += count
+            log.debug("federation: routed frames from %r refused: %s", origin, why)
+            return
         table = self.table
-        g = table.groups.get(group)
         if g is None:
             self.stats.undeliverable += count
             return

@@ -186,9 +186,9 @@ def mosquitto_config(port: int, *, bridge_to: int | None = None,
     """A mosquitto config listening on 127.0.0.1:port, anonymous, without persistence.
 
     With ``bridge_to`` the broker also bridges to the mosquitto on 127.0.0.1:bridge_to (a
-    ``connection`` section): everything under ``prefix/`` both ways, which is all a
-    federation of routers publishes (topics, and whatever else the bridge carries under its
-    ``bridge_prefix``). That is the multi-broker deployment in small.
+    ``connection`` section): everything under ``prefix/`` (topic publications) and
+    ``%fed/prefix/`` (the federation's own topics) both ways, which is all a federation of
+    routers publishes. That is the multi-broker deployment in small.
     """
     lines = [f"listener {port} {HOST}", "allow_anonymous true", "persistence false"]
     if bridge_to is not None:
@@ -196,6 +196,7 @@ def mosquitto_config(port: int, *, bridge_to: int | None = None,
             f"connection bridge-{port}-{bridge_to}",
             f"address {HOST}:{bridge_to}",
             f"topic {prefix}/# both 0",
+            f"topic %fed/{prefix}/# both 0",  # the federation's own topics (mqtt_topics)
             # MQTT 5 both ways: the routers' user properties (origin, sequence number,
             # sender) must cross the bridge unchanged, and 3.1.1 has none.
             "bridge_protocol_version mqttv50",

@@ -261,6 +261,7 @@ _BRIDGE_COUNTERS: Final = (
      "Extra copies the broker sent for overlapping subscriptions (dropped)."),
     ("malformed", "Broker messages under the prefix that were not publications."),
     ("connects", "Successful broker connections."),
+    ("too_large", "Publications from the broker beyond max_frame: never delivered."),
     ("oversized", "Publications, routed messages and records not sent: beyond the broker's "
      "Maximum Packet Size."),
 )
@@ -273,6 +274,8 @@ _FEDERATION_COUNTERS: Final = (
     ("ghosts_removed", "Remote members a resync found gone."),
     ("conflicts", "Remote registrations a local rule refused (e.g. an in-process address)."),
     ("malformed", "Federation messages that could not be read."),
+    ("unauthenticated", "Federation messages refused by the federation key (unsigned, badly "
+     "signed, or replayed)."),
 )
 
 
@@ -325,11 +328,14 @@ def federation_metrics(bridge: Bridge) -> Iterator[Metric]:
     frames = CounterMetricFamily("gossiprouter_federation_frames",
                                  "Routed frames across routers: sent to other routers, "
                                  "received from them, lost because the broker was not "
-                                 "connected or too slow (not_forwarded), or received for a "
-                                 "member no longer here (undeliverable).", labels=["kind"])
+                                 "connected or too slow (not_forwarded), received for a "
+                                 "member no longer here (undeliverable), or refused: not "
+                                 "whole frames of the group's protocol within max_frame, or "
+                                 "from a sender the sending router does not carry.",
+                                 labels=["kind"])
     for kind, value in (("out", s.routed_out), ("in", s.routed_in),
                         ("not_forwarded", s.not_forwarded),
-                        ("undeliverable", s.undeliverable)):
+                        ("undeliverable", s.undeliverable), ("refused", s.refused)):
         frames.add_metric([kind], value)
     yield frames
     yield _counter("gossiprouter_federation_deliveries",

@@ -1,0 +1,92 @@
+"""The check of routed frames from another router, before any byte reaches a client socket
+(docs/federation.md, "What the routers check themselves").
+
+A routed message carries frames in the wire form of the receiving members' protocol (the
+group's family: native, ``jgroups2:``, ``jgroups5:``), which the receiving router queues
+byte-exact. The broker is not trusted with them: a frame that does not parse, or parses as
+something else, would desynchronise a member's stream for good. So every routed message is
+read here as the receiver's protocol would read it, as a local connection's frames are:
+
+* whole frames only, exactly ``count`` of them, and nothing after the last one;
+* each within ``max_frame``;
+* each a message (native ROUTE of this group, JGroups MESSAGE), no control frame;
+* sent by a member that the sending router carries in the group (``senders``). JGroups 2.12
+  messages as re-wrapped for receivers carry no sender (it is inside the JGroups message),
+  so for them only the first three checks apply.
+
+Sans-IO: bytes in, a reason out (None: accepted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container
+
+from gossiprouter.protocol import jgroups2 as j2
+from gossiprouter.protocol import jgroups5 as j5
+from gossiprouter.protocol.errors import ProtocolError
+from gossiprouter.protocol.native_scan import RUN, NativeScanner
+
+
+def check_routed(group: str, frames: bytes, count: int, max_frame: int,
+                 senders: Container[bytes]) -> str | None:
+    """Why the routed ``frames`` (``count`` of them) for ``group`` must not be delivered, or
+    None when they are whole, valid frames of the group's protocol from ``senders``."""
+    try:
+        if group.startswith("jgroups5:"):
+            return _check_j5(frames, count, max_frame, senders)
+        if group.startswith("jgroups2:"):
+            return _check_j2(frames, count, max_frame)
+        return _check_native(group, frames, count, max_frame, senders)
+    except ProtocolError as e:
+        return str(e)
+
+
+def _check_native(group: str, frames: bytes, count: int, max_frame: int,
+                  senders: Container[bytes]) -> str | None:
+    n = 0
+    end = 0
+    for kind, _start, stop, k, head in NativeScanner(max_frame, relay=True).scan(frames):
+        if kind != RUN:
+            return "not whole native ROUTE frames within max_frame"
+        assert isinstance(head, tuple)
+        g, _dest, sender = head
+        if g != group:
+            return f"a ROUTE of group {g!r}"
+        if sender not in senders:
+            return f"sender {sender.hex()} is not carried by the sending router"
+        n += k
+        end = stop
+    if end != len(frames) or n != count:
+        return f"{n} whole frames in {len(frames)} bytes, {count} announced"
+    return None
+
+
+def _check_j5(frames: bytes, count: int, max_frame: int,
+              senders: Container[bytes]) -> str | None:
+    def sender_ok(ev: object) -> bool:
+        s = getattr(ev, "sender", None)
+        return s is not None and s.key in senders
+
+    return _check_stream(j5.Decoder(max_frame), j5.Message, frames, count, sender_ok)
+
+
+def _check_j2(frames: bytes, count: int, max_frame: int) -> str | None:
+    return _check_stream(j2.ClientDecoder(max_frame), j2.Message, frames, count,
+                         lambda ev: True)
+
+
+def _check_stream(dec: j5.Decoder | j2.ClientDecoder, message: type, frames: bytes,
+                  count: int, sender_ok: Callable[[object], bool]) -> str | None:
+    """``count`` whole messages of ``dec``'s protocol, from accepted senders, and nothing
+    after them."""
+    dec.feed(frames)
+    n = 0
+    while (ev := dec.next_event()) is not None:
+        if not isinstance(ev, message):
+            return f"a {type(ev).__name__}, not a MESSAGE"
+        if not sender_ok(ev):
+            return "sender not carried by the sending router"
+        n += 1
+    if dec.buffered or n != count:
+        return f"{n} whole frames, {dec.buffered} bytes left, {count} announced"
+    return None
