@@ -266,9 +266,14 @@ OPTIONS: tuple[Option, ...] = (
            "declared dead by the broker (its Last Will) after 1.5 times this, and its members "
            "leave every other router of the federation (docs/federation.md).",
            minimum=1, unit="seconds"),
-    Option("bridge_reconnect_max", float, 30.0,
+    Option("bridge_reconnect_max", float, 2.0,
            "Upper bound of the bridge's reconnect backoff (full jitter, from 0.5 s doubling).",
            minimum=0.1, unit="seconds"),
+    Option("federation_grace", float, 30.0,
+           "How long the members of another router that is out of reach (its Last Will, a "
+           "broker outage, not seen after a reconnect) are held before they are dropped as "
+           "suspected: a broker outage shorter than this makes no member leave; 0 drops "
+           "them at once (docs/federation.md).", minimum=0, unit="seconds"),
 )
 
 
@@ -375,7 +380,8 @@ class Config:
     bridge_tls_key: str = ""
     bridge_qos: int = 0
     bridge_keepalive: int = 5
-    bridge_reconnect_max: float = 30.0
+    bridge_reconnect_max: float = 2.0
+    federation_grace: float = 30.0
     provisioned: tuple[Provisioned, ...] = field(default=())
 
     def __post_init__(self) -> None:

@@ -77,6 +77,7 @@ class Bridge(Peers, Publications):
         """Connect, serve, reconnect with backoff and jitter, until cancelled."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_cut_off)
+            nursery.start_soon(self._ticker)
             await self._connect_loop()
             nursery.cancel_scope.cancel()
 

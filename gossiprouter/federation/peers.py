@@ -46,6 +46,8 @@ log = logging.getLogger("gossiprouter.federation.bridge")
 LEFT_PROPERTY = "gossiprouter-left"
 # Membership records of a burst of changes are published together this long after the first.
 FLUSH_DELAY = 0.005
+# How often the graces and the ghost checks are looked at (seconds).
+TICK = 0.5
 
 
 def _expiring(seconds: int) -> Properties:
@@ -75,6 +77,7 @@ class Peers(BrokerSession):
         self.federation = Federation(hub, self.origin, config.name, self._send_route,
                                      self._mark_dirty)
         self.federation.publish = self._publish_group
+        self.federation.grace = config.federation_grace
 
     def _send_route(self, origin: str, payload: bytes) -> bool:
         if not self._writable():
@@ -167,7 +170,7 @@ class Peers(BrokerSession):
                 fed.on_route(payload)
                 return
             if topic == self._sync_topic:
-                fed.end_sync()
+                fed.end_sync(trio.current_time())
                 return
             levels = topic[len(self._fed_root):].split("/")
             if levels[0] == "router" and len(levels) == 2:
@@ -198,9 +201,15 @@ class Peers(BrokerSession):
     async def _watch_cut_off(self) -> None:
         # The others declare this router dead 1.5 keepalives after it lost the broker (its
         # Last Will); it drops them after as long, so both sides see the same partition.
+        # With a grace, the others are held in grace from the loss instead, as they hold
+        # this router's members: an outage shorter than the grace changes nothing.
         while True:
             await self._cut.wait()
             self._cut = trio.Event()
+            if self.federation.grace > 0:
+                if (lost := self._lost_at) is not None and self.state != "connected":
+                    self.federation.cut_off(lost)
+                continue
             while (lost := self._lost_at) is not None and self.state != "connected":
                 deadline = lost + 1.5 * self.keepalive
                 if trio.current_time() < deadline:
@@ -210,7 +219,7 @@ class Peers(BrokerSession):
                 if self.federation.routers:
                     log.warning("bridge: no broker for %.1fs: dropping the other routers' "
                                 "members", 1.5 * self.keepalive)
-                    self.federation.cut_off()
+                    self.federation.cut_off(trio.current_time())
 
     async def _flusher(self) -> None:
         while True:
@@ -236,6 +245,12 @@ class Peers(BrokerSession):
             if n % records_every == 0:
                 self._publish_records(self.federation.records())
             self.federation.expire(trio.current_time())
+
+    async def _ticker(self) -> None:
+        # Graces that ran out and the ghost checks due (Federation.tick), connected or not.
+        while True:
+            await trio.sleep(TICK)
+            self.federation.tick(trio.current_time())
 
     def _mark_dirty(self) -> None:
         self._fed_dirty.set()

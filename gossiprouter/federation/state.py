@@ -62,6 +62,10 @@ PRESENCE_TTL = 60
 # Records are republished every RECORD_TTL / 3 and expire after RECORD_TTL at the broker, so
 # the inert records of stopped routers do not pile up in a persistent broker.
 RECORD_TTL = 86_400
+# A router seen again after a resync has this long (at most its grace) to publish its records
+# again before the groups it did not publish are dropped as ghosts: they follow its presence on
+# one connection, so seconds are plenty, but a resync's end can fall between the two.
+GHOST_SETTLE = 5.0
 
 
 @dataclass
@@ -81,6 +85,8 @@ class FederationStats:
     routers_left: int = 0  # routers that shut down cleanly (their members left, unsuspected)
     resyncs: int = 0  # reconciles after a (re)connect
     ghosts_removed: int = 0  # remote members a resync found gone
+    routers_graced: int = 0  # routers lost (Last Will, resync, cut off) held in grace first
+    routers_revived: int = 0  # routers back within their grace: their members never left
 
 
 class _NoQueue:
@@ -180,6 +186,11 @@ class RemoteRouter:
     fed: Federation | None = None
     # When its presence expires unless refreshed (None: never).
     expires: float | None = None
+    # Lost (Last Will, resync, this router cut off) but held in grace until then: its members
+    # stay, and its presence coming back before then revives it (Federation.grace).
+    grace_until: float | None = None
+    # When the groups it has not published again since the resync are dropped as ghosts.
+    ghost_check_at: float | None = None
 
     @property
     def label(self) -> str:
@@ -212,6 +223,9 @@ class Federation:
         self.routers: dict[str, RemoteRouter] = {}
         self.epoch = 0
         self.synced = False
+        # Seconds a lost router's members are held before they are dropped as suspected
+        # (federation_grace; 0: at once). A broker outage shorter than this changes nothing.
+        self.grace = 0.0
         # Set by leave(): this router is shutting down and has withdrawn its records, so the
         # connections it closes now change nothing the others see.
         self.leaving = False
@@ -234,6 +248,9 @@ class Federation:
     def live_routers(self) -> int:
         return sum(1 for r in self.routers.values() if r.alive)
 
+    def graced_routers(self) -> int:
+        return sum(1 for r in self.routers.values() if r.grace_until is not None)
+
     def peers(self, limit: int = 100) -> list[dict[str, Any]]:
         """The other live routers for /groups, by origin (at most ``limit``): who carries
         the remote members, and how many in how many groups."""
@@ -241,7 +258,8 @@ class Federation:
         for origin in sorted(o for o, r in self.routers.items() if r.alive)[:limit]:
             r = self.routers[origin]
             out.append({"origin": origin, "name": r.name, "groups": len(r.groups),
-                        "members": sum(len(m) for m in r.groups.values())})
+                        "members": sum(len(m) for m in r.groups.values()),
+                        **({} if r.grace_until is None else {"in_grace": True})})
         return out
 
     # ------------------------------------------------------------------ publishing
@@ -330,30 +348,68 @@ class Federation:
         self.epoch += 1
         self.synced = False
 
-    def end_sync(self) -> None:
+    def end_sync(self, now: float = 0.0) -> None:
         """The marker came back: every retained message of this session has been received.
-        Routers and records not seen since :meth:`begin_sync` are ghosts."""
+        Routers and records not seen since :meth:`begin_sync` are ghosts. With a grace, a
+        router not seen is held in grace (it may simply not have reconnected yet, after a
+        broker restart), and the groups of a router seen are checked once it has had the
+        time to publish them again (its records follow its presence)."""
         self.stats.resyncs += 1
         notices: list[Notice] = []
         for r in list(self.routers.values()):
             r.pending.clear()
-            if not r.alive or r.epoch < self.epoch:
-                n = self._drop_router(r)
-                notices += n
-                continue
-            for group in list(r.groups):
-                if r.record_epochs.get(group, 0) < self.epoch:
-                    self.stats.ghosts_removed += len(r.groups[group])
-                    notices += self._apply(r, group, [], set())
+            if not r.alive:
+                notices += self._drop_router(r)
+            elif r.epoch < self.epoch:
+                notices += self._lose(r, now)
+            elif self.grace > 0:
+                r.ghost_check_at = now + min(self.grace, GHOST_SETTLE)
+            else:
+                notices += self._drop_ghosts(r)
         self.synced = True
         self.hub.deliver(notices)
 
-    def cut_off(self) -> None:
-        """This router lost the broker for as long as the others take to declare it dead:
-        it does the same with them (their members are suspected)."""
+    def _drop_ghosts(self, r: RemoteRouter) -> list[Notice]:
+        """The groups of ``r`` not published again in this broker session."""
+        r.ghost_check_at = None
+        notices: list[Notice] = []
+        for group in list(r.groups):
+            if r.record_epochs.get(group, 0) < self.epoch:
+                self.stats.ghosts_removed += len(r.groups[group])
+                notices += self._apply(r, group, [], set())
+        return notices
+
+    def cut_off(self, now: float = 0.0) -> None:
+        """This router lost the broker: the others are lost too (held in grace from
+        ``now`` if there is one, else their members are suspected at once)."""
         notices: list[Notice] = []
         for r in list(self.routers.values()):
-            notices += self._drop_router(r)
+            notices += self._lose(r, now)
+        self.hub.deliver(notices)
+
+    def _lose(self, r: RemoteRouter, now: float) -> list[Notice]:
+        """Router ``r`` is gone for now (Last Will, not seen at a resync, this router cut
+        off): dropped at once without a grace, else held until ``now`` + grace."""
+        if self.grace <= 0 or not r.alive:
+            return self._drop_router(r)
+        if r.grace_until is None:
+            r.grace_until = now + self.grace
+            self.stats.routers_graced += 1
+            log.info("federation: router %s is out of reach: its members are held for %gs",
+                     r.label, self.grace)
+        return []
+
+    def tick(self, now: float) -> None:
+        """The routers whose grace ran out are dropped (their members suspected); the ghost
+        checks that are due are made."""
+        notices: list[Notice] = []
+        for r in list(self.routers.values()):
+            if r.grace_until is not None and r.grace_until <= now:
+                log.warning("federation: router %s did not come back within %gs: dropped",
+                            r.label, self.grace)
+                notices += self._drop_router(r)
+            elif r.ghost_check_at is not None and r.ghost_check_at <= now and self.synced:
+                notices += self._drop_ghosts(r)
         self.hub.deliver(notices)
 
     def expire(self, now: float) -> None:
@@ -381,7 +437,8 @@ class Federation:
             if r is not None:
                 log.info("federation: router %s %s", r.label,
                          "left (shut down)" if left else "is gone (Last Will)")
-                self.hub.deliver(self._drop_router(r, suspect=not left))
+                self.hub.deliver(self._drop_router(r, suspect=False) if left
+                                 else self._lose(r, now))
             return
         try:
             name, ttl = decode_presence(payload)
@@ -398,6 +455,14 @@ class Federation:
         r.expires = None if not ttl or ttl <= 0 else now + ttl
         r.alive = True
         r.epoch = self.epoch
+        if r.grace_until is not None:
+            # Back within its grace (a broker outage, a reconnect): nothing changed for its
+            # members; the records it publishes again say what did meanwhile.
+            r.grace_until = None
+            self.stats.routers_revived += 1
+            log.info("federation: router %s is back within its grace", r.label)
+            if self.synced and self.grace > 0:
+                r.ghost_check_at = now + min(self.grace, GHOST_SETTLE)
         pending, r.pending = r.pending, {}
         for group, rec in pending.items():
             self.on_record(origin, group, rec)
