@@ -240,7 +240,7 @@ def test_bridge_keepalive_is_checked_at_start() -> None:
     from gossiprouter.core.config import ConfigError
     from gossiprouter.federation.bridge import Bridge
 
-    cfg = Config(bridge="mqtt://127.0.0.1:1", bridge_keepalive=70000)
+    cfg = Config(bridge=("mqtt://127.0.0.1:1",), bridge_keepalive=70000)
     try:
         Bridge(Hub(cfg), cfg)
     except ConfigError as e:
@@ -457,7 +457,7 @@ def test_a_hostile_sequence_number_on_a_publication_is_counted_not_raised() -> N
     from gossiprouter.federation.bridge import Bridge
     from gossiprouter.federation.publications import ORIGIN_PROPERTY, SEQ_PROPERTY
 
-    cfg = Config(bridge="mqtt://127.0.0.1:1")
+    cfg = Config(bridge=("mqtt://127.0.0.1:1",))
     bridge = Bridge(Hub(cfg), cfg)
     for seq in ("²", "9" * 5000, "12"):
         msg = MQTTMessage(topic=b"gossiprouter/g/p/b/x")
@@ -497,7 +497,7 @@ def test_a_leaving_session_is_not_ended_as_one_without_connack() -> None:
     its withdrawals were acknowledged (and then went by its Last Will, suspected)."""
     from gossiprouter.federation.bridge import Bridge
 
-    cfg = Config(bridge="mqtt://127.0.0.1:1")
+    cfg = Config(bridge=("mqtt://127.0.0.1:1",))
     bridge = Bridge(Hub(cfg), cfg)
     for state, overdue in (("connecting", True), ("connected", False), ("leaving", False)):
         bridge.state = state

@@ -4,12 +4,17 @@ what the routers count and what the members receive, never by how long anything 
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
+from gossiprouter.loadtest.processes import MOSQUITTO
 from gossiprouter.protocol import native as wire
 from tests.nclient import NativeClient
+from tests.procs import BrokerProcess, wait_bridged
 from tests.test_bridge import Mosquitto, bridge_of
 from tests.test_bridge import broker as broker  # the fixture: mosquitto on a free port
 from tests.test_federation_sockets import G, everywhere, federation, member, table_members
@@ -17,6 +22,7 @@ from tests.test_stub import InProcessRouter, eventually
 
 # The default grace (tens of seconds): far longer than any outage below.
 GRACED: dict[str, Any] = {"federation_grace": 30.0}
+FAST_BACKOFF: dict[str, Any] = {"bridge_reconnect_max": 0.3, "bridge_keepalive": 1}
 
 
 def events_in(frames: list[wire.Frame]) -> list[tuple[str, bytes]]:
@@ -74,3 +80,80 @@ async def test_a_short_broker_restart_makes_no_member_leave_or_suspected(
         assert events_in(await c.round_trip()) == []
     assert fa.stats.routers_lost == fb.stats.routers_lost == 0
     assert fa.stats.routers_revived >= 1 and fb.stats.routers_revived >= 1
+
+
+async def watched_pair(ra: InProcessRouter, rb: InProcessRouter
+                       ) -> tuple[NativeClient, NativeClient, list[NativeClient]]:
+    """Member a on ``ra``, b on ``rb``, and a watcher on each; every join so far read."""
+    a, b = await member(ra, b"a"), await member(rb, b"b")
+    wa, wb = await member(ra, b"wa"), await member(rb, b"wb")
+    for w in (wa, wb):
+        assert isinstance(await w.request(wire.Watch(w.req(), G)), wire.Ok)
+    await everywhere([ra, rb], {b"a", b"b", b"wa", b"wb"})
+    for c in (a, b, wa, wb):
+        await c.round_trip()
+    return a, b, [a, b, wa, wb]
+
+
+async def test_a_router_fails_over_to_the_next_broker_and_nobody_is_suspected(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    """Acceptance 3: brokers A and B joined by a mosquitto bridge; router ra lists both (A
+    first), rb only B. A is killed (SIGKILL): ra moves to B, and no member anywhere sees a
+    suspect, a leave or a join; a unicast crosses again afterwards."""
+    if not shutil.which(MOSQUITTO):
+        pytest.fail("mosquitto is not installed (scripts/setup installs it)")
+    with BrokerProcess(tmp_path) as ba, BrokerProcess(tmp_path, bridge_to=ba.port) as bb:
+        wait_bridged(ba, bb)
+        ra = await InProcessRouter(nursery, bridge=(ba.url, bb.url), router_id="ra",
+                                   **FAST_BACKOFF, **GRACED).start()
+        rb = await InProcessRouter(nursery, bridge=bb.url, router_id="rb",
+                                   **FAST_BACKOFF, **GRACED).start()
+        fa, fb = bridge_of(ra).federation, bridge_of(rb).federation
+        await eventually(lambda: fa.live_routers() == fb.live_routers() == 1 and fa.synced
+                         and fb.synced, timeout=10, what="federation up across the bridge")
+        assert bridge_of(ra).port == ba.port
+        a, _, clients = await watched_pair(ra, rb)
+
+        assert ba.proc is not None
+        ba.proc.kill()
+        ba.proc.wait()
+        await eventually(lambda: bridge_of(ra).state == "connected"
+                         and bridge_of(ra).port == bb.port and fa.stats.resyncs >= 2
+                         and fa.graced_routers() == fb.graced_routers() == 0,
+                         timeout=15, what="ra on broker B, nobody in grace")
+        assert bridge_of(ra).stats.failovers >= 1
+        await traffic_flows(a, b"a", rb, b"after")
+        assert table_members(ra) == table_members(rb) == {b"a", b"b", b"wa", b"wb"}
+        for c in clients:
+            assert events_in(await c.round_trip()) == []
+        assert fa.stats.routers_lost == fb.stats.routers_lost == 0
+
+
+def test_bridge_takes_one_url_or_a_list_of_one_scheme(tmp_path: Path) -> None:
+    """``bridge`` as one URL (as before), comma-separated, a TOML array, or --bridge
+    repeated; several URLs of mixed schemes are refused with the cause."""
+    from click.testing import CliRunner
+
+    from gossiprouter.cli.main import main
+    from gossiprouter.core.config import Config, ConfigError, load_file
+    from gossiprouter.federation.bridge import Bridge
+    from gossiprouter.sessions.base import Hub
+
+    one, two = "mqtt://127.0.0.1:1", "mqtt://127.0.0.1:2"
+    assert Config(bridge=one).bridge == (one,)  # type: ignore[arg-type]
+    assert Config(bridge=f"{one}, {two}").bridge == (one, two)  # type: ignore[arg-type]
+    f = tmp_path / "r.toml"
+    f.write_text(f'bridge = ["{one}", "{two}"]\n')
+    assert load_file(f)["bridge"] == (one, two)
+    f.write_text(f'bridge = "{one}"\n')
+    assert Config(**load_file(f)).bridge == (one,)
+    cfg = Config(bridge=(one, two))
+    b = Bridge(Hub(cfg), cfg)
+    assert [e[2] for e in b.endpoints] == [1, 2] and b.port == 1
+    assert b._failover() and b.port == 2 and not b._failover() and b.port == 1
+    mixed = Config(bridge=(one, "mqtts://127.0.0.1:3"))
+    with pytest.raises(ConfigError, match="mixes mqtt:// and mqtts://"):
+        Bridge(Hub(mixed), mixed)
+    res = CliRunner().invoke(main, ["serve", "--bridge", one, "--bridge", "ftp://x",
+                                    "--port", "0"])
+    assert res.exit_code == 2 and "ftp://x" in res.output

@@ -238,10 +238,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("subscriptions_per_member", int, 1024,
            "Most topic patterns one member may hold at once (ERROR limit beyond); 0 = no bound.",
            minimum=0),
-    Option("bridge", str, "",
+    Option("bridge", tuple, (),
            "Federate through an MQTT 5 broker: mqtt://HOST:PORT or mqtts://HOST:PORT (TLS). "
            "Groups then span every router on it (membership and traffic, docs/federation.md) "
-           "and global topic publications go through it; empty disables.",
+           "and global topic publications go through it; empty disables. Several URLs (one "
+           "broker cluster, or bridged brokers, all of one scheme): the bridge uses the first "
+           "and fails over to the next when it loses the one it uses.",
            parse=lambda v: parse_bridge_url(v), metavar="URL"),
     Option("bridge_prefix", str, "gossiprouter",
            "First level of every MQTT topic the bridge uses (one federation per prefix).",
@@ -292,6 +294,11 @@ def parse_bridge_url(value: str) -> tuple[str, str, int]:
     except ValueError:
         raise ValueError("port must be 1..65535") from None
     return u.scheme, u.hostname, port or (8883 if u.scheme == "mqtts" else 1883)
+
+
+def bridge_urls(value: str) -> tuple[str, ...]:
+    """A ``bridge`` given as one string: its comma-separated URLs (empty: none)."""
+    return tuple(u.strip() for u in value.split(",") if u.strip())
 
 
 def _check_prefix(value: str) -> str:
@@ -371,7 +378,8 @@ class Config:
     auth_backoff: float = 5.0
     admin_token: str = ""
     subscriptions_per_member: int = 1024
-    bridge: str = ""
+    # A single URL (a string, as before several were accepted) is a list of one.
+    bridge: tuple[str, ...] = ()
     bridge_prefix: str = "gossiprouter"
     bridge_username: str = ""
     bridge_password_file: str = ""
@@ -385,6 +393,8 @@ class Config:
     provisioned: tuple[Provisioned, ...] = field(default=())
 
     def __post_init__(self) -> None:
+        if isinstance(self.bridge, str):
+            object.__setattr__(self, "bridge", bridge_urls(self.bridge))
         for o in OPTIONS:
             check(o, getattr(self, o.name))
         if self.outbound_queue_bytes < 2 * self.max_frame:
@@ -547,6 +557,8 @@ def load_file(path: Path) -> dict[str, Any]:
             if name == "provisioned":
                 values[name] = _parse_provisioned(value)
                 continue
+            if name == "bridge" and isinstance(value, str):
+                value = list(bridge_urls(value))
             check(_BY_NAME[name], value)
         except ConfigError as e:
             raise ConfigError(f"config file {path}: {e}") from None

@@ -70,6 +70,8 @@ class Bridge(Peers, Publications):
                 "echo_dropped": s.echo_dropped, "malformed": s.malformed,
                 "duplicates_dropped": s.duplicates_dropped,
                 "connects": s.connects, "failures": s.failures, "subacks": s.subacks,
+                "failovers": s.failovers,
+                "brokers": [f"{sc}://{h}:{p}" for sc, h, p in self.endpoints],
                 "oversized": s.oversized, "max_packet": self.max_packet,
                 "refused_filters": s.refused_filters}
 

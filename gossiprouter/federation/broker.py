@@ -75,6 +75,7 @@ class BridgeStats:
     refused_filters: int = 0  # filters the broker refused in a SUBACK
     failures: int = 0  # connection attempts or sessions that failed
     oversized: int = 0  # publications, routed messages, records beyond the broker's limit
+    failovers: int = 0  # moves to the next broker endpoint (several --bridge URLs)
 
 
 class BrokerSession:
@@ -88,10 +89,21 @@ class BrokerSession:
             raise ConfigError(needs_extra("the bridge", "paho-mqtt", "bridge")) from None
         self.hub = hub
         self.table = hub.table
-        try:
-            self.scheme, self.host, self.port = parse_bridge_url(config.bridge)
-        except ValueError as e:
-            raise ConfigError(f"bridge = {config.bridge!r}: {e}") from None
+        # Every broker endpoint (one MQTT cluster, or bridged brokers): the session uses
+        # one, and moves to the next when it cannot connect or loses it (_failover).
+        self.endpoints: list[tuple[str, str, int]] = []
+        for url in config.bridge:
+            try:
+                self.endpoints.append(parse_bridge_url(url))
+            except ValueError as e:
+                raise ConfigError(f"bridge = {url!r}: {e}") from None
+        if not self.endpoints:
+            raise ConfigError("bridge: no broker URL")
+        if len({e[0] for e in self.endpoints}) > 1:
+            raise ConfigError(f"bridge = {list(config.bridge)!r}: mixes mqtt:// and mqtts:// "
+                              "(one connection's TLS settings serve every endpoint)")
+        self._endpoint = 0
+        self.scheme, self.host, self.port = self.endpoints[0]
         if config.bridge_qos not in (0, 1):
             raise ConfigError(f"bridge_qos = {config.bridge_qos!r}: expected 0 or 1")
         self.qos = config.bridge_qos
@@ -298,6 +310,8 @@ class BrokerSession:
                         n = 0
                     self.stats.failures += 1
                 self.state = "disconnected"
+                if self._failover():
+                    continue  # straight to the next endpoint, once per round
                 delay = random.uniform(0.0, min(self.reconnect_max, 0.5 * 2.0 ** min(n, 30)))
                 n += 1
                 await trio.sleep(delay)
@@ -307,6 +321,17 @@ class BrokerSession:
             sock = self._client.socket()
             if sock is not None:
                 sock.close()
+
+    def _failover(self) -> bool:
+        """The endpoint in use failed: move to the next one. True when there is another one
+        to try at once; False when a round of every endpoint ends here (then the backoff)."""
+        if len(self.endpoints) == 1:
+            return False
+        self._endpoint = (self._endpoint + 1) % len(self.endpoints)
+        self.scheme, self.host, self.port = self.endpoints[self._endpoint]
+        self.stats.failovers += 1
+        log.warning("bridge: failing over to %s://%s:%d", self.scheme, self.host, self.port)
+        return self._endpoint != 0
 
     def _connect_blocking(self) -> None:
         self._client.connect(self.host, self.port, keepalive=self.keepalive, clean_start=True)

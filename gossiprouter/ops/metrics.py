@@ -261,6 +261,7 @@ _BRIDGE_COUNTERS: Final = (
      "Extra copies the broker sent for overlapping subscriptions (dropped)."),
     ("malformed", "Broker messages under the prefix that were not publications."),
     ("connects", "Successful broker connections."),
+    ("failovers", "Moves to the next broker endpoint (several bridge URLs)."),
     ("oversized", "Publications, routed messages and records not sent: beyond the broker's "
      "Maximum Packet Size."),
 )
@@ -269,6 +270,9 @@ _FEDERATION_COUNTERS: Final = (
     ("routers_lost",
      "Routers dropped: Last Will, resync, or this router cut off from the broker."),
     ("routers_left", "Routers that shut down cleanly (their members left, unsuspected)."),
+    ("routers_graced",
+     "Routers out of reach (Last Will, resync, this router cut off) held in federation_grace."),
+    ("routers_revived", "Routers back within their grace (their members never left)."),
     ("resyncs", "Reconciles after a (re)connect to the broker."),
     ("ghosts_removed", "Remote members a resync found gone."),
     ("conflicts", "Remote registrations a local rule refused (e.g. an in-process address)."),
@@ -319,6 +323,9 @@ def federation_metrics(bridge: Bridge) -> Iterator[Metric]:
     yield GaugeMetricFamily("gossiprouter_federation_routers",
                             "Other routers of the federation known alive.",
                             value=f.live_routers())
+    yield GaugeMetricFamily("gossiprouter_federation_routers_in_grace",
+                            "Other routers out of reach whose members are held in grace.",
+                            value=f.graced_routers())
     yield GaugeMetricFamily("gossiprouter_federation_remote_members",
                             "Registrations held on other routers, as known here.",
                             value=f.remote_members())
