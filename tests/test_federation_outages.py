@@ -4,7 +4,9 @@ what the routers count and what the members receive, never by how long anything 
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +159,49 @@ def test_bridge_takes_one_url_or_a_list_of_one_scheme(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["serve", "--bridge", one, "--bridge", "ftp://x",
                                     "--port", "0"])
     assert res.exit_code == 2 and "ftp://x" in res.output
+
+
+def rss() -> int:
+    """This process's resident set, in bytes (the in-process routers live here)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+MIB = 1024 * 1024
+
+
+async def test_a_stalled_broker_cannot_grow_the_router_beyond_its_queue_bound(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    """Acceptance 7: the broker is stopped (SIGSTOP: its socket stays open, it reads nothing)
+    while a member sends 64 unicasts of 1 MiB to a member on the other router. The bytes
+    waiting for the broker never exceed bridge_queue_bytes (4 MiB), the rest is dropped and
+    counted, and this process (the routers') grows by less than the bound and a margin for
+    the allocator, where the 64 MiB sent would otherwise all wait in the MQTT client."""
+    bound = 4 * MIB
+    ra, rb = await federation(nursery, broker, 2, bridge_keepalive=600,
+                              bridge_queue_bytes=bound, **GRACED)
+    a, _b = await member(ra, b"a"), await member(rb, b"b")
+    await everywhere([ra, rb], {b"a", b"b"})
+    await traffic_flows(a, b"a", rb, b"warm-up")
+    bridge, fed = bridge_of(ra), bridge_of(ra).federation
+    payload = b"x" * MIB
+    assert broker.proc is not None
+    os.kill(broker.proc.pid, signal.SIGSTOP)
+    try:
+        before, out_before = rss(), fed.stats.routed_out
+        most = 0
+        for _ in range(64):
+            await a.send(wire.Route(G, b"b", b"a", payload))
+            await a.round_trip()  # the router has handled it
+            most = max(most, bridge.queued_bytes())
+        grown = rss() - before
+        assert bridge.state == "connected"  # stalled, not cut off
+        assert most <= bound
+        assert bridge.stats.queue_full > 0
+        assert fed.stats.not_forwarded >= bridge.stats.queue_full
+        assert fed.stats.routed_out - out_before + fed.stats.not_forwarded == 64
+        assert grown < bound + 24 * MIB, f"RSS grew by {grown / MIB:.1f} MiB"
+    finally:
+        os.kill(broker.proc.pid, signal.SIGCONT)

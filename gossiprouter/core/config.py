@@ -271,6 +271,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("bridge_reconnect_max", float, 2.0,
            "Upper bound of the bridge's reconnect backoff (full jitter, from 0.5 s doubling).",
            minimum=0.1, unit="seconds"),
+    Option("bridge_queue_bytes", int, 16 * 1024 * 1024,
+           "Bound on the bytes of routed frames and global publications waiting for the "
+           "broker (a broker that reads slowly or not at all); beyond, they are dropped and "
+           "counted (gossiprouter_bridge_queue_full).", minimum=65536, unit="bytes"),
     Option("federation_grace", float, 30.0,
            "How long the members of another router that is out of reach (its Last Will, a "
            "broker outage, not seen after a reconnect) are held before they are dropped as "
@@ -389,6 +393,7 @@ class Config:
     bridge_qos: int = 0
     bridge_keepalive: int = 5
     bridge_reconnect_max: float = 2.0
+    bridge_queue_bytes: int = 16 * 1024 * 1024
     federation_grace: float = 30.0
     provisioned: tuple[Provisioned, ...] = field(default=())
 

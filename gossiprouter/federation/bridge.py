@@ -70,7 +70,8 @@ class Bridge(Peers, Publications):
                 "echo_dropped": s.echo_dropped, "malformed": s.malformed,
                 "duplicates_dropped": s.duplicates_dropped,
                 "connects": s.connects, "failures": s.failures, "subacks": s.subacks,
-                "failovers": s.failovers,
+                "failovers": s.failovers, "queued_bytes": self.queued_bytes(),
+                "queue_full": s.queue_full,
                 "brokers": [f"{sc}://{h}:{p}" for sc, h, p in self.endpoints],
                 "oversized": s.oversized, "max_packet": self.max_packet,
                 "refused_filters": s.refused_filters}

@@ -7,9 +7,11 @@ reconnects, and the subscriptions to the union of the local patterns.
   unsubscribed when the last one drops it (leave, expiry, UNSUBSCRIBE).
 * **Failures**: the bridge reconnects with full-jitter exponential backoff (0.5 s doubling up
   to ``bridge_reconnect_max``) and re-subscribes the whole union on every new connection
-  (clean start). While the broker reads slowly, at most :data:`MAX_UNWRITTEN` packets wait in
-  paho (:meth:`BrokerSession._writable`); beyond the broker's Maximum Packet Size nothing is
-  sent (:meth:`BrokerSession._fits`).
+  (clean start). While the broker reads slowly, at most :data:`MAX_UNWRITTEN` packets and
+  ``bridge_queue_bytes`` bytes of traffic wait in paho (:meth:`BrokerSession._writable`;
+  beyond, routed frames and publications are dropped and counted, so a stalled broker cannot
+  grow the router); beyond the broker's Maximum Packet Size nothing is sent
+  (:meth:`BrokerSession._fits`).
 
 paho-mqtt is driven from trio through its external-socket API: the bridge
 waits on the socket with ``trio.lowlevel.wait_readable`` / ``wait_writable``
@@ -76,6 +78,7 @@ class BridgeStats:
     failures: int = 0  # connection attempts or sessions that failed
     oversized: int = 0  # publications, routed messages, records beyond the broker's limit
     failovers: int = 0  # moves to the next broker endpoint (several --bridge URLs)
+    queue_full: int = 0  # routed messages and publications dropped: bridge_queue_bytes reached
 
 
 class BrokerSession:
@@ -111,6 +114,12 @@ class BrokerSession:
             raise ConfigError(f"bridge_keepalive = {config.bridge_keepalive}: at most 65535")
         self.prefix = config.bridge_prefix
         self.reconnect_max = config.bridge_reconnect_max
+        # What may wait in paho for the broker, in bytes (routed frames and publications;
+        # presence and records are small and always queued). An upper estimate between
+        # measures: each publication adds its size, the writer's progress marks it stale.
+        self.queue_limit = config.bridge_queue_bytes
+        self._queued = 0
+        self._queued_stale = False
         self.keepalive = config.bridge_keepalive
         # A new id on every start: a restarted router is a new origin, and two routers
         # configured with the same name still never drop each other's publications.
@@ -161,10 +170,29 @@ class BrokerSession:
         self._oversized_log = RateLimitedLog(log, 10.0)
         self._wake_writer = trio.Event()
 
-    def _writable(self) -> bool:
-        """Connected, with no more than MAX_UNWRITTEN packets waiting in paho: a publication
-        is handed to the client, else counted as not forwarded by the caller."""
-        return self.state == "connected" and self._unwritten() <= MAX_UNWRITTEN
+    def _writable(self, size: int = 0) -> bool:
+        """Connected, with no more than MAX_UNWRITTEN packets waiting in paho and room for
+        ``size`` more bytes within bridge_queue_bytes: a publication is handed to the client
+        (then :meth:`_queued_more`), else counted as not forwarded by the caller."""
+        if self.state != "connected" or self._unwritten() > MAX_UNWRITTEN:
+            return False
+        if self.queued_bytes() + size > self.queue_limit:
+            self.stats.queue_full += 1
+            return False
+        return True
+
+    def queued_bytes(self) -> int:
+        """Bytes waiting in paho for the broker (measured again after the writer's progress;
+        paho keeps what is left of each packet in ``to_process``)."""
+        if self._queued_stale:
+            self._queued_stale = False
+            q = getattr(self._client, "_out_packet", ())
+            self._queued = sum(p.get("to_process", 0) for p in q)
+        return self._queued
+
+    def _queued_more(self, size: int) -> None:
+        """A publication of ``size`` bytes was handed to paho."""
+        self._queued += size
 
     def _disconnect_when_acked(self) -> None:
         """Leaving: DISCONNECT once the broker has acknowledged every QoS 1 message. paho
@@ -238,6 +266,7 @@ class BrokerSession:
         self.state = "connected"
         self.last_error = None
         self._lost_at = None
+        self._queued_stale = True  # paho dropped the last session's packets
         limit = getattr(properties, "MaximumPacketSize", None)
         self.max_packet = limit if isinstance(limit, int) else None
         self.stats.connects += 1
@@ -381,6 +410,7 @@ class BrokerSession:
         while True:
             await self._wake_writer.wait()
             self._wake_writer = trio.Event()
+            self._queued_stale = True  # publish() may have written inline meanwhile
             while c.want_write():
                 if c.socket() is None or sock.fileno() < 0:
                     # paho closed it in a callback (the reader saw the end) while this task
@@ -391,6 +421,7 @@ class BrokerSession:
                 if c.loop_write() or c.socket() is None:
                     self._end("write failed")
                     return
+                self._queued_stale = True
 
     async def _misc(self) -> None:
         c = self._client

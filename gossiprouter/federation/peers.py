@@ -80,7 +80,7 @@ class Peers(BrokerSession):
         self.federation.grace = config.federation_grace
 
     def _send_route(self, origin: str, payload: bytes) -> bool:
-        if not self._writable():
+        if not self._writable(len(payload)):
             return False
         topic = route_topic(self.prefix, origin)
         if not self._fits(topic, payload):
@@ -88,6 +88,7 @@ class Peers(BrokerSession):
         info = self._client.publish(topic, payload, self.qos)
         if info.rc:
             return False
+        self._queued_more(len(payload) + len(topic) + 8)
         self._kick_writer()
         return True
 

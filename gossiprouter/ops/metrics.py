@@ -262,6 +262,8 @@ _BRIDGE_COUNTERS: Final = (
     ("malformed", "Broker messages under the prefix that were not publications."),
     ("connects", "Successful broker connections."),
     ("failovers", "Moves to the next broker endpoint (several bridge URLs)."),
+    ("queue_full", "Routed messages and publications dropped: bridge_queue_bytes were "
+     "waiting for the broker."),
     ("oversized", "Publications, routed messages and records not sent: beyond the broker's "
      "Maximum Packet Size."),
 )
@@ -310,6 +312,9 @@ def topic_metrics(st: Stats, members: snapshot.Membership,
     b = bridge.stats
     for attr, doc in _BRIDGE_COUNTERS:
         yield _counter(f"gossiprouter_bridge_{attr}", doc, getattr(b, attr))
+    yield GaugeMetricFamily("gossiprouter_bridge_queued_bytes",
+                            "Bytes waiting for the broker (bounded by bridge_queue_bytes).",
+                            value=bridge.queued_bytes())
     yield GaugeMetricFamily("gossiprouter_bridge_subscriptions",
                             "MQTT topic filters subscribed (the union of local patterns).",
                             value=len(bridge.filters))
