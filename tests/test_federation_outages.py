@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from gossiprouter.loadtest.processes import MOSQUITTO
+from gossiprouter.ops.metrics import peer_metrics
 from gossiprouter.protocol import native as wire
 from tests.nclient import NativeClient
 from tests.procs import BrokerProcess, wait_bridged
@@ -205,3 +206,87 @@ async def test_a_stalled_broker_cannot_grow_the_router_beyond_its_queue_bound(
         assert grown < bound + 24 * MIB, f"RSS grew by {grown / MIB:.1f} MiB"
     finally:
         os.kill(broker.proc.pid, signal.SIGCONT)
+
+
+def hub_broker(tmp_path: Path, a: BrokerProcess, b: BrokerProcess) -> BrokerProcess:
+    """Broker C bridging A and B (one ``connection`` section to each): stopping C cuts A
+    from B while each router keeps its own broker."""
+    from gossiprouter.loadtest.processes import mosquitto_config
+
+    c = BrokerProcess(tmp_path, bridge_to=a.port)
+    to_b = mosquitto_config(c.port, bridge_to=b.port).split("\n", 3)[3]
+    c.conf.write_text(c.conf.read_text() + to_b)
+    return c
+
+
+async def test_a_cut_between_bridged_brokers_is_seen_and_nothing_arrives_late(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    """Acceptance 6: routers ra (broker A) and rb (broker B); A and B are joined by broker C,
+    which is stopped (SIGSTOP) while both routers keep their own broker. Each router reports
+    the other unreachable (heartbeats on the traffic's path), holds its members in grace,
+    and after C continues, the unicasts sent during the cut, older than the frame-age limit
+    by then, are dropped and counted: only what is sent after the heal is delivered."""
+    if not shutil.which(MOSQUITTO):
+        pytest.fail("mosquitto is not installed (scripts/setup installs it)")
+    opts: dict[str, Any] = {**FAST_BACKOFF, **GRACED, "federation_heartbeat": 0.2,
+                            "federation_peer_timeout": 1.5, "federation_frame_age": 0.5}
+    with BrokerProcess(tmp_path) as ba, BrokerProcess(tmp_path) as bb, \
+            hub_broker(tmp_path, ba, bb) as bc:
+        wait_bridged(ba, bb)
+        ra = await InProcessRouter(nursery, bridge=ba.url, router_id="ra", **opts).start()
+        rb = await InProcessRouter(nursery, bridge=bb.url, router_id="rb", **opts).start()
+        xa, xb = bridge_of(ra), bridge_of(rb)
+        await eventually(lambda: xa.federation.live_routers() == xb.federation.live_routers()
+                         == 1, timeout=10, what="federation up across the bridge")
+        a, b, clients = await watched_pair(ra, rb)
+        await traffic_flows(a, b"a", rb, b"before")
+        await eventually(lambda: all(p.beats and p.up for x in (xa, xb)
+                                     for p in x.liveness.links.values()), what="heartbeats")
+
+        os.kill(bc.pid, signal.SIGSTOP)
+        try:
+            for i in range(5):
+                await a.send(wire.Route(G, b"b", b"a", b"cut-%d" % i))
+            await eventually(lambda: not any(p.up for x in (xa, xb)
+                                             for p in x.liveness.links.values()),
+                             timeout=15, what="each side sees the other unreachable")
+            assert xa.federation.graced_routers() == xb.federation.graced_routers() == 1
+            samples = {(m.name, tuple(s.labels.values())): s.value
+                       for m in peer_metrics(xa) for s in m.samples}
+            assert samples[("gossiprouter_federation_peer_up", (xb.origin,))] == 0
+        finally:
+            os.kill(bc.pid, signal.SIGCONT)
+        await eventually(lambda: all(p.up for x in (xa, xb) for p in x.liveness.links.values())
+                         and xa.federation.graced_routers() == 0
+                         and xb.federation.graced_routers() == 0,
+                         timeout=15, what="reachable again, out of grace")
+        await traffic_flows(a, b"a", rb, b"after")
+        got = [r.payload for r in await b.round_trip() if isinstance(r, wire.Route)]
+        assert got and set(got) <= {b"before", b"after"}
+        assert xb.liveness.links[xa.origin].expired >= 1
+        assert table_members(ra) == table_members(rb) == {b"a", b"b", b"wa", b"wb"}
+        for c in clients:
+            assert events_in(await c.round_trip()) == []
+
+
+def test_liveness_times_out_silent_peers_and_ages_frames_against_their_clock() -> None:
+    """The sans-IO half: a peer whose heartbeats stop is unreachable once, after the
+    timeout; a frame's age is measured against the peer's heartbeats, so a clock 100 s ahead
+    makes nothing look old, and a frame held 3 s is too old for a 2 s limit; the round trip
+    comes from the echoed heartbeat."""
+    from gossiprouter.federation.liveness import Liveness
+
+    live = Liveness(timeout=10.0, frame_age=2.0)
+    skew = 100.0  # the peer's wall clock is 100 s ahead of this one's
+    assert live.beat_in("p", b"%d 0 0" % ((1000.0 + skew) * 1000), now=5.0, wall=1000.0)\
+        is False
+    out = live.beat_out("p", now=5.25, wall=1000.25)
+    assert out.split()[1:] == [b"%d" % ((1000.0 + skew) * 1000), b"250"]
+    # Its next heartbeat echoes ours, held 0.1 s there, back 0.4 s after we sent it.
+    live.beat_in("p", b"%d %d 100" % ((1000.5 + skew) * 1000, 1000250), now=5.65, wall=1000.65)
+    assert live.links["p"].rtt is not None and abs(live.links["p"].rtt - 0.3) < 1e-6
+    assert not live.too_old("p", round((1001.0 + skew) * 1000), wall=1001.1, count=1)
+    assert live.too_old("p", round((1001.0 + skew) * 1000), wall=1004.0, count=3)
+    assert live.links["p"].expired == 3
+    assert live.check(15.0) == [] and live.check(15.7) == ["p"] and live.check(20.0) == []
+    assert live.heard("p", now=21.0, wall=1016.0) is True and live.links["p"].up

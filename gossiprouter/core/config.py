@@ -275,6 +275,19 @@ OPTIONS: tuple[Option, ...] = (
            "Bound on the bytes of routed frames and global publications waiting for the "
            "broker (a broker that reads slowly or not at all); beyond, they are dropped and "
            "counted (gossiprouter_bridge_queue_full).", minimum=65536, unit="bytes"),
+    Option("federation_heartbeat", float, 2.0,
+           "Interval of the heartbeats each router sends every other router on the path its "
+           "routed frames take (docs/federation.md); 0 sends none.", minimum=0,
+           unit="seconds"),
+    Option("federation_peer_timeout", float, 10.0,
+           "Another router whose heartbeats stop for this long is unreachable (a cut between "
+           "bridged brokers): its members are held for federation_grace, then dropped as "
+           "suspected; 0 never times a router out.", minimum=0, unit="seconds"),
+    Option("federation_frame_age", float, 10.0,
+           "Routed frames older than this when they arrive (measured against the sender's "
+           "heartbeats, so a clock offset between hosts cancels out) are dropped and counted, "
+           "never delivered late; 0 delivers them whatever their age.", minimum=0,
+           unit="seconds"),
     Option("federation_grace", float, 30.0,
            "How long the members of another router that is out of reach (its Last Will, a "
            "broker outage, not seen after a reconnect) are held before they are dropped as "
@@ -394,6 +407,9 @@ class Config:
     bridge_keepalive: int = 5
     bridge_reconnect_max: float = 2.0
     bridge_queue_bytes: int = 16 * 1024 * 1024
+    federation_heartbeat: float = 2.0
+    federation_peer_timeout: float = 10.0
+    federation_frame_age: float = 10.0
     federation_grace: float = 30.0
     provisioned: tuple[Provisioned, ...] = field(default=())
 

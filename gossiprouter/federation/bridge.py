@@ -71,6 +71,9 @@ class Bridge(Peers, Publications):
                 "duplicates_dropped": s.duplicates_dropped,
                 "connects": s.connects, "failures": s.failures, "subacks": s.subacks,
                 "failovers": s.failovers, "queued_bytes": self.queued_bytes(),
+                "links": {o: {"up": p.up, "rtt": p.rtt, "sent": p.sent, "lost": p.lost,
+                              "expired": p.expired}
+                          for o, p in sorted(self.liveness.links.items())[:100]},
                 "queue_full": s.queue_full,
                 "brokers": [f"{sc}://{h}:{p}" for sc, h, p in self.endpoints],
                 "oversized": s.oversized, "max_packet": self.max_packet,

@@ -17,12 +17,14 @@ records, routed frames and the resync marker (docs/federation.md).
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import trio
 
 from gossiprouter.core.config import Config
 from gossiprouter.federation.broker import BrokerSession
+from gossiprouter.federation.liveness import Liveness
 from gossiprouter.federation.mqtt_topics import (
     FED,
     members_topic,
@@ -48,6 +50,11 @@ LEFT_PROPERTY = "gossiprouter-left"
 FLUSH_DELAY = 0.005
 # How often the graces and the ghost checks are looked at (seconds).
 TICK = 0.5
+# User properties on the route topic: a heartbeat (its value: the sender's origin), and a
+# routed message's sender origin and wall-clock send time in ms (liveness.py).
+BEAT_PROPERTY = "gossiprouter-beat"
+FROM_PROPERTY = "gossiprouter-from"
+SENT_PROPERTY = "gossiprouter-sent"
 
 
 def _expiring(seconds: int) -> Properties:
@@ -78,17 +85,37 @@ class Peers(BrokerSession):
                                      self._mark_dirty)
         self.federation.publish = self._publish_group
         self.federation.grace = config.federation_grace
+        self.heartbeat = config.federation_heartbeat
+        self.liveness = Liveness(config.federation_peer_timeout, config.federation_frame_age)
+        self._resync_after = 0.0
+        self.wall = time.time  # the wall clock of routed frames' ages (a test may set it)
 
     def _send_route(self, origin: str, payload: bytes) -> bool:
+        link = self.liveness.link(origin)
+        if self._publish_route(origin, payload, SENT_PROPERTY,
+                               str(round(self.wall() * 1000))):
+            link.sent += 1
+            return True
+        link.lost += 1
+        return False
+
+    def _publish_route(self, origin: str, payload: bytes, key: str, value: str) -> bool:
+        """A message on ``origin``'s route topic (routed frames, or a heartbeat), with this
+        router's origin and ``key``: ``value`` as user properties."""
         if not self._writable(len(payload)):
             return False
         topic = route_topic(self.prefix, origin)
-        if not self._fits(topic, payload):
+        if not self._fits(topic, payload, self.origin, value):
             return False
-        info = self._client.publish(topic, payload, self.qos)
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        props.UserProperty = [(FROM_PROPERTY, self.origin), (key, value)]
+        info = self._client.publish(topic, payload, self.qos, properties=props)
         if info.rc:
             return False
-        self._queued_more(len(payload) + len(topic) + 8)
+        self._queued_more(len(payload) + len(topic) + len(self.origin) + 64)
         self._kick_writer()
         return True
 
@@ -154,6 +181,7 @@ class Peers(BrokerSession):
         # snapshot, then the marker that comes back after every retained message.
         fed = self.federation
         fed.begin_sync()
+        self.liveness.restart(trio.current_time())
         root = self._fed_root
         state = SubscribeOptions(qos=1, noLocal=True)
         _, self._fed_mid = client.subscribe([
@@ -168,7 +196,8 @@ class Peers(BrokerSession):
         fed = self.federation
         try:
             if topic == self._route_topic:  # the routed frames: first, nothing else parsed
-                fed.on_route(payload)
+                if self._on_path(payload, props):
+                    fed.on_route(payload)
                 return
             if topic == self._sync_topic:
                 fed.end_sync(trio.current_time())
@@ -198,6 +227,74 @@ class Peers(BrokerSession):
         super()._session_tasks(nursery)
         nursery.start_soon(self._flusher)
         nursery.start_soon(self._refresher)
+        if self.heartbeat > 0:
+            nursery.start_soon(self._heartbeats)
+
+    def _on_path(self, payload: bytes, props: Properties | None) -> bool:
+        """What came on the route topic, before the routed frames are parsed: a heartbeat
+        (handled here), or routed frames with their sender and age (False: too old, dropped
+        and counted). A message without those properties (an older router) passes."""
+        user = dict(getattr(props, "UserProperty", None) or ())
+        origin = user.get(FROM_PROPERTY) or user.get(BEAT_PROPERTY)
+        if origin is None or origin == self.origin:
+            return BEAT_PROPERTY not in user
+        now, wall = trio.current_time(), self.wall()
+        live = self.liveness
+        if BEAT_PROPERTY in user:
+            try:
+                back = live.beat_in(origin, payload, now, wall)
+            except ValueError:
+                self.federation.stats.malformed += 1
+                return False
+        else:
+            back = live.heard(origin, now, wall)
+        if back:
+            self._reachable(origin, now)
+        sent = user.get(SENT_PROPERTY)
+        if sent is None or not (sent.isascii() and sent.isdigit() and len(sent) < 20):
+            return BEAT_PROPERTY not in user
+        return not live.too_old(origin, int(sent), wall, 1)
+
+    def _reachable(self, origin: str, now: float) -> None:
+        """``origin`` is heard from again: revived if it is held in grace; if it was dropped
+        meanwhile, the retained state is read again (at most once per peer timeout)."""
+        if self.federation.reachable(origin, now):
+            return
+        if now >= self._resync_after and self.state == "connected":
+            self._resync_after = now + max(self.liveness.timeout, 1.0)
+            self._resync()
+
+    def _resync(self) -> None:
+        """Read every retained presence and record again without a reconnect: subscribe to
+        them again (the broker sends the retained messages anew), then the sync marker."""
+        from paho.mqtt.subscribeoptions import SubscribeOptions
+
+        log.info("bridge: a router came back after it was dropped: resyncing")
+        self.federation.begin_sync()
+        state = SubscribeOptions(qos=1, noLocal=True)
+        _, self._fed_mid = self._client.subscribe([
+            (self._fed_root + "router/+", state), (self._fed_root + "members/#", state)])
+        self._client.publish(self._sync_topic, b"", qos=1)
+        self._kick_writer()
+
+    async def _heartbeats(self) -> None:
+        # A heartbeat to every other router on its route topic (the traffic's path), then the
+        # peers silent for the timeout are declared unreachable (held in grace).
+        live = self.liveness
+        while True:
+            await trio.sleep(self.heartbeat)
+            now, wall = trio.current_time(), self.wall()
+            routers = self.federation.routers
+            for origin in list(routers):
+                self._publish_route(origin, live.beat_out(origin, now, wall), BEAT_PROPERTY,
+                                    self.origin)
+            for origin in live.check(now):
+                log.warning("bridge: router %s not heard from for %gs: unreachable",
+                            origin, live.timeout)
+                self.federation.unreachable(origin, now)
+            for origin in [o for o, p in live.links.items() if o not in routers
+                           and now - p.last_heard > 3 * live.timeout + 60]:
+                live.forget(origin)
 
     async def _watch_cut_off(self) -> None:
         # The others declare this router dead 1.5 keepalives after it lost the broker (its

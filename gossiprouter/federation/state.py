@@ -42,6 +42,7 @@ from gossiprouter.federation.codec import (
     encode_route,
     local_members,
 )
+from gossiprouter.federation.grace import GHOST_SETTLE, Graces
 from gossiprouter.routing.table import (
     Carrier,
     Entry,
@@ -62,10 +63,6 @@ PRESENCE_TTL = 60
 # Records are republished every RECORD_TTL / 3 and expire after RECORD_TTL at the broker, so
 # the inert records of stopped routers do not pile up in a persistent broker.
 RECORD_TTL = 86_400
-# A router seen again after a resync has this long (at most its grace) to publish its records
-# again before the groups it did not publish are dropped as ghosts: they follow its presence on
-# one connection, so seconds are plenty, but a resync's end can fall between the two.
-GHOST_SETTLE = 5.0
 
 
 @dataclass
@@ -204,7 +201,7 @@ class RemoteRouter:
         return f
 
 
-class Federation:
+class Federation(Graces):
     """This router's view of the federation, applied to ``hub.table``.
 
     ``send(router origin, payload)`` publishes routed frames to that router (False: not
@@ -247,9 +244,6 @@ class Federation:
 
     def live_routers(self) -> int:
         return sum(1 for r in self.routers.values() if r.alive)
-
-    def graced_routers(self) -> int:
-        return sum(1 for r in self.routers.values() if r.grace_until is not None)
 
     def peers(self, limit: int = 100) -> list[dict[str, Any]]:
         """The other live routers for /groups, by origin (at most ``limit``): who carries
@@ -367,49 +361,6 @@ class Federation:
             else:
                 notices += self._drop_ghosts(r)
         self.synced = True
-        self.hub.deliver(notices)
-
-    def _drop_ghosts(self, r: RemoteRouter) -> list[Notice]:
-        """The groups of ``r`` not published again in this broker session."""
-        r.ghost_check_at = None
-        notices: list[Notice] = []
-        for group in list(r.groups):
-            if r.record_epochs.get(group, 0) < self.epoch:
-                self.stats.ghosts_removed += len(r.groups[group])
-                notices += self._apply(r, group, [], set())
-        return notices
-
-    def cut_off(self, now: float = 0.0) -> None:
-        """This router lost the broker: the others are lost too (held in grace from
-        ``now`` if there is one, else their members are suspected at once)."""
-        notices: list[Notice] = []
-        for r in list(self.routers.values()):
-            notices += self._lose(r, now)
-        self.hub.deliver(notices)
-
-    def _lose(self, r: RemoteRouter, now: float) -> list[Notice]:
-        """Router ``r`` is gone for now (Last Will, not seen at a resync, this router cut
-        off): dropped at once without a grace, else held until ``now`` + grace."""
-        if self.grace <= 0 or not r.alive:
-            return self._drop_router(r)
-        if r.grace_until is None:
-            r.grace_until = now + self.grace
-            self.stats.routers_graced += 1
-            log.info("federation: router %s is out of reach: its members are held for %gs",
-                     r.label, self.grace)
-        return []
-
-    def tick(self, now: float) -> None:
-        """The routers whose grace ran out are dropped (their members suspected); the ghost
-        checks that are due are made."""
-        notices: list[Notice] = []
-        for r in list(self.routers.values()):
-            if r.grace_until is not None and r.grace_until <= now:
-                log.warning("federation: router %s did not come back within %gs: dropped",
-                            r.label, self.grace)
-                notices += self._drop_router(r)
-            elif r.ghost_check_at is not None and r.ghost_check_at <= now and self.synced:
-                notices += self._drop_ghosts(r)
         self.hub.deliver(notices)
 
     def expire(self, now: float) -> None:

@@ -354,6 +354,37 @@ def federation_metrics(bridge: Bridge) -> Iterator[Metric]:
     yield records
     for attr, doc in _FEDERATION_COUNTERS:
         yield _counter(f"gossiprouter_federation_{attr}", doc, getattr(s, attr))
+    yield from peer_metrics(bridge)
+
+
+def peer_metrics(bridge: Bridge) -> Iterator[Metric]:
+    """Per other router, by origin: reachable, last heard, round trip, and the routed
+    messages sent, lost and expired (docs/federation.md, "Partitions between brokers")."""
+    f = bridge.federation
+    links = [p for o, p in sorted(bridge.liveness.links.items()) if o in f.routers]
+    up = GaugeMetricFamily("gossiprouter_federation_peer_up",
+                           "1 while the other router is heard from (heartbeats on the "
+                           "traffic's path), 0 once silent for federation_peer_timeout.",
+                           labels=["peer"])
+    heard = GaugeMetricFamily("gossiprouter_federation_peer_last_heard_seconds",
+                              "Wall-clock time the other router was last heard from.",
+                              labels=["peer"])
+    rtt = GaugeMetricFamily("gossiprouter_federation_peer_rtt_seconds",
+                            "Round trip to the other router through the brokers (last "
+                            "heartbeat echoed).", labels=["peer"])
+    msgs = CounterMetricFamily("gossiprouter_federation_peer_messages",
+                               "Routed messages (runs of frames) per other router: sent to "
+                               "it, lost (broker not connected or queue full), expired "
+                               "(from it, older than federation_frame_age: dropped).",
+                               labels=["peer", "kind"])
+    for p in links:
+        up.add_metric([p.origin], 1 if p.up else 0)
+        heard.add_metric([p.origin], p.last_heard_wall)
+        if p.rtt is not None:
+            rtt.add_metric([p.origin], p.rtt)
+        for kind, value in (("sent", p.sent), ("lost", p.lost), ("expired", p.expired)):
+            msgs.add_metric([p.origin, kind], value)
+    yield from (up, heard, rtt, msgs)
 
 # The settings that change how the router performs: a load test's report shows them
 # beside its latency (gossiprouter.loadtest.resources scrapes them).
