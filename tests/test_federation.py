@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gossiprouter.core.config import Config
-from gossiprouter.federation.state import Federation, RemoteGroup, RemoteMember
+from gossiprouter.federation.remote import RemoteGroup, RemoteMember
+from gossiprouter.federation.state import Federation
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.jgroups_address import JAddress
 from gossiprouter.routing.table import Kind, RoutingError
@@ -248,7 +249,7 @@ def test_bridge_keepalive_is_checked_at_start() -> None:
     from gossiprouter.core.config import ConfigError
     from gossiprouter.federation.bridge import Bridge
 
-    cfg = Config(bridge="mqtt://127.0.0.1:1", bridge_keepalive=70000)
+    cfg = Config(bridge=("mqtt://127.0.0.1:1",), bridge_keepalive=70000)
     try:
         Bridge(Hub(cfg), cfg)
     except ConfigError as e:
@@ -316,7 +317,7 @@ def test_a_member_whose_connection_dies_is_suspected_on_the_other_routers_too() 
 def test_a_router_that_stops_refreshing_its_presence_is_dropped() -> None:
     """Its Last Will can be lost (it died while a persistent broker was down): its retained
     presence then ages out instead of leaving it a ghost with its members."""
-    from gossiprouter.federation.state import PRESENCE_TTL
+    from gossiprouter.federation.remote import PRESENCE_TTL
 
     net = Net("a", "b")
     a, b = net.feds["a"], net.feds["b"]
@@ -465,7 +466,7 @@ def test_a_hostile_sequence_number_on_a_publication_is_counted_not_raised() -> N
     from gossiprouter.federation.bridge import Bridge
     from gossiprouter.federation.publications import ORIGIN_PROPERTY, SEQ_PROPERTY
 
-    cfg = Config(bridge="mqtt://127.0.0.1:1")
+    cfg = Config(bridge=("mqtt://127.0.0.1:1",))
     bridge = Bridge(Hub(cfg), cfg)
     for seq in ("²", "9" * 5000, "12"):
         msg = MQTTMessage(topic=b"gossiprouter/g/p/b/x")
@@ -505,10 +506,41 @@ def test_a_leaving_session_is_not_ended_as_one_without_connack() -> None:
     its withdrawals were acknowledged (and then went by its Last Will, suspected)."""
     from gossiprouter.federation.bridge import Bridge
 
-    cfg = Config(bridge="mqtt://127.0.0.1:1")
+    cfg = Config(bridge=("mqtt://127.0.0.1:1",))
     bridge = Bridge(Hub(cfg), cfg)
     for state, overdue in (("connecting", True), ("connected", False), ("leaving", False)):
         bridge.state = state
         assert bridge.connack_overdue(10.0, 3600.0) is overdue, state
     bridge.state = "connecting"
     assert not bridge.connack_overdue(10.0, 9.0)
+
+
+def test_a_lost_router_is_held_in_grace_then_revived_or_dropped() -> None:
+    """With a grace (federation_grace), a Last Will or a resync that misses a router holds
+    its members: its presence back within the grace changes nothing for them; the grace
+    running out drops them as suspected. Ghost groups of a router seen again are dropped
+    only once it had the time to publish its records again."""
+    net = Net("a", "b", "c")
+    a, b, c = net.feds["a"], net.feds["b"], net.feds["c"]
+    a.grace = 10.0
+    sa = Named("sa")
+    net.connect("a", sa, b"a")
+    net.connect("b", Named("b1"), b"b1")
+    net.connect("c", Named("c1"), b"c1")
+    sa.events.clear()
+    a.on_presence("c", b"", now=100.0)  # C's Last Will: held
+    a.begin_sync()  # a reconnect in which B is not seen (it has not reconnected yet)
+    a.end_sync(now=101.0)
+    assert a.graced_routers() == 2 and a.table.entry(G, b"b1") is not None
+    a.tick(109.0)
+    assert sa.events == [] and a.stats.routers_lost == 0
+    a.on_presence("b", b.presence(), now=109.5)  # B is back: nothing changes for b1
+    a.tick(110.5)  # C's grace ran out: c1 suspected
+    assert sa.events == [("suspect", b"c1")] and a.stats.routers_lost == 1
+    assert a.table.entry(G, b"b1") is not None and a.stats.routers_revived == 1
+    # B never published its record of G again in this session: b1 was a ghost.
+    a.tick(109.5 + 4.0)
+    assert a.table.entry(G, b"b1") is not None
+    a.tick(109.5 + 5.0)
+    assert a.table.entry(G, b"b1") is None and a.stats.ghosts_removed == 1
+    del c

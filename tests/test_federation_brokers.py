@@ -44,7 +44,8 @@ def bridge_of(r: InProcessRouter) -> Bridge:
 
 async def routers_on(nursery: trio.Nursery, *brokers: BrokerProcess) -> list[InProcessRouter]:
     """One in-process router bridged to each broker, once every bridge is connected."""
-    routers = [await InProcessRouter(nursery, bridge=b.url, bridge_reconnect_max=0.3).start()
+    routers = [await InProcessRouter(nursery, bridge=b.url, bridge_reconnect_max=0.3,
+                                     federation_grace=0).start()
                for b in brokers]
     await eventually(lambda: all(bridge_of(r).state == "connected" for r in routers),
                      what="bridges connected")
@@ -134,7 +135,8 @@ async def test_a_late_router_learns_and_a_killed_router_is_dropped_across_the_br
     broker A publishes its Last Will, the bridge carries it, and B suspects and drops a."""
     broker_a, broker_b = bridged_brokers
     with RouterProcess(None, "--bridge", broker_a.url, "--router-id", "ra",
-                       "--bridge-keepalive", "1", log=tmp_path / "ra.log") as ra:
+                       "--bridge-keepalive", "1", "--federation-grace", "0",
+                       log=tmp_path / "ra.log") as ra:
         async with RouterStub([("127.0.0.1", ra.port)], **FAST) as sa:
             await sa.connect("late", b"a", name="A")
             [rb] = await routers_on(nursery, broker_b)

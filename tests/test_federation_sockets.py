@@ -29,7 +29,10 @@ from tests.test_bridge import broker as broker  # the fixture: mosquitto on a fr
 from tests.test_stub import FAST, InProcessRouter, eventually
 
 G = "fed"
-FED: dict[str, Any] = {"bridge_reconnect_max": 0.3, "bridge_keepalive": 1}
+# No federation grace: these tests show what happens once a lost router's members go
+# (tests/test_federation_outages.py shows the grace).
+FED: dict[str, Any] = {"bridge_reconnect_max": 0.3, "bridge_keepalive": 1,
+                       "federation_grace": 0}
 
 
 def table_members(r: InProcessRouter, group: str = G) -> set[bytes]:
@@ -264,7 +267,8 @@ async def test_kill_9_of_a_router_process(broker: Mosquitto, tmp_path: Path) -> 
     (its Last Will), a stub that listed C and B goes on through B, and nothing is lost for
     the others."""
     procs = [RouterProcess(None, "--bridge", broker.url, "--bridge-keepalive", "1",
-                           "--router-id", f"p{i}", log=tmp_path / f"r{i}.log")
+                           "--federation-grace", "0", "--router-id", f"p{i}",
+                           log=tmp_path / f"r{i}.log")
              for i in range(3)]
     with procs[0], procs[1], procs[2]:
         pa, pb, pc = procs

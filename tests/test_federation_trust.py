@@ -150,11 +150,11 @@ async def test_the_federation_id_is_configured_and_is_the_mqtt_user_name(
     assert "as gossiprouter-router-b (p5" in log
     for bad in ("a/b", "a b", "#", "x%y"):
         with pytest.raises(ConfigError, match="federation_id"):
-            Bridge(Hub(Config(bridge=broker.url, federation_id=bad)),
-                   Config(bridge=broker.url, federation_id=bad))
+            Bridge(Hub(Config(bridge=(broker.url,), federation_id=bad)),
+                   Config(bridge=(broker.url,), federation_id=bad))
     with pytest.raises(ConfigError, match="set federation_id"):
-        Bridge(Hub(Config(bridge=broker.url, bridge_username="a/b")),
-               Config(bridge=broker.url, bridge_username="a/b"))
+        Bridge(Hub(Config(bridge=(broker.url,), bridge_username="a/b")),
+               Config(bridge=(broker.url,), bridge_username="a/b"))
 
 
 def signed(value: str) -> Any:
@@ -229,7 +229,7 @@ async def test_with_a_federation_key_nothing_unsigned_badly_signed_or_replayed_i
     assert fb.live_routers() == 1
     with pytest.raises(ConfigError, match="at least 16 bytes"):
         (tmp_path / "short").write_text("short")
-        Bridge(Hub(Config()), Config(bridge=broker.url, federation_key_file=str(
+        Bridge(Hub(Config()), Config(bridge=(broker.url,), federation_key_file=str(
             tmp_path / "short")))
 
 

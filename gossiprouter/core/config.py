@@ -238,10 +238,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("subscriptions_per_member", int, 1024,
            "Most topic patterns one member may hold at once (ERROR limit beyond); 0 = no bound.",
            minimum=0),
-    Option("bridge", str, "",
+    Option("bridge", tuple, (),
            "Federate through an MQTT 5 broker: mqtt://HOST:PORT or mqtts://HOST:PORT (TLS). "
            "Groups then span every router on it (membership and traffic, docs/federation.md) "
-           "and global topic publications go through it; empty disables.",
+           "and global topic publications go through it; empty disables. Several URLs (one "
+           "broker cluster, or bridged brokers, all of one scheme): the bridge uses the first "
+           "and fails over to the next when it loses the one it uses.",
            parse=lambda v: parse_bridge_url(v), metavar="URL"),
     Option("bridge_prefix", str, "gossiprouter",
            "First level of every MQTT topic the bridge uses (one federation per prefix).",
@@ -281,9 +283,31 @@ OPTIONS: tuple[Option, ...] = (
            "declared dead by the broker (its Last Will) after 1.5 times this, and its members "
            "leave every other router of the federation (docs/federation.md).",
            minimum=1, unit="seconds"),
-    Option("bridge_reconnect_max", float, 30.0,
+    Option("bridge_reconnect_max", float, 2.0,
            "Upper bound of the bridge's reconnect backoff (full jitter, from 0.5 s doubling).",
            minimum=0.1, unit="seconds"),
+    Option("bridge_queue_bytes", int, 16 * 1024 * 1024,
+           "Bound on the bytes of routed frames and global publications waiting for the "
+           "broker (a broker that reads slowly or not at all); beyond, they are dropped and "
+           "counted (gossiprouter_bridge_queue_full).", minimum=65536, unit="bytes"),
+    Option("federation_heartbeat", float, 2.0,
+           "Interval of the heartbeats each router sends every other router on the path its "
+           "routed frames take (docs/federation.md); 0 sends none.", minimum=0,
+           unit="seconds"),
+    Option("federation_peer_timeout", float, 10.0,
+           "Another router whose heartbeats stop for this long is unreachable (a cut between "
+           "bridged brokers): its members are held for federation_grace, then dropped as "
+           "suspected; 0 never times a router out.", minimum=0, unit="seconds"),
+    Option("federation_frame_age", float, 10.0,
+           "Routed frames older than this when they arrive (measured against the sender's "
+           "heartbeats, so a clock offset between hosts cancels out) are dropped and counted, "
+           "never delivered late; 0 delivers them whatever their age.", minimum=0,
+           unit="seconds"),
+    Option("federation_grace", float, 30.0,
+           "How long the members of another router that is out of reach (its Last Will, a "
+           "broker outage, not seen after a reconnect) are held before they are dropped as "
+           "suspected: a broker outage shorter than this makes no member leave; 0 drops "
+           "them at once (docs/federation.md).", minimum=0, unit="seconds"),
 )
 
 
@@ -310,6 +334,9 @@ def check_federation_id(value: str) -> str:
         raise ValueError("at most 128 printable ASCII characters without '/', '+', '#', "
                          "'%' or spaces (one MQTT topic level, as the broker's user name)")
     return value
+def bridge_urls(value: str) -> tuple[str, ...]:
+    """A ``bridge`` given as one string: its comma-separated URLs (empty: none)."""
+    return tuple(u.strip() for u in value.split(",") if u.strip())
 
 
 def _check_prefix(value: str) -> str:
@@ -389,7 +416,8 @@ class Config:
     auth_backoff: float = 5.0
     admin_token: str = ""
     subscriptions_per_member: int = 1024
-    bridge: str = ""
+    # A single URL (a string, as before several were accepted) is a list of one.
+    bridge: tuple[str, ...] = ()
     bridge_prefix: str = "gossiprouter"
     bridge_username: str = ""
     federation_id: str = ""
@@ -401,10 +429,17 @@ class Config:
     bridge_tls_key: str = ""
     bridge_qos: int = 0
     bridge_keepalive: int = 5
-    bridge_reconnect_max: float = 30.0
+    bridge_reconnect_max: float = 2.0
+    bridge_queue_bytes: int = 16 * 1024 * 1024
+    federation_heartbeat: float = 2.0
+    federation_peer_timeout: float = 10.0
+    federation_frame_age: float = 10.0
+    federation_grace: float = 30.0
     provisioned: tuple[Provisioned, ...] = field(default=())
 
     def __post_init__(self) -> None:
+        if isinstance(self.bridge, str):
+            object.__setattr__(self, "bridge", bridge_urls(self.bridge))
         for o in OPTIONS:
             check(o, getattr(self, o.name))
         if self.outbound_queue_bytes < 2 * self.max_frame:
@@ -567,6 +602,8 @@ def load_file(path: Path) -> dict[str, Any]:
             if name == "provisioned":
                 values[name] = _parse_provisioned(value)
                 continue
+            if name == "bridge" and isinstance(value, str):
+                value = list(bridge_urls(value))
             check(_BY_NAME[name], value)
         except ConfigError as e:
             raise ConfigError(f"config file {path}: {e}") from None

@@ -70,6 +70,12 @@ class Bridge(Peers, Publications):
                 "echo_dropped": s.echo_dropped, "malformed": s.malformed,
                 "duplicates_dropped": s.duplicates_dropped,
                 "connects": s.connects, "failures": s.failures, "subacks": s.subacks,
+                "failovers": s.failovers, "queued_bytes": self.queued_bytes(),
+                "links": {o: {"up": p.up, "rtt": p.rtt, "sent": p.sent, "lost": p.lost,
+                              "expired": p.expired}
+                          for o, p in sorted(self.liveness.links.items())[:100]},
+                "queue_full": s.queue_full,
+                "brokers": [f"{sc}://{h}:{p}" for sc, h, p in self.endpoints],
                 "oversized": s.oversized, "max_packet": self.max_packet,
                 "refused_filters": s.refused_filters}
 
@@ -77,6 +83,7 @@ class Bridge(Peers, Publications):
         """Connect, serve, reconnect with backoff and jitter, until cancelled."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_cut_off)
+            nursery.start_soon(self._ticker)
             await self._connect_loop()
             nursery.cancel_scope.cancel()
 

@@ -7,9 +7,11 @@ reconnects, and the subscriptions to the union of the local patterns.
   unsubscribed when the last one drops it (leave, expiry, UNSUBSCRIBE).
 * **Failures**: the bridge reconnects with full-jitter exponential backoff (0.5 s doubling up
   to ``bridge_reconnect_max``) and re-subscribes the whole union on every new connection
-  (clean start). While the broker reads slowly, at most :data:`MAX_UNWRITTEN` packets wait in
-  paho (:meth:`BrokerSession._writable`); beyond the broker's Maximum Packet Size nothing is
-  sent (:meth:`BrokerSession._fits`).
+  (clean start). While the broker reads slowly, at most :data:`MAX_UNWRITTEN` packets and
+  ``bridge_queue_bytes`` bytes of traffic wait in paho (:meth:`BrokerSession._writable`;
+  beyond, routed frames and publications are dropped and counted, so a stalled broker cannot
+  grow the router); beyond the broker's Maximum Packet Size nothing is sent
+  (:meth:`BrokerSession._fits`).
 
 paho-mqtt is driven from trio through its external-socket API: the bridge
 waits on the socket with ``trio.lowlevel.wait_readable`` / ``wait_writable``
@@ -76,6 +78,8 @@ class BridgeStats:
     failures: int = 0  # connection attempts or sessions that failed
     oversized: int = 0  # publications, routed messages, records beyond the broker's limit
     too_large: int = 0  # publications from the broker beyond max_frame: never delivered
+    failovers: int = 0  # moves to the next broker endpoint (several --bridge URLs)
+    queue_full: int = 0  # routed messages and publications dropped: bridge_queue_bytes reached
 
 
 def _federation_id(config: Config) -> str:
@@ -111,10 +115,21 @@ class BrokerSession:
             raise ConfigError(needs_extra("the bridge", "paho-mqtt", "bridge")) from None
         self.hub = hub
         self.table = hub.table
-        try:
-            self.scheme, self.host, self.port = parse_bridge_url(config.bridge)
-        except ValueError as e:
-            raise ConfigError(f"bridge = {config.bridge!r}: {e}") from None
+        # Every broker endpoint (one MQTT cluster, or bridged brokers): the session uses
+        # one, and moves to the next when it cannot connect or loses it (_failover).
+        self.endpoints: list[tuple[str, str, int]] = []
+        for url in config.bridge:
+            try:
+                self.endpoints.append(parse_bridge_url(url))
+            except ValueError as e:
+                raise ConfigError(f"bridge = {url!r}: {e}") from None
+        if not self.endpoints:
+            raise ConfigError("bridge: no broker URL")
+        if len({e[0] for e in self.endpoints}) > 1:
+            raise ConfigError(f"bridge = {list(config.bridge)!r}: mixes mqtt:// and mqtts:// "
+                              "(one connection's TLS settings serve every endpoint)")
+        self._endpoint = 0
+        self.scheme, self.host, self.port = self.endpoints[0]
         if config.bridge_qos not in (0, 1):
             raise ConfigError(f"bridge_qos = {config.bridge_qos!r}: expected 0 or 1")
         self.qos = config.bridge_qos
@@ -122,6 +137,12 @@ class BrokerSession:
             raise ConfigError(f"bridge_keepalive = {config.bridge_keepalive}: at most 65535")
         self.prefix = config.bridge_prefix
         self.reconnect_max = config.bridge_reconnect_max
+        # What may wait in paho for the broker, in bytes (routed frames and publications;
+        # presence and records are small and always queued). An upper estimate between
+        # measures: each publication adds its size, the writer's progress marks it stale.
+        self.queue_limit = config.bridge_queue_bytes
+        self._queued = 0
+        self._queued_stale = False
         self.keepalive = config.bridge_keepalive
         # The router's federation identity (docs/federation.md, "Identity"): configured, and
         # by default its MQTT user name, so the broker's ACL can confine it to its subtree.
@@ -181,10 +202,29 @@ class BrokerSession:
         self._oversized_log = RateLimitedLog(log, 10.0)
         self._wake_writer = trio.Event()
 
-    def _writable(self) -> bool:
-        """Connected, with no more than MAX_UNWRITTEN packets waiting in paho: a publication
-        is handed to the client, else counted as not forwarded by the caller."""
-        return self.state == "connected" and self._unwritten() <= MAX_UNWRITTEN
+    def _writable(self, size: int = 0) -> bool:
+        """Connected, with no more than MAX_UNWRITTEN packets waiting in paho and room for
+        ``size`` more bytes within bridge_queue_bytes: a publication is handed to the client
+        (then :meth:`_queued_more`), else counted as not forwarded by the caller."""
+        if self.state != "connected" or self._unwritten() > MAX_UNWRITTEN:
+            return False
+        if self.queued_bytes() + size > self.queue_limit:
+            self.stats.queue_full += 1
+            return False
+        return True
+
+    def queued_bytes(self) -> int:
+        """Bytes waiting in paho for the broker (measured again after the writer's progress;
+        paho keeps what is left of each packet in ``to_process``)."""
+        if self._queued_stale:
+            self._queued_stale = False
+            q = getattr(self._client, "_out_packet", ())
+            self._queued = sum(p.get("to_process", 0) for p in q)
+        return self._queued
+
+    def _queued_more(self, size: int) -> None:
+        """A publication of ``size`` bytes was handed to paho."""
+        self._queued += size
 
     def _disconnect_when_acked(self) -> None:
         """Leaving: DISCONNECT once the broker has acknowledged every QoS 1 message. paho
@@ -258,6 +298,7 @@ class BrokerSession:
         self.state = "connected"
         self.last_error = None
         self._lost_at = None
+        self._queued_stale = True  # paho dropped the last session's packets
         limit = getattr(properties, "MaximumPacketSize", None)
         self.max_packet = limit if isinstance(limit, int) else None
         self.stats.connects += 1
@@ -330,6 +371,8 @@ class BrokerSession:
                         n = 0
                     self.stats.failures += 1
                 self.state = "disconnected"
+                if self._failover():
+                    continue  # straight to the next endpoint, once per round
                 delay = random.uniform(0.0, min(self.reconnect_max, 0.5 * 2.0 ** min(n, 30)))
                 n += 1
                 await trio.sleep(delay)
@@ -339,6 +382,17 @@ class BrokerSession:
             sock = self._client.socket()
             if sock is not None:
                 sock.close()
+
+    def _failover(self) -> bool:
+        """The endpoint in use failed: move to the next one. True when there is another one
+        to try at once; False when a round of every endpoint ends here (then the backoff)."""
+        if len(self.endpoints) == 1:
+            return False
+        self._endpoint = (self._endpoint + 1) % len(self.endpoints)
+        self.scheme, self.host, self.port = self.endpoints[self._endpoint]
+        self.stats.failovers += 1
+        log.warning("bridge: failing over to %s://%s:%d", self.scheme, self.host, self.port)
+        return self._endpoint != 0
 
     def _connect_blocking(self) -> None:
         self._client.connect(self.host, self.port, keepalive=self.keepalive, clean_start=True)
@@ -388,6 +442,7 @@ class BrokerSession:
         while True:
             await self._wake_writer.wait()
             self._wake_writer = trio.Event()
+            self._queued_stale = True  # publish() may have written inline meanwhile
             while c.want_write():
                 if c.socket() is None or sock.fileno() < 0:
                     # paho closed it in a callback (the reader saw the end) while this task
@@ -398,6 +453,7 @@ class BrokerSession:
                 if c.loop_write() or c.socket() is None:
                     self._end("write failed")
                     return
+                self._queued_stale = True
 
     async def _misc(self) -> None:
         c = self._client

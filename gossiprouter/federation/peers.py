@@ -17,6 +17,7 @@ records, routed frames and the resync marker (docs/federation.md).
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,7 @@ import trio
 
 from gossiprouter.core.config import Config, ConfigError
 from gossiprouter.federation.broker import BrokerSession
+from gossiprouter.federation.liveness import Liveness
 from gossiprouter.federation.mqtt_topics import (
     escape_level,
     fed_root,
@@ -33,6 +35,7 @@ from gossiprouter.federation.mqtt_topics import (
     route_topic,
     sync_topic,
 )
+from gossiprouter.federation.remote import PRESENCE_TTL, RECORD_TTL
 from gossiprouter.federation.signing import (
     MAC_PROPERTY,
     KeyFileError,
@@ -40,7 +43,7 @@ from gossiprouter.federation.signing import (
     Verifier,
     read_key,
 )
-from gossiprouter.federation.state import PRESENCE_TTL, RECORD_TTL, Federation
+from gossiprouter.federation.state import Federation
 
 if TYPE_CHECKING:
     from paho.mqtt.client import Client
@@ -55,6 +58,13 @@ log = logging.getLogger("gossiprouter.federation.bridge")
 LEFT_PROPERTY = "gossiprouter-left"
 # Membership records of a burst of changes are published together this long after the first.
 FLUSH_DELAY = 0.005
+# How often the graces and the ghost checks are looked at (seconds).
+TICK = 0.5
+# User properties on the route topic: a heartbeat (its value: the sender's origin), and a
+# routed message's sender origin and wall-clock send time in ms (liveness.py).
+BEAT_PROPERTY = "gossiprouter-beat"
+FROM_PROPERTY = "gossiprouter-from"
+SENT_PROPERTY = "gossiprouter-sent"
 
 
 def _expiring(seconds: int) -> Properties:
@@ -104,17 +114,36 @@ class Peers(BrokerSession):
         self.federation = Federation(hub, self.origin, config.name, self._send_route,
                                      self._mark_dirty)
         self.federation.publish = self._publish_group
+        self.federation.grace = config.federation_grace
+        self.heartbeat = config.federation_heartbeat
+        self.liveness = Liveness(config.federation_peer_timeout, config.federation_frame_age)
+        self._resync_after = 0.0
+        self.wall = time.time  # the wall clock of routed frames' ages (a test may set it)
 
     def _send_route(self, origin: str, payload: bytes) -> bool:
-        if not self._writable():
+        link = self.liveness.link(origin)
+        if self._publish_route(origin, payload, SENT_PROPERTY,
+                               str(round(self.wall() * 1000))):
+            link.sent += 1
+            return True
+        link.lost += 1
+        return False
+
+    def _publish_route(self, origin: str, payload: bytes, key: str, value: str) -> bool:
+        """A message on ``origin``'s route topic (routed frames, or a heartbeat), with this
+        router's origin and ``key``: ``value`` as user properties."""
+        if not self._writable(len(payload)):
             return False
         topic = route_topic(self.prefix, self.origin, origin)
-        if not self._fits(topic, payload):
+        if not self._fits(topic, payload, self.origin, value):
             return False
+        props = _properties()
+        props.UserProperty = [(FROM_PROPERTY, self.origin), (key, value)]
         info = self._client.publish(topic, payload, self.qos,
-                                    properties=self._signed(topic, payload, "route"))
+                                    properties=self._signed(topic, payload, "route", props))
         if info.rc:
             return False
+        self._queued_more(len(payload) + len(topic) + len(self.origin) + 64)
         self._kick_writer()
         return True
 
@@ -194,6 +223,7 @@ class Peers(BrokerSession):
         # snapshot, then the marker that comes back after every retained message.
         fed = self.federation
         fed.begin_sync()
+        self.liveness.restart(trio.current_time())
         root = self._fed_root
         state = SubscribeOptions(qos=1, noLocal=True)
         _, self._fed_mid = client.subscribe([
@@ -225,9 +255,10 @@ class Peers(BrokerSession):
                 if kind == "presence" and not payload:
                     self._verifier.forget(writer)
             if kind == "route" and arg == self.origin:
-                fed.on_route(payload, writer)
+                if self._on_path(writer, payload, props):
+                    fed.on_route(payload, writer)
             elif kind == "sync" and writer == self.origin:
-                fed.end_sync()
+                fed.end_sync(trio.current_time())
             elif kind == "presence":
                 expiry = getattr(props, "MessageExpiryInterval", None)
                 fed.on_presence(writer, payload, trio.current_time(),
@@ -250,13 +281,89 @@ class Peers(BrokerSession):
         super()._session_tasks(nursery)
         nursery.start_soon(self._flusher)
         nursery.start_soon(self._refresher)
+        if self.heartbeat > 0:
+            nursery.start_soon(self._heartbeats)
+
+    def _on_path(self, writer: str, payload: bytes, props: Properties | None) -> bool:
+        """What came on the route topic from router ``writer`` (the subtree it was read
+        from, never a property the message names), before the routed frames are parsed: a
+        heartbeat (handled here), or routed frames with their age (False: too old, dropped
+        and counted). A message without those properties (an older router) passes."""
+        user = dict(getattr(props, "UserProperty", None) or ())
+        origin = writer
+        if origin == self.origin or not (FROM_PROPERTY in user or BEAT_PROPERTY in user):
+            return BEAT_PROPERTY not in user
+        now, wall = trio.current_time(), self.wall()
+        live = self.liveness
+        if BEAT_PROPERTY in user:
+            try:
+                back = live.beat_in(origin, payload, now, wall)
+            except ValueError:
+                self.federation.stats.malformed += 1
+                return False
+        else:
+            back = live.heard(origin, now, wall)
+        if back:
+            self._reachable(origin, now)
+        sent = user.get(SENT_PROPERTY)
+        if sent is None or not (sent.isascii() and sent.isdigit() and len(sent) < 20):
+            return BEAT_PROPERTY not in user
+        return not live.too_old(origin, int(sent), wall, 1)
+
+    def _reachable(self, origin: str, now: float) -> None:
+        """``origin`` is heard from again: revived if it is held in grace; if it was dropped
+        meanwhile, the retained state is read again (at most once per peer timeout)."""
+        if self.federation.reachable(origin, now):
+            return
+        if now >= self._resync_after and self.state == "connected":
+            self._resync_after = now + max(self.liveness.timeout, 1.0)
+            self._resync()
+
+    def _resync(self) -> None:
+        """Read every retained presence and record again without a reconnect: subscribe to
+        them again (the broker sends the retained messages anew), then the sync marker."""
+        from paho.mqtt.subscribeoptions import SubscribeOptions
+
+        log.info("bridge: a router came back after it was dropped: resyncing")
+        self.federation.begin_sync()
+        state = SubscribeOptions(qos=1, noLocal=True)
+        _, self._fed_mid = self._client.subscribe([
+            (self._fed_root + "+/presence", state), (self._fed_root + "+/members/#", state)])
+        self._client.publish(self._sync_topic, b"", qos=1,
+                             properties=self._signed(self._sync_topic, b"", "sync"))
+        self._kick_writer()
+
+    async def _heartbeats(self) -> None:
+        # A heartbeat to every other router on its route topic (the traffic's path), then the
+        # peers silent for the timeout are declared unreachable (held in grace).
+        live = self.liveness
+        while True:
+            await trio.sleep(self.heartbeat)
+            now, wall = trio.current_time(), self.wall()
+            routers = self.federation.routers
+            for origin in list(routers):
+                self._publish_route(origin, live.beat_out(origin, now, wall), BEAT_PROPERTY,
+                                    self.origin)
+            for origin in live.check(now):
+                log.warning("bridge: router %s not heard from for %gs: unreachable",
+                            origin, live.timeout)
+                self.federation.unreachable(origin, now)
+            for origin in [o for o, p in live.links.items() if o not in routers
+                           and now - p.last_heard > 3 * live.timeout + 60]:
+                live.forget(origin)
 
     async def _watch_cut_off(self) -> None:
         # The others declare this router dead 1.5 keepalives after it lost the broker (its
         # Last Will); it drops them after as long, so both sides see the same partition.
+        # With a grace, the others are held in grace from the loss instead, as they hold
+        # this router's members: an outage shorter than the grace changes nothing.
         while True:
             await self._cut.wait()
             self._cut = trio.Event()
+            if self.federation.grace > 0:
+                if (lost := self._lost_at) is not None and self.state != "connected":
+                    self.federation.cut_off(lost)
+                continue
             while (lost := self._lost_at) is not None and self.state != "connected":
                 deadline = lost + 1.5 * self.keepalive
                 if trio.current_time() < deadline:
@@ -266,7 +373,7 @@ class Peers(BrokerSession):
                 if self.federation.routers:
                     log.warning("bridge: no broker for %.1fs: dropping the other routers' "
                                 "members", 1.5 * self.keepalive)
-                    self.federation.cut_off()
+                    self.federation.cut_off(trio.current_time())
 
     async def _flusher(self) -> None:
         while True:
@@ -292,6 +399,12 @@ class Peers(BrokerSession):
             if n % records_every == 0:
                 self._publish_records(self.federation.records())
             self.federation.expire(trio.current_time())
+
+    async def _ticker(self) -> None:
+        # Graces that ran out and the ghost checks due (Federation.tick), connected or not.
+        while True:
+            await trio.sleep(TICK)
+            self.federation.tick(trio.current_time())
 
     def _mark_dirty(self) -> None:
         self._fed_dirty.set()

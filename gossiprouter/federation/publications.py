@@ -97,7 +97,7 @@ class Publications(BrokerSession):
 
     def forward(self, group: str, sender: bytes, tid: TopicId, payload: bytes) -> None:
         """Publish one global publication of a local client (already delivered locally)."""
-        if not self._writable():
+        if not self._writable(len(payload)):
             self.stats.not_forwarded += 1
             return
         from paho.mqtt.packettypes import PacketTypes
@@ -117,6 +117,7 @@ class Publications(BrokerSession):
             self.stats.not_forwarded += 1
             return
         self.stats.forwarded += 1
+        self._queued_more(len(payload) + len(topic) + 64)
         self._kick_writer()
 
     def _on_publication(self, msg: MQTTMessage) -> None:

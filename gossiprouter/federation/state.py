@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from gossiprouter.federation.codec import (
     PRESENCE_ERRORS,
@@ -43,9 +42,16 @@ from gossiprouter.federation.codec import (
     local_members,
 )
 from gossiprouter.federation.frames import check_routed
+from gossiprouter.federation.grace import GHOST_SETTLE, Graces
+from gossiprouter.federation.remote import (
+    PRESENCE_TTL,
+    RECEIVERS_CACHE,
+    FederationStats,
+    RemoteMember,
+    RemoteRouter,
+)
 from gossiprouter.routing.table import (
     Carrier,
-    Entry,
     Group,
     Notice,
     RemoteCarrier,
@@ -55,148 +61,7 @@ from gossiprouter.sessions.base import Hub
 
 log = logging.getLogger("gossiprouter.federation.state")
 
-RECEIVERS_CACHE = 10_000
-# A presence is republished every PRESENCE_TTL / 3 seconds and expires after PRESENCE_TTL (at
-# the broker too): a router whose Last Will was lost (it died while a persistent broker was
-# down) is dropped after that, instead of staying a ghost with its members.
-PRESENCE_TTL = 60
-# Records are republished every RECORD_TTL / 3 and expire after RECORD_TTL at the broker, so
-# the inert records of stopped routers do not pile up in a persistent broker.
-RECORD_TTL = 86_400
-
-
-@dataclass
-class FederationStats:
-    """What the federation counts (metrics ``gossiprouter_federation_*`` and /groups)."""
-
-    routed_out: int = 0  # frames sent to other routers (a run counts its frames)
-    routed_in: int = 0  # frames received from other routers
-    delivered_in: int = 0  # copies of those queued for local connections
-    not_forwarded: int = 0  # frames for another router lost: broker not connected or too slow
-    undeliverable: int = 0  # frames received for a member no longer here
-    records_out: int = 0  # membership records published
-    records_in: int = 0  # membership records applied
-    malformed: int = 0  # federation messages that could not be read
-    refused: int = 0  # routed frames not delivered: bad frames, or a sender not of that router
-    unauthenticated: int = 0  # messages the federation key refused (unsigned, bad, replayed)
-    conflicts: int = 0  # remote registrations a local rule refused (e.g. an in-process address)
-    routers_lost: int = 0  # routers dropped: Last Will, resync, or this router cut off
-    routers_left: int = 0  # routers that shut down cleanly (their members left, unsuspected)
-    resyncs: int = 0  # reconciles after a (re)connect
-    ghosts_removed: int = 0  # remote members a resync found gone
-
-
-class _NoQueue:
-    """The outbox of a remote carrier: never takes bytes directly, so the routing loops call
-    :meth:`RemoteGroup.push` / :meth:`RemoteMember.push` (which know the group)."""
-
-    __slots__ = ()
-
-    def push(self, data: bytes) -> bool:
-        return False
-
-
-_NO_QUEUE = _NoQueue()
-
-
-class _Remote:
-    """What both remote carriers share: they stand for router ``remote``, take no events
-    (each router derives its own from the federated membership) and no direct bytes."""
-
-    protocol: ClassVar[str] = "federation"
-    events_by_call: ClassVar[bool] = True
-    # Never learned by the compiled fast path (no socket): their frames stay in Python.
-    fast_id: ClassVar[None] = None
-
-    __slots__ = ()
-    remote: RemoteRouter
-
-    @property
-    def peer(self) -> str:
-        return f"router {self.remote.label}"
-
-    @property
-    def outbox(self) -> _NoQueue:
-        return _NO_QUEUE
-
-    @classmethod
-    def event_frame(cls, kind: str, entry: Entry) -> bytes | None:
-        return None
-
-    def notify(self, kind: str, entry: Entry) -> None:
-        pass
-
-
-class RemoteGroup(_Remote):
-    """The fan-out target "group ``group`` on router ``remote``": one per router and group."""
-
-    __slots__ = ("fed", "group", "remote")
-
-    def __init__(self, fed: Federation, remote: RemoteRouter, group: str) -> None:
-        self.fed = fed
-        self.remote = remote
-        self.group = group
-
-    def push(self, data: bytes, count: int = 1) -> None:
-        self.fed.send(self.remote, self.group, None, data, count)
-
-
-class RemoteMember(_Remote, RemoteCarrier):
-    """Member ``addr`` of ``group``, carried by router ``remote``: a carrier of its entry."""
-
-    __slots__ = ("addr", "data", "fanout", "fed", "group", "live", "remote", "router")
-
-    def __init__(self, fed: Federation, remote: RemoteRouter, group: str, addr: bytes) -> None:
-        self.fed = fed
-        self.remote = remote
-        self.router = remote.origin
-        self.group = group
-        self.addr = addr
-        self.fanout: Carrier = remote.fanout(group)
-        self.live = True
-        self.data: Member | None = None
-
-    def push(self, data: bytes, count: int = 1) -> None:
-        self.fed.send(self.remote, self.group, self.addr, data, count)
-
-    @property
-    def peer(self) -> str:
-        """For /groups: the router's origin (its name is not unique across restarts or
-        configurations), and whether the member is only held there in grace."""
-        return f"router {self.remote.origin}" + ("" if self.live else " (in grace there)")
-
-
-@dataclass(eq=False)
-class RemoteRouter:
-    """Another router of the federation, as this one knows it."""
-
-    origin: str
-    name: str = ""
-    alive: bool = False
-    # The broker session (Federation.epoch) in which its presence / a record was last seen.
-    epoch: int = 0
-    groups: dict[str, dict[bytes, RemoteMember]] = field(default_factory=dict)
-    record_epochs: dict[str, int] = field(default_factory=dict)
-    # Records received before its presence, during the first retained burst.
-    pending: dict[str, bytes] = field(default_factory=dict)
-    fanouts: dict[str, RemoteGroup] = field(default_factory=dict)
-    fed: Federation | None = None
-    # When its presence expires unless refreshed (None: never).
-    expires: float | None = None
-
-    @property
-    def label(self) -> str:
-        return self.name or self.origin
-
-    def fanout(self, group: str) -> RemoteGroup:
-        f = self.fanouts.get(group)
-        if f is None:
-            assert self.fed is not None
-            f = self.fanouts[group] = RemoteGroup(self.fed, self, group)
-        return f
-
-
-class Federation:
+class Federation(Graces):
     """This router's view of the federation, applied to ``hub.table``.
 
     ``send(router origin, payload)`` publishes routed frames to that router (False: not
@@ -215,6 +80,9 @@ class Federation:
         self.routers: dict[str, RemoteRouter] = {}
         self.epoch = 0
         self.synced = False
+        # Seconds a lost router's members are held before they are dropped as suspected
+        # (federation_grace; 0: at once). A broker outage shorter than this changes nothing.
+        self.grace = 0.0
         # Set by leave(): this router is shutting down and has withdrawn its records, so the
         # connections it closes now change nothing the others see.
         self.leaving = False
@@ -244,7 +112,8 @@ class Federation:
         for origin in sorted(o for o, r in self.routers.items() if r.alive)[:limit]:
             r = self.routers[origin]
             out.append({"origin": origin, "name": r.name, "groups": len(r.groups),
-                        "members": sum(len(m) for m in r.groups.values())})
+                        "members": sum(len(m) for m in r.groups.values()),
+                        **({} if r.grace_until is None else {"in_grace": True})})
         return out
 
     # ------------------------------------------------------------------ publishing
@@ -333,30 +202,25 @@ class Federation:
         self.epoch += 1
         self.synced = False
 
-    def end_sync(self) -> None:
+    def end_sync(self, now: float = 0.0) -> None:
         """The marker came back: every retained message of this session has been received.
-        Routers and records not seen since :meth:`begin_sync` are ghosts."""
+        Routers and records not seen since :meth:`begin_sync` are ghosts. With a grace, a
+        router not seen is held in grace (it may simply not have reconnected yet, after a
+        broker restart), and the groups of a router seen are checked once it has had the
+        time to publish them again (its records follow its presence)."""
         self.stats.resyncs += 1
         notices: list[Notice] = []
         for r in list(self.routers.values()):
             r.pending.clear()
-            if not r.alive or r.epoch < self.epoch:
-                n = self._drop_router(r)
-                notices += n
-                continue
-            for group in list(r.groups):
-                if r.record_epochs.get(group, 0) < self.epoch:
-                    self.stats.ghosts_removed += len(r.groups[group])
-                    notices += self._apply(r, group, [], set())
+            if not r.alive:
+                notices += self._drop_router(r)
+            elif r.epoch < self.epoch:
+                notices += self._lose(r, now)
+            elif self.grace > 0:
+                r.ghost_check_at = now + min(self.grace, GHOST_SETTLE)
+            else:
+                notices += self._drop_ghosts(r)
         self.synced = True
-        self.hub.deliver(notices)
-
-    def cut_off(self) -> None:
-        """This router lost the broker for as long as the others take to declare it dead:
-        it does the same with them (their members are suspected)."""
-        notices: list[Notice] = []
-        for r in list(self.routers.values()):
-            notices += self._drop_router(r)
         self.hub.deliver(notices)
 
     def expire(self, now: float) -> None:
@@ -384,7 +248,8 @@ class Federation:
             if r is not None:
                 log.info("federation: router %s %s", r.label,
                          "left (shut down)" if left else "is gone (Last Will)")
-                self.hub.deliver(self._drop_router(r, suspect=not left))
+                self.hub.deliver(self._drop_router(r, suspect=False) if left
+                                 else self._lose(r, now))
             return
         try:
             name, ttl = decode_presence(payload)
@@ -401,6 +266,14 @@ class Federation:
         r.expires = None if not ttl or ttl <= 0 else now + ttl
         r.alive = True
         r.epoch = self.epoch
+        if r.grace_until is not None:
+            # Back within its grace (a broker outage, a reconnect): nothing changed for its
+            # members; the records it publishes again say what did meanwhile.
+            r.grace_until = None
+            self.stats.routers_revived += 1
+            log.info("federation: router %s is back within its grace", r.label)
+            if self.synced and self.grace > 0:
+                r.ghost_check_at = now + min(self.grace, GHOST_SETTLE)
         pending, r.pending = r.pending, {}
         for group, rec in pending.items():
             self.on_record(origin, group, rec)

@@ -262,6 +262,9 @@ _BRIDGE_COUNTERS: Final = (
     ("malformed", "Broker messages under the prefix that were not publications."),
     ("connects", "Successful broker connections."),
     ("too_large", "Publications from the broker beyond max_frame: never delivered."),
+    ("failovers", "Moves to the next broker endpoint (several bridge URLs)."),
+    ("queue_full", "Routed messages and publications dropped: bridge_queue_bytes were "
+     "waiting for the broker."),
     ("oversized", "Publications, routed messages and records not sent: beyond the broker's "
      "Maximum Packet Size."),
 )
@@ -270,6 +273,9 @@ _FEDERATION_COUNTERS: Final = (
     ("routers_lost",
      "Routers dropped: Last Will, resync, or this router cut off from the broker."),
     ("routers_left", "Routers that shut down cleanly (their members left, unsuspected)."),
+    ("routers_graced",
+     "Routers out of reach (Last Will, resync, this router cut off) held in federation_grace."),
+    ("routers_revived", "Routers back within their grace (their members never left)."),
     ("resyncs", "Reconciles after a (re)connect to the broker."),
     ("ghosts_removed", "Remote members a resync found gone."),
     ("conflicts", "Remote registrations a local rule refused (e.g. an in-process address)."),
@@ -309,6 +315,9 @@ def topic_metrics(st: Stats, members: snapshot.Membership,
     b = bridge.stats
     for attr, doc in _BRIDGE_COUNTERS:
         yield _counter(f"gossiprouter_bridge_{attr}", doc, getattr(b, attr))
+    yield GaugeMetricFamily("gossiprouter_bridge_queued_bytes",
+                            "Bytes waiting for the broker (bounded by bridge_queue_bytes).",
+                            value=bridge.queued_bytes())
     yield GaugeMetricFamily("gossiprouter_bridge_subscriptions",
                             "MQTT topic filters subscribed (the union of local patterns).",
                             value=len(bridge.filters))
@@ -322,6 +331,9 @@ def federation_metrics(bridge: Bridge) -> Iterator[Metric]:
     yield GaugeMetricFamily("gossiprouter_federation_routers",
                             "Other routers of the federation known alive.",
                             value=f.live_routers())
+    yield GaugeMetricFamily("gossiprouter_federation_routers_in_grace",
+                            "Other routers out of reach whose members are held in grace.",
+                            value=f.graced_routers())
     yield GaugeMetricFamily("gossiprouter_federation_remote_members",
                             "Registrations held on other routers, as known here.",
                             value=f.remote_members())
@@ -348,6 +360,37 @@ def federation_metrics(bridge: Bridge) -> Iterator[Metric]:
     yield records
     for attr, doc in _FEDERATION_COUNTERS:
         yield _counter(f"gossiprouter_federation_{attr}", doc, getattr(s, attr))
+    yield from peer_metrics(bridge)
+
+
+def peer_metrics(bridge: Bridge) -> Iterator[Metric]:
+    """Per other router, by origin: reachable, last heard, round trip, and the routed
+    messages sent, lost and expired (docs/federation.md, "Partitions between brokers")."""
+    f = bridge.federation
+    links = [p for o, p in sorted(bridge.liveness.links.items()) if o in f.routers]
+    up = GaugeMetricFamily("gossiprouter_federation_peer_up",
+                           "1 while the other router is heard from (heartbeats on the "
+                           "traffic's path), 0 once silent for federation_peer_timeout.",
+                           labels=["peer"])
+    heard = GaugeMetricFamily("gossiprouter_federation_peer_last_heard_seconds",
+                              "Wall-clock time the other router was last heard from.",
+                              labels=["peer"])
+    rtt = GaugeMetricFamily("gossiprouter_federation_peer_rtt_seconds",
+                            "Round trip to the other router through the brokers (last "
+                            "heartbeat echoed).", labels=["peer"])
+    msgs = CounterMetricFamily("gossiprouter_federation_peer_messages",
+                               "Routed messages (runs of frames) per other router: sent to "
+                               "it, lost (broker not connected or queue full), expired "
+                               "(from it, older than federation_frame_age: dropped).",
+                               labels=["peer", "kind"])
+    for p in links:
+        up.add_metric([p.origin], 1 if p.up else 0)
+        heard.add_metric([p.origin], p.last_heard_wall)
+        if p.rtt is not None:
+            rtt.add_metric([p.origin], p.rtt)
+        for kind, value in (("sent", p.sent), ("lost", p.lost), ("expired", p.expired)):
+            msgs.add_metric([p.origin, kind], value)
+    yield from (up, heard, rtt, msgs)
 
 # The settings that change how the router performs: a load test's report shows them
 # beside its latency (gossiprouter.loadtest.resources scrapes them).

@@ -95,7 +95,7 @@ class Carrier(Protocol):
 
 class RemoteCarrier:
     """Base of the carriers that stand for another router of the federation
-    (``gossiprouter.federation.state.RemoteMember``), so the table can order them and count them
+    (``gossiprouter.federation.remote.RemoteMember``), so the table can order them and count them
     per router in the fan-out without importing the federation.
 
     ``fanout`` is the carrier that counts as this one's target in :attr:`Group.load` (one per

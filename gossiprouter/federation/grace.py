@@ -1,0 +1,107 @@
+"""Other routers out of reach, held in grace (docs/federation.md, "Failures"): the part of
+:class:`gossiprouter.federation.state.Federation` that decides when a lost router's members go.
+
+A router is lost by its Last Will, by a resync that does not see it, by this router being
+cut off from the broker, or by its heartbeats stopping (:mod:`gossiprouter.federation.liveness`).
+With a grace (``federation_grace``) its members stay in the table until the grace runs out
+(:meth:`Graces.tick`: then they are suspected); its presence or heartbeats coming back before
+that revive it, and nothing changed for them. Sans-IO, like the state it is part of.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from gossiprouter.routing.table import Notice
+
+log = logging.getLogger("gossiprouter.federation.state")
+
+# A router seen again after a resync has this long (at most its grace) to publish its records
+# again before the groups it did not publish are dropped as ghosts: they follow its presence on
+# one connection, so seconds are plenty, but a resync's end can fall between the two.
+GHOST_SETTLE = 5.0
+
+
+class Graces:
+    """The grace of lost routers (see the module docstring); a base of Federation, which
+    holds the attributes and the two methods declared here."""
+
+    routers: dict[str, Any]  # origin -> RemoteRouter
+    grace: float
+    synced: bool
+    epoch: int
+    stats: Any  # FederationStats
+    hub: Any  # Hub
+
+    def _drop_router(self, r: Any, suspect: bool = True) -> list[Notice]:
+        raise NotImplementedError
+
+    def _apply(self, r: Any, group: str, members: list[Any],
+               suspected: set[bytes]) -> list[Notice]:
+        raise NotImplementedError
+
+    def graced_routers(self) -> int:
+        return sum(1 for r in self.routers.values() if r.grace_until is not None)
+
+    def _drop_ghosts(self, r: Any) -> list[Notice]:
+        """The groups of ``r`` not published again in this broker session."""
+        r.ghost_check_at = None
+        notices: list[Notice] = []
+        for group in list(r.groups):
+            if r.record_epochs.get(group, 0) < self.epoch:
+                self.stats.ghosts_removed += len(r.groups[group])
+                notices += self._apply(r, group, [], set())
+        return notices
+
+    def cut_off(self, now: float = 0.0) -> None:
+        """This router lost the broker: the others are lost too (held in grace from
+        ``now`` if there is one, else their members are suspected at once)."""
+        notices: list[Notice] = []
+        for r in list(self.routers.values()):
+            notices += self._lose(r, now)
+        self.hub.deliver(notices)
+
+    def _lose(self, r: Any, now: float) -> list[Notice]:
+        """Router ``r`` is gone for now (Last Will, not seen at a resync, this router cut
+        off): dropped at once without a grace, else held until ``now`` + grace."""
+        if self.grace <= 0 or not r.alive:
+            return self._drop_router(r)
+        if r.grace_until is None:
+            r.grace_until = now + self.grace
+            self.stats.routers_graced += 1
+            log.info("federation: router %s is out of reach: its members are held for %gs",
+                     r.label, self.grace)
+        return []
+
+    def unreachable(self, origin: str, now: float) -> None:
+        """No heartbeat from ``origin`` for the peer timeout (a cut between brokers): lost
+        like a router whose Last Will came, held in grace first."""
+        r = self.routers.get(origin)
+        if r is not None:
+            self.hub.deliver(self._lose(r, now))
+
+    def reachable(self, origin: str, now: float) -> bool:
+        """``origin`` is heard from again: revived if held in grace. False when it is not
+        known here (dropped meanwhile: its retained state must be read again)."""
+        r = self.routers.get(origin)
+        if r is None or not r.alive:
+            return False
+        if r.grace_until is not None:
+            r.grace_until = None
+            self.stats.routers_revived += 1
+            log.info("federation: router %s is reachable again within its grace", r.label)
+        return True
+
+    def tick(self, now: float) -> None:
+        """The routers whose grace ran out are dropped (their members suspected); the ghost
+        checks that are due are made."""
+        notices: list[Notice] = []
+        for r in list(self.routers.values()):
+            if r.grace_until is not None and r.grace_until <= now:
+                log.warning("federation: router %s did not come back within %gs: dropped",
+                            r.label, self.grace)
+                notices += self._drop_router(r)
+            elif r.ghost_check_at is not None and r.ghost_check_at <= now and self.synced:
+                notices += self._drop_ghosts(r)
+        self.hub.deliver(notices)

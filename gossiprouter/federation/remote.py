@@ -1,0 +1,169 @@
+"""What a router knows of the other routers of its federation, sans-IO: each one
+(:class:`RemoteRouter`), the carriers that stand for its members in this router's table
+(:class:`RemoteMember`, one per member, and :class:`RemoteGroup`, one per (router, group), the
+fan-out of a multicast), the federation's counters, and the time-to-lives of what the broker
+keeps. :mod:`gossiprouter.federation.state` applies them to the table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
+
+from gossiprouter.federation.codec import Member
+from gossiprouter.routing.table import Carrier, Entry, RemoteCarrier
+
+
+class Sender(Protocol):
+    """What a remote carrier needs of its federation: a way to send a run of frames to one
+    router (:meth:`gossiprouter.federation.state.Federation.send`)."""
+
+    def send(self, remote: RemoteRouter, group: str, dest: bytes | None, frames: bytes,
+             count: int) -> None: ...
+
+RECEIVERS_CACHE = 10_000
+# A presence is republished every PRESENCE_TTL / 3 seconds and expires after PRESENCE_TTL (at
+# the broker too): a router whose Last Will was lost (it died while a persistent broker was
+# down) is dropped after that, instead of staying a ghost with its members.
+PRESENCE_TTL = 60
+# Records are republished every RECORD_TTL / 3 and expire after RECORD_TTL at the broker, so
+# the inert records of stopped routers do not pile up in a persistent broker.
+RECORD_TTL = 86_400
+
+
+@dataclass
+class FederationStats:
+    """What the federation counts (metrics ``gossiprouter_federation_*`` and /groups)."""
+
+    routed_out: int = 0  # frames sent to other routers (a run counts its frames)
+    routed_in: int = 0  # frames received from other routers
+    delivered_in: int = 0  # copies of those queued for local connections
+    not_forwarded: int = 0  # frames for another router lost: broker not connected or too slow
+    undeliverable: int = 0  # frames received for a member no longer here
+    records_out: int = 0  # membership records published
+    records_in: int = 0  # membership records applied
+    malformed: int = 0  # federation messages that could not be read
+    refused: int = 0  # routed frames not delivered: bad frames, or a sender not of that router
+    unauthenticated: int = 0  # messages the federation key refused (unsigned, bad, replayed)
+    conflicts: int = 0  # remote registrations a local rule refused (e.g. an in-process address)
+    routers_lost: int = 0  # routers dropped: Last Will, resync, or this router cut off
+    routers_left: int = 0  # routers that shut down cleanly (their members left, unsuspected)
+    resyncs: int = 0  # reconciles after a (re)connect
+    ghosts_removed: int = 0  # remote members a resync found gone
+    routers_graced: int = 0  # routers lost (Last Will, resync, cut off) held in grace first
+    routers_revived: int = 0  # routers back within their grace: their members never left
+
+
+class _NoQueue:
+    """The outbox of a remote carrier: never takes bytes directly, so the routing loops call
+    :meth:`RemoteGroup.push` / :meth:`RemoteMember.push` (which know the group)."""
+
+    __slots__ = ()
+
+    def push(self, data: bytes) -> bool:
+        return False
+
+
+_NO_QUEUE = _NoQueue()
+
+
+class _Remote:
+    """What both remote carriers share: they stand for router ``remote``, take no events
+    (each router derives its own from the federated membership) and no direct bytes."""
+
+    protocol: ClassVar[str] = "federation"
+    events_by_call: ClassVar[bool] = True
+    # Never learned by the compiled fast path (no socket): their frames stay in Python.
+    fast_id: ClassVar[None] = None
+
+    __slots__ = ()
+    remote: RemoteRouter
+
+    @property
+    def peer(self) -> str:
+        return f"router {self.remote.label}"
+
+    @property
+    def outbox(self) -> _NoQueue:
+        return _NO_QUEUE
+
+    @classmethod
+    def event_frame(cls, kind: str, entry: Entry) -> bytes | None:
+        return None
+
+    def notify(self, kind: str, entry: Entry) -> None:
+        pass
+
+
+class RemoteGroup(_Remote):
+    """The fan-out target "group ``group`` on router ``remote``": one per router and group."""
+
+    __slots__ = ("fed", "group", "remote")
+
+    def __init__(self, fed: Sender, remote: RemoteRouter, group: str) -> None:
+        self.fed = fed
+        self.remote = remote
+        self.group = group
+
+    def push(self, data: bytes, count: int = 1) -> None:
+        self.fed.send(self.remote, self.group, None, data, count)
+
+
+class RemoteMember(_Remote, RemoteCarrier):
+    """Member ``addr`` of ``group``, carried by router ``remote``: a carrier of its entry."""
+
+    __slots__ = ("addr", "data", "fanout", "fed", "group", "live", "remote", "router")
+
+    def __init__(self, fed: Sender, remote: RemoteRouter, group: str, addr: bytes) -> None:
+        self.fed = fed
+        self.remote = remote
+        self.router = remote.origin
+        self.group = group
+        self.addr = addr
+        self.fanout: Carrier = remote.fanout(group)
+        self.live = True
+        self.data: Member | None = None
+
+    def push(self, data: bytes, count: int = 1) -> None:
+        self.fed.send(self.remote, self.group, self.addr, data, count)
+
+    @property
+    def peer(self) -> str:
+        """For /groups: the router's origin (its name is not unique across restarts or
+        configurations), and whether the member is only held there in grace."""
+        return f"router {self.remote.origin}" + ("" if self.live else " (in grace there)")
+
+
+@dataclass(eq=False)
+class RemoteRouter:
+    """Another router of the federation, as this one knows it."""
+
+    origin: str
+    name: str = ""
+    alive: bool = False
+    # The broker session (Federation.epoch) in which its presence / a record was last seen.
+    epoch: int = 0
+    groups: dict[str, dict[bytes, RemoteMember]] = field(default_factory=dict)
+    record_epochs: dict[str, int] = field(default_factory=dict)
+    # Records received before its presence, during the first retained burst.
+    pending: dict[str, bytes] = field(default_factory=dict)
+    fanouts: dict[str, RemoteGroup] = field(default_factory=dict)
+    fed: Sender | None = None
+    # When its presence expires unless refreshed (None: never).
+    expires: float | None = None
+    # Lost (Last Will, resync, this router cut off) but held in grace until then: its members
+    # stay, and its presence coming back before then revives it (Federation.grace).
+    grace_until: float | None = None
+    # When the groups it has not published again since the resync are dropped as ghosts.
+    ghost_check_at: float | None = None
+
+    @property
+    def label(self) -> str:
+        return self.name or self.origin
+
+    def fanout(self, group: str) -> RemoteGroup:
+        f = self.fanouts.get(group)
+        if f is None:
+            assert self.fed is not None
+            f = self.fanouts[group] = RemoteGroup(self.fed, self, group)
+        return f
