@@ -87,12 +87,10 @@ IO_MODULES = {"trio", "anyio", "socket", "ssl", "selectors", "asyncio"}
 NO_IO_MODULES = {"gossiprouter.federation.state", "gossiprouter.federation.codec",
                  "gossiprouter.federation.remote", "gossiprouter.federation.grace",
                  "gossiprouter.federation.liveness", "gossiprouter.federation.frames",
-                 "gossiprouter.federation.signing",
-                 "gossiprouter.federation.mqtt_topics", "gossiprouter.federation.frames",
-                 "gossiprouter.federation.signing", "gossiprouter.client.status",
-                 "gossiprouter.client.errors", "gossiprouter.client.model",
-                 "gossiprouter.client.registrar", "gossiprouter.client.merge",
-                 "gossiprouter.client.local"}
+                 "gossiprouter.federation.signing", "gossiprouter.federation.mqtt_topics",
+                 "gossiprouter.client.status", "gossiprouter.client.errors",
+                 "gossiprouter.client.model", "gossiprouter.client.registrar",
+                 "gossiprouter.client.merge", "gossiprouter.client.local"}
 
 # The client runs on asyncio and trio through AnyIO (issue 23): its package imports no trio,
 # so an asyncio application never loads it. (importer, why) for the exceptions.
