@@ -27,12 +27,14 @@ from gossiprouter.federation import mqtt_topics
 from gossiprouter.federation.codec import encode_record
 from gossiprouter.protocol import native as wire
 from gossiprouter.routing.table import RemoteCarrier
+from gossiprouter.stub import RouterStub
 from tests.nclient import NativeClient
 from tests.ops_client import tokens_file
+from tests.stubkit import drain
 from tests.test_bridge import MOSQUITTO, Mosquitto, bridge_of
 from tests.test_federation_sockets import FED, G, everywhere, member, routes
-from tests.test_federation_trust import locked_down, mqtt_client, route_message
-from tests.test_stub import InProcessRouter, eventually
+from tests.test_federation_trust import locked_down, mqtt_client, publication, route_message
+from tests.test_stub import FAST, InProcessRouter, eventually
 
 FAKE = "0-fake"  # sorts before every real router id
 TOKEN = "holder-token-0123456789"
@@ -48,10 +50,9 @@ class Deployment:
     rb: InProcessRouter
     ca: Path | None
 
-    def publish(self, msgs: list[tuple[str, bytes, bool]]) -> None:
-        """The attacker: a plain MQTT 5 client, QoS 1, one connection, in order; then a
-        marker in the attacker's own subtree, routed to rb (refused there: no router
-        ``mallory`` carries anyone), so rb has read everything the broker let through."""
+    def client(self) -> Any:
+        """The attacker's plain MQTT 5 client, connected: with its own credentials over TLS
+        on the locked-down broker, anonymous on the other."""
         from paho.mqtt.client import Client, MQTTv5
         from paho.mqtt.enums import CallbackAPIVersion
 
@@ -61,6 +62,13 @@ class Deployment:
             c = Client(CallbackAPIVersion.VERSION2, client_id="mallory", protocol=MQTTv5)
         c.connect("127.0.0.1", self.broker.port)
         c.loop_start()
+        return c
+
+    def publish(self, msgs: list[tuple[str, bytes, bool]]) -> None:
+        """The attacker: a plain MQTT 5 client, QoS 1, one connection, in order; then a
+        marker in the attacker's own subtree, routed to rb (refused there: no router
+        ``mallory`` carries anyone), so rb has read everything the broker let through."""
+        c = self.client()
         prefix = bridge_of(self.rb).prefix
         marker = (mqtt_topics.route_topic(prefix, "mallory", bridge_of(self.rb).origin),
                   route_message("mallory", wire.encode_route(G, None, b"m", b"marker")), False)
@@ -89,7 +97,7 @@ async def deployment(request: pytest.FixtureRequest, nursery: trio.Nursery,
         pytest.fail("mosquitto is not installed (scripts/setup installs it)")
     holder = tokens_file(tmp_path, f'[[token]]\nidentity = "holder"\ntoken = "{TOKEN}"\n'
                                    f'groups = ["{G}"]\n')
-    opts: dict[str, Any] = dict(FED)
+    opts: dict[str, Any] = {**FED, "max_frame": 65536}
     ca: Path | None = None
     if request.param == "acl":
         b, ca = locked_down(tmp_path, ["router-a", "router-b", "mallory"])
@@ -105,11 +113,11 @@ async def deployment(request: pytest.FixtureRequest, nursery: trio.Nursery,
         for user in ("router-a", "router-b"):
             if request.param == "acl":
                 (tmp_path / f"{user}.pw").write_text(f"{user}-pw\n")
-                who = {"bridge_username": user,
+                who: dict[str, Any] = {"bridge_username": user,
                        "bridge_password_file": str(tmp_path / f"{user}.pw")}
             else:
                 who = {"federation_id": user}
-            extra = {"tokens_file": str(holder)} if user == "router-b" else {}
+            extra: dict[str, Any] = {"tokens_file": str(holder)} if user == "router-b" else {}
             routers.append(await InProcessRouter(nursery, **who, **extra, **opts).start())
         ra, rb = routers
         await eventually(lambda: all(bridge_of(r).federation.synced
@@ -167,3 +175,40 @@ async def test_an_address_of_a_token_protected_group_cannot_be_squatted(
     reply = await holder.connect(G, b"t", "t", (("10.0.0.1", 7800),))
     assert isinstance(reply, wire.Ok), reply
     await everywhere([d.ra, d.rb], {b"t"})
+
+
+async def test_publications_cannot_poison_the_dedup_nor_deliver_an_oversized_retained_one(
+        deployment: Deployment) -> None:
+    """Topic publications are open to plain MQTT clients by design (no ACL confines them, the
+    key does not cover them), so the routers' own checks are what holds, in both deployments:
+    a retained publication above max_frame reaches no subscriber, at its subscription or a
+    later one, and one huge sequence number does not make the origin's later ones duplicates.
+    (tests/test_federation_trust.py shows the same on an anonymous broker without a key.)"""
+    d = deployment
+    st, prefix = bridge_of(d.ra).stats, bridge_of(d.ra).prefix
+    async with RouterStub([d.ra.address], **FAST) as sa:
+        x = await sa.connect(G, b"X")
+        await x.subscribe("p", "b", ["*"])
+        await eventually(lambda: st.subacks >= 1, what="subscribed")
+
+        def attack() -> None:
+            c = d.client()
+            try:
+                for m in [{**publication(prefix, b"x" * 100_000), "retain": True},
+                          publication(prefix, b"poison", "o/run", 10**19),
+                          publication(prefix, b"after", "o/run", 1)]:
+                    c.publish(m["topic"], m["payload"], qos=1, retain=m.get("retain", False),
+                              properties=m.get("properties")).wait_for_publish(10)
+            finally:
+                c.loop_stop()
+                c.disconnect()
+
+        await trio.to_thread.run_sync(attack)
+        await eventually(lambda: st.received == 2 and st.too_large == 1, what="publications")
+        assert [m.payload for m in await drain(x, 0.2)] == [b"poison", b"after"]
+        assert st.duplicates_dropped == 0
+        await x.subscribe("p", "+", ["eu"])  # the retained copy again: never delivered
+        await eventually(lambda: st.too_large == 2, what="the retained copy")
+        y = await sa.connect(G, b"Y")
+        await y.publish(("p", "b", ["eu"]), b"still connected", scope="local")
+        assert [m.payload for m in await drain(x, 0.2)] == [b"still connected"]
