@@ -82,12 +82,16 @@ public final class InteropNode extends ReceiverAdapter {
     }
 
     static String tunnelStack(String routerHost, String routerPorts) {
+        return tunnelStack(routerHost, routerPorts, "<FD_ALL interval=\"1000\" timeout=\"6000\"/>");
+    }
+
+    static String tunnelStack(String routerHost, String routerPorts, String failureDetection) {
         return "<config>"
             + "<TUNNEL gossip_router_hosts=\"" + hostList(routerHost, routerPorts) + "\""
             + " bind_addr=\"127.0.0.1\" reconnect_interval=\"1000\" enable_bundling=\"false\""
             + " enable_diagnostics=\"false\"" + POOLS + "/>"
             + "<PING timeout=\"2000\" num_initial_members=\"3\"/>"
-            + String.format(UPPER_STACK, "<FD_ALL interval=\"1000\" timeout=\"6000\"/>")
+            + String.format(UPPER_STACK, failureDetection)
             + "</config>";
     }
 
@@ -105,6 +109,11 @@ public final class InteropNode extends ReceiverAdapter {
     static String stackConfig(String stack, String routerHost, String routerPort) {
         if (stack.equals("tunnel")) {
             return tunnelStack(routerHost, routerPort);
+        }
+        if (stack.equals("tunnel-fd30")) {
+            // FD_ALL suspecting after 30 s (JGroups' own heartbeats cross the broker): a broker
+            // outage shorter than that must cause no view change from the routers' side.
+            return tunnelStack(routerHost, routerPort, "<FD_ALL interval=\"2000\" timeout=\"30000\"/>");
         }
         if (stack.equals("tcpgossip")) {
             return tcpGossipStack(routerHost, routerPort);
