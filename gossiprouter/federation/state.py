@@ -50,13 +50,7 @@ from gossiprouter.federation.remote import (
     RemoteMember,
     RemoteRouter,
 )
-from gossiprouter.routing.table import (
-    Carrier,
-    Group,
-    Notice,
-    RemoteCarrier,
-    RoutingError,
-)
+from gossiprouter.routing.entries import Carrier, Group, Notice, RemoteCarrier, RoutingError
 from gossiprouter.sessions.base import Hub
 
 log = logging.getLogger("gossiprouter.federation.state")

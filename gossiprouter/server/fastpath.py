@@ -71,7 +71,7 @@ from gossiprouter.core.config import Config, ConfigError
 from gossiprouter.server.dispatch import END, READ, Feed, Parked, current_task, wait_in
 
 if TYPE_CHECKING:
-    from gossiprouter.routing.table import Carrier
+    from gossiprouter.routing.entries import Carrier
     from gossiprouter.sessions.base import Counters, Hub, Session
 
 ENV = "GOSSIPROUTER_FAST_PATH"

@@ -21,7 +21,7 @@ from gossiprouter.protocol import jgroups5 as _j5
 from gossiprouter.protocol import native as _native
 from gossiprouter.protocol.errors import ERROR_CODES
 from gossiprouter.protocol.jgroups_address import JAddress
-from gossiprouter.routing.table import (
+from gossiprouter.routing.entries import (
     RESERVED_PREFIXES,
     Carrier,
     Entry,
@@ -29,8 +29,8 @@ from gossiprouter.routing.table import (
     Notice,
     Physical,
     RoutingError,
-    RoutingTable,
 )
+from gossiprouter.routing.table import RoutingTable
 
 if TYPE_CHECKING:
     from gossiprouter.core.config import Config
