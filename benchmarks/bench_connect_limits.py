@@ -17,7 +17,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gossiprouter.core.config import Config
-from gossiprouter.routing.table import Limits, RoutingTable
+from gossiprouter.routing.entries import Limits
+from gossiprouter.routing.table import RoutingTable
 from gossiprouter.sessions.base import Hub
 from gossiprouter.sessions.native import NativeSession
 

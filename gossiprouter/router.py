@@ -57,7 +57,7 @@ import trio
 from gossiprouter.core.config import Config
 from gossiprouter.ops.runtime import Operations
 from gossiprouter.protocol import native as wire
-from gossiprouter.routing.table import Entry, Kind, RoutingError, is_reserved
+from gossiprouter.routing.entries import Entry, Kind, RoutingError, is_reserved
 from gossiprouter.server.listener import ListenError, Server
 from gossiprouter.sessions.base import Hub
 
@@ -86,7 +86,7 @@ class MemberEvent:
 
 
 class _Inbox:
-    """An in-process member's queue (its :attr:`Carrier.outbox <routing.table.Carrier>`):
+    """An in-process member's queue (its :attr:`Carrier.outbox <routing.entries.Carrier>`):
     the bounded memory channel the application reads.
 
     Routed frames reach every carrier in the native wire form, one bytes object shared by
@@ -123,7 +123,7 @@ class _Inbox:
 class LocalMember:
     """A member living inside the router's process.
 
-    It is a routing-table carrier (:class:`~gossiprouter.routing.table.Carrier`) of its own, not
+    It is a routing-table carrier (:class:`~gossiprouter.routing.entries.Carrier`) of its own, not
     a session: it sends through the hub's routing operations, as a connection's session
     does, and receives on a bounded memory channel (see :class:`_Inbox`).
     """

@@ -1,7 +1,7 @@
 """A routing-table carrier for tests of the pure table (routing.py, topics).
 
 The table only hashes and compares its carriers, so a test carrier is a name: a
-``str`` that also implements :class:`gossiprouter.routing.table.Carrier`, which lets the
+``str`` that also implements :class:`gossiprouter.routing.entries.Carrier`, which lets the
 table-driven cases keep writing and comparing carriers as plain strings. What the hub
 would deliver to it is recorded, should a test need it.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from gossiprouter.routing.table import Entry
+from gossiprouter.routing.entries import Entry
 
 
 class _Refuse:

@@ -26,7 +26,7 @@ from gossiprouter import (
     RouterStub,
 )
 from gossiprouter.core.addresses import parse_addr
-from gossiprouter.routing.table import Kind
+from gossiprouter.routing.entries import Kind
 from gossiprouter.server.listener import Server
 from tests.carriers import named
 from tests.test_stub import FAST, drain, eventually, free_port

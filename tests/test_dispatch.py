@@ -16,7 +16,7 @@ from gossiprouter.client.tls import client_context
 from gossiprouter.protocol import native as wire
 from gossiprouter.server.dispatch import END, READ, Dispatcher
 from gossiprouter.server.listener import Server
-from gossiprouter.sessions.base import BATCH_HOLD_BYTES, BATCH_MAX_PUSH, Outbox, WriteBatch
+from gossiprouter.sessions.outbox import BATCH_HOLD_BYTES, BATCH_MAX_PUSH, Outbox, WriteBatch
 from tests.conftest import RouterFactory
 from tests.hostile import (
     FLOOD_BUDGET,

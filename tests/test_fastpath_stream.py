@@ -24,7 +24,7 @@ from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
 from gossiprouter.server.fastpath import FastPath
 from gossiprouter.server.listener import Server
-from gossiprouter.sessions.base import Outbox
+from gossiprouter.sessions.outbox import Outbox
 from tests.jgroups_clients import J5Client, uuid
 from tests.nclient import NativeClient
 from tests.test_fastpath import Start, gather, j2_pair, j5_pair, round_trip

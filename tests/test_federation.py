@@ -17,7 +17,7 @@ from gossiprouter.federation.remote import RemoteGroup, RemoteMember
 from gossiprouter.federation.state import Federation
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.jgroups_address import JAddress
-from gossiprouter.routing.table import Kind, RoutingError
+from gossiprouter.routing.entries import Kind, RoutingError
 from gossiprouter.sessions.base import Hub
 from gossiprouter.sessions.jgroups_common import JWire
 from tests.carriers import Named

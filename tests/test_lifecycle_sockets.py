@@ -12,7 +12,7 @@ import trio
 from gossiprouter.core.config import Config, Provisioned
 from gossiprouter.protocol import native as wire
 from gossiprouter.router import MemberEvent, Message, Router
-from gossiprouter.routing.table import RoutingError
+from gossiprouter.routing.entries import RoutingError
 from gossiprouter.server.listener import Server
 from tests.nclient import NativeClient
 from tests.quiet import nothing_more

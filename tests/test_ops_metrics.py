@@ -18,7 +18,7 @@ from gossiprouter.core.addresses import parse_addr
 from gossiprouter.ops.logs import JsonFormatter
 from gossiprouter.protocol import native as wire
 from gossiprouter.server.listener import Server
-from gossiprouter.sessions.base import Counters
+from gossiprouter.sessions.counters import Counters
 from tests.conftest import RouterFactory, ops_of
 from tests.ops_client import OpsClient, assert_closed, http_get
 

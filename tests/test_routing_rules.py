@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from gossiprouter.routing.table import Kind, Limits, Notice, RoutingError, RoutingTable
+from gossiprouter.routing.entries import Kind, Limits, Notice, RoutingError
+from gossiprouter.routing.table import RoutingTable
 from tests.carriers import named as N
 
 Op = tuple[Any, ...]

@@ -20,7 +20,8 @@ from gossiprouter.core.topics import (
 )
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
-from gossiprouter.routing.table import Kind, RoutingError, RoutingTable
+from gossiprouter.routing.entries import Kind, RoutingError
+from gossiprouter.routing.table import RoutingTable
 from tests.carriers import named
 
 P, B = "vehicle-17", "position"

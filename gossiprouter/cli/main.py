@@ -24,7 +24,8 @@ from gossiprouter.analytics.cli import analyze_command
 from gossiprouter.client.cli import listen_command, members_command, publish_command, send_command
 from gossiprouter.core.addresses import format_hostport
 from gossiprouter.core.cli_errors import PREFIX, BadInput, CommandError, needs_extra
-from gossiprouter.core.config import OPTIONS, ConfigError, Option, build, check
+from gossiprouter.core.config import OPTIONS, ConfigError, build, check
+from gossiprouter.core.options import Option
 from gossiprouter.loadtest.cli import loadtest_command
 from gossiprouter.loadtest.topics import loadtest_topics_command
 from gossiprouter.ops.dump import dump

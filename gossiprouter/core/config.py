@@ -1,353 +1,43 @@
 """One typed configuration object shared by the CLI, the config file and tests.
 
-Every router option is declared once, in :data:`OPTIONS`: its name, type,
-default, unit and help text. The click options of ``gossiprouter serve``, the
-keys of the TOML config file and the option table of ``docs/operations.md``
-are all derived from it, so they cannot drift apart.
+Every router option is declared once, as a field of :class:`Config`: its name, type,
+default, unit and help text (:func:`~gossiprouter.core.options.option`). :data:`OPTIONS` reads
+them back; the click options of ``gossiprouter serve``, the keys of the TOML config file and the
+option table of ``docs/operations.md`` are all derived from it, so they cannot drift apart.
+A bad value is refused (:func:`check`) with the key, the value and what was expected;
+:func:`load_file` reads the TOML config file and :func:`build` merges it with the command line.
 """
 
 from __future__ import annotations
 
 import difflib
-import ipaddress
 import json
 import math
 import textwrap
 import tomllib
-from collections.abc import Callable
+import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from gossiprouter.core import addresses
+from gossiprouter.core.options import (
+    Option,
+    bridge_urls,
+    check_federation_id,
+    option,
+    parse_bridge_prefix,
+    parse_bridge_url,
+    parse_listen,
+    parse_network,
+    parse_secret_ref,
+)
 from gossiprouter.protocol.native_frames import DEFAULT_MAX_FRAME
 
 
 class ConfigError(ValueError):
     """A bad option value or config file; the message names the key, the value and
     what was expected, and is shown to the user as it is."""
-
-
-@dataclass(frozen=True)
-class Option:
-    """One router option. ``type`` is int, float, bool, str, or tuple for a list of
-    strings (a TOML array; on the command line a repeatable, comma-splittable option)."""
-
-    name: str
-    type: type
-    default: Any
-    help: str
-    choices: tuple[str, ...] | None = None
-    minimum: float | None = None
-    unit: str = ""
-    # Checks a non-empty str value, or each item of a list (type tuple) option;
-    # raises ValueError saying what was expected.
-    parse: Callable[[str], object] | None = None
-    metavar: str = ""
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-
-OPTIONS: tuple[Option, ...] = (
-    Option("host", str, "127.0.0.1", "Address to listen on (0.0.0.0 or :: for every interface)."),
-    Option("port", int, 12001, "TCP port for every protocol (native, JGroups 2.12, JGroups 5.x).",
-           minimum=0),
-    Option("max_frame", int, DEFAULT_MAX_FRAME,
-           "Largest native frame accepted or sent; a longer length prefix is refused before "
-           "any allocation with ERROR frame_too_large (JGroups: jgroups-max-frame).",
-           minimum=64, unit="bytes"),
-    Option("outbound_queue_bytes", int, 2 * DEFAULT_MAX_FRAME,
-           "Bound on bytes queued for one connection; at least 2 x max-frame.",
-           minimum=1024, unit="bytes"),
-    Option("outbound_queue_frames", int, 100_000,
-           "Bound on chunks queued for one connection (a chunk is one frame, or a run of "
-           "frames that arrived together for it).", minimum=1),
-    Option("slow_consumer_policy", str, "disconnect",
-           "What happens when a receiver's queue is full: 'disconnect' (ERROR slow_consumer, "
-           "then close) or 'drop' (the frame is dropped for that receiver and counted).",
-           choices=("disconnect", "drop")),
-    Option("idle_timeout", float, 60.0,
-           "Close a connection from which nothing (PING included) was received for this long "
-           "(ERROR idle_timeout); 0 disables.", minimum=0, unit="seconds"),
-    Option("heartbeat_interval", float, 10.0,
-           "How often clients should PING when idle (announced in WELCOME).",
-           minimum=0.01, unit="seconds"),
-    Option("suspect_events", bool, True,
-           "Send EVENT suspect to a group when a member vanishes without DISCONNECT."),
-    Option("grace", float, 0.0,
-           "Reconnect grace: keep a member whose last connection dropped for this long, holding "
-           "its traffic; 0 disables.", minimum=0, unit="seconds"),
-    Option("grace_buffer_bytes", int, 1 << 20,
-           "Traffic held per member during reconnect grace; beyond it frames are dropped and "
-           "counted.", minimum=0, unit="bytes"),
-    Option("max_connections", int, 20_000,
-           "Most client connections at once; one more gets ERROR limit.", minimum=1),
-    Option("addresses_per_connection", int, 1024,
-           "Most (group, address) registrations on one connection (ERROR limit); 0 = no limit.",
-           minimum=0),
-    Option("groups_per_connection", int, 256,
-           "Most groups one connection may register in (ERROR limit); 0 = no limit.", minimum=0),
-    # --- bounds on what a client may store (see docs/operations.md, "Stored names")
-    Option("max_name_bytes", int, 255,
-           "Longest logical name, and longest physical host, a member may register (UTF-8 "
-           "bytes); longer is refused (native ERROR too_long, JGroups 2.12 OP_FAIL, 5.x "
-           "skipped and logged). JGroups names are host names plus a few digits.",
-           minimum=1, unit="bytes"),
-    Option("max_group_bytes", int, 1024,
-           "Longest group (cluster) name a member may register in (UTF-8 bytes; the native "
-           "protocol's own limit); longer is refused as for max_name_bytes.",
-           minimum=1, unit="bytes"),
-    Option("max_physical_addresses", int, 16,
-           "Most physical addresses one member may register; more is refused as for "
-           "max_name_bytes.", minimum=0),
-    Option("max_address_bytes", int, 512,
-           "Longest JGroups address encoding a member may register (its logical address, e.g. "
-           "an ExtendedUUID with its keys, or a physical one), kept to be written back in "
-           "member lists; longer is refused as for max_name_bytes.", minimum=32, unit="bytes"),
-    Option("handshake_timeout", float, 10.0,
-           "Close a connection whose whole handshake (TLS, preamble and HELLO; for JGroups "
-           "the first complete frame) is not done within this time.",
-           minimum=0.1, unit="seconds"),
-    Option("shutdown_timeout", float, 5.0,
-           "On SIGINT/SIGTERM, how long clients get to receive what is queued for them.",
-           minimum=0, unit="seconds"),
-    Option("close_timeout", float, 10.0,
-           "When the router closes a connection (slow consumer, idle, protocol error), how long "
-           "it keeps trying to deliver the final ERROR frame behind what was already being "
-           "written. The connection's members leave at once.", minimum=0, unit="seconds"),
-    # --- memory a client can pin, and JGroups-specific limits (docs/operations.md "Incomplete
-    # frames"; docs/jgroups.md §6)
-    Option("preauth_max_frame", int, 64 * 1024,
-           "Largest frame a connection may send before it is authenticated (native: until its "
-           "HELLO is accepted; JGroups: until it has registered a member); a longer length "
-           "prefix closes the connection (native: ERROR frame_too_large).",
-           minimum=64, unit="bytes"),
-    Option("partial_frames_budget", int, 256 * 1024 * 1024,
-           "Router-wide bound on bytes held in incomplete frames larger than preauth-max-frame. "
-           "When exhausted, a JGroups frame is skipped (counted as drops reason "
-           "partial_frames_budget); a native connection gets ERROR limit and is closed. At least "
-           "max-frame and jgroups-max-frame.", minimum=0, unit="bytes"),
-    Option("jgroups_max_frame", int, 64 * 1024 * 1024,
-           "Largest JGroups message routed (JGroups 5.x frame; 2.12 message buffer); a longer "
-           "one is skipped as it streams past, never buffered, counted (drops reason "
-           "frame_too_large) and the connection stays open.", minimum=64, unit="bytes"),
-    Option("jgroups_slow_consumer_policy", str, "drop",
-           "slow_consumer_policy for JGroups connections: 'drop' (JGroups retransmits; a 5.x "
-           "RouterStub survives only one router-side close) or 'disconnect'.",
-           choices=("disconnect", "drop")),
-    Option("backlog", int, 1024, "Listen backlog.", minimum=1),
-    Option("direct_send", bool, True,
-           "Let a connection's reader write routed frames straight to an idle receiver's "
-           "socket instead of waking its writer task (fewer task switches per message)."),
-    Option("dispatcher", bool, True,
-           "Read every established plain-TCP connection from one dispatcher task over an inner "
-           "level-triggered epoll (fewer task switches and epoll re-arms per message under light "
-           "load); off: one reader task per connection. TLS connections always use their own "
-           "reader."),
-    Option("coalesce_writes", bool, False,
-           "With the dispatcher: when one wake-up reads several connections, hold its direct "
-           "sends of small messages and write what it routed to each receiver in one send when "
-           "it ends (fewer system calls in fan-out under medium load; adds the wake-up's "
-           "processing time to the first messages' latency). See docs/performance.md. Not used "
-           "by the compiled fast path, which writes what one read routes to a receiver in one "
-           "send."),
-    Option("fast_path", str, "auto",
-           "The compiled fast path (gossiprouter.server._relay, built by scripts/setup): a relay "
-           "thread reads plain-TCP connections (native, JGroups 2.12 and 5.x) and relays their "
-           "routed frames in C, repeating the routing decisions Python made, without the GIL "
-           "(less CPU and latency per message under light load; docs/performance.md). 'auto': "
-           "on when "
-           "built (the environment variable GOSSIPROUTER_FAST_PATH=on/off overrides it); 'on': "
-           "required; 'off': the pure-Python path.", choices=("auto", "on", "off")),
-    Option("fast_path_max_bytes", int, 64 * 1024 * 1024,
-           "Router-wide bound on what the fast path's thread holds: frames cut between reads "
-           "and bytes a receiver's socket did not take (counted in the partial_frame_bytes and "
-           "outbound_queued_bytes gauges). A frame whose copies could take it over goes "
-           "through Python instead, under Python's own bounds.", minimum=0, unit="bytes"),
-    Option("router_id", str, "",
-           "Name announced in WELCOME (default: gossiprouter@HOST:PORT)."),
-    Option("log_level", str, "info", "Log level.",
-           choices=("debug", "info", "warning", "error")),
-    # --- operations and security (gossiprouter.ops; see docs/operations.md)
-    Option("log_format", str, "text",
-           "Log line format: 'text' for people, 'json' for log shippers (one object per line).",
-           choices=("text", "json")),
-    Option("metrics", str, "",
-           "HOST:PORT of the read-only HTTP endpoint: Prometheus /metrics and the admin view "
-           "/groups; empty disables. Bind it to a private address.",
-           parse=lambda v: parse_listen(v), metavar="HOST:PORT"),
-    Option("tls_cert", str, "",
-           "PEM certificate chain: the router port speaks TLS (every protocol); reloaded on "
-           "SIGHUP.", metavar="FILE"),
-    Option("tls_key", str, "",
-           "PEM private key of tls_cert (default: read from the tls_cert file).", metavar="FILE"),
-    Option("tls_client_ca", str, "",
-           "PEM CA bundle that client certificates are verified against (mutual TLS).",
-           metavar="FILE"),
-    Option("tls_require_client_cert", bool, False,
-           "Refuse TLS clients without a certificate signed by tls_client_ca."),
-    Option("tokens_file", str, "",
-           "TOML file of native-protocol tokens (identity, allowed groups); when set, HELLO "
-           "must carry a known token. Reloaded on SIGHUP.", metavar="FILE"),
-    Option("jgroups", bool, True,
-           "Serve the JGroups 2.12 and 5.x protocols (they carry no credentials); false "
-           "refuses them."),
-    Option("allow_native", tuple, ("0.0.0.0/0", "::/0"),
-           "Client networks (CIDR) allowed to speak the native protocol.",
-           parse=lambda v: parse_network(v), metavar="CIDR"),
-    Option("allow_jgroups2", tuple, ("0.0.0.0/0", "::/0"),
-           "Client networks (CIDR) allowed to speak JGroups 2.12.",
-           parse=lambda v: parse_network(v), metavar="CIDR"),
-    Option("allow_jgroups5", tuple, ("0.0.0.0/0", "::/0"),
-           "Client networks (CIDR) allowed to speak JGroups 3.6.5+/5.x.",
-           parse=lambda v: parse_network(v), metavar="CIDR"),
-    # --- hostile clients: limits, budgets, deadlines (issue 12; docs/operations.md)
-    Option("watches_per_connection", int, 256,
-           "Most groups one native connection may WATCH (ERROR limit); 0 = no limit.",
-           minimum=0),
-    Option("max_groups", int, 100_000,
-           "Most groups in the router (registered or watched); a CONNECT, REGISTER or WATCH "
-           "that would create one more is refused (ERROR limit); 0 = no limit.", minimum=0),
-    Option("control_rate", float, 1000.0,
-           "Control frames (anything but routed messages: PING, HEARTBEAT, CONNECT, GET_MEMBERS, "
-           "...) one connection may send per second on average; beyond it its input is read "
-           "at that pace. 0 = no budget.", minimum=0, unit="per second"),
-    Option("control_burst", int, 10_000,
-           "Control frames one connection may send at once above control_rate.", minimum=1),
-    Option("control_grace", float, 5.0,
-           "A connection over its control budget for this long is closed (ERROR rate_limited).",
-           minimum=0.1, unit="seconds"),
-    Option("write_timeout", float, 10.0,
-           "A receiver with data queued whose socket took nothing for this long is a slow "
-           "consumer (its slow_consumer_policy applies); 0 disables.", minimum=0,
-           unit="seconds"),
-    Option("max_connections_per_ip", int, 0,
-           "Most connections at once from one client IP address (refused at accept); "
-           "0 = no limit.", minimum=0),
-    Option("auth_backoff", float, 5.0,
-           "Longest delay before answering a HELLO from an address whose recent HELLOs failed "
-           "authentication (the delay doubles per failure from 50 ms); 0 disables.",
-           minimum=0, unit="seconds"),
-    Option("admin_token", str, "",
-           "Bearer token required by the metrics/admin endpoint: 'file:PATH' (first line of "
-           "the file, re-read on SIGHUP) or 'env:NAME' (an environment variable); empty: "
-           "no token.", parse=lambda v: parse_secret_ref(v), metavar="SOURCE"),
-    # --- topic multicast and the MQTT federation bridge (docs/topics.md)
-    Option("subscriptions_per_member", int, 1024,
-           "Most topic patterns one member may hold at once (ERROR limit beyond); 0 = no bound.",
-           minimum=0),
-    Option("bridge", tuple, (),
-           "Federate through an MQTT 5 broker: mqtt://HOST:PORT or mqtts://HOST:PORT (TLS). "
-           "Groups then span every router on it (membership and traffic, docs/federation.md) "
-           "and global topic publications go through it; empty disables. Several URLs (one "
-           "broker cluster, or bridged brokers, all of one scheme): the bridge uses the first "
-           "and fails over to the next when it loses the one it uses.",
-           parse=lambda v: parse_bridge_url(v), metavar="URL"),
-    Option("bridge_prefix", str, "gossiprouter",
-           "First level of every MQTT topic the bridge uses (one federation per prefix).",
-           parse=lambda v: _check_prefix(v)),
-    Option("bridge_username", str, "", "MQTT user name (empty: none)."),
-    Option("federation_id", str, "",
-           "This router's stable identity in the federation: its topic subtree "
-           "%fed/PREFIX/ID/ and its MQTT client id. Give it the router's MQTT user name, so "
-           "the broker's ACL confines the router to its own topics (docs/federation.md, "
-           "'Locked-down deployment'). Default: bridge_username; without one, a random id "
-           "at each start (with a warning).", parse=lambda v: check_federation_id(v)),
-    Option("federation_members_per_router", int, 100_000,
-           "Most members this router takes from the records of one other router of the "
-           "federation (beyond: left out and counted in conflicts); 0 = no bound. Remote "
-           "groups count in max_groups like local ones.", minimum=0),
-    Option("federation_key_file", str, "",
-           "File holding a key shared by every router of the federation (at least 16 bytes): "
-           "every federation message is then signed (HMAC-SHA256) and nothing unsigned, "
-           "badly signed or replayed is read. For a broker that cannot confine each router "
-           "to its own topics (docs/federation.md, 'Threat model').", metavar="FILE"),
-    Option("bridge_password_file", str, "",
-           "File holding the MQTT password (first line), so it is not on the command line.",
-           metavar="FILE"),
-    Option("bridge_tls_ca", str, "",
-           "PEM CA bundle the broker's certificate is verified against (mqtts://; default: the "
-           "system store).", metavar="FILE"),
-    Option("bridge_tls_cert", str, "", "PEM client certificate for the broker (mutual TLS).",
-           metavar="FILE"),
-    Option("bridge_tls_key", str, "", "PEM key of bridge_tls_cert (default: in that file).",
-           metavar="FILE"),
-    Option("bridge_qos", int, 0,
-           "MQTT QoS of bridged publications and subscriptions: 0 (at most once, like the "
-           "router itself) or 1 (at least once while connected; duplicates possible).",
-           minimum=0),
-    Option("bridge_keepalive", int, 5,
-           "MQTT keepalive of the bridge's broker connection: a router cut off or killed is "
-           "declared dead by the broker (its Last Will) after 1.5 times this, and its members "
-           "leave every other router of the federation (docs/federation.md).",
-           minimum=1, unit="seconds"),
-    Option("bridge_reconnect_max", float, 2.0,
-           "Upper bound of the bridge's reconnect backoff (full jitter, from 0.5 s doubling).",
-           minimum=0.1, unit="seconds"),
-    Option("bridge_queue_bytes", int, 16 * 1024 * 1024,
-           "Bound on the bytes of routed frames and global publications waiting for the "
-           "broker (a broker that reads slowly or not at all); beyond, they are dropped and "
-           "counted (gossiprouter_bridge_queue_full).", minimum=65536, unit="bytes"),
-    Option("federation_heartbeat", float, 2.0,
-           "Interval of the heartbeats each router sends every other router on the path its "
-           "routed frames take (docs/federation.md); 0 sends none.", minimum=0,
-           unit="seconds"),
-    Option("federation_peer_timeout", float, 10.0,
-           "Another router whose heartbeats stop for this long is unreachable (a cut between "
-           "bridged brokers): its members are held for federation_grace, then dropped as "
-           "suspected; 0 never times a router out.", minimum=0, unit="seconds"),
-    Option("federation_frame_age", float, 10.0,
-           "Routed frames older than this when they arrive (measured against the sender's "
-           "heartbeats, so a clock offset between hosts cancels out) are dropped and counted, "
-           "never delivered late; 0 delivers them whatever their age.", minimum=0,
-           unit="seconds"),
-    Option("federation_grace", float, 30.0,
-           "How long the members of another router that is out of reach (its Last Will, a "
-           "broker outage, not seen after a reconnect) are held before they are dropped as "
-           "suspected: a broker outage shorter than this makes no member leave; 0 drops "
-           "them at once (docs/federation.md).", minimum=0, unit="seconds"),
-)
-
-
-def parse_bridge_url(value: str) -> tuple[str, str, int]:
-    """``mqtt://HOST:PORT`` / ``mqtts://HOST:PORT`` -> (scheme, host, port); port defaults
-    to 1883 / 8883."""
-    from urllib.parse import urlsplit
-
-    u = urlsplit(value)
-    if u.scheme not in ("mqtt", "mqtts") or not u.hostname or u.path not in ("", "/") \
-            or u.query or u.username:
-        raise ValueError("expected mqtt://HOST:PORT or mqtts://HOST:PORT (credentials go in "
-                         "bridge_username / bridge_password_file)")
-    try:
-        port = u.port
-    except ValueError:
-        raise ValueError("port must be 1..65535") from None
-    return u.scheme, u.hostname, port or (8883 if u.scheme == "mqtts" else 1883)
-
-
-def check_federation_id(value: str) -> str:
-    if value and not (value.isascii() and value.isprintable() and len(value) <= 128
-                      and not any(c in value for c in "/+#% ")):
-        raise ValueError("at most 128 printable ASCII characters without '/', '+', '#', "
-                         "'%' or spaces (one MQTT topic level, as the broker's user name)")
-    return value
-def bridge_urls(value: str) -> tuple[str, ...]:
-    """A ``bridge`` given as one string: its comma-separated URLs (empty: none)."""
-    return tuple(u.strip() for u in value.split(",") if u.strip())
-
-
-def _check_prefix(value: str) -> str:
-    if not value or any(c in value for c in "/+#%") or value.startswith("$") \
-            or not value.isprintable():
-        raise ValueError("one MQTT topic level of printable characters without '/', '+', "
-                         "'#', '%', not starting with '$'")
-    return value
-
-
-_BY_NAME = {o.name: o for o in OPTIONS}
 
 
 @dataclass(frozen=True)
@@ -360,81 +50,219 @@ class Provisioned:
     physical: tuple[tuple[str, int], ...] = ()
 
 
+
 @dataclass(frozen=True)
 class Config:
-    host: str = "127.0.0.1"
-    port: int = 12001
-    max_frame: int = DEFAULT_MAX_FRAME
-    outbound_queue_bytes: int = 2 * DEFAULT_MAX_FRAME
-    outbound_queue_frames: int = 100_000
-    slow_consumer_policy: str = "disconnect"
-    idle_timeout: float = 60.0
-    heartbeat_interval: float = 10.0
-    suspect_events: bool = True
-    grace: float = 0.0
-    grace_buffer_bytes: int = 1 << 20
-    max_connections: int = 20_000
-    addresses_per_connection: int = 1024
-    groups_per_connection: int = 256
-    max_name_bytes: int = 255
-    max_group_bytes: int = 1024
-    max_physical_addresses: int = 16
-    max_address_bytes: int = 512
-    handshake_timeout: float = 10.0
-    shutdown_timeout: float = 5.0
-    close_timeout: float = 10.0
-    preauth_max_frame: int = 64 * 1024
-    partial_frames_budget: int = 256 * 1024 * 1024
-    jgroups_max_frame: int = 64 * 1024 * 1024
-    jgroups_slow_consumer_policy: str = "drop"
-    backlog: int = 1024
-    direct_send: bool = True
-    dispatcher: bool = True
-    coalesce_writes: bool = False
-    fast_path: str = "auto"
-    fast_path_max_bytes: int = 64 * 1024 * 1024
-    router_id: str = ""
-    log_level: str = "info"
-    log_format: str = "text"
-    metrics: str = ""
-    tls_cert: str = ""
-    tls_key: str = ""
-    tls_client_ca: str = ""
-    tls_require_client_cert: bool = False
-    tokens_file: str = ""
-    jgroups: bool = True
-    allow_native: tuple[str, ...] = ("0.0.0.0/0", "::/0")
-    allow_jgroups2: tuple[str, ...] = ("0.0.0.0/0", "::/0")
-    allow_jgroups5: tuple[str, ...] = ("0.0.0.0/0", "::/0")
-    watches_per_connection: int = 256
-    max_groups: int = 100_000
-    control_rate: float = 1000.0
-    control_burst: int = 10_000
-    control_grace: float = 5.0
-    write_timeout: float = 10.0
-    max_connections_per_ip: int = 0
-    auth_backoff: float = 5.0
-    admin_token: str = ""
-    subscriptions_per_member: int = 1024
+    """The router's settings: one field per option, declared here with its help text, unit
+    and bounds (:func:`~gossiprouter.core.options.option`), and the provisioned members of the
+    config file."""
+
+    host: str = option("127.0.0.1", "Address to listen on (0.0.0.0 or :: for every interface).")
+    port: int = option(12001, "TCP port for every protocol (native, JGroups 2.12, JGroups 5.x).",
+        minimum=0)
+    max_frame: int = option(DEFAULT_MAX_FRAME, "Largest native frame accepted or sent; a longer "
+        "length prefix is refused before any allocation with ERROR frame_too_large (JGroups: "
+        "jgroups-max-frame).", minimum=64, unit="bytes")
+    outbound_queue_bytes: int = option(2 * DEFAULT_MAX_FRAME, "Bound on bytes queued for one "
+        "connection; at least 2 x max-frame.", minimum=1024, unit="bytes")
+    outbound_queue_frames: int = option(100_000, "Bound on chunks queued for one connection (a "
+        "chunk is one frame, or a run of frames that arrived together for it).", minimum=1)
+    slow_consumer_policy: str = option("disconnect", "What happens when a receiver's queue is "
+        "full: 'disconnect' (ERROR slow_consumer, then close) or 'drop' (the frame is dropped for "
+        "that receiver and counted).", choices=("disconnect", "drop"))
+    idle_timeout: float = option(60.0, "Close a connection from which nothing (PING included) was "
+        "received for this long (ERROR idle_timeout); 0 disables.", minimum=0, unit="seconds")
+    heartbeat_interval: float = option(10.0, "How often clients should PING when idle (announced "
+        "in WELCOME).", minimum=0.01, unit="seconds")
+    suspect_events: bool = option(True, "Send EVENT suspect to a group when a member vanishes "
+        "without DISCONNECT.")
+    grace: float = option(0.0, "Reconnect grace: keep a member whose last connection dropped for "
+        "this long, holding its traffic; 0 disables.", minimum=0, unit="seconds")
+    grace_buffer_bytes: int = option(1 << 20, "Traffic held per member during reconnect grace; "
+        "beyond it frames are dropped and counted.", minimum=0, unit="bytes")
+    max_connections: int = option(20_000, "Most client connections at once; one more gets ERROR "
+        "limit.", minimum=1)
+    addresses_per_connection: int = option(1024, "Most (group, address) registrations on one "
+        "connection (ERROR limit); 0 = no limit.", minimum=0)
+    groups_per_connection: int = option(256, "Most groups one connection may register in (ERROR "
+        "limit); 0 = no limit.", minimum=0)
+    # --- bounds on what a client may store (see docs/operations.md, "Stored names")
+    max_name_bytes: int = option(255, "Longest logical name, and longest physical host, a member "
+        "may register (UTF-8 bytes); longer is refused (native ERROR too_long, JGroups 2.12 "
+        "OP_FAIL, 5.x skipped and logged). JGroups names are host names plus a few digits.",
+        minimum=1, unit="bytes")
+    max_group_bytes: int = option(1024, "Longest group (cluster) name a member may register in "
+        "(UTF-8 bytes; the native protocol's own limit); longer is refused as for max_name_bytes.",
+        minimum=1, unit="bytes")
+    max_physical_addresses: int = option(16, "Most physical addresses one member may register; "
+        "more is refused as for max_name_bytes.", minimum=0)
+    max_address_bytes: int = option(512, "Longest JGroups address encoding a member may register "
+        "(its logical address, e.g. an ExtendedUUID with its keys, or a physical one), kept to be "
+        "written back in member lists; longer is refused as for max_name_bytes.", minimum=32,
+        unit="bytes")
+    handshake_timeout: float = option(10.0, "Close a connection whose whole handshake (TLS, "
+        "preamble and HELLO; for JGroups the first complete frame) is not done within this time.",
+        minimum=0.1, unit="seconds")
+    shutdown_timeout: float = option(5.0, "On SIGINT/SIGTERM, how long clients get to receive "
+        "what is queued for them.", minimum=0, unit="seconds")
+    close_timeout: float = option(10.0, "When the router closes a connection (slow consumer, "
+        "idle, protocol error), how long it keeps trying to deliver the final ERROR frame behind "
+        "what was already being written. The connection's members leave at once.", minimum=0,
+        unit="seconds")
+    # --- memory a client can pin, and JGroups-specific limits (docs/operations.md "Incomplete
+    # frames"; docs/jgroups.md §6)
+    preauth_max_frame: int = option(64 * 1024, "Largest frame a connection may send before it is "
+        "authenticated (native: until its HELLO is accepted; JGroups: until it has registered a "
+        "member); a longer length prefix closes the connection (native: ERROR frame_too_large).",
+        minimum=64, unit="bytes")
+    partial_frames_budget: int = option(256 * 1024 * 1024, "Router-wide bound on bytes held in "
+        "incomplete frames larger than preauth-max-frame. When exhausted, a JGroups frame is "
+        "skipped (counted as drops reason partial_frames_budget); a native connection gets ERROR "
+        "limit and is closed. At least max-frame and jgroups-max-frame.", minimum=0, unit="bytes")
+    jgroups_max_frame: int = option(64 * 1024 * 1024, "Largest JGroups message routed (JGroups "
+        "5.x frame; 2.12 message buffer); a longer one is skipped as it streams past, never "
+        "buffered, counted (drops reason frame_too_large) and the connection stays open.",
+        minimum=64, unit="bytes")
+    jgroups_slow_consumer_policy: str = option("drop", "slow_consumer_policy for JGroups "
+        "connections: 'drop' (JGroups retransmits; a 5.x RouterStub survives only one router-side "
+        "close) or 'disconnect'.", choices=("disconnect", "drop"))
+    backlog: int = option(1024, "Listen backlog.", minimum=1)
+    direct_send: bool = option(True, "Let a connection's reader write routed frames straight to "
+        "an idle receiver's socket instead of waking its writer task (fewer task switches per "
+        "message).")
+    dispatcher: bool = option(True, "Read every established plain-TCP connection from one "
+        "dispatcher task over an inner level-triggered epoll (fewer task switches and epoll "
+        "re-arms per message under light load); off: one reader task per connection. TLS "
+        "connections always use their own reader.")
+    coalesce_writes: bool = option(False, "With the dispatcher: when one wake-up reads several "
+        "connections, hold its direct sends of small messages and write what it routed to each "
+        "receiver in one send when it ends (fewer system calls in fan-out under medium load; adds "
+        "the wake-up's processing time to the first messages' latency). See docs/performance.md. "
+        "Not used by the compiled fast path, which writes what one read routes to a receiver in "
+        "one send.")
+    fast_path: str = option("auto", "The compiled fast path (gossiprouter.server._relay, built by "
+        "scripts/setup): a relay thread reads plain-TCP connections (native, JGroups 2.12 and "
+        "5.x) and relays their routed frames in C, repeating the routing decisions Python made, "
+        "without the GIL (less CPU and latency per message under light load; "
+        "docs/performance.md). 'auto': on when built (the environment variable "
+        "GOSSIPROUTER_FAST_PATH=on/off overrides it); 'on': required; 'off': the pure-Python path.",
+        choices=("auto", "on", "off"))
+    fast_path_max_bytes: int = option(64 * 1024 * 1024, "Router-wide bound on what the fast "
+        "path's thread holds: frames cut between reads and bytes a receiver's socket did not take "
+        "(counted in the partial_frame_bytes and outbound_queued_bytes gauges). A frame whose "
+        "copies could take it over goes through Python instead, under Python's own bounds.",
+        minimum=0, unit="bytes")
+    router_id: str = option("", "Name announced in WELCOME (default: gossiprouter@HOST:PORT).")
+    log_level: str = option("info", "Log level.", choices=("debug", "info", "warning", "error"))
+    # --- operations and security (gossiprouter.ops; see docs/operations.md)
+    log_format: str = option("text", "Log line format: 'text' for people, 'json' for log shippers "
+        "(one object per line).", choices=("text", "json"))
+    metrics: str = option("", "HOST:PORT of the read-only HTTP endpoint: Prometheus /metrics and "
+        "the admin view /groups; empty disables. Bind it to a private address.",
+        parse=parse_listen, metavar="HOST:PORT")
+    tls_cert: str = option("", "PEM certificate chain: the router port speaks TLS (every "
+        "protocol); reloaded on SIGHUP.", metavar="FILE")
+    tls_key: str = option("", "PEM private key of tls_cert (default: read from the tls_cert file).",
+        metavar="FILE")
+    tls_client_ca: str = option("", "PEM CA bundle that client certificates are verified against "
+        "(mutual TLS).", metavar="FILE")
+    tls_require_client_cert: bool = option(False, "Refuse TLS clients without a certificate "
+        "signed by tls_client_ca.")
+    tokens_file: str = option("", "TOML file of native-protocol tokens (identity, allowed "
+        "groups); when set, HELLO must carry a known token. Reloaded on SIGHUP.", metavar="FILE")
+    jgroups: bool = option(True, "Serve the JGroups 2.12 and 5.x protocols (they carry no "
+        "credentials); false refuses them.")
+    allow_native: tuple[str, ...] = option(("0.0.0.0/0", "::/0"), "Client networks (CIDR) allowed "
+        "to speak the native protocol.", parse=parse_network, metavar="CIDR")
+    allow_jgroups2: tuple[str, ...] = option(("0.0.0.0/0", "::/0"), "Client networks (CIDR) "
+        "allowed to speak JGroups 2.12.", parse=parse_network, metavar="CIDR")
+    allow_jgroups5: tuple[str, ...] = option(("0.0.0.0/0", "::/0"), "Client networks (CIDR) "
+        "allowed to speak JGroups 3.6.5+/5.x.", parse=parse_network, metavar="CIDR")
+    # --- hostile clients: limits, budgets, deadlines (issue 12; docs/operations.md)
+    watches_per_connection: int = option(256, "Most groups one native connection may WATCH (ERROR "
+        "limit); 0 = no limit.", minimum=0)
+    max_groups: int = option(100_000, "Most groups in the router (registered or watched); a "
+        "CONNECT, REGISTER or WATCH that would create one more is refused (ERROR limit); 0 = no "
+        "limit.", minimum=0)
+    control_rate: float = option(1000.0, "Control frames (anything but routed messages: PING, "
+        "HEARTBEAT, CONNECT, GET_MEMBERS, ...) one connection may send per second on average; "
+        "beyond it its input is read at that pace. 0 = no budget.", minimum=0, unit="per second")
+    control_burst: int = option(10_000, "Control frames one connection may send at once above "
+        "control_rate.", minimum=1)
+    control_grace: float = option(5.0, "A connection over its control budget for this long is "
+        "closed (ERROR rate_limited).", minimum=0.1, unit="seconds")
+    write_timeout: float = option(10.0, "A receiver with data queued whose socket took nothing "
+        "for this long is a slow consumer (its slow_consumer_policy applies); 0 disables.",
+        minimum=0, unit="seconds")
+    max_connections_per_ip: int = option(0, "Most connections at once from one client IP address "
+        "(refused at accept); 0 = no limit.", minimum=0)
+    auth_backoff: float = option(5.0, "Longest delay before answering a HELLO from an address "
+        "whose recent HELLOs failed authentication (the delay doubles per failure from 50 ms); 0 "
+        "disables.", minimum=0, unit="seconds")
+    admin_token: str = option("", "Bearer token required by the metrics/admin endpoint: "
+        "'file:PATH' (first line of the file, re-read on SIGHUP) or 'env:NAME' (an environment "
+        "variable); empty: no token.", parse=parse_secret_ref, metavar="SOURCE")
+    # --- topic multicast and the MQTT federation bridge (docs/topics.md)
+    subscriptions_per_member: int = option(1024, "Most topic patterns one member may hold at once "
+        "(ERROR limit beyond); 0 = no bound.", minimum=0)
     # A single URL (a string, as before several were accepted) is a list of one.
-    bridge: tuple[str, ...] = ()
-    bridge_prefix: str = "gossiprouter"
-    bridge_username: str = ""
-    federation_id: str = ""
-    federation_key_file: str = ""
-    federation_members_per_router: int = 100_000
-    bridge_password_file: str = ""
-    bridge_tls_ca: str = ""
-    bridge_tls_cert: str = ""
-    bridge_tls_key: str = ""
-    bridge_qos: int = 0
-    bridge_keepalive: int = 5
-    bridge_reconnect_max: float = 2.0
-    bridge_queue_bytes: int = 16 * 1024 * 1024
-    federation_heartbeat: float = 2.0
-    federation_peer_timeout: float = 10.0
-    federation_frame_age: float = 10.0
-    federation_grace: float = 30.0
+    bridge: tuple[str, ...] = option((), "Federate through an MQTT 5 broker: mqtt://HOST:PORT or "
+        "mqtts://HOST:PORT (TLS). Groups then span every router on it (membership and traffic, "
+        "docs/federation.md) and global topic publications go through it; empty disables. Several "
+        "URLs (one broker cluster, or bridged brokers, all of one scheme): the bridge uses the "
+        "first and fails over to the next when it loses the one it uses.", parse=parse_bridge_url,
+        metavar="URL")
+    bridge_prefix: str = option("gossiprouter", "First level of every MQTT topic the bridge uses "
+        "(one federation per prefix).", parse=parse_bridge_prefix)
+    bridge_username: str = option("", "MQTT user name (empty: none).")
+    federation_id: str = option("", "This router's stable identity in the federation: its topic "
+        "subtree %fed/PREFIX/ID/ and its MQTT client id. Give it the router's MQTT user name, so "
+        "the broker's ACL confines the router to its own topics (docs/federation.md, 'Locked-down "
+        "deployment'). Default: bridge_username; without one, a random id at each start (with a "
+        "warning).", parse=check_federation_id)
+    federation_members_per_router: int = option(100_000, "Most members this router takes from the "
+        "records of one other router of the federation (beyond: left out and counted in "
+        "conflicts); 0 = no bound. Remote groups count in max_groups like local ones.", minimum=0)
+    federation_key_file: str = option("", "File holding a key shared by every router of the "
+        "federation (at least 16 bytes): every federation message is then signed (HMAC-SHA256) "
+        "and nothing unsigned, badly signed or replayed is read. For a broker that cannot confine "
+        "each router to its own topics (docs/federation.md, 'Threat model').", metavar="FILE")
+    bridge_password_file: str = option("", "File holding the MQTT password (first line), so it is "
+        "not on the command line.", metavar="FILE")
+    bridge_tls_ca: str = option("", "PEM CA bundle the broker's certificate is verified against "
+        "(mqtts://; default: the system store).", metavar="FILE")
+    bridge_tls_cert: str = option("", "PEM client certificate for the broker (mutual TLS).",
+        metavar="FILE")
+    bridge_tls_key: str = option("", "PEM key of bridge_tls_cert (default: in that file).",
+        metavar="FILE")
+    bridge_qos: int = option(0, "MQTT QoS of bridged publications and subscriptions: 0 (at most "
+        "once, like the router itself) or 1 (at least once while connected; duplicates possible).",
+        minimum=0)
+    bridge_keepalive: int = option(5, "MQTT keepalive of the bridge's broker connection: a router "
+        "cut off or killed is declared dead by the broker (its Last Will) after 1.5 times this, "
+        "and its members leave every other router of the federation (docs/federation.md).",
+        minimum=1, unit="seconds")
+    bridge_reconnect_max: float = option(2.0, "Upper bound of the bridge's reconnect backoff "
+        "(full jitter, from 0.5 s doubling).", minimum=0.1, unit="seconds")
+    bridge_queue_bytes: int = option(16 * 1024 * 1024, "Bound on the bytes of routed frames and "
+        "global publications waiting for the broker (a broker that reads slowly or not at all); "
+        "beyond, they are dropped and counted (gossiprouter_bridge_queue_full).", minimum=65536,
+        unit="bytes")
+    federation_heartbeat: float = option(2.0, "Interval of the heartbeats each router sends every "
+        "other router on the path its routed frames take (docs/federation.md); 0 sends none.",
+        minimum=0, unit="seconds")
+    federation_peer_timeout: float = option(10.0, "Another router whose heartbeats stop for this "
+        "long is unreachable (a cut between bridged brokers): its members are held for "
+        "federation_grace, then dropped as suspected; 0 never times a router out.", minimum=0,
+        unit="seconds")
+    federation_frame_age: float = option(10.0, "Routed frames older than this when they arrive "
+        "(measured against the sender's heartbeats, so a clock offset between hosts cancels out) "
+        "are dropped and counted, never delivered late; 0 delivers them whatever their age.",
+        minimum=0, unit="seconds")
+    federation_grace: float = option(30.0, "How long the members of another router that is out of "
+        "reach (its Last Will, a broker outage, not seen after a reconnect) are held before they "
+        "are dropped as suspected: a broker outage shorter than this makes no member leave; 0 "
+        "drops them at once (docs/federation.md).", minimum=0, unit="seconds")
     provisioned: tuple[Provisioned, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -460,6 +288,19 @@ class Config:
     @property
     def name(self) -> str:
         return self.router_id or f"gossiprouter@{self.host}:{self.port}"
+
+
+
+def _declared() -> tuple[Option, ...]:
+    hints = typing.get_type_hints(Config)
+    return tuple(Option(f.name, typing.get_origin(hints[f.name]) or hints[f.name], f.default,
+                        **f.metadata["option"])
+                 for f in fields(Config) if "option" in f.metadata)
+
+
+# Every router option, in declaration order, read from Config's fields.
+OPTIONS: tuple[Option, ...] = _declared()
+_BY_NAME = {o.name: o for o in OPTIONS}
 
 
 def check(o: Option, value: Any) -> None:
@@ -505,30 +346,6 @@ def _type_word(o: Option) -> str:
     if o.type is tuple:
         return f"a list of strings ({o.metavar or 'TEXT'} each)"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[o.type]
-
-
-def parse_network(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
-    """A client network in CIDR notation; ValueError says what was expected."""
-    try:
-        return ipaddress.ip_network(value, strict=True)
-    except ValueError as e:
-        raise ValueError(
-            f"expected a network in CIDR notation, e.g. 10.0.0.0/8 or fd00::/8 ({e})"
-        ) from None
-
-
-def parse_secret_ref(value: str) -> tuple[str, str]:
-    """``file:PATH`` or ``env:NAME``: where a secret is read from (never the secret itself,
-    so it does not show in ``ps`` or in a config file)."""
-    kind, sep, where = value.partition(":")
-    if not sep or kind not in ("file", "env") or not where:
-        raise ValueError("expected file:PATH or env:NAME")
-    return kind, where
-
-
-def parse_listen(value: str) -> tuple[str, int]:
-    """``HOST:PORT`` to listen on; port 0 picks a free port (tests)."""
-    return addresses.parse_hostport(value, allow_zero=True)
 
 
 def _parse_addr(value: Any, where: str) -> bytes:

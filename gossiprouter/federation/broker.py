@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from gossiprouter.core.cli_errors import needs_extra
-from gossiprouter.core.config import Config, ConfigError, parse_bridge_url
+from gossiprouter.core.config import Config, ConfigError
+from gossiprouter.core.options import parse_bridge_url
 from gossiprouter.core.ratelog import RateLimitedLog
 from gossiprouter.core.topics import TopicId
 from gossiprouter.federation.mqtt_topics import mqtt_filter
@@ -85,7 +86,7 @@ class BridgeStats:
 def _federation_id(config: Config) -> str:
     """The configured federation id: ``federation_id``, else ``bridge_username`` ("" for
     neither); ValueError if the user name cannot be one."""
-    from gossiprouter.core.config import check_federation_id
+    from gossiprouter.core.options import check_federation_id
 
     if config.federation_id:
         try:

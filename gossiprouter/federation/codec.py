@@ -16,7 +16,7 @@ import msgpack
 
 from gossiprouter.protocol.errors import ProtocolError
 from gossiprouter.protocol.jgroups_address import V2, V5, JAddress
-from gossiprouter.routing.table import Group, Kind, RemoteCarrier
+from gossiprouter.routing.entries import Group, Kind, RemoteCarrier
 from gossiprouter.sessions.jgroups_common import JWire
 
 FORMAT = 1

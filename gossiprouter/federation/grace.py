@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from gossiprouter.routing.table import Notice
+from gossiprouter.routing.entries import Notice
 
 log = logging.getLogger("gossiprouter.federation.state")
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
 from gossiprouter.federation.codec import Member
-from gossiprouter.routing.table import Carrier, Entry, RemoteCarrier
+from gossiprouter.routing.entries import Carrier, Entry, RemoteCarrier
 
 
 class Sender(Protocol):

@@ -7,7 +7,7 @@ subscriptions) and calls it with payloads, which :mod:`gossiprouter.federation.c
 and decodes. No trio, no sockets: tested with bytes.
 
 * A member registered on another router R is an ordinary entry of the table, carried by a
-  :class:`RemoteMember` (a :class:`~gossiprouter.routing.table.RemoteCarrier`): routing rules,
+  :class:`RemoteMember` (a :class:`~gossiprouter.routing.entries.RemoteCarrier`): routing rules,
   GET_MEMBERS, events and the JGroups member lists need nothing else. Its ``fanout`` is
   the :class:`RemoteGroup` of (R, group), so a multicast goes once to each router.
 * Each router publishes, per group, the members it carries itself (:meth:`Federation.flush`,
@@ -50,13 +50,7 @@ from gossiprouter.federation.remote import (
     RemoteMember,
     RemoteRouter,
 )
-from gossiprouter.routing.table import (
-    Carrier,
-    Group,
-    Notice,
-    RemoteCarrier,
-    RoutingError,
-)
+from gossiprouter.routing.entries import Carrier, Group, Notice, RemoteCarrier, RoutingError
 from gossiprouter.sessions.base import Hub
 
 log = logging.getLogger("gossiprouter.federation.state")

@@ -14,7 +14,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gossiprouter.core.addresses import parse_hostport
-from gossiprouter.core.config import Config, parse_network
+from gossiprouter.core.config import Config
+from gossiprouter.core.options import parse_network
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address

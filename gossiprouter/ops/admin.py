@@ -34,7 +34,8 @@ import trio
 
 from gossiprouter.core.addresses import format_hostport
 from gossiprouter.core.cli_errors import needs_extra
-from gossiprouter.core.config import ConfigError, parse_listen
+from gossiprouter.core.config import ConfigError
+from gossiprouter.core.options import parse_listen
 from gossiprouter.ops.auth import load_secret
 from gossiprouter.routing.table import RoutingTable
 from gossiprouter.server import snapshot

@@ -20,7 +20,8 @@ import click
 
 from gossiprouter.core.addresses import format_addr, format_hostport
 from gossiprouter.core.cli_errors import CommandError as _Fail
-from gossiprouter.core.config import ConfigError, parse_listen
+from gossiprouter.core.config import ConfigError
+from gossiprouter.core.options import parse_listen
 from gossiprouter.ops.auth import load_secret
 
 

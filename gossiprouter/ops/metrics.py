@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from gossiprouter.ops.auth import Authenticator
     from gossiprouter.ops.stats import OpsStats
     from gossiprouter.ops.tls import ServerTLS
-    from gossiprouter.routing.table import Stats
+    from gossiprouter.routing.entries import Stats
     from gossiprouter.server.snapshot import RouterView
 
 # The label values of closes and refusals (Counters.closed / refused map anything else to

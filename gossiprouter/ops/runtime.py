@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 import trio
 
 from gossiprouter.core.cli_errors import install_hint
-from gossiprouter.core.config import Config, ConfigError, parse_listen
+from gossiprouter.core.config import Config, ConfigError
+from gossiprouter.core.options import parse_listen
 from gossiprouter.ops.access import AccessPolicy, describe, peer_host, peer_ip
 from gossiprouter.ops.admin import AdminServer
 from gossiprouter.ops.auth import Authenticator, load_secret, load_tokens

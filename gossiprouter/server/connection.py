@@ -23,7 +23,8 @@ import trio
 from gossiprouter.core.config import Config
 from gossiprouter.server.dispatch import Parked
 from gossiprouter.server.hooks import ByteStream
-from gossiprouter.sessions.base import Counters, Hub, Session
+from gossiprouter.sessions.base import Hub, Session
+from gossiprouter.sessions.counters import Counters
 
 log = logging.getLogger("gossiprouter")
 

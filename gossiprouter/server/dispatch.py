@@ -66,7 +66,7 @@ F = TypeVar("F", bound=Feed)
 
 
 class Batch(Protocol):
-    """Held sends, written when a round ends (gossiprouter.sessions.base.WriteBatch)."""
+    """Held sends, written when a round ends (gossiprouter.sessions.outbox.WriteBatch)."""
 
     open: bool
 

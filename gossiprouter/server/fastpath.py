@@ -71,8 +71,9 @@ from gossiprouter.core.config import Config, ConfigError
 from gossiprouter.server.dispatch import END, READ, Feed, Parked, current_task, wait_in
 
 if TYPE_CHECKING:
-    from gossiprouter.routing.table import Carrier
-    from gossiprouter.sessions.base import Counters, Hub, Session
+    from gossiprouter.routing.entries import Carrier
+    from gossiprouter.sessions.base import Hub, Session
+    from gossiprouter.sessions.counters import Counters
 
 ENV = "GOSSIPROUTER_FAST_PATH"
 # How to get the extension, from a checkout or with pip: no need for the test stack that

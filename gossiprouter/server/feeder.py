@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from gossiprouter.server.fastpath import FastPath
 
 RECV_SIZE = 256 * 1024
-# Back-pressure (see sessions.base.Congestion): a reader that fed a congested
+# Back-pressure (see sessions.outbox.Congestion): a reader that fed a congested
 # receiver pauses in steps of STALL_STEP, at most MAX_STALL per chunk; a
 # receiver whose writer made no progress for STALLED_AFTER slows nobody.
 STALL_STEP = 0.002

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from gossiprouter.routing.table import Kind, RemoteCarrier, RoutingTable
+from gossiprouter.routing.entries import Kind, RemoteCarrier
+from gossiprouter.routing.table import RoutingTable
 
 if TYPE_CHECKING:
     from gossiprouter.federation.bridge import Bridge

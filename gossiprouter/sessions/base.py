@@ -1,27 +1,26 @@
-"""What every protocol session shares: the bounded outbound queue and the hub.
+"""What every protocol session shares: the session base class and the hub.
 
 A *session* is the per-connection protocol logic: it turns received bytes
 into routing-table operations and bytes queued for other connections. It does
-no I/O: the server feeds it bytes and drains its :class:`Outbox`. Sessions are
+no I/O: the server feeds it bytes and drains its :class:`~.outbox.Outbox`. Sessions are
 the *carriers* the routing table stores.
 
 The :class:`Hub` is the state all sessions of one router share: the routing
-table, the settings, the counters.
+table, the settings, the counters (:mod:`.counters`). A session holds its hub, and the hub
+closes a session it must contain (:meth:`Hub.contain`): the two are one module.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from gossiprouter.protocol import jgroups2 as _j2
 from gossiprouter.protocol import jgroups5 as _j5
 from gossiprouter.protocol import native as _native
-from gossiprouter.protocol.errors import ERROR_CODES
 from gossiprouter.protocol.jgroups_address import JAddress
-from gossiprouter.routing.table import (
+from gossiprouter.routing.entries import (
     RESERVED_PREFIXES,
     Carrier,
     Entry,
@@ -29,21 +28,15 @@ from gossiprouter.routing.table import (
     Notice,
     Physical,
     RoutingError,
-    RoutingTable,
 )
+from gossiprouter.routing.table import RoutingTable
+from gossiprouter.sessions.counters import Counters
+from gossiprouter.sessions.outbox import Congestion, Outbox, WriteBatch
 
 if TYPE_CHECKING:
     from gossiprouter.core.config import Config
 
 log = logging.getLogger("gossiprouter")
-
-
-def _no_bytes() -> bytes:
-    return b""
-
-
-def _nothing() -> None:
-    pass
 
 
 class FastRoutes(Protocol):
@@ -76,400 +69,9 @@ class Authority(Protocol):
         ...
 
 
-# Outbox close reasons that record the peer's end, not a decision of the router: EOF, a
-# socket that failed under the writer, the JGroups goodbyes (2.12 CLOSE, 5.x close marker).
-# Every other reason is the router's and is counted (Counters.closed).
-PEER_CLOSES = frozenset({"eof", "write failed", "close", "close_marker"})
-
 # Control frames one connection may have handled per turn of the event loop, before the
 # server lets every other connection run (see Session.spend_control).
 TURN_CONTROLS = 64
-
-# Bytes one receiver may have held back in a WriteBatch before they are written at once,
-# before the end of the round: the batch must not grow a healthy receiver's queue towards its
-# bounds (outbound_queue_bytes) or its high-water mark (which pauses senders).
-BATCH_HOLD_BYTES = 64 * 1024
-# A push this large or larger is never held: a send per push costs little next to its bytes,
-# and under flood load (runs of many frames per push) holding delays the receivers and
-# copies the runs into joins: fan-out flood delivered 10-30 % less with 256 KiB here.
-BATCH_MAX_PUSH = 16 * 1024
-# What one direct send writes at most; more is left to the writer task, in order.
-DIRECT_BATCH = 1 << 20
-
-
-class Outbox:
-    """A connection's outbound queue, bounded in bytes and in frames.
-
-    ``push`` never blocks: fan-out must never wait for one receiver. When a
-    frame would overflow the queue, the policy decides: ``drop`` drops it for
-    this receiver and counts it; ``disconnect`` discards the queue, queues the
-    session's farewell (e.g. ERROR ``slow_consumer``) and asks for the
-    connection to be closed.
-    """
-
-    __slots__ = (
-        "batch",
-        "busy",
-        "chunks",
-        "close_reason",
-        "closed",
-        "congestion",
-        "direct",
-        "dropped",
-        "flagged",
-        "held",
-        "hwm",
-        "last_progress",
-        "max_bytes",
-        "max_frames",
-        "nbytes",
-        "on_close",
-        "policy",
-        "reclaim",
-        "unfinished",
-        "wake",
-    )
-
-    def __init__(
-        self, max_bytes: int, max_frames: int, policy: str, congestion: Congestion | None = None,
-        batch: WriteBatch | None = None,
-    ) -> None:
-        self.chunks: list[bytes] = []
-        self.nbytes = 0
-        self.max_bytes = max_bytes
-        self.max_frames = max_frames
-        # Above this many queued bytes the receiver is congested: whoever
-        # pushes to it is briefly paused (see Congestion).
-        self.hwm = max_bytes // 4
-        self.policy = policy
-        self.dropped = 0
-        self.closed = False
-        self.close_reason = ""
-        self.congestion = congestion or Congestion()
-        self.flagged = False
-        self.last_progress = 0.0
-        # Set by the server: wake the writer / bound the final flush / send
-        # without blocking (None when not possible, e.g. TLS); busy while the
-        # writer is sending.
-        self.direct: Callable[[bytes], int] | None = None
-        self.busy = False
-        self.wake: Callable[[], None] = _nothing
-        self.on_close: Callable[[], None] = _nothing
-        # While batch is open (a dispatcher round), a frame for an idle receiver is held in
-        # chunks (held: this outbox is on the batch's list) and written when the round ends.
-        self.batch = batch or WriteBatch()
-        self.held = False
-        # Set by the compiled fast path while it writes this connection (server.fastpath):
-        # takes back the bytes its thread holds for the socket, which go before anything queued
-        # here, and stops its writes.
-        self.reclaim: Callable[[], bytes] = _no_bytes
-        # chunks[0] holds the rest of a frame whose start is on the wire (a partial send, or
-        # what the relay thread had not sent): it goes out before anything else, even the
-        # farewell of a close that discards the queue.
-        self.unfinished = False
-
-    def push(self, data: bytes) -> bool:
-        """Queue ``data``; False if it was not queued (dropped, or closing).
-
-        When the queue is empty and the writer idle, the bytes are first
-        offered to ``direct`` (a non-blocking send set by the server): most
-        of the time the socket takes them all and no writer task needs to
-        wake up, which is most of a light-loaded router's cost per message.
-        While a :class:`WriteBatch` is open the send is held until it closes, so that what
-        one round routes to this receiver goes out in one send.
-        """
-        if self.closed:
-            return False
-        chunks = self.chunks
-        if not chunks and self.direct is not None and not self.busy:
-            batch = self.batch
-            if batch.open and len(data) < BATCH_MAX_PUSH:
-                chunks.append(data)
-                self.nbytes = len(data)
-                if not self.held:
-                    self.held = True
-                    batch.held.append(self)
-                return True
-            try:
-                sent = self.direct(data)
-            except OSError:
-                sent = 0  # the writer will meet the error and close the connection
-            if sent == len(data):
-                return True
-            if sent:
-                # Part of a frame is on the wire: the rest must follow whatever
-                # the bounds say, or the stream would be corrupt.
-                chunks.append(data[sent:])
-                self.unfinished = True
-                self.nbytes += len(data) - sent
-                self.wake()
-                return True
-        n = self.nbytes + len(data)
-        if self.held:
-            # Held for the batch: an idle receiver, where these frames would have been sent
-            # at once; the queue's bounds are not its business, only how much is held.
-            if n < BATCH_HOLD_BYTES and len(data) < BATCH_MAX_PUSH:
-                chunks.append(data)
-                self.nbytes = n
-                return True
-            # Past the hold limit: what is held goes out now, then this push as without
-            # a batch (held again if small and the socket took everything). Large pushes are
-            # never joined to others: copying them would cost more than the saved send.
-            self.held = False
-            self.send_queued()
-            return self.push(data)
-        # An empty queue takes one frame whatever its size: a JGroups frame may be larger than
-        # half the queue bound (jgroups_max_frame), and it must not be dropped for every
-        # receiver that is merely not idle at that instant.
-        if chunks and (n > self.max_bytes or len(chunks) >= self.max_frames):
-            return False
-        chunks.append(data)
-        self.nbytes = n
-        if len(chunks) == 1:
-            self.wake()
-        elif n > self.hwm:
-            self.congestion.hit(self)
-        return True
-
-    def flush(self) -> None:
-        """Write what is queued (:meth:`send_queued`), or while a batch is open, the writer
-        idle and what is queued small, hold it for the batch's single send (it may get more
-        this round)."""
-        if (self.batch.open and self.chunks and self.nbytes < BATCH_MAX_PUSH and not self.busy
-                and self.direct is not None and not self.closed):
-            if not self.held:
-                self.held = True
-                self.batch.held.append(self)
-            return
-        self.send_queued()
-
-    def send_queued(self) -> None:
-        """Write what is queued with one direct send when the writer is idle (what the socket
-        does not take, and anything beyond DIRECT_BATCH, goes to the writer, in order);
-        otherwise wake the writer. Nothing to do when closed (close() woke the writer)."""
-        chunks = self.chunks
-        if self.closed or not chunks:
-            return
-        direct = self.direct
-        if self.busy or direct is None:  # the writer is sending, or must (TLS)
-            self.wake()
-            return
-        if self.nbytes > DIRECT_BATCH:
-            self.wake()
-            return
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        self.chunks = []
-        self.nbytes = 0
-        unfinished, self.unfinished = self.unfinished, False
-        try:
-            sent = direct(data)
-        except OSError:
-            sent = 0  # the writer will meet the error and close the connection
-        if sent < len(data):
-            self.chunks.append(data[sent:] if sent else data)
-            self.nbytes += len(data) - sent  # after what a claim put first, if any
-            if (sent or unfinished) and len(self.chunks) == 1:
-                self.unfinished = True
-            self.wake()
-
-    def claim(self) -> None:
-        """The writer task is about to own this socket's byte stream: the compiled fast path's
-        thread stops writing it (``reclaim``), and the bytes it had not sent yet (possibly the
-        rest of a frame already started on the wire) go before everything queued here. Called
-        when the writer is woken, before anything else may run: from then on frames for this
-        connection queue behind what the writer has, in order (docs/architecture.md,
-        "One writer per stream")."""
-        pending = self.reclaim()
-        if pending:
-            self.chunks.insert(0, pending)
-            self.nbytes += len(pending)
-            self.unfinished = True  # it may start with the rest of a frame the thread began
-
-    def take(self, limit: int = 1 << 20) -> list[bytes]:
-        """The oldest queued chunks, about ``limit`` bytes (at least one chunk), in order."""
-        chunks = self.chunks
-        self.unfinished = False  # the writer sends what it takes whole
-        if self.nbytes <= limit:
-            self.chunks = []
-            self.nbytes = 0
-            return chunks
-        size = 0
-        i = 0
-        for i, c in enumerate(chunks):  # noqa: B007 - i is used after the loop
-            size += len(c)
-            if size >= limit:
-                break
-        out = chunks[: i + 1]
-        del chunks[: i + 1]
-        self.nbytes -= size
-        return out
-
-    def detach(self) -> None:
-        """The connection is over: drop what is queued and the server's callbacks.
-
-        The callbacks are closures over the connection and its session, and the session holds
-        this outbox: a reference cycle that would keep the session, its receive buffers and
-        its queue alive until the cycle collector happens to run.
-        """
-        self.closed = True
-        self.chunks = []
-        self.nbytes = 0
-        self.direct = None
-        self.wake = _nothing
-        self.on_close = _nothing
-        self.reclaim = _no_bytes
-
-    def close(self, reason: str, farewell: bytes = b"", *, discard: bool = False) -> None:
-        """Stop accepting frames; queue ``farewell`` last; ask for the connection to close."""
-        if self.closed:
-            return
-        self.direct = None
-        self.claim()
-        if discard:
-            # Never a farewell inside a frame: the rest of one already started stays first.
-            self.chunks = self.chunks[:1] if self.unfinished else []
-            self.nbytes = sum(map(len, self.chunks))
-        if farewell:
-            self.chunks.append(farewell)
-            self.nbytes += len(farewell)
-        self.closed = True
-        self.close_reason = reason
-        self.wake()
-        self.on_close()
-
-
-class WriteBatch:
-    """Coalesces a dispatcher round's sends per receiver (after NATS's ``flushClients``).
-
-    Under medium load one wake-up of the dispatcher may route several messages to the same
-    receiver (several senders into one group): with a direct send each, that is a system call
-    (and a wake-up of the receiving client) per message. While the batch is open, a small push
-    (under BATCH_MAX_PUSH) to an idle receiver is queued instead and the receiver put on the
-    batch's list; :meth:`close` writes each listed receiver's frames in one send, in the order
-    they were pushed (earlier if its held bytes would reach BATCH_HOLD_BYTES). A receiver that
-    had a queue already (its writer busy) is not held: its frames queue behind the others as
-    without the batch, under the queue's bounds and slow-consumer policy. Opened by the
-    dispatcher when the option ``coalesce_writes`` is on (docs/performance.md, Light load).
-    """
-
-    __slots__ = ("held", "merged", "open")
-
-    def __init__(self) -> None:
-        self.open = False
-        self.held: list[Outbox] = []
-        # For tests and profiles: pushes that shared a send with an earlier one of the round.
-        self.merged = 0
-
-    def close(self) -> None:
-        """End of the round: write what each held receiver got, one send each."""
-        self.open = False
-        held = self.held
-        if not held:
-            return
-        self.held = []
-        for ob in held:
-            if ob.held:
-                ob.held = False
-                if ob.chunks and not ob.closed:
-                    self.merged += len(ob.chunks) - 1
-                    ob.send_queued()
-
-
-class Congestion:
-    """Back-pressure without head-of-line blocking (after the NATS server's stall).
-
-    When a push leaves a receiver's queue above its high-water mark, the
-    connection whose input caused it is paused for a few milliseconds before
-    its next read, as long as that receiver is still draining (its writer
-    made progress recently). A healthy but slower receiver thus slows the
-    senders to its pace instead of being cut off, while a receiver that has
-    stopped reading stops slowing anyone and is cut off (or has its frames
-    dropped) when its queue is full.
-    """
-
-    __slots__ = ("outboxes", "pending")
-
-    def __init__(self) -> None:
-        self.pending = False
-        self.outboxes: list[Outbox] = []
-
-    def hit(self, ob: Outbox) -> None:
-        self.pending = True
-        if not ob.flagged:
-            ob.flagged = True
-            self.outboxes.append(ob)
-
-    def draining(self, now: float, stalled_after: float) -> bool:
-        """True while a flagged receiver is above its high-water mark and still reading."""
-        keep = []
-        for ob in self.outboxes:
-            if ob.nbytes > ob.hwm and not ob.closed:
-                keep.append(ob)
-            else:
-                ob.flagged = False
-        self.outboxes = keep
-        return any(now - ob.last_progress < stalled_after for ob in keep)
-
-
-@dataclass
-class Counters:
-    """Router-wide counters (exported as metrics by the operations layer)."""
-
-    frames_in: dict[str, int] = field(default_factory=dict)
-    bytes_in: int = 0
-    # Counted by the server's writer per socket write (not per frame): every frame type.
-    bytes_out: int = 0
-    writes: int = 0
-    routed: int = 0
-    delivered: int = 0
-    # Of ``routed``: frames the compiled fast path's thread relayed without Python.
-    fast_relayed: int = 0
-    drops: dict[str, int] = field(default_factory=dict)
-    slow_consumer_disconnects: int = 0
-    protocol_errors: int = 0
-    # Unexpected exceptions contained by the server (see the error policy in server.py).
-    internal_errors: int = 0
-    # Membership events queued for clients (one per event per receiving connection).
-    events_out: int = 0
-    # Bytes reserved right now by incomplete frames across all connections (a gauge; see
-    # Session._reserve): bounded by Config.partial_frames_budget beyond the small frames.
-    partial_bytes: int = 0
-    # What the compiled fast path's thread holds (set by FastPath.collect; in the gauges
-    # beside the above and the outboxes' bytes): the starts of frames cut between reads, and
-    # bytes receivers' sockets did not take (until their outboxes take them). Bounded by
-    # Config.fast_path_max_bytes together.
-    fast_partial_bytes: int = 0
-    fast_pending_bytes: int = 0
-    # Fairness (issue 12): turns a reader ended early to let others run (its share of the
-    # loop used up), turns it waited because its connection's control budget was spent, and
-    # connections closed for staying over that budget (ERROR rate_limited).
-    turns_cut: int = 0
-    throttled_turns: int = 0
-    rate_limited: int = 0
-    # Receivers whose socket took nothing for write_timeout with data queued.
-    write_timeouts: int = 0
-    # Connections the router closed, by reason, and requests it refused (the connection
-    # kept), by code: keys are ERROR_CODES or "other" (see closed / refused).
-    closes: dict[str, int] = field(default_factory=dict)
-    refusals: dict[str, int] = field(default_factory=dict)
-
-    def drop(self, reason: str, n: int = 1) -> None:
-        self.drops[reason] = self.drops.get(reason, 0) + n
-
-    def closed(self, reason: str) -> None:
-        """A connection ended with ``reason`` (its outbox's close reason, or the server's for
-        one closed before it had a session). Called once per connection, by the server when
-        the connection is over; the peer's own ends (PEER_CLOSES, or no reason) are not
-        counted."""
-        if reason and reason not in PEER_CLOSES:
-            key = reason if reason in ERROR_CODES else "other"
-            self.closes[key] = self.closes.get(key, 0) + 1
-
-    def refused(self, code: str) -> None:
-        """A request refused with ``code``, the connection kept (native ERROR, JGroups
-        registration refused)."""
-        key = code if code in ERROR_CODES else "other"
-        self.refusals[key] = self.refusals.get(key, 0) + 1
 
 
 class Session:

@@ -24,7 +24,7 @@ from gossiprouter.protocol.errors import ProtocolError
 from gossiprouter.protocol.jgroups2_scan import Route, Scanner
 from gossiprouter.protocol.jgroups_address import V2, JAddress
 from gossiprouter.protocol.jgroups_scan import CONTROL, HELD, OVERSIZED, PARTIAL
-from gossiprouter.routing.table import Entry
+from gossiprouter.routing.entries import Entry
 from gossiprouter.sessions.base import Hub
 from gossiprouter.sessions.jgroups_common import JGroupsSession, wire_address, wire_physical
 

@@ -2,8 +2,8 @@
 
 JGroups payloads of the two wire families are not interchangeable, so each family lives in its
 own namespace of the routing table: group ``G`` of a 2.12 client is stored as ``jgroups2:G``, of a
-5.x client as ``jgroups5:G`` (:data:`gossiprouter.routing.table.RESERVED_PREFIXES`). Native clients
-may list and watch those groups but not join them.
+5.x client as ``jgroups5:G`` (:data:`gossiprouter.routing.entries.RESERVED_PREFIXES`). Native
+clients may list and watch those groups but not join them.
 
 An entry registered by a JGroups client keeps, in :attr:`Entry.wire`, a :class:`JWire` with the
 exact JGroups encodings of its logical and physical addresses, so member lists and SUSPECTs
@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Protocol
 from gossiprouter.protocol.errors import ProtocolError
 from gossiprouter.protocol.jgroups_address import JAddress
 from gossiprouter.protocol.jgroups_scan import CACHE_MAX, Item
-from gossiprouter.routing.table import Entry, Kind, Notice, Physical, RoutingError
+from gossiprouter.routing.entries import Entry, Kind, Notice, Physical, RoutingError
 from gossiprouter.sessions.base import Hub, Session
 
 log = logging.getLogger("gossiprouter")

@@ -27,7 +27,8 @@ from gossiprouter.protocol.native_scan import (
     RouteHeader,
 )
 from gossiprouter.protocol.native_state import NativeState, Role, State
-from gossiprouter.routing.table import Carrier, Entry, RoutingError, RoutingTable, is_reserved
+from gossiprouter.routing.entries import Carrier, Entry, RoutingError, is_reserved
+from gossiprouter.routing.table import RoutingTable
 from gossiprouter.sessions.base import Hub, Session
 
 log = logging.getLogger("gossiprouter")
