@@ -26,7 +26,7 @@ import trio
 from gossiprouter.federation import mqtt_topics
 from gossiprouter.federation.codec import encode_record
 from gossiprouter.protocol import native as wire
-from gossiprouter.routing.table import RemoteCarrier
+from gossiprouter.routing.entries import RemoteCarrier
 from gossiprouter.stub import RouterStub
 from tests.nclient import NativeClient
 from tests.ops_client import tokens_file
