@@ -182,10 +182,6 @@ class Peers(BrokerSession):
         self._kick_writer()
 
     def _publish_records(self, records: list[tuple[str, str, bytes]]) -> None:
-        if self.max_packet is not None:
-            # Every chunk and delta within the broker's Maximum Packet Size (its CONNACK),
-            # topic and properties included.
-            self.federation.max_record = max(self.max_packet - 1024, 1024)
         for group, tag, payload in records:
             topic = members_topic(self.prefix, self.origin, group) + (f"/{tag}" if tag else "")
             if not self._fits(topic, payload):
@@ -242,6 +238,10 @@ class Peers(BrokerSession):
         # Membership: presences before records (one SUBSCRIBE, served in order), then the
         # snapshot, then the marker that comes back after every retained message.
         fed = self.federation
+        if self.max_packet is not None:
+            # Every chunk and delta within the broker's Maximum Packet Size (its CONNACK),
+            # with room for the topic and the properties (a signature among them).
+            fed.max_record = max(self.max_packet - 1024, 1024)
         fed.begin_sync()
         self.liveness.restart(trio.current_time())
         root = self._fed_root
