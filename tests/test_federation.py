@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from gossiprouter.core.config import Config
 from gossiprouter.federation.codec import CHUNK, DELTA, encode_chunk, pack_member
-from gossiprouter.federation.codec import CHUNK, DELTA, encode_chunk, pack_member
 from gossiprouter.federation.remote import RemoteGroup, RemoteMember
 from gossiprouter.federation.state import Federation
 from gossiprouter.protocol import native as wire

@@ -69,11 +69,11 @@ def test_a_late_joiner_converges_from_the_retained_snapshot_and_deltas_in_any_or
 
     carriers = {i: Named(f"c{i}") for i in range(400)}
     for i in range(300):
-        a.table.connect(carriers[i], G, addr(i), "n%d" % i, PHYS)
+        a.table.connect(carriers[i], G, addr(i), f"n{i}", PHYS)
     publish(a.flush())
     assert sum(1 for g, t in retained if t.startswith("c")) >= 2  # chunked
     for i in range(300, 340):  # joins, one flush each: deltas
-        a.table.connect(carriers[i], G, addr(i), "n%d" % i, PHYS)
+        a.table.connect(carriers[i], G, addr(i), f"n{i}", PHYS)
         publish(a.flush())
     for i in range(0, 40, 2):  # leaves
         a.table.disconnect(carriers[i], G, addr(i))
@@ -125,7 +125,7 @@ def test_every_record_fits_the_limit_and_a_join_costs_o1() -> None:
     a = fed("a")
     a.max_record = LIMIT - 1024
     for i in range(20_000):
-        a.table.connect(Named(f"c{i}"), G, addr(i), "n%d" % i, PHYS)
+        a.table.connect(Named(f"c{i}"), G, addr(i), f"n{i}", PHYS)
     snap = a.flush()
     assert len(snap) >= 4 and all(len(p) <= LIMIT - 1024 for _, _, p in snap)
     parts = [decode_record(p) for _, _, p in snap]
@@ -169,7 +169,7 @@ def register(r: InProcessRouter, lo: int, hi: int) -> dict[int, Named]:
     out = {}
     for i in range(lo, hi):
         out[i] = Named(f"c{i}")
-        table.connect(out[i], G, addr(i), "member-%d" % i, PHYS)
+        table.connect(out[i], G, addr(i), f"member-{i}", PHYS)
     return out
 
 
@@ -247,7 +247,7 @@ async def test_a_churning_client_cannot_amplify_its_bytes_10x_into_the_broker(
             published[0] += len(topic.encode()) + len(payload)
         return real(topic, payload, *a, **kw)
 
-    br._client.publish = counting  # type: ignore[method-assign]
+    br._client.publish = counting  # type: ignore[method-assign,assignment]
     assert ra.server is not None
     c = await NativeClient.to(ra.server)
     sent = 0

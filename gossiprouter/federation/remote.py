@@ -203,7 +203,11 @@ class Published:
         self.snap_bytes = 0
 
     def update(self, members: dict[bytes, list[Any]]) -> None:
-        self.members = {a: pack_member(m) for a, m in members.items()}
+        """The members now (a snapshot follows): a new version if they changed."""
+        new = {a: pack_member(m) for a, m in members.items()}
+        if new != self.members:
+            self.seq += 1
+        self.members = new
 
     def uses(self, tag: str) -> bool:
         n = int(tag[1:])

@@ -344,17 +344,13 @@ class Federation(Graces):
         self.hub.deliver(notices)
 
     def _own_record(self, group: str, tag: str, payload: bytes) -> None:
-        """This router's own record, as the broker retains it. One of another run, on a
-        topic not in use now, is stale: a persistent broker kept it after a crash (or
-        restored it). Deleted through the flush, else its members would be ghosts
-        elsewhere for as long as this router lives."""
+        """This router's own record, as the broker retains it. One on a topic this router
+        does not use now is stale: a persistent broker restored it after a crash (its
+        deletion came after the broker's last save), or an earlier run left it. Deleted
+        through the flush, else its members would be ghosts elsewhere for as long as this
+        router lives. (The echo of a record deleted since is deleted once more: harmless;
+        a topic in use is overwritten by the snapshot published on every connect.)"""
         if not payload or self.leaving:
-            return
-        try:
-            rec = decode_record(payload)
-        except RECORD_ERRORS:
-            rec = None
-        if rec is not None and rec.run == self.run:
             return
         pub = self.published.get(group)
         if not tag:
