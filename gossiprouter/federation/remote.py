@@ -180,8 +180,9 @@ class RemoteRouter:
 
 # ------------------------------------------------------------------ records (docs/federation.md)
 
-# A snapshot is published again once the deltas since the last one weigh as much as it
-# (at least this much): a join or leave then costs its delta plus at most as much again.
+# A snapshot is published again once the deltas since the last one weigh twice as much as
+# it (at least COMPACT_MIN): a join or leave then costs its delta plus at most half as much
+# again, and the broker retains at most three snapshots' weight per (router, group).
 COMPACT_MIN = 4096
 # Deltas held per (router, group) until the snapshot they follow is complete.
 MAX_HELD_DELTAS = 65_536
@@ -214,7 +215,7 @@ class Published:
         return n < self.chunks if tag[0] == "c" else n < self.slots
 
     def compaction_due(self) -> bool:
-        return self.delta_bytes >= max(self.snap_bytes, COMPACT_MIN)
+        return self.delta_bytes >= max(2 * self.snap_bytes, COMPACT_MIN)
 
     def snapshot(self, group: str, limit: int) -> list[Record]:
         """The snapshot at the current version, in chunks of at most ``limit`` bytes; the
