@@ -326,7 +326,8 @@ class Federation(Graces):
             return
         st = r.streams.get(group)
         if st is None:
-            if len(r.streams) >= max(self.table.limits.max_groups, 1024):
+            cap = self.table.limits.max_groups
+            if cap > 0 and max(cap, 1024) <= len(r.streams):  # bounded like the groups
                 self.stats.conflicts += 1
                 return
             st = r.streams[group] = Stream()
