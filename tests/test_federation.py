@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gossiprouter.core.config import Config
+from gossiprouter.federation.codec import CHUNK, DELTA, encode_chunk, pack_member
 from gossiprouter.federation.remote import RemoteGroup, RemoteMember
 from gossiprouter.federation.state import Federation
 from gossiprouter.protocol import native as wire
@@ -56,15 +57,23 @@ class Net:
     def sync(self) -> None:
         """Publish every router's dirty records to every other router."""
         for o, f in self.feds.items():
-            for group, rec in f.flush():
+            for group, tag, rec in f.flush():
                 for other, g in self.feds.items():
                     if other != o and other not in self.lost:
-                        g.on_record(o, group, rec)
+                        g.on_record(o, group, rec, tag)
 
     def connect(self, o: str, carrier: Named, addr: bytes, **kw: object) -> None:
         self.feds[o].table.connect(carrier, G, addr, addr.decode(), (("10.0.0.1", 7800),),
                                    **kw)  # type: ignore[arg-type]
         self.sync()
+
+
+_seqs = iter(range(1, 1 << 30))
+
+
+def record(members: list[list[object]], run: bytes = b"test") -> bytes:
+    """A one-chunk snapshot of ``members`` (each a newer version than the last)."""
+    return encode_chunk(run, next(_seqs), 1, 0, [pack_member(m) for m in members])
 
 
 def kinds(f: Federation, addr: bytes) -> list[str]:
@@ -284,8 +293,8 @@ def test_a_snapshot_deletes_the_records_of_groups_left_while_cut_off() -> None:
     net.sync()
     # Cut off: x leaves, nothing is published; the group lives on here (b1 is in it).
     a.table.disconnect(x, G, b"x")
-    snap = dict(a.snapshot())
-    assert snap[G] == b"" and "other" in snap and snap["other"] != b""
+    snap = {(g, t): r for g, t, r in a.snapshot()}
+    assert snap[(G, "")] == b"" and snap[("other", "")] != b""
     assert a.table.entry(G, b"b1") is not None
 
 
@@ -295,10 +304,11 @@ def test_malformed_federation_messages_are_counted_and_change_nothing() -> None:
     net.connect("a", Named("x"), b"x")
     for bad in (b"", b"\x00", b"\x00\x05\x93\x01", b"\x00\x02\x92\x01"):
         b.on_route(bad, "a")
-    for bad in (b"\xc1", b"\x81\xa1m\x91\x93\x01\x02\x03", b"\x90"):
+    for bad in (b"\xc1", b"\x81\xa1m\x91\x93\x01\x02\x03", b"\x90",
+                msgpack.packb([1, b"r", 1, 2, 2, []]), msgpack.packb([3, b"r", 1, 1, 0, []])):
         b.on_record("a", G, bad)
     b.on_presence("a", b"\xc1")
-    assert b.stats.malformed == 8 and b.table.entry(G, b"x") is not None
+    assert b.stats.malformed == 10 and b.table.entry(G, b"x") is not None
 
 
 def test_a_member_whose_connection_dies_is_suspected_on_the_other_routers_too() -> None:
@@ -356,9 +366,17 @@ _member = st.tuples(
     st.lists(st.tuples(st.text(max_size=6), st.integers(-1, 70000) | st.floats()), max_size=3),
     st.integers(0, 4), st.none() | st.text(max_size=4), st.booleans() | _any,
     _wire).map(list) | _any
-_record = (st.fixed_dictionaries({"m": st.lists(_member, max_size=3),
-                                  "s": st.lists(st.binary(max_size=8) | _any, max_size=2) | _any})
-           .map(msgpack.packb) | _any.map(msgpack.packb) | st.binary(max_size=40))
+_seq = st.integers(1, 4) | _any
+_record = (st.tuples(st.just(CHUNK) | _any, st.binary(max_size=4) | _any, _seq,
+                     st.integers(0, 3) | _any, st.integers(0, 3) | _any,
+                     st.lists(_member, max_size=3) | _any).map(list).map(msgpack.packb)
+           | st.tuples(st.just(DELTA), st.binary(max_size=4) | _any, _seq,
+                       st.lists(_member, max_size=3) | _any,
+                       st.lists(st.binary(max_size=8), max_size=2) | _any,
+                       st.lists(st.binary(max_size=8) | _any, max_size=2) | _any)
+           .map(list).map(msgpack.packb)
+           | _any.map(msgpack.packb) | st.binary(max_size=40))
+_tag = st.sampled_from(["", "", "c1", "d0", "d1"])
 _route = (st.tuples(st.integers(0, 70), st.lists(_any, max_size=5), st.binary(max_size=16)).map(
     lambda t: t[0].to_bytes(2, "big") + msgpack.packb(t[1]) + t[2]) | st.binary(max_size=40))
 _presence = (st.dictionaries(st.sampled_from(["v", "name", "ttl"]), _any, max_size=3)
@@ -370,9 +388,9 @@ _presence = (st.dictionaries(st.sampled_from(["v", "name", "ttl"]), _any, max_si
 @given(st.lists(st.tuples(st.sampled_from(["record", "route", "presence"]),
                           st.sampled_from(["b", "c"]), st.sampled_from([G, "jgroups5:" + G,
                                                                         "jgroups2:" + G]),
-                          _record, _route, _presence), min_size=1, max_size=4))
+                          _record, _route, _presence, _tag), min_size=1, max_size=4))
 def test_hostile_federation_payloads_never_crash_and_never_store_what_cannot_be_written(
-        msgs: list[tuple[str, str, str, bytes, bytes, bytes]]) -> None:
+        msgs: list[tuple[str, str, str, bytes, bytes, bytes, str]]) -> None:
     """Whatever the broker hands the federation's decoders (records, routed messages,
     presences), nothing raises; what cannot be read is counted; every remote member stored
     passes the checks a local CONNECT passes (so no later reply to a client can fail); and
@@ -384,9 +402,9 @@ def test_hostile_federation_payloads_never_crash_and_never_store_what_cannot_be_
     f.begin_sync()
     f.on_presence("b", f.presence())
     f.end_sync()
-    for kind, origin, group, record, route, presence in msgs:
+    for kind, origin, group, rec, route, presence, tag in msgs:
         if kind == "record":
-            f.on_record(origin, group, record)
+            f.on_record(origin, group, rec, tag)
         elif kind == "route":
             f.on_route(route, "b")
         else:
@@ -396,8 +414,8 @@ def test_hostile_federation_payloads_never_crash_and_never_store_what_cannot_be_
         for e in g.entries.values():
             check(g.name, e.addr, e.name, e.physical, e.wire)
     f.on_presence("b", f.presence())
-    f.on_record("b", G, msgpack.packb({"m": [[b"honest", "h", [["10.0.0.2", 7800]], 1, None,
-                                              True, None]], "s": []}))
+    f.on_record("b", G, record([[b"honest", "h", [["10.0.0.2", 7800]], 1, None, True, None]],
+                               run=b"honest"))
     assert hub.table.entry(G, b"honest") is not None
     assert hub.table.entry(G, b"local") is not None
 
@@ -411,14 +429,12 @@ def test_records_a_local_connect_would_refuse_are_refused_and_counted() -> None:
 
     def member(**kw: object) -> bytes:
         m = {"addr": b"x", "name": "x", "phys": [["10.0.0.1", 7800]], "kind": 1, **kw}
-        out: bytes = msgpack.packb({"m": [[m["addr"], m["name"], m["phys"], m["kind"], None,
-                                           True, None]], "s": []})
-        return out
+        return record([[m["addr"], m["name"], m["phys"], m["kind"], None, True, None]])
 
     bad = [member(phys=[["h", float("inf")]]), member(phys=[["h", 70000]]),
            member(phys=[["h", -1]]), member(kind=2), member(name="n" * 300),
            member(addr=b"x" * 300),
-           msgpack.packb({"m": [[b"x", "x", [], 1, None, True, [7, b"\x00", None]]]})]
+           record([[b"x", "x", [], 1, None, True, [7, b"\x00", None]]])]
     for rec in bad:
         b.on_record("a", G, rec)
         assert b.table.entry(G, b"x") is None and b.table.entry(G, b"x" * 300) is None, rec
@@ -436,9 +452,9 @@ def test_a_new_members_record_goes_before_its_first_message() -> None:
     published: list[tuple[str, str, bytes]] = []
 
     def publish(group: str) -> None:  # what the bridge does: publish now, in order
-        for g, rec in a.flush_group(group):
+        for g, tag, rec in a.flush_group(group):
             published.append(("a", g, rec))
-            b.on_record("a", g, rec)
+            b.on_record("a", g, rec, tag)
     a.publish = publish
     y = Named("y")
     net.connect("b", y, b"y")

@@ -24,7 +24,7 @@ import pytest
 import trio
 
 from gossiprouter.federation import mqtt_topics
-from gossiprouter.federation.codec import encode_record
+from gossiprouter.federation.codec import encode_chunk, pack_member
 from gossiprouter.protocol import native as wire
 from gossiprouter.routing.entries import RemoteCarrier
 from gossiprouter.stub import RouterStub
@@ -134,7 +134,8 @@ def fake_router(d: Deployment, member_data: list[Any]) -> list[tuple[str, bytes,
     prefix = bridge_of(d.ra).prefix
     return [(mqtt_topics.presence_topic(prefix, FAKE), bridge_of(d.ra).federation.presence(),
              True),
-            (mqtt_topics.members_topic(prefix, FAKE, G), encode_record([member_data], []), True)]
+            (mqtt_topics.members_topic(prefix, FAKE, G),
+             encode_chunk(b"fake-run", 1, 1, 0, [pack_member(member_data)]), True)]
 
 
 async def test_a_fake_router_that_sorts_first_takes_no_members_traffic(

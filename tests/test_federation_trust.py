@@ -22,7 +22,7 @@ import trustme
 from gossiprouter.core.config import Config, ConfigError
 from gossiprouter.federation import mqtt_topics, signing
 from gossiprouter.federation.bridge import Bridge
-from gossiprouter.federation.codec import encode_record
+from gossiprouter.federation.codec import encode_chunk, pack_member
 from gossiprouter.federation.frames import check_routed
 from gossiprouter.federation.mqtt_topics import escape_level
 from gossiprouter.federation.signing import MAC_PROPERTY, Signer, Verifier
@@ -296,8 +296,11 @@ async def test_remote_state_is_bounded_like_local_state(
     def member_of(i: int) -> list[Any]:
         return [b"m%d" % i, None, [["10.0.0.1", 7800]], 1, None, True, None]
 
-    records = [(f"g{i}", encode_record([member_of(i)], [])) for i in range(20)]
-    records.append(("big", encode_record([member_of(100 + i) for i in range(50)], [])))
+    def record(members: list[list[Any]], seq: int = 1) -> bytes:  # a one-chunk snapshot
+        return encode_chunk(b"fake", seq, 1, 0, [pack_member(m) for m in members])
+
+    records = [(f"g{i}", record([member_of(i)])) for i in range(20)]
+    records.append(("big", record([member_of(100 + i) for i in range(50)])))
     async with RouterStub([rb.address], **FAST) as sb:
         x = await sb.connect(G, b"X")  # a local group: 1 of the 5
         await x.subscribe("p", "b", ["*"])
@@ -316,7 +319,8 @@ async def test_remote_state_is_bounded_like_local_state(
             await trio.to_thread.run_sync(lambda g=g: publish(  # type: ignore[misc]
                 broker, [(mqtt_topics.members_topic(prefix, "fake", g), b"")], retain=True))
         await trio.to_thread.run_sync(lambda: publish(broker, [
-            (mqtt_topics.members_topic(prefix, "fake", "big"), records[-1][1])], retain=True))
+            (mqtt_topics.members_topic(prefix, "fake", "big"),
+             record([member_of(100 + i) for i in range(50)], 2))], retain=True))
         await eventually(lambda: fb.stats.records_in == 26, what="the big record again")
         assert fb.remote_members() == 10
 

@@ -10,7 +10,7 @@ state counts it as malformed); what the MQTT bridge does with the bytes is
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -26,6 +26,31 @@ Member = tuple[bytes, str | None, tuple[tuple[str, int], ...], Kind, str | None,
 # What each decoder raises for a payload it cannot read.
 PRESENCE_ERRORS = (ValueError, msgpack.UnpackException)
 RECORD_ERRORS = (ValueError, TypeError, OverflowError, ProtocolError, msgpack.UnpackException)
+# Record types (the first item of a record) and the most chunks one snapshot may have.
+CHUNK, DELTA = 1, 2
+MAX_CHUNKS = 4096
+
+
+class Chunk(NamedTuple):
+    """One chunk of a snapshot: version (run, seq), ``count`` chunks in all."""
+
+    run: bytes
+    seq: int
+    total: int
+    part: int
+    members: list[Member]
+
+
+class Delta(NamedTuple):
+    """The changes of version ``seq`` of ``run`` (the version before it is ``seq - 1``)."""
+
+    run: bytes
+    seq: int
+    joins: list[Member]
+    leaves: list[bytes]
+    suspected: set[bytes]
+
+
 ROUTE_ERRORS = (ValueError, TypeError, struct.error, msgpack.UnpackException)
 
 
@@ -66,10 +91,50 @@ def local_members(g: Group) -> list[list[Any]]:
     return out
 
 
-def encode_record(members: list[list[Any]], suspected: list[bytes]) -> bytes:
-    """A record: the members (:func:`local_members`) and those that went as suspected."""
-    out: bytes = msgpack.packb({"m": members, "s": suspected})
+def encode_chunk(run: bytes, seq: int, count: int, index: int,
+                 members: list[bytes]) -> bytes:
+    """Chunk ``index`` of ``count`` of a snapshot at version (run, seq): ``members`` are
+    already packed (:func:`pack_member`), so a snapshot is split by size without re-encoding."""
+    return _list_head(6, CHUNK, run, seq, count, index) + _array(members)
+
+
+def encode_delta(run: bytes, seq: int, joins: list[bytes], leaves: list[bytes],
+                 suspected: list[bytes]) -> bytes:
+    """Delta ``seq`` of run ``run``: the members that joined or changed (packed), those that
+    left, and those of them that left as suspected."""
+    out: bytes = (_list_head(6, DELTA, run, seq) + _array(joins) + msgpack.packb(leaves)
+                  + msgpack.packb(suspected))
     return out
+
+
+def pack_member(m: list[Any]) -> bytes:
+    out: bytes = msgpack.packb(m)
+    return out
+
+
+def split_chunks(run: bytes, seq: int, members: list[bytes], limit: int) -> list[bytes]:
+    """A snapshot at (run, seq) as chunks of at most ``limit`` bytes each (at least one)."""
+    groups: list[list[bytes]] = [[]]
+    size = 0
+    room = max(limit - 64, 1)  # the chunk's own header, at most 45 bytes
+    for m in members:
+        if groups[-1] and size + len(m) > room:
+            groups.append([])
+            size = 0
+        groups[-1].append(m)
+        size += len(m)
+    return [encode_chunk(run, seq, len(groups), i, g) for i, g in enumerate(groups)]
+
+
+def _list_head(n: int, *items: Any) -> bytes:
+    return bytes([0x90 | n]) + b"".join(msgpack.packb(i) for i in items)
+
+
+def _array(packed: list[bytes]) -> bytes:
+    n = len(packed)
+    head = bytes([0x90 | n]) if n < 16 else (b"\xdc" + n.to_bytes(2, "big") if n < 65536
+                                             else b"\xdd" + n.to_bytes(4, "big"))
+    return head + b"".join(packed)
 
 
 def _wire_out(w: object) -> list[Any] | None:
@@ -98,30 +163,51 @@ def _wire_in(w: Any) -> JWire | None:
     return JWire(addr, physical)
 
 
-def decode_record(payload: bytes) -> tuple[list[Member], set[bytes]]:
-    """(members, suspected) of a record; an empty payload (a deletion) has neither."""
-    if not payload:
-        return [], set()
+def _member_in(m: Any) -> Member:
+    addr, name, physical, kind, identity, live, wire = m
+    if not isinstance(addr, bytes) or not (name is None or isinstance(name, str)) \
+            or not (identity is None or isinstance(identity, str)):
+        raise ValueError("bad member")
+    phys = tuple((h, p) for h, p in physical)
+    if not all(isinstance(h, str) and isinstance(p, int) and 0 <= p <= 0xFFFF
+               for h, p in phys):
+        raise ValueError("bad physical address")
+    # Provisioned entries are never federated (each router has its own): one in a record
+    # would be an entry no record could remove.
+    if kind not in (Kind.CONNECTION, Kind.IN_PROCESS) or isinstance(kind, bool):
+        raise ValueError(f"bad kind {kind!r}")
+    return (addr, name, phys, Kind(kind), identity, bool(live), _wire_in(wire))
+
+
+def _addrs(xs: Any) -> list[bytes]:
+    if not isinstance(xs, list) or not all(isinstance(a, bytes) for a in xs):
+        raise ValueError("bad address list")
+    return xs
+
+
+def decode_record(payload: bytes) -> Chunk | Delta:
+    """A snapshot chunk or a delta (docs/federation.md, "Records")."""
     data = msgpack.unpackb(payload)
-    if not isinstance(data, dict):
-        raise ValueError("not a map")
-    members: list[Member] = []
-    for m in data.get("m", ()):
-        addr, name, physical, kind, identity, live, wire = m
-        if not isinstance(addr, bytes) or not (name is None or isinstance(name, str)) \
-                or not (identity is None or isinstance(identity, str)):
-            raise ValueError("bad member")
-        phys = tuple((h, p) for h, p in physical)
-        if not all(isinstance(h, str) and isinstance(p, int) and 0 <= p <= 0xFFFF
-                   for h, p in phys):
-            raise ValueError("bad physical address")
-        # Provisioned entries are never federated (each router has its own): one in a record
-        # would be an entry no record could remove.
-        if kind not in (Kind.CONNECTION, Kind.IN_PROCESS) or isinstance(kind, bool):
-            raise ValueError(f"bad kind {kind!r}")
-        members.append((addr, name, phys, Kind(kind), identity, bool(live), _wire_in(wire)))
-    suspected = {a for a in data.get("s", ()) if isinstance(a, bytes)}
-    return members, suspected
+    if not isinstance(data, list) or len(data) != 6:
+        raise ValueError("not a record")
+    tag, run, seq = data[0], data[1], data[2]
+    if not isinstance(run, bytes) or len(run) > 16 or not isinstance(seq, int) \
+            or isinstance(seq, bool) or not 0 < seq < 1 << 62:
+        raise ValueError("bad version")
+    if tag == CHUNK:
+        count, index, ms = data[3], data[4], data[5]
+        if not (isinstance(count, int) and isinstance(index, int) and 0 <= index < count
+                <= MAX_CHUNKS) or isinstance(count, bool) or isinstance(index, bool) \
+                or not isinstance(ms, list):
+            raise ValueError("bad chunk")
+        return Chunk(run, seq, count, index, [_member_in(m) for m in ms])
+    if tag == DELTA:
+        joins, leaves, suspected = data[3], data[4], data[5]
+        if not isinstance(joins, list):
+            raise ValueError("bad delta")
+        return Delta(run, seq, [_member_in(m) for m in joins], _addrs(leaves),
+                     set(_addrs(suspected)))
+    raise ValueError(f"unknown record type {tag!r}")
 
 
 # --------------------------------------------------------------------------- routed messages

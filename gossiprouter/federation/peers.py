@@ -17,6 +17,7 @@ records, routed frames and the resync marker (docs/federation.md).
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 from typing import TYPE_CHECKING
@@ -72,6 +73,21 @@ def _expiring(seconds: int) -> Properties:
     props = _properties()
     props.MessageExpiryInterval = seconds
     return props
+
+
+_TAG = re.compile(r"[cd](?:0|[1-9][0-9]{0,8})")
+
+
+def _parse(prefix: str, topic: str) -> tuple[str, str, str | None, str]:
+    """parse_fed_topic, and the tag of a record's chunk or delta slot: a 4th level of a
+    members topic (``c<i>`` or ``d<j>``; "" for the group's head record)."""
+    head, _, last = topic.rpartition("/")
+    if _TAG.fullmatch(last) and head.startswith(fed_root(prefix)) \
+            and head[len(fed_root(prefix)):].count("/") == 2:
+        writer, kind, arg = parse_fed_topic(prefix, head)
+        if kind == "members":
+            return writer, kind, arg, last
+    return (*parse_fed_topic(prefix, topic), "")
 
 
 def _properties(will: bool = False) -> Properties:
@@ -165,9 +181,9 @@ class Peers(BrokerSession):
                                                      _expiring(PRESENCE_TTL)))
         self._kick_writer()
 
-    def _publish_records(self, records: list[tuple[str, bytes]]) -> None:
-        for group, payload in records:
-            topic = members_topic(self.prefix, self.origin, group)
+    def _publish_records(self, records: list[tuple[str, str, bytes]]) -> None:
+        for group, tag, payload in records:
+            topic = members_topic(self.prefix, self.origin, group) + (f"/{tag}" if tag else "")
             if not self._fits(topic, payload):
                 # The others keep this group's previous record of this router (or none):
                 # better than a broker that cuts the router off at every reconnect.
@@ -222,6 +238,10 @@ class Peers(BrokerSession):
         # Membership: presences before records (one SUBSCRIBE, served in order), then the
         # snapshot, then the marker that comes back after every retained message.
         fed = self.federation
+        if self.max_packet is not None:
+            # Every chunk and delta within the broker's Maximum Packet Size (its CONNACK),
+            # with room for the topic and the properties (a signature among them).
+            fed.max_record = max(self.max_packet - 1024, 1024)
         fed.begin_sync()
         self.liveness.restart(trio.current_time())
         root = self._fed_root
@@ -241,7 +261,7 @@ class Peers(BrokerSession):
         try:
             # Who wrote it is the subtree it is in (which the broker's ACL confines each
             # router to): a message about router R is only ever read from R's subtree.
-            writer, kind, arg = parse_fed_topic(self.prefix, topic)
+            writer, kind, arg, tag = _parse(self.prefix, topic)
             user = getattr(props, "UserProperty", None) or ()
             left = any(k == LEFT_PROPERTY for k, _ in user)
             if self._verifier is not None:
@@ -264,7 +284,7 @@ class Peers(BrokerSession):
                 fed.on_presence(writer, payload, trio.current_time(),
                                 left=left, expiry=expiry if isinstance(expiry, int) else None)
             elif kind == "members" and arg is not None:
-                fed.on_record(writer, arg, payload)
+                fed.on_record(writer, arg, payload, tag)
             else:
                 raise ValueError("not a federation topic this router subscribed to")
         except ValueError as e:

@@ -8,9 +8,16 @@ keeps. :mod:`gossiprouter.federation.state` applies them to the table.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
-from gossiprouter.federation.codec import Member
+from gossiprouter.federation.codec import (
+    Chunk,
+    Delta,
+    Member,
+    encode_delta,
+    pack_member,
+    split_chunks,
+)
 from gossiprouter.routing.entries import Carrier, Entry, RemoteCarrier
 
 
@@ -145,8 +152,10 @@ class RemoteRouter:
     epoch: int = 0
     groups: dict[str, dict[bytes, RemoteMember]] = field(default_factory=dict)
     record_epochs: dict[str, int] = field(default_factory=dict)
-    # Records received before its presence, during the first retained burst.
-    pending: dict[str, bytes] = field(default_factory=dict)
+    # Records received before its presence, during the first retained burst: (group, tag).
+    pending: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    # group -> its records as received (snapshot chunks and deltas not applied yet)
+    streams: dict[str, Stream] = field(default_factory=dict)
     fanouts: dict[str, RemoteGroup] = field(default_factory=dict)
     fed: Sender | None = None
     # When its presence expires unless refreshed (None: never).
@@ -167,3 +176,129 @@ class RemoteRouter:
             assert self.fed is not None
             f = self.fanouts[group] = RemoteGroup(self.fed, self, group)
         return f
+
+
+# ------------------------------------------------------------------ records (docs/federation.md)
+
+# A snapshot is published again once the deltas since the last one weigh twice as much as
+# it (at least COMPACT_MIN): a join or leave then costs its delta plus at most half as much
+# again, and the broker retains at most three snapshots' weight per (router, group).
+COMPACT_MIN = 4096
+# Deltas held per (router, group) until the snapshot they follow is complete.
+MAX_HELD_DELTAS = 65_536
+Record = tuple[str, str, bytes]  # (group, tag, payload)
+
+
+class Published:
+    """What this router published of one group: its version (run, seq), the members as
+    packed, the snapshot's chunk count, and the delta slots used since it and ever."""
+
+    def __init__(self, run: bytes) -> None:
+        self.run = run
+        self.seq = 0
+        self.members: dict[bytes, bytes] = {}
+        self.chunks = 0
+        self.slot = 0  # the next delta's slot
+        self.slots = 0  # slots ever used (all deleted on a leave)
+        self.delta_bytes = 0
+        self.snap_bytes = 0
+
+    def update(self, members: dict[bytes, list[Any]]) -> None:
+        """The members now (a snapshot follows): a new version if they changed."""
+        new = {a: pack_member(m) for a, m in members.items()}
+        if new != self.members:
+            self.seq += 1
+        self.members = new
+
+    def uses(self, tag: str) -> bool:
+        n = int(tag[1:])
+        return n < self.chunks if tag[0] == "c" else n < self.slots
+
+    def compaction_due(self) -> bool:
+        return self.delta_bytes >= max(2 * self.snap_bytes, COMPACT_MIN)
+
+    def snapshot(self, group: str, limit: int) -> list[Record]:
+        """The snapshot at the current version, in chunks of at most ``limit`` bytes; the
+        chunks of a larger snapshot before it are deleted."""
+        self.seq = max(self.seq, 1)
+        chunks = split_chunks(self.run, self.seq, list(self.members.values()), limit)
+        out = [(group, f"c{i}" if i else "", c) for i, c in enumerate(chunks)]
+        out += [(group, f"c{i}", b"") for i in range(len(chunks), self.chunks)]
+        self.chunks = len(chunks)
+        self.slot = self.delta_bytes = 0
+        self.snap_bytes = sum(len(c) for c in chunks)
+        return out
+
+
+def delta_records(group: str, pub: Published, members: dict[bytes, list[Any]],
+                  suspected: set[bytes], limit: int) -> list[Record]:
+    """The deltas from what ``pub`` published to ``members`` (none if nothing changed):
+    one, unless it would exceed ``limit`` bytes."""
+    packed = {a: pack_member(m) for a, m in members.items()}
+    joins = [p for a, p in packed.items() if pub.members.get(a) != p]
+    leaves = [a for a in pub.members if a not in packed]
+    pub.members = packed
+    out: list[Record] = []
+    room = max(limit - 128, 1)
+    while joins or leaves:
+        size, j, lv = 0, list[bytes](), list[bytes]()
+        while joins and (not j or size + len(joins[-1]) <= room):
+            size += len(joins[-1])
+            j.append(joins.pop())
+        while leaves and not joins and (not (j or lv) or size + len(leaves[-1]) + 3 <= room):
+            size += len(leaves[-1]) + 3
+            lv.append(leaves.pop())
+        pub.seq += 1
+        payload = encode_delta(pub.run, pub.seq, j, lv, [a for a in lv if a in suspected])
+        out.append((group, f"d{pub.slot}", payload))
+        pub.slot += 1
+        pub.slots = max(pub.slots, pub.slot)
+        pub.delta_bytes += len(payload)
+    return out
+
+
+def deletions(group: str, pub: Published) -> list[Record]:
+    """What deletes every retained record of ``pub``: the head last (it says "left")."""
+    return ([(group, f"c{i}", b"") for i in range(1, pub.chunks)]
+            + [(group, f"d{i}", b"") for i in range(pub.slots)] + [(group, "", b"")])
+
+
+class Stream:
+    """One (router, group)'s records as received: the version applied, the snapshot chunks
+    and the deltas waiting for it (a late joiner or a resync reads the retained snapshot
+    and the retained deltas in any order, and applies them in version order)."""
+
+    def __init__(self) -> None:
+        self.applied: tuple[bytes, int] | None = None
+        self.head: tuple[bytes, int, int] | None = None
+        self.chunks: dict[tuple[bytes, int], dict[int, list[Member]]] = {}
+        self.deltas: dict[tuple[bytes, int], Delta] = {}
+
+    def add(self, rec: Chunk | Delta) -> list[tuple[str, list[Member] | Delta]]:
+        """What to apply now, in order: ("snapshot", members) or ("delta", delta)."""
+        a = self.applied
+        if a is not None and rec.run == a[0] and rec.seq <= a[1]:
+            return []  # applied already
+        if isinstance(rec, Chunk):
+            if rec.part == 0:
+                self.head = (rec.run, rec.seq, rec.total)
+            parts = self.chunks.setdefault((rec.run, rec.seq), {})
+            parts[rec.part] = rec.members
+            while len(self.chunks) > 3:
+                del self.chunks[next(iter(self.chunks))]
+        elif len(self.deltas) < MAX_HELD_DELTAS:
+            self.deltas[(rec.run, rec.seq)] = rec
+        out: list[tuple[str, list[Member] | Delta]] = []
+        h = self.head
+        if h is not None and (a is None or h[0] != a[0] or h[1] > a[1]):
+            parts = self.chunks.get(h[:2], {})
+            if len(parts) == h[2]:
+                out.append(("snapshot", [m for i in range(h[2]) for m in parts[i]]))
+                a = self.applied = h[:2]
+        if a is not None:
+            while (d := self.deltas.pop((a[0], a[1] + 1), None)) is not None:
+                out.append(("delta", d))
+                a = self.applied = (a[0], a[1] + 1)
+            self.chunks = {v: p for v, p in self.chunks.items() if v[0] != a[0] or v[1] > a[1]}
+            self.deltas = {v: d for v, d in self.deltas.items() if v[0] == a[0] and v[1] > a[1]}
+        return out

@@ -25,6 +25,7 @@ and decodes. No trio, no sockets: tested with bytes.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -32,12 +33,12 @@ from gossiprouter.federation.codec import (
     PRESENCE_ERRORS,
     RECORD_ERRORS,
     ROUTE_ERRORS,
+    Chunk,
     Member,
     decode_presence,
     decode_record,
     decode_route,
     encode_presence,
-    encode_record,
     encode_route,
     local_members,
 )
@@ -47,8 +48,12 @@ from gossiprouter.federation.remote import (
     PRESENCE_TTL,
     RECEIVERS_CACHE,
     FederationStats,
+    Published,
     RemoteMember,
     RemoteRouter,
+    Stream,
+    deletions,
+    delta_records,
 )
 from gossiprouter.routing.entries import Carrier, Group, Notice, RemoteCarrier, RoutingError
 from gossiprouter.sessions.base import Hub
@@ -82,8 +87,13 @@ class Federation(Graces):
         self.leaving = False
         # group -> addresses removed as suspected since its last record
         self.dirty: dict[str, set[bytes]] = {}
-        # group -> (last payload published, the addresses it listed)
-        self.published: dict[str, tuple[bytes, frozenset[bytes]]] = {}
+        # group -> what was published of it (records.py); this run's id in every record
+        self.published: dict[str, Published] = {}
+        self.run = os.urandom(8)
+        # The largest record the broker takes (set from its CONNACK by the I/O side).
+        self.max_record = 131_072
+        # (group, tag) of stale retained records of an earlier run, to delete at the flush
+        self.stale: list[tuple[str, str]] = []
         self.table.on_local = self.on_local
         # Set by the I/O side: publishes flush_group(group) at once if it can (see send()).
         self.publish: Callable[[str], None] | None = None
@@ -127,16 +137,19 @@ class Federation(Graces):
     def presence(self) -> bytes:
         return encode_presence(self.name, PRESENCE_TTL)
 
-    def records(self) -> list[tuple[str, bytes]]:
-        """Every record as last published (the periodic refresh: see RECORD_TTL)."""
-        return [(group, rec[0]) for group, rec in self.published.items()]
+    def records(self) -> list[tuple[str, str, bytes]]:
+        """Every group's snapshot again (the periodic refresh: see RECORD_TTL)."""
+        return [rec for group, pub in self.published.items()
+                for rec in pub.snapshot(group, self.max_record)]
 
-    def flush(self) -> list[tuple[str, bytes]]:
+    def flush(self) -> list[tuple[str, str, bytes]]:
         """The records to publish (retained) for the groups changed since the last call:
-        (group, payload), an empty payload deleting the group's record."""
-        return [rec for group in list(self.dirty) for rec in self.flush_group(group)]
+        (group, tag, payload); an empty payload deletes what the topic retains."""
+        stale, self.stale = self.stale, []
+        return [(g, t, b"") for g, t in stale] + [
+            rec for group in list(self.dirty) for rec in self.flush_group(group)]
 
-    def leave(self) -> list[tuple[str, bytes]]:
+    def leave(self) -> list[tuple[str, str, bytes]]:
         """A clean shutdown: the deletion of every record published, so the others see this
         router's members leave (not suspected), and nothing published after it (the local
         connections closing next would otherwise be suspects in the records)."""
@@ -144,50 +157,55 @@ class Federation(Graces):
         self.dirty = {}
         old, self.published = self.published, {}
         self.stats.records_out += len(old)
-        return [(group, b"") for group in old]
+        return [rec for group, pub in old.items() for rec in deletions(group, pub)]
 
-    def flush_group(self, group: str) -> list[tuple[str, bytes]]:
-        """The records to publish for ``group`` if it changed since it was last flushed."""
+    def flush_group(self, group: str) -> list[tuple[str, str, bytes]]:
+        """The records to publish for ``group`` if it changed since it was last flushed: one
+        delta (more only beyond the broker's packet size), a snapshot when it is due."""
         suspected = self.dirty.pop(group, None)
-        return [] if suspected is None else [(group, rec) for rec in self._record(group, suspected)]
-
-    def snapshot(self) -> list[tuple[str, bytes]]:
-        """Every record, after a (re)connect: each group with members carried here, and an
-        empty record for every group published before that has none now (the broker may
-        still retain it from before the outage)."""
-        self.dirty = {}
-        old, self.published = self.published, {}
-        out = []
-        for name, g in self.table.groups.items():
-            if local_members(g):
-                out += [(name, rec) for rec in self._record(name, set())]
-        for name in old:
-            if name not in self.published:
-                self.stats.records_out += 1
-                out.append((name, b""))
+        if suspected is None:
+            return []
+        g = self.table.groups.get(group)
+        members = {} if g is None else {m[0]: m for m in local_members(g)}
+        pub = self.published.get(group)
+        if pub is None:
+            if not members:
+                return []
+            pub = self.published[group] = Published(self.run)
+            pub.update(members)
+            out = pub.snapshot(group, self.max_record)
+        else:
+            out = delta_records(group, pub, members, suspected, self.max_record)
+            if not members:
+                del self.published[group]
+                out += deletions(group, pub)
+            elif pub.compaction_due():
+                out += pub.snapshot(group, self.max_record)
+        self.stats.records_out += len(out)
         return out
 
-    def _record(self, group: str, suspected: set[bytes]) -> list[bytes]:
-        """What to publish for ``group`` now: nothing when its record is unchanged; an empty
-        payload deletes it. When the last members went as suspected, a record saying so
-        comes first (the empty one cannot), then the deletion."""
-        g = self.table.groups.get(group)
-        members = [] if g is None else local_members(g)
-        before = self.published.get(group)
-        gone = sorted(suspected & before[1]) if before is not None else []
-        if not members:
-            if before is None:
-                return []
-            del self.published[group]
-            out = [encode_record([], gone), b""] if gone else [b""]
-            self.stats.records_out += len(out)
-            return out
-        payload = encode_record(members, gone)
-        if before is not None and before[0] == payload:
-            return []
-        self.published[group] = (payload, frozenset(m[0] for m in members))
-        self.stats.records_out += 1
-        return [payload]
+    def snapshot(self) -> list[tuple[str, str, bytes]]:
+        """Every record, after a (re)connect: each group with members carried here, and the
+        deletion of every group published before that has none now (the broker may still
+        retain it from before the outage)."""
+        self.dirty = {}
+        out = []
+        for name, pub in list(self.published.items()):
+            g = self.table.groups.get(name)
+            members = {} if g is None else {m[0]: m for m in local_members(g)}
+            if not members:
+                del self.published[name]
+                out += deletions(name, pub)
+            else:
+                pub.update(members)
+        for name, g in self.table.groups.items():
+            if name not in self.published and (ms := local_members(g)):
+                pub = self.published[name] = Published(self.run)
+                pub.update({m[0]: m for m in ms})
+        for name, pub in self.published.items():
+            out += pub.snapshot(name, self.max_record)
+        self.stats.records_out += len(out)
+        return out
 
     # ------------------------------------------------------------------ receiving state
 
@@ -269,19 +287,14 @@ class Federation(Graces):
             if self.synced and self.grace > 0:
                 r.ghost_check_at = now + min(self.grace, GHOST_SETTLE)
         pending, r.pending = r.pending, {}
-        for group, rec in pending.items():
-            self.on_record(origin, group, rec)
+        for (group, tag), rec in pending.items():
+            self.on_record(origin, group, rec, tag)
 
-    def on_record(self, origin: str, group: str, payload: bytes) -> None:
+    def on_record(self, origin: str, group: str, payload: bytes, tag: str = "") -> None:
+        """A record of router ``origin`` for ``group`` (``tag``: "" the head, ``c<i>`` a
+        chunk, ``d<j>`` a delta slot; docs/federation.md, "Records")."""
         if origin == self.origin:
-            # This router's own record, as the broker retains it. One for a group it does not
-            # publish is stale: a persistent broker restored it after a crash (its deletion
-            # came after the broker's last save). Deleted again through the flush, else its
-            # members would be ghosts elsewhere for as long as this router lives. (The echo
-            # of a record deleted since is deleted once more: harmless.)
-            if payload and group not in self.published and not self.leaving:
-                self.published[group] = (payload, frozenset())
-                self.on_local(group, None)
+            self._own_record(group, tag, payload)
             return
         r = self.routers.get(origin)
         if r is None or not r.alive:
@@ -289,31 +302,86 @@ class Federation(Graces):
                 # The retained burst may bring a record before its router's presence.
                 if r is None:
                     r = self.routers[origin] = RemoteRouter(origin, fed=self)
-                r.pending[group] = payload
+                r.pending[(group, tag)] = payload
+            return
+        if not payload:
+            if not tag:  # the group's record deleted: its members left
+                self.stats.records_in += 1
+                r.streams.pop(group, None)
+                self.hub.deliver(self._apply(r, group, [], set()))
             return
         try:
-            members, suspected = decode_record(payload)
+            rec = decode_record(payload)
+            if isinstance(rec, Chunk) and (rec.part == 0) != (tag == ""):
+                raise ValueError("a chunk on another chunk's topic")
         except RECORD_ERRORS as e:
             self.stats.malformed += 1
             log.debug("federation: bad record of %r for %r: %s", origin, group, e)
             return
+        st = r.streams.get(group)
+        if st is None:
+            cap = self.table.limits.max_groups
+            if cap > 0 and max(cap, 1024) <= len(r.streams):  # bounded like the groups
+                self.stats.conflicts += 1
+                return
+            st = r.streams[group] = Stream()
         self.stats.records_in += 1
         r.record_epochs[group] = self.epoch
-        self.hub.deliver(self._apply(r, group, members, suspected))
+        notices: list[Notice] = []
+        for kind, data in st.add(rec):
+            if kind == "snapshot":
+                assert isinstance(data, list)
+                notices += self._apply(r, group, data, set(), keep_stream=True)
+            else:
+                assert not isinstance(data, list)
+                notices += self._change(r, group, r.groups.get(group, {}), data.leaves,
+                                        data.joins, data.suspected)
+        self.hub.deliver(notices)
+
+    def _own_record(self, group: str, tag: str, payload: bytes) -> None:
+        """This router's own record, as the broker retains it. One on a topic this router
+        does not use now is stale: a persistent broker restored it after a crash (its
+        deletion came after the broker's last save), or an earlier run left it. Deleted
+        through the flush, else its members would be ghosts elsewhere for as long as this
+        router lives. (The echo of a record deleted since is deleted once more: harmless;
+        a topic in use is overwritten by the snapshot published on every connect.)"""
+        if not payload or self.leaving:
+            return
+        pub = self.published.get(group)
+        if not tag:
+            if pub is None:
+                self.published[group] = Published(self.run)
+                self.on_local(group, None)
+        elif pub is None or not pub.uses(tag):
+            self.stale.append((group, tag))
+            self._dirty_cb()
 
     def _apply(self, r: RemoteRouter, group: str, members: list[Member],
-               suspected: set[bytes]) -> list[Notice]:
-        table = self.table
+               suspected: set[bytes], keep_stream: bool = False) -> list[Notice]:
+        """Router ``r`` carries exactly ``members`` of ``group`` (a snapshot)."""
+        if not keep_stream:
+            r.streams.pop(group, None)
         held = r.groups.get(group, {})
         new = {m[0]: m for m in members}
+        return self._change(r, group, held, [a for a in held if a not in new],
+                            list(new.values()), suspected)
+
+    def _change(self, r: RemoteRouter, group: str, held: dict[bytes, RemoteMember],
+                leaves: list[bytes], joins: list[Member],
+                suspected: set[bytes]) -> list[Notice]:
+        """``leaves`` left ``group`` on ``r`` (as suspected if in ``suspected``), ``joins``
+        joined or changed there."""
+        table = self.table
         notices: list[Notice] = []
         # Bounded like local state: remote groups count in max_groups, a router's members capped.
         cap, max_groups = self.hub.config.federation_members_per_router, table.limits.max_groups
         total = sum(len(h) for h in r.groups.values())
-        for addr in [a for a in held if a not in new]:
-            rm = held.pop(addr)
-            notices += table.unlink_remote(rm, group, addr, suspect=addr in suspected)
-        for addr, m in new.items():
+        for addr in leaves:
+            rm = held.pop(addr, None)
+            if rm is not None:
+                notices += table.unlink_remote(rm, group, addr, suspect=addr in suspected)
+        for m in joins:
+            addr = m[0]
             known = held.get(addr)
             if known is not None and known.data == m:
                 continue
@@ -370,6 +438,7 @@ class Federation(Graces):
                 self.stats.routers_left += 1
         self.routers.pop(r.origin, None)
         r.groups.clear()
+        r.streams.clear()
         r.alive = False
         return notices
 
