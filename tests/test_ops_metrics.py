@@ -268,6 +268,8 @@ def test_dump_end_to_end(tmp_path: Path) -> None:
         # JSON logs: one object per line; the join names who, which group, from where.
         lines = [json.loads(ln) for ln in _wait_for(log_path, "joined").splitlines()]
         assert all({"time", "level", "logger", "message"} <= set(o) for o in lines)
+        # Nothing internal on any line (ClientText's marker was written on every one).
+        assert not [k for o in lines for k in o if k.startswith("_")]
         join = next(o for o in lines if o["message"].startswith("joined"))
         assert "svc-1" in join["message"] and "billing" in join["message"]
         assert "127.0.0.1:" in join["message"] and join["level"] == "info"
