@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -304,3 +305,30 @@ def test_close_and_refusal_labels_are_bounded() -> None:
     c.refused("x" * 100)
     assert c.closes == {"idle_timeout": 1, "other": 1}
     assert c.refusals == {"too_long": 1, "other": 1}
+
+
+def test_dump_timeout_is_typed_as_every_other_timeout() -> None:
+    """`dump --timeout` takes seconds, at least 0.1, as the client commands' --timeout does:
+    0 or a negative value is a usage error, not a confusing failure to reach the endpoint."""
+    from click.testing import CliRunner
+
+    from gossiprouter.cli.main import main
+
+    def run(*args: str) -> tuple[int, str, str]:
+        r = CliRunner().invoke(main, list(args), prog_name="gossiprouter")
+        return r.exit_code, r.stdout, r.stderr
+
+    for bad in ("0", "-1", "5s"):
+        code, _, err = run("dump", "127.0.0.1:1", "--timeout", bad)
+        assert code == 2, err
+        assert err.startswith("gossiprouter: error: ") and "--timeout" in err, err
+        assert "Traceback" not in err and "admin endpoint" not in err, err
+
+    def timeout_help(command: str) -> str:
+        text = run(command, "--help")[1]
+        m = re.search(r"--timeout (.*?)(?=\n\s+-|\Z)", text, re.S)
+        assert m is not None, text
+        return " ".join(m.group(1).split())
+
+    assert timeout_help("dump") == timeout_help("members")
+    assert "x>=0.1" in timeout_help("dump")
