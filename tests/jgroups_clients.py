@@ -11,9 +11,9 @@ Also here: addresses for tests, and :func:`replay`, which plays the client side 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable, Collection
 from typing import ClassVar, Generic, Protocol, Self, TypeVar
 
 import trio
@@ -395,8 +395,8 @@ __all__ = [
     "JAddress",
     "Step",
     "capture_streams",
-    "j5_registrations_settled",
     "ip",
+    "j5_registrations_settled",
     "load_steps",
     "replay",
     "uuid",
