@@ -11,12 +11,12 @@ Also here: addresses for tests, and :func:`replay`, which plays the client side 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Generic, Protocol, Self, TypeVar
 
 import trio
-import trio.testing
 
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
@@ -260,14 +260,42 @@ def load_steps(name: str) -> list[Step]:
     return steps
 
 
-async def replay(host: str, port: int, steps: list[Step]) -> dict[str, bytes]:
+async def replay(
+    host: str,
+    port: int,
+    steps: list[Step],
+    *,
+    wait_on: Collection[str] | None = None,
+    settled: Callable[[int], bool] | None = None,
+    timeout: float = 20.0,
+) -> dict[str, bytes]:
     """Play the client side of ``steps`` against the router at ``host:port``, in log order and
-    with the log's segmentation, letting the (in-process) router settle after every send.
+    with the log's segmentation, keeping the capture's causality by work done, not by time.
+
+    After each client segment, the replay waits until every connection in ``wait_on`` (default:
+    all of them) has received at least as many bytes as the real router had sent it by that
+    point of the log (the server segments up to the next client segment), or has been closed;
+    a connection the real router closed by then must be closed too (whatever ``wait_on``).
+    So a later segment, possibly on another connection, never overtakes a reply the capture
+    shows came first. Connections where our router deliberately sends other bytes than the
+    capture are left out of ``wait_on`` by the test. Where the log shows no reply to wait for
+    (a JGroups 5.x registration has none), ``settled(i)``, if given, is polled after client
+    step ``i`` (its index in ``steps``) until it holds: the test checks the router's state.
+    ``timeout`` bounds only a failure, never a pass.
 
     Returns what each connection received, until the router closed it or the replay ended.
     """
     streams: dict[str, trio.SocketStream] = {}
     got: dict[str, bytearray] = {}
+    closed: set[str] = set()
+    owed: dict[str, int] = {}  # bytes the real router had sent each connection so far
+    shut: set[str] = set()  # connections the real router had closed so far
+    changed = trio.Event()
+
+    def notify() -> None:
+        nonlocal changed
+        changed.set()
+        changed = trio.Event()
 
     async def reader(conn: str, s: trio.SocketStream) -> None:
         try:
@@ -276,11 +304,22 @@ async def replay(host: str, port: int, steps: list[Step]) -> dict[str, bytes]:
                 if not data:
                     return
                 got[conn] += data
+                notify()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return
+        finally:
+            closed.add(conn)
+            notify()
+
+    def caught_up() -> bool:
+        return shut <= closed and all(
+            conn in closed or len(got.get(conn, b"")) >= n
+            for conn, n in owed.items()
+            if wait_on is None or conn in wait_on
+        )
 
     async with trio.open_nursery() as nursery:
-        for step in steps:
+        for i, step in enumerate(steps):
             if step.direction != "C>S":
                 continue
             s = streams.get(step.conn)
@@ -292,11 +331,51 @@ async def replay(host: str, port: int, steps: list[Step]) -> dict[str, bytes]:
                 await s.send_all(step.data)
             else:
                 await s.send_eof()
-            await trio.testing.wait_all_tasks_blocked(0.01)
-        await trio.testing.wait_all_tasks_blocked(0.05)
+            for later in steps[i + 1 :]:
+                if later.direction == "C>S":
+                    break
+                owed[later.conn] = owed.get(later.conn, 0) + len(later.data)
+                if not later.data:
+                    shut.add(later.conn)
+            with trio.fail_after(timeout):
+                while not caught_up():
+                    await changed.wait()
+                if settled is not None:
+                    while not settled(i):
+                        await trio.sleep(0.001)
+        # The capture's last replies have arrived (waited for above): nothing more is owed.
         for s in streams.values():
             await s.aclose()
     return {conn: bytes(b) for conn, b in got.items()}
+
+
+class _Table(Protocol):
+    def entry(self, group: str, addr: bytes) -> object | None: ...
+
+
+def j5_registrations_settled(table: _Table, steps: list[Step]) -> Callable[[int], bool]:
+    """For :func:`replay` of a 5.x capture: ``settled(i)`` holds once the router's table shows
+    the REGISTERs and UNREGISTERs of client step ``i`` (they have no reply to wait for), so a
+    later segment on another connection cannot overtake them. What to look for comes from
+    decoding the capture's own client segments."""
+    decoders: dict[str, j5.Decoder] = {}
+    due: dict[int, dict[tuple[str, bytes], bool]] = {}
+    for i, st in enumerate(steps):
+        if st.direction != "C>S" or not st.data:
+            continue
+        dec = decoders.setdefault(st.conn, j5.Decoder())
+        dec.feed(st.data)
+        while (ev := dec.next_event()) is not None:
+            if isinstance(ev, j5.Register | j5.Unregister) and ev.group and ev.addr:
+                due.setdefault(i, {})[ev.group, ev.addr.key] = isinstance(ev, j5.Register)
+
+    def settled(i: int) -> bool:
+        return all(
+            (table.entry(f"jgroups5:{g}", key) is not None) == present
+            for (g, key), present in due.get(i, {}).items()
+        )
+
+    return settled
 
 
 def capture_streams(steps: list[Step]) -> dict[str, bytes]:
@@ -317,6 +396,7 @@ __all__ = [
     "Step",
     "capture_streams",
     "ip",
+    "j5_registrations_settled",
     "load_steps",
     "replay",
     "uuid",

@@ -108,10 +108,7 @@ KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {}
 
 # Attributes with a leading underscore that an ops module may touch on something other than
 # self/cls, (module, attribute) -> why it is not the core's.
-PRIVATE_ALLOWED: dict[tuple[str, str], str] = {
-    ("gossiprouter.ops.logs", "_client_text_clean"):
-        "ops' own marker on a logging.LogRecord (set and read by ops.logs.ClientText)",
-}
+PRIVATE_ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:

@@ -446,3 +446,29 @@ async def test_the_start_up_line_says_whether_it_is_on(
     assert lines[0].endswith("fast path: on (compiled relay thread)"), lines
     assert lines[1].endswith("fast path: off (GOSSIPROUTER_FAST_PATH=off)"), lines
 
+
+
+async def test_the_shutdown_line_is_a_summary(caplog: pytest.LogCaptureFixture) -> None:
+    """The line at shutdown breaks the routed frames down (thread / Python), not "relayed 0
+    of 16" that reads like an error after a small demo."""
+    caplog.set_level("INFO", logger="gossiprouter")
+    cfg = Config(host="127.0.0.1", port=0, fast_path="on")
+    router = Server(cfg, hooks=Operations(cfg))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(router.serve)
+        a, b = await learned_pair(router)
+        for i in range(5):
+            await a.send(wire.Route("g", b"B", b"A", b"%d" % i))
+            assert await b.recv() == wire.Route("g", b"B", b"A", b"%d" % i)
+        router.hub.sync()
+        c = router.hub.counters
+        routed, relayed = c.routed, c.fast_relayed
+        await a.aclose()
+        await b.aclose()
+        nursery.cancel_scope.cancel()
+    lines = [r.getMessage() for r in caplog.records if "fast path summary" in r.getMessage()]
+    assert lines == [
+        f"fast path summary: {routed} routed frames, {relayed} relayed by the relay thread "
+        f"and {routed - relayed} handled in Python ({fast_of(router).learned} routes learned, "
+        f"{fast_of(router).upcalls} upcalls)"], lines
+    assert routed >= 5 and relayed >= 4

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -268,6 +269,8 @@ def test_dump_end_to_end(tmp_path: Path) -> None:
         # JSON logs: one object per line; the join names who, which group, from where.
         lines = [json.loads(ln) for ln in _wait_for(log_path, "joined").splitlines()]
         assert all({"time", "level", "logger", "message"} <= set(o) for o in lines)
+        # Nothing internal on any line (ClientText's marker was written on every one).
+        assert not [k for o in lines for k in o if k.startswith("_")]
         join = next(o for o in lines if o["message"].startswith("joined"))
         assert "svc-1" in join["message"] and "billing" in join["message"]
         assert "127.0.0.1:" in join["message"] and join["level"] == "info"
@@ -302,3 +305,30 @@ def test_close_and_refusal_labels_are_bounded() -> None:
     c.refused("x" * 100)
     assert c.closes == {"idle_timeout": 1, "other": 1}
     assert c.refusals == {"too_long": 1, "other": 1}
+
+
+def test_dump_timeout_is_typed_as_every_other_timeout() -> None:
+    """`dump --timeout` takes seconds, at least 0.1, as the client commands' --timeout does:
+    0 or a negative value is a usage error, not a confusing failure to reach the endpoint."""
+    from click.testing import CliRunner
+
+    from gossiprouter.cli.main import main
+
+    def run(*args: str) -> tuple[int, str, str]:
+        r = CliRunner().invoke(main, list(args), prog_name="gossiprouter")
+        return r.exit_code, r.stdout, r.stderr
+
+    for bad in ("0", "-1", "5s"):
+        code, _, err = run("dump", "127.0.0.1:1", "--timeout", bad)
+        assert code == 2, err
+        assert err.startswith("gossiprouter: error: ") and "--timeout" in err, err
+        assert "Traceback" not in err and "admin endpoint" not in err, err
+
+    def timeout_help(command: str) -> str:
+        text = run(command, "--help")[1]
+        m = re.search(r"--timeout (.*?)(?=\n\s+-|\Z)", text, re.S)
+        assert m is not None, text
+        return " ".join(m.group(1).split())
+
+    assert timeout_help("dump") == timeout_help("members")
+    assert "x>=0.1" in timeout_help("dump")

@@ -123,8 +123,9 @@ def render_group(view: dict[str, Any]) -> str:
 @click.argument("group", required=False)
 @click.option("--json", "as_json", is_flag=True,
               help="Print the admin view's JSON (member addresses as `send --to` reads them).")
-@click.option("--timeout", type=float, default=5.0, show_default=True, metavar="SECONDS",
-              help="How long to wait for the router.")
+# Typed as every client command's --timeout (gossiprouter.client.cli): seconds, at least 0.1.
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+              help="Seconds to wait for the router (connect, answers).")
 @click.option("--token", "token_ref", default="", metavar="file:PATH|env:NAME",
               help="Where the endpoint's bearer token is (the router's admin_token).")
 def dump(admin: str, group: str | None, as_json: bool, timeout: float,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import weakref
 from datetime import UTC, datetime
 from typing import Any
 
@@ -55,6 +56,12 @@ def _clip(arg: object) -> object:
     return arg
 
 
+# The records ClientText has already made safe (a record reaches the filter of every handler;
+# cutting twice would cut the "[...N more]" note). Kept here, not on the record: anything set
+# on a record is written by the JSON format (and by any formatter that writes its fields).
+_cleaned: weakref.WeakSet[logging.LogRecord] = weakref.WeakSet()
+
+
 class ClientText(logging.Filter):
     """Make every record safe to write as one line, whatever client text it quotes.
 
@@ -64,7 +71,7 @@ class ClientText(logging.Filter):
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if getattr(record, "_client_text_clean", False):
+        if record in _cleaned:
             return True
         args = record.args
         if isinstance(args, tuple) and args:
@@ -79,7 +86,7 @@ class ClientText(logging.Filter):
         for key, value in list(vars(record).items()):
             if key not in _STANDARD and isinstance(value, str):
                 setattr(record, key, clean(value))
-        record._client_text_clean = True
+        _cleaned.add(record)
         return True
 
 
