@@ -16,14 +16,8 @@ from typing import Any
 import pytest
 import trio
 
-from gossiprouter import (
-    ChannelClosedError,
-    ConnectionState,
-    NotConnectedError,
-    RouterStub,
-    StubTaskError,
-    open_router_stub,
-)
+from gossiprouter import ConnectionState, RouterStub, open_router_stub
+from gossiprouter.client.errors import ChannelClosedError, NotConnectedError, StubTaskError
 from gossiprouter.core.config import Config
 from gossiprouter.protocol import native as wire
 from gossiprouter.router import Router, open_router
