@@ -212,7 +212,8 @@ def test_cli_exit_codes(spark: SparkSession, run_dir: Path, tmp_path: Path) -> N
     assert re.search(r"^\[\s*\d+\.\d s\] auditing…$", result.stderr, re.M)
     assert re.search(r"Spark driver at 127\.0\.0\.1:\d+ \(loopback", result.stderr)
     assert re.search(r"done: Spark start \d+\.\d s, reading \d+\.\d s, audit \d+\.\d s, "
-                     r"summary \d+\.\d s, report \d+\.\d s; total \d+\.\d s", result.stderr)
+                     r"figures \d+\.\d s, order \d+\.\d s, summary \d+\.\d s, "
+                     r"report \d+\.\d s; total \d+\.\d s", result.stderr)
     assert re.search(r"lost while registered\s+6\s+\(sender and receiver both registered; "
                      r"of which to receivers that later left 1, later killed 2\)", result.stdout)
     assert re.search(r"verdict\s+LOSS: 6 deliveries lost while the sender and the receiver "

@@ -44,11 +44,17 @@ from gossiprouter.analytics.findings import (
     sample_anomalies,
     total,
 )
-from gossiprouter.analytics.latency import latency_breakdowns, latency_rows, over_time
+from gossiprouter.analytics.latency import (
+    bucket_aggregates,
+    bucket_column,
+    latency_breakdowns,
+    over_time,
+)
 from gossiprouter.analytics.report.files import write_report
 from gossiprouter.analytics.report.manifest import run_events
 from gossiprouter.analytics.report.model import Report
 from gossiprouter.analytics.report.parts import Counts, ThroughputBucket
+from gossiprouter.analytics.sizing import input_bytes, partitions, start_settings
 from gossiprouter.analytics.spark_io import (
     DEFAULT_MASTER,
     AuditInputError,
@@ -86,8 +92,16 @@ __all__ = [
     "spark_session",
 ]
 
-# Records per partition of the main shuffle: keeps each task's hash tables small.
-RECORDS_PER_PARTITION: Final = 200_000
+_ADAPTIVE: Final = "spark.sql.adaptive.enabled"
+_SHUFFLE_PARTITIONS: Final = "spark.sql.shuffle.partitions"
+# grouping_id() of the two latency histograms' grouping sets (a bit per column of
+# group, size, cast, t, q, set when the column is not grouped).
+_BY_KIND: Final = 0b00010
+_BY_SECOND: Final = 0b11100
+# The kinds of anomaly the pairs' categories count; when none of them was counted, the
+# samples need only the out-of-order check.
+_FLAGGED: Final = ("lost", "lost_reconnect", "unexpected", "undetermined_delivered",
+                   "undetermined_missing")
 
 
 def analyze(
@@ -123,6 +137,9 @@ def analyze(
     started = phases.started
     # Fail before paying for a JVM when the input is plainly not there.
     check_run_dir(run_dir)
+    if spark is None:
+        # Settings sized for the run, before the caller's own (which win).
+        conf = {**start_settings(master, input_bytes(run_dir)), **(conf or {})}
     spark, own = open_session(spark, master, conf, spark_log, phases)
     try:
         report = _Job(spark, run_dir, out_dir, settle_s, sample, phases, started, allow_loss,
@@ -137,13 +154,14 @@ def analyze(
 class _Job:
     """One analysis run: builds the tables, summarises them, writes the report.
 
-    The records are shuffled once, by msg_id, into three cached tables (records, messages,
-    (message, receiver) pairs; see :func:`~gossiprouter.analytics.deliveries.delivery_tables`).
-    A handful of small aggregations over them give the counts, the latency histograms and
-    the per-second series; one more pass, with a shuffle by (group, sender, receiver), finds
-    out-of-order deliveries and draws the anomaly samples
-    (:func:`~gossiprouter.analytics.findings.sample_anomalies`). Everything else is done in
-    Python on the small aggregated results.
+    The records are shuffled by msg_id into two cached tables (messages, (message,
+    receiver) pairs; see :func:`~gossiprouter.analytics.deliveries.delivery_tables`). A
+    handful of small aggregations over them give the counts, the end of the run, the
+    latency histograms (both in one pass) and the per-second series; one more pass, with a
+    shuffle by (group, sender, receiver), finds out-of-order deliveries and draws the
+    anomaly samples (:func:`~gossiprouter.analytics.findings.sample_anomalies`; only the
+    order when the counts found nothing else). Everything else is done in Python on the
+    small aggregated results. docs/performance-spark.md tells what each choice bought.
     """
 
     def __init__(
@@ -176,13 +194,16 @@ class _Job:
         # The job sets its partitioning itself and runs many small aggregations; adaptive
         # execution's re-planning and partition coalescing only add latency here (measured:
         # twice the wall time for the same CPU time, on 10 million records and on 150 alike).
+        # The shuffle partitions of the small aggregations are sized by _run for the run.
         conf = self.spark.conf
-        saved = conf.get("spark.sql.adaptive.enabled")
-        conf.set("spark.sql.adaptive.enabled", "false")
+        saved = {key: conf.get(key) for key in (_ADAPTIVE, _SHUFFLE_PARTITIONS)}
+        conf.set(_ADAPTIVE, "false")
         try:
             return self._run()
         finally:
-            conf.set("spark.sql.adaptive.enabled", saved or "true")
+            for key, value in saved.items():
+                if value is not None:
+                    conf.set(key, value)
 
     def _run(self) -> Report:
         self.store.check_inputs()
@@ -199,29 +220,34 @@ class _Job:
         if n_records == 0:
             raise AuditInputError(f"no records in {self.run_dir} (the record files are empty)")
         # Enough partitions that no task's hash tables outgrow memory, and two per core
-        # unless the partitions would be tiny (each task costs a fixed overhead).
-        parts = max(-(-n_records // RECORDS_PER_PARTITION),
-                    min(2 * self.spark.sparkContext.defaultParallelism,
-                        -(-n_records // 10_000)))
+        # unless the partitions would be tiny (each task costs a fixed overhead); no more
+        # for the small aggregations than for the main shuffle.
+        parts = partitions(n_records, self.spark.sparkContext.defaultParallelism)
+        shuffle = int(self.spark.conf.get(_SHUFFLE_PARTITIONS) or parts)
+        self.spark.conf.set(_SHUFFLE_PARTITIONS, str(min(parts, shuffle)))
         origin = manifest_int(manifest, "t0_ns")
         outages, warn = router_outages(manifest)
         self.warnings += warn
         try:
-            recs, msgs, pairs = delivery_tables(self.spark, records, intervals, parts, outages,
+            msgs, pairs = delivery_tables(self.spark, records, intervals, parts, outages,
                                                 self.settle_ns, self._cache)
             self.phases.start("audit", "auditing…")
             pairs.count()  # materialises the cached tables
-            recs.unpersist()  # pairs and msgs hold all that is needed from here on
             if origin is None:
                 # No manifest t0: the run starts with its first send.
                 origin = int(msgs.agg({"t_send_ns": "min"}).collect()[0][0] or 0)
+            self.phases.start("figures", "counting, measuring latency and throughput…")
             summary = self._summarise(msgs, pairs, origin)
-            anomalies = sample_anomalies(pairs, parts, self.sample)
+            self.phases.start("order", "checking order, drawing samples…")
+            flagged = any(int(r["pairs"] or 0) for r in summary["categories"]
+                          if r["category"] in _FLAGGED) or total(summary["categories"],
+                                                                  "duplicated") > 0
+            anomalies = sample_anomalies(pairs, parts, self.sample, flagged=flagged)
         finally:
             for df in self._cached:
                 df.unpersist()
 
-        self.phases.start("summary", "summarising latency and throughput…")
+        self.phases.start("summary", "summarising…")
         report = self._report(manifest, n_records, summary, anomalies, origin)
         self.phases.start("report", "writing report…")
         report.analysis_s = round(time.monotonic() - self.started, 3)
@@ -248,9 +274,17 @@ class _Job:
         def second(c: str) -> Any:
             return F.floor((col(c) - F.lit(origin_ns)) / NS_PER_S)
 
+        # Both latency histograms in one pass over the delivered pairs: per (group, size,
+        # cast) and per send second, told apart by their grouping id.
+        lat = col("t_recv_ns") - col("t_send_ns")
+        fine = (pairs.filter(delivered)
+                .select("group", "size", "cast", second("t_send_ns").alias("t"),
+                        bucket_column(lat), lat.alias("lat"))
+                .groupingSets([["group", "size", "cast", "q"], ["t", "q"]],
+                              "group", "size", "cast", "t", "q")
+                .agg(*bucket_aggregates(col("lat")), F.grouping_id().alias("gid")))
+        latency = rows(fine)
         return {
-            "ends": rows(pairs.agg(F.max("t_recv_ns").alias("recv"),
-                                    F.max("t_send_ns").alias("send"))),
             "senders": rows(msgs.groupBy("run", "group", "sender").agg(
                 F.count(one).alias("messages"),
                 F.count_if(col("n_send") == 0).alias("no_send"),
@@ -258,19 +292,21 @@ class _Job:
             )),
             "sends": rows(msgs.groupBy(second("t_send_ns").alias("t"))
                            .agg(F.count(one).alias("n"))),
+            # With the last receive and send times of each row: the end of the run.
             "categories": rows(pairs.groupBy("category", "receiver_status", "receiver",
                                               "group").agg(
                 F.count(one).alias("pairs"),
                 F.sum("copies").alias("recv_records"),
                 F.count_if(col("copies") > 1).alias("duplicated"),
                 F.sum(F.greatest(col("copies") - 1, F.lit(0))).alias("extra_copies"),
+                F.max("t_recv_ns").alias("recv"),
+                F.max("t_send_ns").alias("send"),
             )),
             # The fine latency histogram per (group, size, cast); the breakdowns and the
             # overall figures are merged from it in Python.
-            "latency": latency_rows(pairs.filter(delivered), "group", "size", "cast"),
+            "latency": [r for r in latency if r["gid"] == _BY_KIND],
             # The same histogram per send second, for the percentiles over time.
-            "latency_s": latency_rows(pairs.filter(delivered),
-                                      second("t_send_ns").alias("t")),
+            "latency_s": [r for r in latency if r["gid"] == _BY_SECOND],
             # A pair is never both delivered and lost, so one grouping gives both series.
             "seconds": rows(pairs.groupBy(
                 F.when(delivered, second("t_recv_ns")).alias("recv_s"),
@@ -312,7 +348,7 @@ class _Job:
         lost = {int(r["lost_s"]): int(r["n"]) for r in summary["seconds"]
                 if r["lost_s"] is not None}
         first = min([0, *sends])
-        end_ns = run_end(manifest, origin, summary["ends"])
+        end_ns = run_end(manifest, origin, summary["categories"])
         last = max([*sends, *recvs, *lost, (end_ns - origin - 1) // NS_PER_S], default=0)
         throughput = [ThroughputBucket(
             s, sends.get(s, 0), recvs.get(s, 0), lost.get(s, 0),

@@ -27,18 +27,22 @@ def delivery_tables(
     spark: SparkSession, records: DataFrame, intervals: list[Interval], parts: int,
     outages: list[tuple[int, int, list[str]]], settle_ns: int,
     cache: Callable[[DataFrame], DataFrame],
-) -> tuple[DataFrame, DataFrame, DataFrame]:
+) -> tuple[DataFrame, DataFrame]:
     """The cached tables the analysis works from.
 
-    ``recs``: the usable records, shuffled by msg_id. ``msgs``: one row per message with
-    its attributes. ``pairs``: one row per (message, receiver) that was expected,
-    undetermined or received, with copies received, first receive time and category.
+    ``msgs``: one row per message with its attributes. ``pairs``: one row per (message,
+    receiver) that was expected, undetermined or received, with copies received, first
+    receive time and category.
 
-    Everything is keyed by msg_id first, so the single shuffle of the records serves all
-    three: Spark keeps the hash partitioning by msg_id through the aggregations, the
-    broadcast join with the membership intervals, the union and the final join. (With
-    adaptive execution on, Spark knows a cached table's partitioning only once the table
-    is materialised; the counts before each next step keep that true either way.)
+    Both come from the records shuffled by msg_id (``recs``), which are not cached:
+    building and compressing a cached copy of every record cost more than reading and
+    shuffling them again for the received side (measured on 1.5 million records: a
+    quarter of the CPU time of this step). Everything is keyed by msg_id first, so the
+    shuffle of the records serves both: Spark keeps the hash partitioning by msg_id
+    through the aggregations, the broadcast join with the membership intervals, the union
+    and the final join. The caller runs with adaptive execution off, so the plans know
+    the cached tables' partitioning before they are materialised: the first count of
+    ``pairs`` builds both in one job.
 
     ``settle_ns`` is the settle window, ``outages`` come from :func:`router_outages
     <gossiprouter.analytics.timeline.router_outages>`, ``parts`` is the number of
@@ -54,10 +58,9 @@ def delivery_tables(
     k = F.when(col("kind") == "send", _SEND).when(valid_recv, _RECV).otherwise(_BAD)
     keys = ["sender", "group", "cast", "dest", "run"]
     nums = ["seq", "size", "t_send_ns"]
-    recs = cache(records.select(
+    recs = records.select(
         "msg_id", "receiver", "t_recv_ns", *keys, *nums, k.alias("k")
-    ).repartition(parts, "msg_id"))
-    recs.count()
+    ).repartition(parts, "msg_id")
     # Receivers copy the message attributes from the payload, so recv rows stand in for a
     # send row the sender never flushed (a killed sender, say). The string attributes are
     # grouping keys (the same in every row of a message) so the aggregation can hash.
@@ -65,7 +68,6 @@ def delivery_tables(
         *[F.max(c).alias(c) for c in nums],
         F.count_if(col("k") == _SEND).alias("n_send"),
     ))
-    msgs.count()
 
     iv = spark.createDataFrame(
         [(i.group, i.member, i.start_ns, i.end_ns, i.next_start_ns, _STATUS_CODE[i.status])
@@ -130,4 +132,4 @@ def delivery_tables(
         .otherwise("undetermined_missing")
         .alias("category"),
     ))
-    return recs, msgs, pairs
+    return msgs, pairs

@@ -39,17 +39,19 @@ _SAMPLE_FIELDS: Final[dict[str, tuple[str, ...]]] = {
 
 
 def sample_anomalies(
-    pairs: DataFrame, parts: int, sample_size: int,
+    pairs: DataFrame, parts: int, sample_size: int, *, flagged: bool = True,
 ) -> dict[str, tuple[int, int, list[dict[str, Any]]]]:
     """For each kind of anomaly: (count, distinct (group, sender, receiver), sample), the
-    sample of up to ``sample_size`` examples, deterministically chosen."""
+    sample of up to ``sample_size`` examples, deterministically chosen. ``flagged=False``
+    says the pairs hold no loss, duplicate, undetermined or unexpected delivery (their
+    counts were 0): then only the order is checked."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     col, cat = F.col, F.col("category")
     common = ["msg_id", "group", "sender", "seq", "receiver", "cast", "dest", "t_send_ns",
               "t_recv_ns", "receiver_status", "copies"]
-    flagged = pairs.filter(
+    flagged_rows = pairs.filter(
         cat.isin("lost", "lost_reconnect", "unexpected", "undetermined_delivered",
                  "undetermined_missing") | (col("copies") > 1)
     ).select(
@@ -83,7 +85,7 @@ def sample_anomalies(
     order = ["group", "sender", "seq", "receiver"]
     by_kind = Window.partitionBy("kind")
     ranked = (
-        flagged.unionByName(late)
+        (flagged_rows.unionByName(late) if flagged else late)
         .withColumn("rn", F.row_number().over(by_kind.orderBy(*order)))
         .withColumn("pair_rank",
                     F.dense_rank().over(by_kind.orderBy("group", "sender", "receiver")))

@@ -1,0 +1,49 @@
+"""Spark settings sized for the run (gossiprouter.analytics.sizing): no Spark needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gossiprouter.analytics.sizing import (
+    MIN_RECORDS_PER_PARTITION,
+    RECORDS_PER_PARTITION,
+    SMALL_INPUT_BYTES,
+    input_bytes,
+    partitions,
+    start_settings,
+)
+
+
+def test_input_bytes_counts_the_record_files_only(tmp_path: Path) -> None:
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "p0000-a.parquet").write_bytes(b"x" * 1000)
+    (records / "p0001-a.parquet").write_bytes(b"x" * 234)
+    (records / "notes.txt").write_bytes(b"x" * 99)
+    (tmp_path / "membership.parquet").write_bytes(b"x" * 50)
+    assert input_bytes(str(tmp_path)) == 1234
+    assert input_bytes(f"file://{tmp_path}") == 1234
+    # Unknown: a directory without records, and a remote one (not sized before Spark).
+    assert input_bytes(str(tmp_path / "missing")) is None
+    assert input_bytes("hdfs://namenode:8020/runs/r1") is None
+
+
+def test_a_small_local_run_gets_a_light_jvm_and_one_partition() -> None:
+    small = start_settings(None, 14_400 * 40)
+    assert small["spark.driver.extraJavaOptions"] == "-XX:TieredStopAtLevel=1"
+    assert small["spark.sql.shuffle.partitions"] == "1"
+    assert start_settings("local[2]", SMALL_INPUT_BYTES) == small
+    # Large or unknown inputs, and cluster masters (the driver does not do the work),
+    # keep Spark's settings.
+    assert start_settings("local[*]", SMALL_INPUT_BYTES + 1) == {}
+    assert start_settings("local[*]", None) == {}
+    assert start_settings("spark://127.0.0.1:7077", 1000) == {}
+
+
+def test_partitions_follow_the_record_count() -> None:
+    assert partitions(0, 2) == 1
+    assert partitions(14_400, 2) == 1
+    assert partitions(MIN_RECORDS_PER_PARTITION * 3, 2) == 3
+    assert partitions(MIN_RECORDS_PER_PARTITION * 3, 1) == 2
+    # Never more records per partition than RECORDS_PER_PARTITION.
+    assert partitions(10_622_267, 2) == -(-10_622_267 // RECORDS_PER_PARTITION) == 54
