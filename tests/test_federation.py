@@ -560,3 +560,25 @@ def test_a_lost_router_is_held_in_grace_then_revived_or_dropped() -> None:
     a.tick(109.5 + 5.0)
     assert a.table.entry(G, b"b1") is None and a.stats.ghosts_removed == 1
     del c
+
+
+def test_a_member_back_through_another_router_is_not_served_by_the_lost_one() -> None:
+    """Router B (the smaller id) is lost and held in grace; member t, which was on B, comes
+    back through C (a restarted router gets a new id). A serves t through C: a carrier whose
+    router is out of reach ranks after every live one (the load test's router restart lost
+    frames to the dead router when its id sorted first)."""
+    net = Net("a", "b", "c")
+    a = net.feds["a"]
+    a.grace = 10.0
+    net.connect("b", Named("tb"), b"t")
+    a.on_presence("b", b"", now=100.0)  # B's Last Will: held in grace at A
+    assert a.graced_routers() == 1
+    tc, s = Named("tc"), Named("s")
+    net.connect("c", tc, b"t")
+    e = a.table.entry(G, b"t")
+    assert e is not None and [c.router for c in e.carriers] == ["b", "c"]  # type: ignore[attr-defined]
+    net.connect("a", s, b"s")
+    target = a.table.resolve_unicast(G, b"t")
+    assert target is not None
+    target.carriers[-1].push(F(b"s", b"u", b"t"))
+    assert tc.pushed == [(F(b"s", b"u", b"t"), 1)]

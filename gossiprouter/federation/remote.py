@@ -119,7 +119,7 @@ class RemoteGroup(_Remote):
 class RemoteMember(_Remote, RemoteCarrier):
     """Member ``addr`` of ``group``, carried by router ``remote``: a carrier of its entry."""
 
-    __slots__ = ("addr", "data", "fanout", "fed", "group", "live", "remote", "router")
+    __slots__ = ("addr", "data", "fanout", "fed", "group", "live_there", "remote", "router")
 
     def __init__(self, fed: Sender, remote: RemoteRouter, group: str, addr: bytes) -> None:
         self.fed = fed
@@ -128,8 +128,20 @@ class RemoteMember(_Remote, RemoteCarrier):
         self.group = group
         self.addr = addr
         self.fanout: Carrier = remote.fanout(group)
-        self.live = True
+        self.live_there = True  # not held in reconnect grace at its router (its record says)
         self.data: Member | None = None
+
+    @property
+    def live(self) -> bool:
+        """Live at its router, and that router not held here in federation grace: a carrier
+        whose router is out of reach (a Last Will, a cut) ranks after every live one, so a
+        member that came back through another router (a restarted router with a new id)
+        is served there, not through the router that is gone."""
+        return self.live_there and self.remote.grace_until is None
+
+    @live.setter
+    def live(self, value: bool) -> None:
+        self.live_there = value
 
     def push(self, data: bytes, count: int = 1) -> None:
         self.fed.send(self.remote, self.group, self.addr, data, count)
