@@ -14,6 +14,7 @@ sent once to the broker and by it to the 2 other routers.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import threading
 import time
@@ -21,6 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gossiprouter.federation.codec import pack_member
 from gossiprouter.protocol import native as wire

@@ -70,6 +70,7 @@ SMOKE: dict[str, tuple[str, ...] | RunBy] = {
     "benchmarks/fuzz_router.py": RunBy("scripts/fuzz"),
     "benchmarks/bench_fastpath_churn.py": RunBy("tests/test_bench_fastpath_churn.py"),
     "benchmarks/bench_federation.py": RunBy("tests/test_bench_federation.py"),
+    "benchmarks/bench_federation_membership.py": ("--members", "30", "--rate", "300"),
     "benchmarks/bench_stub_loops.py": RunBy("tests/test_bench_stub_loops.py"),
     "benchmarks/bench_fastpath_memory.py": RunBy("tests/test_bench_fastpath_memory.py (--quick)"),
     "benchmarks/relay_harness.py": RunBy("tests/test_relay_harness.py, and scripts/test's "
