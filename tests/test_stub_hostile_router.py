@@ -21,6 +21,7 @@ from gossiprouter import RouterStub
 from gossiprouter.client.model import MAX_QUEUED_PONGS, MAX_REPLY_MEMBERS
 from gossiprouter.ops.runtime import Operations
 from gossiprouter.protocol import native as wire
+from gossiprouter.stub import StubEvent
 from tests.stubkit import (
     FAST,
     CountedTime,
@@ -42,14 +43,32 @@ pytestmark = pytest.mark.anyio
 WELCOME = wire.Welcome(1, "fake", {})
 
 
-def _last_error(stub: RouterStub) -> str:
-    return stub.status()[0].last_error or ""
+_REASONS: dict[int, list[str]] = {}
+
+
+def _stub(addr: tuple[str, int], **opts: Any) -> RouterStub:
+    """A stub on ``addr`` that records every reason a connection of it ended (from
+    ``on_state``), so a test sees the reason even if the stub has reconnected since."""
+    reasons: list[str] = []
+
+    def record(ev: StubEvent) -> None:
+        if ev.error:
+            reasons.append(ev.error)
+
+    stub = RouterStub([addr], **opts, on_state=record)
+    _REASONS[id(stub)] = reasons
+    return stub
 
 
 async def _lost(stub: RouterStub, *words: str) -> str:
-    """Wait until the stub's connection ended with a reason holding ``words``; the reason."""
-    await eventually(lambda: all(w in _last_error(stub) for w in words), timeout=20)
-    return _last_error(stub)
+    """Wait until a connection of the stub ended with a reason holding ``words``; the reason."""
+    def found() -> str | None:
+        return next((r for r in _REASONS[id(stub)] if all(w in r for w in words)), None)
+
+    await eventually(lambda: found() is not None, timeout=20)
+    reason = found()
+    assert reason is not None
+    return reason
 
 
 # ------------------------------------------------------------------------ suspects
@@ -121,7 +140,7 @@ async def test_an_announced_max_frame_is_capped(fake_router: FakeRouter,
 
     addr = fake_router(script)
     with caplog.at_level(logging.WARNING, logger="gossiprouter.stub"):
-        async with RouterStub([addr], **FAST) as stub:
+        async with _stub(addr, **FAST) as stub:
             assert stub.max_frame == wire.DEFAULT_MAX_FRAME
             reason = await _lost(stub, "max_frame")
     assert reason.startswith(f"router sent a frame longer than this client's max_frame of "
@@ -163,7 +182,7 @@ async def test_a_member_list_past_the_bound_ends_the_connection(
                 await link.send(wire.Pong(f.nonce))
 
     addr = fake_router(script)
-    async with RouterStub([addr], **{**FAST, "request_timeout": 60}) as stub:
+    async with _stub(addr, **{**FAST, "request_timeout": 60}) as stub:
         await stub.wait_connected(timeout=10)
         with pytest.raises(Exception, match="protocol violation: router sent a member list"):
             await stub.members("g")
@@ -184,7 +203,7 @@ async def test_pings_without_reading_end_the_connection(fake_router: FakeRouter)
         await trio.sleep_forever()
 
     addr = fake_router(script)
-    async with RouterStub([addr], **FAST) as stub:
+    async with _stub(addr, **FAST) as stub:
         reason = await _lost(stub, "PINGs")
     assert reason == (f"protocol violation: router sent more than {MAX_QUEUED_PONGS} PINGs "
                       "without reading the PONGs")
@@ -211,7 +230,7 @@ async def test_a_dripping_router_is_dropped_at_the_heartbeat_timeout(
 
     addr = fake_router(script)
     opts = {**FAST, "heartbeat_interval": 0.2, "heartbeat_timeout": 0.5}
-    async with RouterStub([addr], **opts) as stub:
+    async with _stub(addr, **opts) as stub:
         reason = await _lost(stub, "heartbeat timeout")
     assert reason == "nothing received for 0.5s (heartbeat timeout)"
     assert len(dripped) < 2000, "the drip ended before the stub gave up"
@@ -241,7 +260,7 @@ async def test_warnings_are_rate_limited_and_stop_with_the_connection(
 
     addr = fake_router(script)
     with caplog.at_level(logging.WARNING, logger="gossiprouter.stub"):
-        async with RouterStub([addr], **FAST) as stub:
+        async with _stub(addr, **FAST) as stub:
             await _lost(stub, "unframed")
             assert stub.stats.async_errors == {"unknown_destination": n}
     lines = [m for m in caplog.messages if "unknown_destination" in m]
