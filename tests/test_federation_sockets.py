@@ -589,11 +589,12 @@ async def test_a_persistent_broker_restoring_an_old_record_leaves_no_ghost(
         b.proc.wait()
         b.proc = None
         await restarted()
-        # A router starting now reads what the broker retains: no record listing x.
+        # A router starting now reads what the broker retains: whether or not ra has
+        # replaced the restored record yet, x is a member nowhere once it has (without the
+        # fix, the restored record lists x on every router for as long as it is retained).
         rc = await InProcessRouter(nursery, bridge=b.url, router_id="r2", **FED).start()
         fc = bridge_of(rc).federation
         await eventually(lambda: fc.synced and fc.live_routers() == 2, what="rc up")
-        assert table_members(rc) == set()
         await everywhere([ra, rb, rc], set())
     finally:
         b.stop()
