@@ -43,18 +43,33 @@ SANS_IO_MODULES = frozenset({
     "test_hooks", "test_packaging", "test_federation",
 })
 
+# Modules that start no in-process router whose read path they check: the HTML report (read
+# from files), the set-up scripts, the docs' snippets (their routers are the CLI's, checked
+# for what the docs say) and the benchmarks' harnesses.
+NO_READ_PATH_MODULES = frozenset({
+    "test_report", "test_scripts", "test_doc_snippets", "test_bench_federation",
+    "test_bench_stub_loops",
+})
+
+# Fixtures that start a router: a test using fake_router (a scripted peer, tests/stubkit.py)
+# and none of these checks only the stub.
+ROUTER_FIXTURES = frozenset({"router", "start_router"})
+
 
 def one_pass(item: pytest.Item) -> bool:
     """Whether scripts/test runs ``item`` in its first pass only: marked ``one_pass`` (it runs
     scripts, or sets the fast path itself), ``spark`` (the audit reads records, whichever path
-    relayed them), in a sans-IO module, or a stub test's run on asyncio (its trio run is the
+    relayed them), in a sans-IO module or one that starts no router (NO_READ_PATH_MODULES), a
+    stub test against a scripted peer only, or a stub test's run on asyncio (its trio run is the
     one that meets both read paths: the stub is the same code on either loop)."""
     module = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
     callspec = getattr(item, "callspec", None)
     loop = callspec.params.get("anyio_backend") if callspec is not None else None
+    fixtures = set(getattr(item, "fixturenames", ()))
     return (item.get_closest_marker("one_pass") is not None
             or item.get_closest_marker("spark") is not None
-            or module in SANS_IO_MODULES
+            or module in SANS_IO_MODULES or module in NO_READ_PATH_MODULES
+            or ("fake_router" in fixtures and not ROUTER_FIXTURES & fixtures)
             or loop not in (None, "trio"))
 
 
