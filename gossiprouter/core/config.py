@@ -242,7 +242,7 @@ class Config:
         "cut off or killed is declared dead by the broker (its Last Will) after 1.5 times this, "
         "and its members leave every other router of the federation (docs/federation.md).",
         minimum=1, unit="seconds")
-    bridge_reconnect_max: float = option(2.0, "Upper bound of the bridge's reconnect backoff "
+    bridge_reconnect_max: float = option(1.0, "Upper bound of the bridge's reconnect backoff "
         "(full jitter, from 0.5 s doubling).", minimum=0.1, unit="seconds")
     bridge_queue_bytes: int = option(16 * 1024 * 1024, "Bound on the bytes of routed frames and "
         "global publications waiting for the broker (a broker that reads slowly or not at all); "
