@@ -1,8 +1,8 @@
 """What the router's log says to the person running it (issue 31's papercuts): a dead broker
 is one WARNING naming its URL and the cause, then rate-limited; a peer router's death is a
-WARNING.
+WARNING; member addresses are written as the command line takes them.
 
-Real sockets on 127.0.0.1, in-process routers, a real mosquitto for the peers. Every wait is
+Real sockets on 127.0.0.1, an in-process router, a real mosquitto for the peer. Every wait is
 bounded by work the bridge counts (connection attempts), never by time: the rate limit's
 clock is frozen by the test, so how fast the retries come cannot change what is logged.
 """
@@ -16,6 +16,11 @@ from typing import Any
 import pytest
 import trio
 
+from gossiprouter.client.cli import parse_addr as cli_parse_addr
+from gossiprouter.protocol import native as wire
+from gossiprouter.server.listener import Server
+from tests.conftest import RouterFactory
+from tests.nclient import NativeClient
 from tests.procs import free_port
 from tests.test_bridge import Mosquitto, bridge_of
 from tests.test_bridge import broker as broker  # the fixture: mosquitto on a free port
@@ -93,3 +98,40 @@ async def test_a_killed_peer_router_is_a_warning(nursery: trio.Nursery, broker: 
     gone = lines(caplog, "is gone (Last Will)")
     assert [x.levelno for x in gone] == [logging.WARNING], [x.getMessage() for x in gone]
     assert "rb" in gone[0].getMessage()
+
+
+# --------------------------------------------------------------------------- member addresses
+
+# The router's log lines that name a member: "joined NAME (ADDR ...)", "ADDR left ...
+# (DISCONNECT)", "NAME (ADDR) left ...: connection ... closed".
+ADDR_IN_LOG = [re.compile(r"^joined \S+ \(([^\s)]+)"), re.compile(r"^(\S+) left .*\(DISCONNECT\)"),
+               re.compile(r"^\S+ \((\S+)\) left .*: connection .* closed")]
+
+
+def logged_addresses(caplog: pytest.LogCaptureFixture) -> list[str]:
+    out = []
+    for r in caplog.records:
+        for pattern in ADDR_IN_LOG:
+            if m := pattern.search(r.getMessage()):
+                out.append(m.group(1))
+    return out
+
+
+async def test_logged_member_addresses_paste_into_send_to(
+        start_router: RouterFactory, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="gossiprouter")
+    server: Server = await start_router()
+    text, binary = b"node-a", bytes(range(250, 256)) + b"\x00\x01"
+    for addr in (text, binary):
+        c = await NativeClient.to(server)
+        assert isinstance(await c.connect("g", addr, "n"), wire.Ok)
+        # A clean leave logs one line, a connection closed another.
+        assert isinstance(await c.request(wire.Disconnect(c.req(), "g", addr)), wire.Ok)
+        assert isinstance(await c.connect("g", addr, "n"), wire.Ok)
+        await c.aclose()
+    # Each: joined, left (DISCONNECT), joined, left (connection closed).
+    await eventually(lambda: len(logged_addresses(caplog)) == 8, what="8 address lines")
+    shown = logged_addresses(caplog)
+    assert shown == ["node-a"] * 4 + ["hex:" + binary.hex()] * 4
+    # What the log shows is what `gossiprouter send --to` reads back as the same member.
+    assert [cli_parse_addr(s, "--to ADDR") for s in shown] == [text] * 4 + [binary] * 4
