@@ -25,7 +25,7 @@ from gossiprouter.client.cli import listen_command, members_command, publish_com
 from gossiprouter.core.addresses import format_hostport
 from gossiprouter.core.cli_errors import PREFIX, BadInput, CommandError, needs_extra
 from gossiprouter.core.config import OPTIONS, ConfigError, build, check
-from gossiprouter.core.options import Option
+from gossiprouter.core.options import SECTIONS, Option
 from gossiprouter.loadtest.cli import loadtest_command
 from gossiprouter.loadtest.topics import loadtest_topics_command
 from gossiprouter.ops.dump import dump
@@ -106,6 +106,23 @@ def _metavar(o: Option) -> str:
     return {int: "INT", float: "SECONDS" if o.unit == "seconds" else "NUM", str: "TEXT"}[o.type]
 
 
+class _SectionedCommand(click.Command):
+    """``serve``: its options under headings (:data:`gossiprouter.core.options.SECTIONS`),
+    each with its one-line text as click writes it; ``--config`` and ``--help`` first."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        section = {o.name: o.section for o in OPTIONS}
+        rows: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                rows.setdefault(section.get(param.name or "", "Options"), []).append(record)
+        for title in ("Options", *SECTIONS):
+            if title in rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows[title])
+
+
 class _UsageError(click.UsageError):
     """Click's usage errors in the one format: ``gossiprouter: error: ...``, exit 2."""
 
@@ -153,7 +170,7 @@ def main() -> None:
     """
 
 
-@main.command()
+@main.command(cls=_SectionedCommand)
 @click.option("--config", "config_file", type=click.Path(path_type=Path, dir_okay=False),
               help="TOML file setting any option below (the command line wins).")
 @router_options

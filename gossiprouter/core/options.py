@@ -42,6 +42,48 @@ class Option:
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
+    @property
+    def section(self) -> str:
+        """The heading it is listed under in ``gossiprouter serve --help``."""
+        return section_of(self.name)
+
+
+# The headings of ``gossiprouter serve --help``, in order; every option is under one.
+LISTENING = "Listening and connections"
+LIMITS = "Limits"
+JGROUPS = "JGroups"
+TLS_AUTH = "TLS and authentication"
+FEDERATION = "Federation (MQTT bridge)"
+OPERATIONS = "Operations"
+OTHER = "Other options"  # none: an option found here needs a line below (a test says so)
+SECTIONS = (LISTENING, LIMITS, JGROUPS, TLS_AUTH, FEDERATION, OPERATIONS, OTHER)
+
+_SECTION_OF = {
+    **dict.fromkeys(("host", "port", "backlog", "router_id", "idle_timeout",
+                     "heartbeat_interval", "handshake_timeout", "close_timeout",
+                     "shutdown_timeout", "grace", "grace_buffer_bytes", "suspect_events"),
+                    LISTENING),
+    **dict.fromkeys(("outbound_queue_bytes", "outbound_queue_frames", "slow_consumer_policy",
+                     "preauth_max_frame", "partial_frames_budget", "control_rate",
+                     "control_burst", "control_grace", "write_timeout"), LIMITS),
+    **dict.fromkeys(("tokens_file", "auth_backoff", "admin_token"), TLS_AUTH),
+    **dict.fromkeys(("log_level", "log_format", "metrics", "direct_send", "dispatcher",
+                     "coalesce_writes", "fast_path", "fast_path_max_bytes"), OPERATIONS),
+}
+# Then by name: the families the option names already make.
+_SECTION_BY_PREFIX = (("jgroups", JGROUPS), ("tls_", TLS_AUTH), ("allow_", TLS_AUTH),
+                      ("bridge", FEDERATION), ("federation_", FEDERATION), ("max_", LIMITS))
+
+
+def section_of(name: str) -> str:
+    """The ``serve --help`` heading of the option ``name`` (:data:`SECTIONS`)."""
+    if name in _SECTION_OF:
+        return _SECTION_OF[name]
+    for prefix, section in _SECTION_BY_PREFIX:
+        if name.startswith(prefix):
+            return section
+    return LIMITS if "_per_" in name else OTHER
+
 
 
 def option(default: T, help: str, *, choices: tuple[str, ...] | None = None,

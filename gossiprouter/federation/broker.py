@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from gossiprouter.core.addresses import format_hostport
 from gossiprouter.core.cli_errors import needs_extra
 from gossiprouter.core.config import Config, ConfigError
 from gossiprouter.core.options import parse_bridge_url
@@ -61,6 +62,10 @@ CONNACK_TIMEOUT = 10.0
 # only QoS>0 messages; beyond this the bridge counts QoS 0 ones as not forwarded instead of
 # letting memory grow without bound.
 MAX_UNWRITTEN = 10_000
+# A broker that cannot be reached (dead, mistyped URL, refusing): the first failure of each
+# kind (endpoint and cause) is one WARNING at once; its repeats, one line per this interval
+# that says how many there were (docs/operations.md, "Logs").
+FAILURE_LOG_INTERVAL = 60.0
 
 
 @dataclass
@@ -201,7 +206,21 @@ class BrokerSession:
         # makes it close the connection (MQTT 5 3.1.2.24), so none is sent (_fits).
         self.max_packet: int | None = None
         self._oversized_log = RateLimitedLog(log, 10.0)
+        self._failure_log = RateLimitedLog(log, FAILURE_LOG_INTERVAL)
         self._wake_writer = trio.Event()
+
+    @property
+    def url(self) -> str:
+        """The broker endpoint in use, as ``--bridge`` takes it."""
+        return f"{self.scheme}://{format_hostport(self.host, self.port)}"
+
+    def _failed(self, what: str, cause: str) -> None:
+        """The broker endpoint in use failed (``what``: "cannot connect to", "lost the
+        broker"): a WARNING naming it and the cause at once, then rate-limited while the
+        same failure repeats (every retry of a dead broker is one, and is counted)."""
+        self._failure_log.warning("bridge: %s %s: %s (retrying, backoff up to %gs)", what,
+                                  self.url, cause, self.reconnect_max,
+                                  key=f"{what} {self.url}: {cause}")
 
     def _writable(self, size: int = 0) -> bool:
         """Connected, with no more than MAX_UNWRITTEN packets waiting in paho and room for
@@ -284,7 +303,7 @@ class BrokerSession:
                     reason: ReasonCode, properties: Properties | None) -> None:
         if reason.is_failure:
             self.last_error = f"broker refused the connection: {reason}"
-            log.warning("bridge: %s", self.last_error)
+            self._failed("cannot connect to", self.last_error)
             return
         if self._leaving:
             # Connected while the router was already shutting down: nothing to announce,
@@ -303,8 +322,8 @@ class BrokerSession:
         limit = getattr(properties, "MaximumPacketSize", None)
         self.max_packet = limit if isinstance(limit, int) else None
         self.stats.connects += 1
-        log.info("bridge connected to %s://%s:%d as %s (%d subscriptions)", self.scheme,
-                 self.host, self.port, self.origin, len(self.filters))
+        log.info("bridge connected to %s as %s (%d subscriptions)", self.url, self.origin,
+                 len(self.filters))
         if self.filters:
             opts = SubscribeOptions(qos=self.qos, noLocal=True)
             client.subscribe([(f, opts) for f in sorted(self.filters)])
@@ -317,8 +336,8 @@ class BrokerSession:
     def _on_disconnect(self, client: Client, userdata: Any, flags: DisconnectFlags,
                        reason: ReasonCode, properties: Properties | None) -> None:
         if self.state == "connected":
-            log.warning("bridge lost the broker: %s", reason)
             self.last_error = f"disconnected: {reason}"
+            self._failed("lost the broker", str(reason))
         # (Otherwise the CONNACK refusal, already in last_error, says more.)
         if self.state == "leaving":
             log.info("bridge: left the federation")
@@ -361,7 +380,8 @@ class BrokerSession:
                     self.last_error = f"cannot connect: {e.strerror or e}" if isinstance(
                         e, OSError) else f"cannot connect: {e}"
                     self.stats.failures += 1
-                    log.info("bridge: %s", self.last_error)
+                    self._failed("cannot connect to", self.last_error.removeprefix(
+                        "cannot connect: "))
                 else:
                     await self._session()
                     if self._leaving:
@@ -370,6 +390,9 @@ class BrokerSession:
                     self._cut.set()
                     if trio.current_time() - started > 30.0:
                         n = 0
+                        # A session that lasted: the next outage is logged at once (a
+                        # broker that drops every session at once stays rate-limited).
+                        self._failure_log.reset()
                     self.stats.failures += 1
                 self.state = "disconnected"
                 if self._failover():
@@ -392,7 +415,8 @@ class BrokerSession:
         self._endpoint = (self._endpoint + 1) % len(self.endpoints)
         self.scheme, self.host, self.port = self.endpoints[self._endpoint]
         self.stats.failovers += 1
-        log.warning("bridge: failing over to %s://%s:%d", self.scheme, self.host, self.port)
+        self._failure_log.warning("bridge: failing over to %s", self.url,
+                                  key=f"failover {self.url}")
         return self._endpoint != 0
 
     def _connect_blocking(self) -> None:
@@ -465,7 +489,7 @@ class BrokerSession:
             await trio.sleep(min(1.0, CONNACK_TIMEOUT))
             if self.connack_overdue(connack_by, trio.current_time()):
                 self.last_error = f"no CONNACK within {CONNACK_TIMEOUT:g}s"
-                log.warning("bridge: %s", self.last_error)
+                self._failed("cannot connect to", self.last_error)
                 self._end(self.last_error)
                 return
             if c.loop_misc():
@@ -485,8 +509,8 @@ class BrokerSession:
 
     def _end(self, why: str) -> None:
         if self.state == "connected":
-            log.warning("bridge lost the broker: %s", why)
             self.last_error = why
+            self._failed("lost the broker", why)
         self.state = "disconnected"
         if self._session_scope is not None:
             self._session_scope.cancel()

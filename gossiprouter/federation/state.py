@@ -258,8 +258,10 @@ class Federation(Graces):
         r = self.routers.get(origin)
         if not payload:
             if r is not None:
-                log.info("federation: router %s %s", r.label,
-                         "left (shut down)" if left else "is gone (Last Will)")
+                # A clean shutdown is news; a death (killed, cut off from the broker) is a
+                # WARNING, whether or not a grace holds its members meanwhile.
+                log.log(logging.INFO if left else logging.WARNING, "federation: router %s %s",
+                        r.label, "left (shut down)" if left else "is gone (Last Will)")
                 self.hub.deliver(self._drop_router(r, suspect=False) if left
                                  else self._lose(r, now))
             return

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import trio
 
+from gossiprouter.core.addresses import format_addr
 from gossiprouter.core.config import Config
 from gossiprouter.server.dispatch import Parked
 from gossiprouter.server.hooks import ByteStream
@@ -204,10 +205,10 @@ class ConnectionsPart:
             for e in held:
                 if table.entry(e.group, e.addr) is not e:
                     log.info("%s (%s) left %r: connection %r closed (%s)", e.name or "-",
-                             e.addr.hex(), e.group, session, reason)
+                             format_addr(e.addr), e.group, session, reason)
                 elif e.grace_until is not None:
                     log.info("%s (%s) in %r: connection %r closed (%s); in reconnect grace",
-                             e.name or "-", e.addr.hex(), e.group, session, reason)
+                             e.name or "-", format_addr(e.addr), e.group, session, reason)
 
 
 def drop_unread(stream: trio.SocketStream) -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from gossiprouter.core.addresses import format_addr
 from gossiprouter.server.connection import Connection, ConnectionsPart
 from gossiprouter.sessions.base import Session
 
@@ -136,7 +137,7 @@ class ShutdownPart(ConnectionsPart):
         if notices:
             self.hub.deliver(notices)
             for e in {id(n.entry): n.entry for n in notices}.values():
-                log.info("%s (%s) left %r: %s", e.name or "-", e.addr.hex(), e.group,
+                log.info("%s (%s) left %r: %s", e.name or "-", format_addr(e.addr), e.group,
                          "reconnect grace ended" if e.kind.label == "connection"
                          else "registration expired")
         nd = self.hub.table.next_deadline()

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
+from gossiprouter.core.addresses import format_addr
 from gossiprouter.protocol import jgroups2 as _j2
 from gossiprouter.protocol import jgroups5 as _j5
 from gossiprouter.protocol import native as _native
@@ -520,6 +521,6 @@ class Hub:
     def log_membership(self, what: str, entry: Entry, via: object) -> None:
         if log.isEnabledFor(logging.INFO):
             log.info(
-                "%s %s (%s%s) in %r via %r", what, entry.name or "-", entry.addr.hex(),
+                "%s %s (%s%s) in %r via %r", what, entry.name or "-", format_addr(entry.addr),
                 "".join(f" {h}:{p}" for h, p in entry.physical), entry.group, via,
             )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 
+from gossiprouter.core.addresses import format_addr
 from gossiprouter.core.topics import TopicError, TopicId, pattern, topic_id
 from gossiprouter.protocol import native as wire
 from gossiprouter.protocol.errors import ProtocolError
@@ -162,7 +163,7 @@ class NativeSession(Session):
             if self.now - last >= 1.0:
                 self._unknown_dest_at[group] = self.now
                 self._error(None, "unknown_destination",
-                            f"no member {dest.hex()} in {group!r}; dropped")
+                            f"no member {format_addr(dest)} in {group!r}; dropped")
 
     # ------------------------------------------------------------------ control frames
 
@@ -199,7 +200,7 @@ class NativeSession(Session):
                 except RoutingError as e:
                     self._error(req, e.code, e.message)
                     return
-                log.info("%s left %r (DISCONNECT) via %r", addr.hex(), group, self)
+                log.info("%s left %r (DISCONNECT) via %r", format_addr(addr), group, self)
                 self._reply(wire.Ok(req))
                 self.hub.deliver(notices)
             case wire.GetMembers(req, group):
