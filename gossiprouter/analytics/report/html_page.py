@@ -177,6 +177,7 @@ def render_html(report: Report) -> str:
         "table{border-collapse:collapse;margin:.5em 0}"
         "td,th{border:1px solid #ccc;padding:.25em .6em;font-size:90%;text-align:left}"
         "table.num td+td{text-align:right;font-variant-numeric:tabular-nums}"
+        "#baseline td:last-child{text-align:left}"
         "table.kv th{background:#f6f6f6;font-weight:600;white-space:nowrap}"
         "img{display:block;width:100%;height:auto;margin:.8em 0}"
         "pre{background:#f6f6f6;padding:1em;overflow-x:auto;font-size:85%}"
