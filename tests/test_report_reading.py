@@ -19,13 +19,14 @@ from gossiprouter.analytics.report.html_page import render_html
 from gossiprouter.analytics.report.manifest import run_events
 from gossiprouter.analytics.report.model import Report
 from gossiprouter.analytics.report.parts import LatencyPoint, LatencyStats, ThroughputBucket
+from gossiprouter.analytics.report.plots import _pyplot, _throughput
 from gossiprouter.analytics.report.rates import error_rates, send_rates
 from gossiprouter.analytics.report.summary import format_summary
 from gossiprouter.loadtest.driver import RunResult
 from gossiprouter.loadtest.progress import rates_line, target_rate
 from gossiprouter.loadtest.scenario_file import load_scenario, parse_scenario
 from tests.chromium import Browser, find_chromium
-from tests.test_report import HOST, MANIFEST, RESOURCES, T0, audit, make_report
+from tests.test_report import HOST, MANIFEST, RESOURCES, T0, _drawn, audit, make_report
 
 REPO = Path(__file__).resolve().parent.parent
 MS = 1_000_000
@@ -285,3 +286,19 @@ def test_report_reads_in_headless_chromium(tmp_path: Path) -> None:
     assert "host cores\t2\t2\tsame" in baseline and "router fast path\ton\ton\tsame" in baseline
     assert "Noise band ±50 %: this run's host was busy (load 11.00 on 2 cores)" in baseline
     assert "latency p50 (ms)\t10.0\t11.6\t+1.60 ms (+16.0 %)\twithin noise (±50 %)" in baseline
+
+
+def test_a_second_straddling_the_end_of_sending_is_no_dip() -> None:
+    # 2.5 s of sending: second 2 sends for half of it, 100 sends in 0.5 s = 200/s, as
+    # seconds 0 and 1; drawn over the whole second it would be a drop to 100/s.
+    config = dict(MANIFEST["scenario_config"], duration=2.5, drain=1.0)
+    report = make_report(manifest=dict(MANIFEST, scenario_config=config))
+    report.throughput = [ThroughputBucket(0, 200, 190, 0), ThroughputBucket(1, 200, 190, 0),
+                         ThroughputBucket(2, 100, 120, 0), ThroughputBucket(3, 0, 8, 0,
+                                                                            covered_s=0.5)]
+    fig, ax = _drawn(_throughput, report)
+    lines = {line.get_gid(): line for line in ax.get_lines()}
+    assert list(lines["sends"].get_xdata()) == [0.5, 1.5, 2.25]
+    assert list(lines["sends"].get_ydata()) == [200, 200, 200]
+    assert list(lines["deliveries"].get_ydata()) == [190, 190, 240]
+    _pyplot().close(fig)

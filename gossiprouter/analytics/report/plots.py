@@ -240,12 +240,15 @@ def _throughput(fig: Any, ax: Any, report: Report) -> None:
     # that came in afterwards are bars of their own (no sends then, so no sends/s).
     drain = _drain_span(report)
     end = drain[0] if drain is not None else math.inf
-    sending = [b for b in full if b.t_s < end]
+    # A second that straddles the end of sending (a duration of 8.5 s) is a rate over its
+    # sending part, drawn at that part's middle: over the whole second it would halve.
+    sending = [(b, min(b.covered_s, end - b.t_s)) for b in report.throughput
+               if b.t_s < end and min(b.covered_s, end - b.t_s) >= 0.5]
     draining = [b for b in full if b.t_s >= end]
-    ts = [b.t_s + 0.5 for b in sending]
-    ax.plot(ts, [b.deliveries / b.covered_s for b in sending], marker=".",
+    ts = [b.t_s + part / 2 for b, part in sending]
+    ax.plot(ts, [b.deliveries / part for b, part in sending], marker=".",
             color=_COLORS["delivered"], label="deliveries/s", gid="deliveries")
-    ax.plot(ts, [b.sends / b.covered_s for b in sending], marker=".",
+    ax.plot(ts, [b.sends / part for b, part in sending], marker=".",
             color=_COLORS["sent"], label="sends/s", gid="sends")
     if draining:
         # One step shape (one SVG group), a flat block per second of the drain.
