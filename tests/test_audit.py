@@ -193,11 +193,13 @@ def test_report_files(report: Report, run_dir: Path) -> None:
     assert data["audit"]["lost_registered"]["count"] == 6
     assert data["manifest"]["scenario"] == "unit"
     page = (out / "report.html").read_text()
-    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
-    # latency over time, histogram, throughput, by group (no process list: no such chart)
-    assert len(images) == 4
-    for img in images:
-        assert base64.b64decode(img).startswith(b"\x89PNG\r\n\x1a\n")
+    images = re.findall(r'src="data:image/(png|svg\+xml);base64,([A-Za-z0-9+/=]+)"', page)
+    # latency over time, histogram, throughput, by group (no process list: no such chart);
+    # the plots over the run are SVG, the others PNG
+    assert [kind for kind, _ in images] == ["svg+xml", "png", "svg+xml", "png"]
+    for kind, img in images:
+        assert base64.b64decode(img).startswith(
+            b"\x89PNG\r\n\x1a\n" if kind == "png" else b"<?xml")
     assert "a/3" in page  # the samples are in the page
 
 

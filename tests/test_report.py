@@ -167,7 +167,9 @@ def test_size_bucket() -> None:
 
 
 def _images(page: str) -> list[str]:
-    return re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,', page)
+    # The plots over the run are SVG, the others PNG (plots.SVG_PLOTS).
+    return re.findall(r'<img id="plot-[a-z-]+" alt="([^"]+)" src="data:image/(?:png|svg\+xml);'
+                      r'base64,', page)
 
 
 def test_html_layout(tmp_path: Path) -> None:
@@ -246,7 +248,9 @@ def test_report_of_an_empty_audit_renders(tmp_path: Path) -> None:
     assert re.search(r"^verdict\s+OK: no delivery lost", format_summary(report), re.M)
     write_report(report, str(tmp_path))
     assert json.loads((tmp_path / "report.json").read_text())["latency"] is None
-    assert (tmp_path / "report.html").read_text().count("data:image/png;base64,") == 3
+    page = (tmp_path / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 1  # the latency distribution
+    assert page.count("data:image/svg+xml;base64,") == 2  # latency and throughput over time
 
 
 @pytest.mark.parametrize(("ns", "text"), [
@@ -385,7 +389,9 @@ def test_plot_captions_only_for_what_is_drawn() -> None:
     assert "<p class=caption>" not in render_html(make_report())
     plain = dict(MANIFEST, events=[])
     assert plot_caption(make_report(manifest=plain)) == (
-        "<p class=caption>The grey span is the drain (sending stopped).</p>")
+        "<p class=caption>The grey span is the drain: sending stopped, and the deliveries "
+        "still arriving are drawn as blocks of their own, not as the lines running down to "
+        "0.</p>")
     report = make_report(manifest=dict(MANIFEST), events=run_events(MANIFEST, T0))
     caption = plot_caption(report)
     assert caption.startswith("<p class=caption>Dashed lines mark the scenario&#x27;s events; "
@@ -418,18 +424,19 @@ def test_baseline_comparison(tmp_path: Path) -> None:
                           9_000_000, 9_000_000)
     new = make_report(audit(lost=2), dict(MANIFEST), lat=slower, baseline=baseline)
     rows = {r[0]: r[1:] for r in comparison_rows(new)}
-    assert rows["verdict"] == ["OK", "LOSS", "changed"]
-    assert rows["lost"] == ["0", "2", "+2"]
-    assert rows["deliveries made"] == ["100", "98", "-2 (-2.0 %)"]
-    assert rows["latency p99 (ms)"] == ["0.005", "6.20", "+6.20 ms (+123,900.0 %)"]
-    assert rows["throughput steady (deliveries/s)"] == ["50", "50", "same"]
+    assert rows["verdict"] == ["OK", "LOSS", "changed", ""]
+    assert rows["lost"] == ["0", "2", "+2", ""]
+    assert rows["deliveries made"] == ["100", "98", "-2 (-2.0 %)", ""]
+    assert rows["latency p99 (ms)"] == ["0.005", "6.20", "+6.20 ms (+123,900.0 %)",
+                                        "beyond noise (±20 %): worse"]
+    assert rows["throughput steady (deliveries/s)"] == ["50", "50", "same", "same"]
     assert "sends skipped" not in rows  # neither run was paced
     summary = format_summary(new)
     assert f"compared with the baseline r-1 ({tmp_path}/old/report/report.json):" in summary
-    assert re.search(r"^key figure\s+baseline\s+this run\s+change$", summary, re.M)
+    assert re.search(r"^key figure\s+baseline\s+this run\s+change\s+noise$", summary, re.M)
     page = render_html(new)
     assert re.findall(r'<section id="([a-z]+)">', page)[3] == "baseline"
-    assert "<tr><td>lost</td><td>0</td><td>2</td><td>+2</td></tr>" in page
+    assert "<tr><td>lost</td><td>0</td><td>2</td><td>+2</td><td></td></tr>" in page
     assert 'id="baseline"' not in render_html(old)
     topics = make_report(manifest=dict(MANIFEST), kind="topics", baseline=baseline)
     assert f"({tmp_path}/old/report/report.json; a route run against this topics run):" in \

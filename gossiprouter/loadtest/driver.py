@@ -71,7 +71,7 @@ from gossiprouter.loadtest.processes import (
     free_port,
     wait_exit,
 )
-from gossiprouter.loadtest.progress import PeerView, Progress, total_view
+from gossiprouter.loadtest.progress import PeerView, Progress, rates_line, total_view
 from gossiprouter.loadtest.records import (
     MANIFEST_FILE,
     MEMBERSHIP_FILE,
@@ -145,6 +145,7 @@ class RunResult:
             f"{errors}, dropped {self.dropped:,}"
             + (f", killed processes {', '.join(map(str, self.killed))}" if self.killed else "")
             + (f", router restarts {self.router_restarts}" if self.router_restarts else ""),
+            rates_line(scenario, self.sent, self.errors, self.send_errors),
             f"run directory: {self.run_dir} ({self.record_files} record files, "
             f"{MEMBERSHIP_FILE}, {MANIFEST_FILE}, {LOGS_DIR}/)",
         ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import trio
 from rich.console import Console, Group
@@ -16,7 +17,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["PeerView", "Progress", "total_view"]
+if TYPE_CHECKING:
+    from gossiprouter.loadtest.scenario import Scenario
+
+__all__ = ["PeerView", "Progress", "rates_line", "target_rate", "total_view"]
 
 
 @dataclass
@@ -120,3 +124,37 @@ def _render(title: str, views: list[PeerView]) -> Group:
         table.add_section()
         table.add_row(*row(total_view(views), "total"), style="bold")
     return Group(Text(title, style="bold"), table)
+
+
+def target_rate(scenario: Scenario) -> float | None:
+    """The msg/s the scenario asks of its senders: each sending member's ``rate``, summed
+    (members of ``receive_only`` processes do not send); None when a group sends at rate
+    "max" (no target)."""
+    total = 0.0
+    for m in scenario.members:
+        if m.proc in scenario.receive_only:
+            continue
+        rate = scenario.group(m.group).send.rate
+        if rate is None:
+            return None
+        total += rate
+    return total
+
+
+def rates_line(scenario: Scenario, sent: int, errors: int, send_errors: int) -> str:
+    """The run's rates for the end-of-run summary, as k6 gives them: ``rate: target 400
+    msg/s, achieved 398 msg/s (99.5 %) over the 10 s of sending; error rate 0.25 % (10 of
+    4,010 send attempts failed or came back as a router error)``. Achieved is the
+    messages sent over the sending window (``duration``): members that joined late or
+    left early send for less of it."""
+    target = target_rate(scenario)
+    achieved = sent / scenario.duration
+    head = (f"rate: target {target:,.0f} msg/s, achieved {achieved:,.0f} msg/s"
+            + (f" ({achieved / target * 100:.1f} %)" if target else "")
+            if target is not None else
+            f"rate: as fast as possible (rate max), achieved {achieved:,.0f} msg/s")
+    attempts = sent + send_errors
+    share = f"{errors / attempts * 100:.2f} %" if attempts else "0 %"
+    return (f"{head} over the {scenario.duration:g} s of sending; error rate {share} "
+            f"({errors:,} of {attempts:,} send attempts failed or came back as a router "
+            "error)")

@@ -9,13 +9,19 @@ import html
 import json
 from collections.abc import Iterable, Sequence
 
-from gossiprouter.analytics.report.baseline import baseline_name, comparison_rows
+from gossiprouter.analytics.report.baseline import (
+    COMPARISON_HEADERS,
+    baseline_name,
+    comparison_rows,
+    noise_text,
+)
 from gossiprouter.analytics.report.environment import environment_rows
 from gossiprouter.analytics.report.formatting import fmt_int, fmt_ms
 from gossiprouter.analytics.report.manifest import send_schedule
 from gossiprouter.analytics.report.model import Report, throughput_summary
 from gossiprouter.analytics.report.parts import Breakdown, Finding
-from gossiprouter.analytics.report.plots import plot_caption, plot_images
+from gossiprouter.analytics.report.plots import SVG_PLOTS, plot_caption, plot_images
+from gossiprouter.analytics.report.rates import error_rates, send_rates
 from gossiprouter.analytics.report.sections import (
     LATENCY_HEADERS,
     check_rows,
@@ -49,7 +55,9 @@ def _sample_html(title: str, finding: Finding, note: str = "") -> str:
 
 
 def _img(plots: dict[str, str], key: str, alt: str) -> str:
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{plots[key]}">'
+    kind = "svg+xml" if key in SVG_PLOTS else "png"
+    return (f'<img id="plot-{key}" alt="{html.escape(alt)}" '
+            f'src="data:image/{kind};base64,{plots[key]}">')
 
 
 def render_html(report: Report) -> str:
@@ -74,8 +82,15 @@ def render_html(report: Report) -> str:
     tp = throughput_summary(report)
     schedule = send_schedule(report.manifest)
     lat = report.latency
+    rates, errors_rate = send_rates(report), error_rates(report)
     figures = [
         ("messages sent", fmt_int(c.messages)),
+        ("send rate (target / achieved)",
+         " / ".join("-" if r is None else f"{r:,.0f}" for r in (rates.target, rates.achieved))
+         + " msg/s" + ("" if rates.share is None else f" ({rates.share * 100:.1f} %)")
+         if rates else "unknown"),
+        ("error rate (send attempts / deliveries lost)",
+         f"{errors_rate.error_share} / {errors_rate.lost_share}"),
         ("deliveries expected / made", f"{fmt_int(a.expected)} / {fmt_int(a.delivered)}"),
         ("latency p50 / p95 / p99 / max",
          " / ".join(fmt_ms(v) for v in (lat.p50_ns, lat.p95_ns, lat.p99_ns, lat.max_ns))
@@ -88,7 +103,8 @@ def render_html(report: Report) -> str:
          f"{fmt_int(schedule.achieved)} / {fmt_int(schedule.slots)}"
          + ("" if schedule.on_time else
             f" ({fmt_int(schedule.skipped)} skipped, {fmt_int(schedule.late)} late)")
-         if schedule else "not paced (rate max)" if report.manifest else "unknown"),
+         if schedule else "not paced (rate max)" if rates and rates.unpaced
+         else "unknown (no pacing counters)"),
         ("records", f"{fmt_int(c.records)} (send {fmt_int(c.send_records)}, "
                     f"recv {fmt_int(c.recv_records)})"),
         ("senders / receivers / groups", f"{c.senders} / {c.receivers} / {c.groups}"),
@@ -99,7 +115,8 @@ def render_html(report: Report) -> str:
     baseline_html = (
         '<section id="baseline"><h2>Compared with the baseline</h2>'
         f"<p>Baseline: {esc(baseline_name(report))}.</p>"
-        + _html_table(["key figure", "baseline", "this run", "change"], compared, "num")
+        f'<p class="noise">{esc(noise_text(report))}</p>'
+        + _html_table(COMPARISON_HEADERS, compared, "num")
         + "</section>") if compared else ""
     env_rows = environment_rows(report)
     environment_html = (
@@ -160,6 +177,7 @@ def render_html(report: Report) -> str:
         "table{border-collapse:collapse;margin:.5em 0}"
         "td,th{border:1px solid #ccc;padding:.25em .6em;font-size:90%;text-align:left}"
         "table.num td+td{text-align:right;font-variant-numeric:tabular-nums}"
+        "#baseline td:last-child{text-align:left}"
         "table.kv th{background:#f6f6f6;font-weight:600;white-space:nowrap}"
         "img{display:block;width:100%;height:auto;margin:.8em 0}"
         "pre{background:#f6f6f6;padding:1em;overflow-x:auto;font-size:85%}"

@@ -11,8 +11,8 @@ from typing import Any, Final
 
 from gossiprouter.analytics.report.parts import LoadError, RunEvent
 
-__all__ = ["FRAMING", "SendSchedule", "load_errors", "run_events", "run_status",
-           "send_schedule"]
+__all__ = ["FRAMING", "HostFigures", "SendSchedule", "host_figures", "load_errors",
+           "run_events", "run_status", "send_schedule"]
 
 
 def run_status(manifest: dict[str, Any] | None) -> str | None:
@@ -115,3 +115,40 @@ def send_schedule(manifest: dict[str, Any] | None) -> SendSchedule | None:
             skipped += int(c.get("slots_skipped") or 0)
             lag = max(lag, float(c.get("send_lag_max_s") or 0.0))
     return SendSchedule(slots, late, skipped, lag) if slots else None
+
+
+@dataclass(frozen=True)
+class HostFigures:
+    """What the machine was doing during the run, in three figures that say whether two
+    runs can be compared (``analyze --baseline``): the host's one-minute load average
+    (mean and max over the run's samples), its cores, and whether the router's fast path
+    was on ("on", "off"; None when not known: an external or unsampled router)."""
+
+    load_mean: float | None
+    load_max: float | None
+    cores: int | None
+    fast_path: str | None
+
+    @property
+    def busy(self) -> bool:
+        """More runnable threads than cores on average: every figure of the run is noisier."""
+        return (self.load_mean is not None and self.cores is not None
+                and self.load_mean > self.cores)
+
+
+def host_figures(manifest: dict[str, Any] | None) -> HostFigures:
+    """The run's :class:`HostFigures`, from the manifest's ``host`` and ``resources``."""
+    m = manifest or {}
+    host = m.get("host") if isinstance(m.get("host"), dict) else {}
+    res = m.get("resources") if isinstance(m.get("resources"), dict) else {}
+    assert isinstance(host, dict) and isinstance(res, dict)
+    loads = [float(s["load1"]) for s in res.get("samples") or ()
+             if isinstance(s, dict) and isinstance(s.get("load1"), int | float)]
+    cores = host.get("cores", res.get("cores"))
+    settings = res.get("router_settings")
+    fast = settings.get("fast_path") if isinstance(settings, dict) else None
+    return HostFigures(
+        round(sum(loads) / len(loads), 2) if loads else None,
+        round(max(loads), 2) if loads else None,
+        cores if isinstance(cores, int) and not isinstance(cores, bool) else None,
+        str(fast) if fast is not None else None)

@@ -10,7 +10,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from gossiprouter.analytics.report.manifest import load_errors, run_status, send_schedule
+from gossiprouter.analytics.report.manifest import (
+    host_figures,
+    load_errors,
+    run_status,
+    send_schedule,
+)
 from gossiprouter.analytics.report.parts import (
     Audit,
     Breakdown,
@@ -25,8 +30,8 @@ from gossiprouter.analytics.report.parts import (
 )
 from gossiprouter.analytics.report.verdict import Verdict, judge
 
-__all__ = ["KEY_FIGURES", "REPORT_FORMAT", "Report", "ThroughputSummary", "key_figures",
-           "throughput_summary"]
+__all__ = ["ENVIRONMENT_FIGURES", "KEY_FIGURES", "REPORT_FORMAT", "Report", "ThroughputSummary",
+           "key_figures", "throughput_summary"]
 
 
 REPORT_FORMAT: Final = "gossiprouter-loadtest-report/3"
@@ -121,10 +126,19 @@ KEY_FIGURES: Final = (
     ("sends_late", "sends late", "int"),
 )
 
+# Where each run ran (in key_figures too): what tells a real change from the machine's
+# noise when two runs are compared (:mod:`.baseline`).
+ENVIRONMENT_FIGURES: Final = (
+    ("load_mean", "host load average (1 min, mean)", "load"),
+    ("cores", "host cores", "int"),
+    ("fast_path", "router fast path", "text"),
+)
+
 
 def key_figures(report: Report) -> dict[str, Any]:
-    """The run's headline figures (KEY_FIGURES), as report.json's ``key_figures``: what a
-    later run is compared with. Latencies in ms; None where the run has no such figure."""
+    """The run's headline figures (KEY_FIGURES) and where it ran (ENVIRONMENT_FIGURES), as
+    report.json's ``key_figures``: what a later run is compared with. Latencies in ms;
+    None where the run has no such figure."""
     a, lat = report.audit, report.latency
     tp = throughput_summary(report)
     schedule = send_schedule(report.manifest)
@@ -141,6 +155,8 @@ def key_figures(report: Report) -> dict[str, Any]:
     figures["mean_per_s"] = round(tp.mean, 3)
     figures["sends_skipped"] = schedule.skipped if schedule else None
     figures["sends_late"] = schedule.late if schedule else None
+    host = host_figures(report.manifest)
+    figures.update(load_mean=host.load_mean, cores=host.cores, fast_path=host.fast_path)
     return figures
 
 

@@ -47,6 +47,9 @@ class LatencyPoint:
     p50_ns: int
     p99_ns: int
     max_ns: int
+    p95_ns: int | None = None
+    """None in a report whose audit did not give it (older report.json files): the plot
+    then draws no p95 line."""
 
 
 @dataclass

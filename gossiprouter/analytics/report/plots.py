@@ -1,7 +1,12 @@
-"""The report's plots, with matplotlib's Agg backend (no display needed), as base64 PNGs
+"""The report's plots, with matplotlib (no display needed), base64-encoded
 (:func:`plot_images`): the latency distribution and the latency over time, throughput, CPU
 and memory over the run, and the breakdowns by group and peer process; and the caption
 that says what the marks on the plots over the run mean (:func:`plot_caption`).
+
+The two plots over the run (latency and throughput) are SVG, their text kept as text and
+each series in a group with an ``id`` (:data:`SERIES_IDS`): sharp at any width, and what
+they draw can be read back from the page (the tests do, in headless Chromium). The others
+are PNG.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from gossiprouter.analytics.report.formatting import fmt_ms
 from gossiprouter.analytics.report.model import Report
 from gossiprouter.analytics.report.parts import Breakdown
 
-__all__ = ["log_ticks", "plot_caption", "plot_images"]
+__all__ = ["SERIES_IDS", "SVG_PLOTS", "log_ticks", "plot_caption", "plot_images"]
 
 
 T = TypeVar("T")
@@ -31,12 +36,32 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+SVG_PLOTS: Final = frozenset({"latency-over-time", "throughput"})
+"""The plots drawn as SVG (the others are PNG)."""
+SERIES_IDS: Final = {
+    "latency-over-time": ("latency-max", "latency-p99", "latency-p95", "latency-p50"),
+    "throughput": ("deliveries", "sends", "drain-deliveries", "lost", "drain-span"),
+}
+"""The ``id`` of each series' group in the SVG plots (a series the run lacks is absent)."""
+
+
+def _svg(fig: Any, salt: str) -> str:
+    # Text as <text>, not paths: readable, searchable and small. The salt keeps the ids
+    # matplotlib generates (clip paths, markers) apart between the page's SVGs.
+    import matplotlib
+
+    buf = io.BytesIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt}):
+        fig.savefig(buf, format="svg")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
 # Wide figures (1200 px at dpi 100) drawn at the page's width, so they stay sharp on a
 # large screen and shrink with a small one. Legends go above the axes, never over the data.
 _WIDE: Final = (12.0, 3.6)
 _COLORS: Final = {"delivered": "#4c72b0", "sent": "#55a868", "lost": "#c44e52",
                   "reconnect": "#dd8452", "undetermined": "#8c8c8c", "p50": "#4c72b0",
-                  "p99": "#dd8452", "max": "#c44e52"}
+                  "p95": "#8172b3", "p99": "#dd8452", "max": "#c44e52"}
 
 
 def _pyplot() -> Any:
@@ -54,8 +79,15 @@ def _mark_events(ax: Any, report: Report, labels: bool = True) -> None:
     going down until every member was registered again), and the drain period greyed;
     the events named when ``labels``."""
     drain = _drain_span(report)
-    if drain is not None:
-        ax.axvspan(*drain, color="#eeeeee", zorder=0)
+    if drain is not None and drain[1] > drain[0]:
+        span = ax.axvspan(*drain, color="#eeeeee", zorder=0)
+        span.set_gid("drain-span")
+        if labels:
+            # Named where it is, not only in the caption: "sending stopped here".
+            ax.annotate("drain (sending stopped)", xy=(drain[0], 0),
+                        xycoords=("data", "axes fraction"), xytext=(3, 3),
+                        textcoords="offset points", ha="left", va="bottom", fontsize=8,
+                        color="#555555", gid="drain-label")
     for i, ev in enumerate(report.events):
         ax.axvline(ev.t_s, color="#555555", linestyle="--", linewidth=1, zorder=1)
         if ev.end_s is not None:
@@ -178,10 +210,16 @@ def _latency_over_time(fig: Any, ax: Any, report: Report) -> None:
     if pts:
         ts = [p.t_s + 0.5 for p in pts]  # drawn at the middle of its second
         values = []
-        for key, label in (("max_ns", "max"), ("p99_ns", "p99"), ("p50_ns", "p50")):
-            ys = [getattr(p, key) / 1e6 for p in pts]
-            values += ys
-            ax.plot(ts, ys, marker=".", color=_COLORS[label], label=label)
+        for key, label in (("max_ns", "max"), ("p99_ns", "p99"), ("p95_ns", "p95"),
+                           ("p50_ns", "p50")):
+            # p95 is None in an older report: that line is left out, not drawn at 0.
+            xy = [(t, getattr(p, key) / 1e6) for t, p in zip(ts, pts, strict=True)
+                  if getattr(p, key) is not None]
+            if not xy:
+                continue
+            values += [y for _, y in xy]
+            ax.plot([t for t, _ in xy], [y for _, y in xy], marker=".",
+                    color=_COLORS[label], label=label, gid=f"latency-{label}")
         ax.set_yscale("log")
         positive = [v for v in values if v > 0]
         if positive:
@@ -198,15 +236,33 @@ def _throughput(fig: Any, ax: Any, report: Report) -> None:
     # (not as a dip); one covered less than half is left out (a rate over a sliver is
     # noise).
     full = [b for b in report.throughput if b.covered_s >= 0.5]
-    ts = [b.t_s + 0.5 for b in full]
-    ax.plot(ts, [b.deliveries / b.covered_s for b in full], marker=".",
-            color=_COLORS["delivered"], label="deliveries/s")
-    ax.plot(ts, [b.sends / b.covered_s for b in full], marker=".",
-            color=_COLORS["sent"], label="sends/s")
+    # The drain is not a ramp: the lines stop where sending stopped, and the deliveries
+    # that came in afterwards are bars of their own (no sends then, so no sends/s).
+    drain = _drain_span(report)
+    end = drain[0] if drain is not None else math.inf
+    # A second that straddles the end of sending (a duration of 8.5 s) is a rate over its
+    # sending part, drawn at that part's middle: over the whole second it would halve.
+    sending = [(b, min(b.covered_s, end - b.t_s)) for b in report.throughput
+               if b.t_s < end and min(b.covered_s, end - b.t_s) >= 0.5]
+    draining = [b for b in full if b.t_s >= end]
+    ts = [b.t_s + part / 2 for b, part in sending]
+    ax.plot(ts, [b.deliveries / part for b, part in sending], marker=".",
+            color=_COLORS["delivered"], label="deliveries/s", gid="deliveries")
+    ax.plot(ts, [b.sends / part for b, part in sending], marker=".",
+            color=_COLORS["sent"], label="sends/s", gid="sends")
+    if draining:
+        # One step shape (one SVG group), a flat block per second of the drain.
+        first, last = draining[0], draining[-1]
+        rate = {b.t_s: b.deliveries / b.covered_s for b in draining}
+        seconds = range(first.t_s, last.t_s + 1)
+        ax.stairs([rate.get(t, 0.0) for t in seconds],
+                  [*seconds, last.t_s + last.covered_s], fill=True,
+                  color=_COLORS["delivered"], alpha=0.35, label="deliveries/s in the drain",
+                  gid="drain-deliveries")
     lost = [(b.t_s + 0.5, b.lost / b.covered_s) for b in full if b.lost]
     if lost:
         ax.scatter([t for t, _ in lost], [n for _, n in lost], color=_COLORS["lost"],
-                   marker="x", label="lost/s (by send second)", zorder=3)
+                   marker="x", label="lost/s (by send second)", zorder=3, gid="lost")
     ax.set_ylim(bottom=0)
     _over_the_run(fig, ax, report, "per second")
 
@@ -294,20 +350,20 @@ def plot_images(report: Report) -> dict[str, str]:
     plt = _pyplot()
 
     def png(title: str, draw: Callable[[Any, Any, T], None], what: T,
-            size: tuple[float, float] = _WIDE) -> str:
+            size: tuple[float, float] = _WIDE, svg: str = "") -> str:
         # One figure at a time, closed whatever happens: pyplot keeps every open one.
         fig, ax = _figure(plt, title, size)
         try:
             draw(fig, ax, what)
-            return _png(fig)
+            return _svg(fig, svg) if svg else _png(fig)
         finally:
             plt.close(fig)
 
     plots = {
         "latency-histogram": png("Latency distribution", _latency_histogram, report),
         "latency-over-time": png("Latency over time (by send second)", _latency_over_time,
-                                 report),
-        "throughput": png("Throughput", _throughput, report),
+                                 report, svg="latency-over-time"),
+        "throughput": png("Throughput", _throughput, report, svg="throughput"),
     }
     env = environment(report)
     if env is not None and (env.series or env.load):
@@ -340,7 +396,9 @@ def plot_caption(report: Report) -> str:
                      "member was registered again")
     drain = _drain_span(report)
     if drain is not None and drain[1] > drain[0]:
-        parts.append("the grey span is the drain (sending stopped)")
+        parts.append("the grey span is the drain: sending stopped, and the deliveries still "
+                     "arriving are drawn as blocks of their own, not as the lines running "
+                     "down to 0")
     if not parts:
         return ""
     text = "; ".join(parts)

@@ -6,13 +6,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from gossiprouter.analytics.report.baseline import baseline_name, comparison_rows
+from gossiprouter.analytics.report.baseline import (
+    COMPARISON_HEADERS,
+    baseline_name,
+    comparison_rows,
+    noise_text,
+)
 from gossiprouter.analytics.report.environment import environment_rows
 from gossiprouter.analytics.report.formatting import fmt_int, fmt_ms
 from gossiprouter.analytics.report.manifest import SendSchedule, send_schedule
 from gossiprouter.analytics.report.model import Report, ThroughputSummary, throughput_summary
+from gossiprouter.analytics.report.rates import error_rates, send_rates
 from gossiprouter.analytics.report.sections import (
     LATENCY_HEADERS,
+    check_rows,
     latency_rows,
     scenario_name,
     scope_table,
@@ -21,19 +28,23 @@ from gossiprouter.analytics.report.sections import (
 __all__ = ["format_summary"]
 
 
-def _table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+def _table(headers: Sequence[str], rows: Iterable[Sequence[str]],
+           align: str = "") -> list[str]:
+    """A plain-text table, trailing blanks stripped. ``align`` has an ``l`` or ``r`` per
+    column; by default the first column is left-aligned and the others (figures) right."""
     # Plain text rather than rich: the summary goes to logs and CI output as often as to a tty.
     body = [list(r) for r in rows]
     widths = [len(h) for h in headers]
     for r in body:
         widths = [max(w, len(c)) for w, c in zip(widths, r, strict=True)]
-    line = "  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(
-        zip(headers, widths, strict=True)))
-    out = [line, "  ".join("-" * w for w in widths)]
-    for r in body:
-        out.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(
-            zip(r, widths, strict=True))))
-    return out
+
+    align = align or "l" + "r" * (len(headers) - 1)
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in
+                         zip(cells, widths, align, strict=True)).rstrip()
+
+    return [line(headers), "  ".join("-" * w for w in widths)] + [line(r) for r in body]
 
 
 def _fmt_throughput(tp: ThroughputSummary) -> str:
@@ -59,7 +70,12 @@ def format_summary(report: Report) -> str:
     name = scenario_name(report)
     scenario = f"  (scenario {name})" if name else ""
     v = report.verdict
-    tail = [["throughput", _fmt_throughput(throughput_summary(report))]]
+    tail = []
+    rates = send_rates(report)
+    if rates is not None:
+        tail.append(["send rate", rates.text()])
+    tail += [["throughput", _fmt_throughput(throughput_summary(report))],
+             ["error rate", error_rates(report).text()]]
     schedule = send_schedule(report.manifest)
     if schedule is not None:
         tail.append(["sends", _fmt_schedule(schedule)])
@@ -117,14 +133,20 @@ def format_summary(report: Report) -> str:
     if report.by_scope:
         lines.append("")
         lines += _table(*scope_table(report))
+    # Every check with its threshold and result, the passing ones too (as k6 lists each
+    # threshold with a tick or a cross): what held matters as much as what failed.
+    lines.append("")
+    lines += _table(["check", "threshold", "observed", "result"],
+                    [list(r) for r in check_rows(report)], "llll")
     lat = latency_rows(report)
     if lat:
         lines.append("")
         lines += _table(LATENCY_HEADERS, lat)
     compared = comparison_rows(report)
     if compared:
-        lines += ["", f"compared with the baseline {baseline_name(report)}:"]
-        lines += _table(["key figure", "baseline", "this run", "change"], compared)
+        lines += ["", f"compared with the baseline {baseline_name(report)}:",
+                  noise_text(report)]
+        lines += _table(COMPARISON_HEADERS, compared, "lrrrl")
     for w in report.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
