@@ -47,8 +47,8 @@ SANS_IO_MODULES = frozenset({
 # from files), the set-up scripts, the docs' snippets (their routers are the CLI's, checked
 # for what the docs say) and the benchmarks' harnesses.
 NO_READ_PATH_MODULES = frozenset({
-    "test_report", "test_scripts", "test_doc_snippets", "test_bench_federation",
-    "test_bench_stub_loops",
+    "test_report", "test_report_reading", "test_scripts", "test_doc_snippets",
+    "test_bench_federation", "test_bench_stub_loops",
 })
 
 # Fixtures that start a router: a test using fake_router (a scripted peer, tests/stubkit.py)
