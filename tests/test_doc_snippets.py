@@ -25,6 +25,14 @@ with ``<!-- keeps running: REASON -->`` is a terminal of its own: its ``gossipro
 listen`` is left running while the file's later blocks run, then stopped with Ctrl-C (exit
 0), and must have printed the text of every later ``send`` that was meant for it.
 
+A section (from one heading to the next) is one terminal: a command ending in ``&`` is a
+background job (``%1``, ``%2``, ...), waited for until it is up and stopped when the
+section's last block has run; ``kill -9 %2`` signals one; the ports a section lists in
+``<!-- own ports: 1883 12001 12002 -->`` are free ports of its own; and a ``text`` block
+marked ``<!-- output of %N -->`` is what job N must have printed once the ``sh`` block
+before it has run (``...`` for what differs from run to run). tests/doc_jobs.py has the
+rules; docs/federation.md's quick start uses them.
+
 A ``python`` or ``sh`` block that cannot run in a test (it needs a Spark cluster, root and
 /etc, or minutes) is marked on the line before it with ``<!-- not run: REASON -->``; there
 are few, and the test keeps them few.
@@ -41,12 +49,14 @@ import subprocess
 import sys
 import time
 import tomllib
+from bisect import bisect
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
+from tests.doc_jobs import BACKGROUND, KILL, OUTPUT_OF, OWN_PORTS, Terminal, expected
 from tests.procs import RouterProcess, free_port, wait_listening
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,6 +83,11 @@ class Block:
     not_run: str | None
     prelude: tuple[str, ...]  # environment lines from the file's earlier sh blocks
     keeps_running: bool = False  # a terminal of its own (see the module docstring)
+    section: int = 0  # the number of headings before it in its file
+    own_ports: tuple[int, ...] = ()  # its section's <!-- own ports: ... -->
+    outputs: tuple[tuple[int, int, str], ...] = ()  # (job, line, text) of the outputs after it
+    ends_section: bool = False  # the last block of its section that runs
+    output_of: int | None = None  # a text block: <!-- output of %N -->
 
     @property
     def id(self) -> str:
@@ -96,16 +111,48 @@ def extract() -> list[Block]:
     out = []
     for f in FILES:
         text = f.read_text(encoding="utf-8")
+        # Headings and markers outside the fenced blocks (a shell comment is no heading).
+        outside = FENCE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+        headings = [m.start() for m in re.finditer(r"^#{1,2} ", outside, re.M)]
+        ports: dict[int, tuple[int, ...]] = {}
+        for m in OWN_PORTS.finditer(outside):
+            ports[bisect(headings, m.start())] = tuple(map(int, m.group(1).split()))
         prelude: list[str] = []
+        blocks: list[Block] = []
         for m in FENCE.finditer(text):
             before = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1]
             marker = NOT_RUN.match(before)
+            output_of = OUTPUT_OF.match(before)
             lang = m.group(1).strip()
-            out.append(Block(f, text.count("\n", 0, m.start()) + 1, lang, m.group(2),
-                             marker.group(1) if marker else None, tuple(prelude),
-                             KEEPS_RUNNING.match(before) is not None))
+            section = bisect(headings, m.start())
+            blocks.append(Block(f, text.count("\n", 0, m.start()) + 1, lang, m.group(2),
+                                marker.group(1) if marker else None, tuple(prelude),
+                                KEEPS_RUNNING.match(before) is not None, section,
+                                ports.get(section, ()),
+                                output_of=int(output_of.group(1)) if output_of else None))
             if lang == "sh" and not marker:
                 prelude += [c for c in commands(m.group(2)) if PRELUDE.match(c)]
+        out += _attach_outputs(blocks)
+    return out
+
+
+def _attach_outputs(blocks: list[Block]) -> list[Block]:
+    """Give each sh block the expected outputs that follow it, and mark the last block of
+    each section that runs. An output block with no sh block before it in its section keeps
+    its ``output_of`` and is reported by test_every_block_says_what_it_is."""
+    out: list[Block] = []
+    for i, b in enumerate(blocks):
+        if b.lang == "sh" and not b.not_run:
+            outputs = []
+            for later in blocks[i + 1:]:
+                if later.lang in RUN or later.section != b.section:
+                    break
+                if later.output_of is not None:
+                    outputs.append((later.output_of, later.line, later.body))
+            last = not any(x.lang in RUN and not x.not_run and x.section == b.section
+                           for x in blocks[i + 1:])
+            b = replace(b, outputs=tuple(outputs), ends_section=last)
+        out.append(b)
     return out
 
 
@@ -134,6 +181,11 @@ def test_every_block_says_what_it_is() -> None:
     # A text block is not a disguised command block: no shell prompt lines.
     prompts = [b.id for b in BLOCKS if b.lang == "text" and re.search(r"^\$ ", b.body, re.M)]
     assert not prompts
+    # An expected output is a text block that follows an sh block of its section.
+    attached = {(b.file, line) for b in BLOCKS for _, line, _ in b.outputs}
+    outputs = [b for b in BLOCKS if b.output_of is not None]
+    stray = [b.id for b in outputs if b.lang != "text" or (b.file, b.line) not in attached]
+    assert not stray, "<!-- output of %N --> marks a text block after an sh block"
 
 
 def test_extraction_sees_markers_continuations_and_preludes() -> None:
@@ -144,6 +196,41 @@ def test_extraction_sees_markers_continuations_and_preludes() -> None:
     tools = next(b for b in readme if "gossiprouter members" in b.body)
     assert {p.split("#")[0].strip() for p in tools.prelude} == {". .venv/bin/activate"}
     assert list(commands("a \\\n  b  # x\n# only a comment\n\nc\n")) == ["a    b  # x", "c"]
+
+
+def test_background_job_rules(tmp_path: Path) -> None:
+    """tests/doc_jobs.py on small cases: what is a job and a kill, what an expected output
+    matches (and not), own ports, and a job that names no port it listens on is refused."""
+    job = BACKGROUND.match("mosquitto -c m.conf 2> m.log &  # on 127.0.0.1:1883")
+    assert job and job["cmd"] == "mosquitto -c m.conf 2> m.log"
+    assert not BACKGROUND.match("make && make test") and not BACKGROUND.match("a 2>&1")
+    kill = KILL.match("kill -9 %3  # router b")
+    assert kill and kill["sig"] == "9" and kill["jobs"].split() == ["%3"]
+    kill = KILL.match("kill %5 %4")
+    assert kill and kill["sig"] is None and kill["jobs"].split() == ["%5", "%4"]
+    assert not KILL.match("kill -9 1234")
+
+    pattern = expected("... join    x (hex:...)\n...\n... leave   x (hex:...)\n")
+    assert pattern.search("12:00 members\n12:01 join    x (hex:ab)\nother\n"
+                          "12:02 leave   x (hex:ab)\n")
+    assert not pattern.search("12:01 join    x (hex:ab)\n")  # the leave is missing
+    assert not pattern.search("12:02 leave   x (hex:ab)\n12:01 join    x (hex:ab)\n")  # order
+    assert not pattern.search("12:01 join    y (hex:ab)\n12:02 leave   x (hex:ab)\n")
+    assert not expected("a...b\n").search("a\nb\n")  # ... in a line stays in the line
+
+    terminal = Terminal((1883, 12001))
+    assert len(set(terminal.ports.values())) == 2
+    assert terminal.substitute("127.0.0.1:1883 11883 12001") == (
+        f"127.0.0.1:{terminal.ports[1883]} 11883 {terminal.ports[12001]}")
+    try:
+        with pytest.raises(AssertionError, match="must name on its line one of the section"):
+            terminal.start("sleep 60 &", "exec sleep 60", cwd=tmp_path, env=dict(os.environ),
+                           what="t")
+        with pytest.raises(AssertionError, match="no job %2 in this section"):
+            terminal.kill("9", [2], "t")
+    finally:
+        terminal.kill_all()
+    assert not terminal.jobs
 
 
 # --------------------------------------------------------------------------- the world
@@ -165,7 +252,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, int]
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
+            for terminal in TERMINALS.values():
+                terminal.kill_all()
 
+
+# The background jobs and own ports of each section, by (file, section) (tests/doc_jobs.py).
+TERMINALS: dict[tuple[Path, int], Terminal] = {}
 
 # The listeners of "keeps running" blocks, with their block and command, in file order.
 KEPT: list[tuple[subprocess.Popen[str], Block, str]] = []
@@ -280,27 +372,55 @@ def _same_as(cmd: str) -> str:
 @pytest.mark.parametrize("block", _params({"sh"}))
 def test_sh_block_runs(block: Block, world: tuple[Path, int]) -> None:
     scratch, router_port = world
+    key = (block.file, block.section)
+    terminal = TERMINALS.setdefault(key, Terminal(block.own_ports))
+    try:
+        _run_sh_block(block, scratch, router_port, terminal)
+        for number, line, text in block.outputs:
+            terminal.expect(number, terminal.substitute(text),
+                            f"{block.file.relative_to(ROOT)}:{line}")
+        if block.ends_section:
+            terminal.stop(block.id)
+    except BaseException:
+        terminal.kill_all()
+        raise
+    finally:
+        if block.ends_section:
+            del TERMINALS[key]
+
+
+def _run_sh_block(block: Block, scratch: Path, router_port: int, terminal: Terminal) -> None:
     ran = 0
     prelude = list(block.prelude)
     for written in commands(block.body):
         if PRELUDE.match(written):
             prelude.append(written)
             continue
+        ran += 1
         if _same_as(written) in _ALREADY_RAN:
-            ran += 1
             continue
+        if kill := KILL.match(written):
+            terminal.kill(kill["sig"], [int(n) for n in re.findall(r"%(\d+)", kill["jobs"])],
+                          f"{block.id}: {written!r}")
+            continue
+        if background := BACKGROUND.match(written):
+            cmd = _substitute(terminal.substitute(background["cmd"]), router_port)
+            terminal.start(written, "\n".join([*prelude, "exec " + cmd]), cwd=scratch,
+                           env=_env(block), what=block.id)
+            continue
+        line = terminal.substitute(written)  # the section's own ports, if it has any
         if re.match(r"(gossiprouter serve|scripts/run)\b", written) and "--help" not in written:
             # A router of its own: never on the port of the one the other commands use.
             own = free_port()
-            cmd = _substitute(written, own)
+            cmd = _substitute(line, own)
             if "--port" not in cmd:
                 cmd = re.sub(r"^(gossiprouter serve|scripts/run)", rf"\1 --port {own}", cmd)
             _run_server(cmd, "\n".join([*prelude, "exec " + cmd]), block, scratch)
         elif written.startswith("gossiprouter listen"):
-            cmd = _substitute(written, router_port)
+            cmd = _substitute(line, router_port)
             _run_listen(cmd, "\n".join([*prelude, "exec " + cmd]), block, scratch)
         else:
-            cmd = _substitute(written, router_port)
+            cmd = _substitute(line, router_port)
             r = subprocess.run(["bash", "-c", "\n".join([*prelude, cmd])], cwd=scratch,
                                env=_env(block), capture_output=True, text=True, timeout=600)
             assert r.returncode == 0, (
@@ -308,7 +428,6 @@ def test_sh_block_runs(block: Block, world: tuple[Path, int]) -> None:
                 f"{r.stderr[-2000:]}")
             if re.match(r"gossiprouter (loadtest|analyze)\b", written):
                 _ALREADY_RAN.add(_same_as(written))
-        ran += 1
     assert ran, f"{block.id}: no command in an sh block"
 
 
