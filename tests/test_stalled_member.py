@@ -19,14 +19,15 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
-from gossiprouter.protocol.jgroups_address import V5
+from gossiprouter.protocol.jgroups_address import V2, V5
 from gossiprouter.server.listener import Server
 from gossiprouter.sessions.base import Session
 from gossiprouter.sessions.jgroups5 import JGroups5Session
 from gossiprouter.sessions.outbox import Outbox, Reply
 from tests.conftest import RouterFactory
-from tests.jgroups_clients import J5Client, ip, uuid
+from tests.jgroups_clients import J2Client, J5Client, ip, uuid
 
 GROUP = "stall"
 TABLE_GROUP = "jgroups5:" + GROUP
@@ -222,6 +223,83 @@ async def test_over_the_byte_bound_the_oldest_are_dropped(start_router: RouterFa
     assert counters.drops.get("write_timeout", 0) == 0
     assert counters.slow_consumer_disconnects == 0
     assert router.hub.table.entry(TABLE_GROUP, S5.key) is not None
+
+
+async def test_a_stalled_2_12_member_never_loses_a_reply(start_router: RouterFactory) -> None:
+    """A 2.12 client tells a reply (here GOSSIP_GET's) from other objects only by its place in
+    the stream: when the oldest frames make room, a reply queued among them stays, and the
+    member that reads again decodes a whole stream (the reply where it asked for it)."""
+    bound = 128 * 1024
+    router = await start_router(max_frame=MAX_FRAME, outbound_queue_bytes=bound)
+    counters = router.hub.counters
+    assert router.address is not None
+    s2, a2 = uuid(3, V2), uuid(1, V2)
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(router.address)
+    s.sendall(j2.connect(GROUP, s2, "S", None))
+    s.setblocking(False)
+    a = await J2Client.open(*router.address)
+    assert (await a.connect(GROUP, a2, "A")).ok
+    table = router.hub.table
+    with trio.fail_after(10):
+        while table.entry("jgroups2:" + GROUP, s2.key) is None:
+            await trio.sleep(0.01)
+    (session,) = [c.session for c in router.connections if c.session is not None
+                  and table.holds(c.session, "jgroups2:" + GROUP, s2.key)]
+    ob = session.outbox
+
+    async def send_until(reached: Callable[[], bool]) -> None:
+        with trio.fail_after(60):
+            for i in range(MAX_PAIRS):
+                if reached():
+                    return
+                await a.message(GROUP, s2, struct.pack(">I", i).ljust(PAYLOAD, b"."))
+                await trio.sleep(0)
+        raise AssertionError("not reached")
+
+    def reply_at() -> int | None:  # the only queued object that is not a MESSAGE
+        first = 1 if ob.unfinished else 0
+        return next((i for i, c in enumerate(ob.chunks) if i >= first and c[0] != j2.MESSAGE),
+                    None)
+
+    await send_until(lambda: ob.nbytes > 0)  # queued behind S's full socket
+    s.send(j2.gossip_get(GROUP))
+    with trio.fail_after(10):
+        while (before := reply_at()) is None:
+            await trio.sleep(0.01)
+    # Until more frames were dropped than were queued before the reply.
+    await send_until(lambda: counters.drops.get("slow_consumer", 0) > before + 20)
+    at = reply_at()
+    assert at is not None and at <= 1  # only the rest of a started frame may precede it
+    end = j2.message_to_client(s2, b"END")
+    await a.message(GROUP, s2, b"END")
+    with trio.fail_after(10):
+        while not (ob.chunks and ob.chunks[-1].endswith(end)):
+            await trio.sleep(0.01)
+    queued = list(ob.chunks)
+    ts = trio.socket.from_stdlib_socket(s)
+    stream = bytearray()
+    with trio.fail_after(30):
+        while not stream.endswith(end):
+            data = await ts.recv(1 << 20)
+            assert data, "the router closed the stalled member"
+            stream += data
+    s.close()
+    # The reply starts where the queue's chunks before it end, counted from the stream's end.
+    start = len(stream) - sum(map(len, queued)) + sum(map(len, queued[:at]))
+    dec = j2.ClientDecoder(max_frame=MAX_FRAME)
+    dec.expect_connect_reply()
+    dec.feed(bytes(stream[:start]))
+    dec.expect_members_reply()
+    dec.feed(bytes(stream[start:]))
+    events = list(iter(dec.next_event, None))
+    assert events[0] == j2.ConnectReply(j2.CONNECT_OK)
+    replies = [ev for ev in events if isinstance(ev, j2.MembersReply)]
+    assert len(replies) == 1 and {m.name for m in replies[0].members} == {"A", "S"}
+    assert all(isinstance(ev, j2.Message) for ev in events[1:] if ev not in replies)
+    assert isinstance(events[-1], j2.Message) and events[-1].payload == b"END"
+    assert counters.slow_consumer_disconnects == 0
 
 
 # ---------------------------------------------------------------- the queue's rule, sans I/O
