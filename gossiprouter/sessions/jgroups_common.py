@@ -165,11 +165,7 @@ class JGroupsSession(Session):
             return
         if ob.oldest_first and self.make_room(len(data)) and ob.push(data):
             return
-        if ob.policy == "drop":
-            ob.dropped += count
-            self.hub.counters.drop("slow_consumer", count, len(data))
-            return
-        self.overflowed()
+        super().push(data, count)  # it does not fit: dropped, or the policy's close
 
     def make_room(self, size: int) -> bool:
         """Drop the oldest whole frames queued for this connection until ``size`` more bytes
