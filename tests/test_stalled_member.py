@@ -25,7 +25,7 @@ from gossiprouter.protocol.jgroups_address import V2, V5
 from gossiprouter.server.listener import Server
 from gossiprouter.sessions.base import Session
 from gossiprouter.sessions.jgroups5 import JGroups5Session
-from gossiprouter.sessions.outbox import Outbox, Reply
+from gossiprouter.sessions.outbox import SHED_SLACK, Outbox, Reply
 from tests.conftest import RouterFactory
 from tests.jgroups_clients import J2Client, J5Client, ip, uuid
 
@@ -176,8 +176,8 @@ async def test_a_stalled_member_gets_everything_that_fits(start_router: RouterFa
     counters = router.hub.counters
 
     async def fill(st: Stall) -> None:
-        # Until half the bound is queued for S (behind its full socket buffers).
-        await st.send_until(lambda: st.session().outbox.nbytes >= 512 * 1024)
+        # Until a quarter of the bound is queued for S (behind its full socket buffers).
+        await st.send_until(lambda: st.session().outbox.nbytes >= 256 * 1024)
 
     st, got = await _scenario(router, fill)
     assert got == {0: list(range(st.sent)), 1: list(range(st.sent))}
@@ -263,13 +263,16 @@ async def test_a_stalled_2_12_member_never_loses_a_reply(start_router: RouterFac
         return next((i for i, c in enumerate(ob.chunks) if i >= first and c[0] != j2.MESSAGE),
                     None)
 
-    await send_until(lambda: ob.nbytes > 0)  # queued behind S's full socket
+    # Queued behind S's full socket (more than a dispatcher round holds for a batched send).
+    await send_until(lambda: ob.nbytes > bound // 2)
     s.send(j2.gossip_get(GROUP))
     with trio.fail_after(10):
         while (before := reply_at()) is None:
             await trio.sleep(0.01)
-    # Until more frames were dropped than were queued before the reply.
-    await send_until(lambda: counters.drops.get("slow_consumer", 0) > before + 20)
+    # Until more chunks (2.12: counted as frames) were dropped than were queued before the
+    # reply once it was (what S's socket had not taken is still being routed meanwhile).
+    dropped = counters.drops.get("slow_consumer", 0)
+    await send_until(lambda: counters.drops.get("slow_consumer", 0) > dropped + before + 20)
     at = reply_at()
     assert at is not None and at <= 1  # only the rest of a started frame may precede it
     end = j2.message_to_client(s2, b"END")
@@ -325,6 +328,12 @@ def test_shed_drops_the_oldest_whole_chunks_and_keeps_replies() -> None:
     assert ob.shed(1) == [b"b" * 30]
     assert ob.push(b"e")
     assert ob.chunks == [b"t" * 10, b"r" * 20, b"c" * 30, b"d", b"e"]
+    # A 1/SHED_SLACK of the bound more at once, so a full queue is not moved per push.
+    big = Outbox(100 * SHED_SLACK, 1000, "drop")
+    for i in range(SHED_SLACK):
+        assert big.push(bytes([i]) * 100)
+    assert not big.push(b"n" * 100)
+    assert big.shed(100) == [bytes([0]) * 100, bytes([1]) * 100]
 
 
 def test_5x_drops_are_counted_in_frames() -> None:
