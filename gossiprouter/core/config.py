@@ -124,8 +124,9 @@ class Config:
         "buffered, counted (drops reason frame_too_large) and the connection stays open.",
         minimum=64, unit="bytes")
     jgroups_slow_consumer_policy: str = option("drop", "slow_consumer_policy for JGroups "
-        "connections: 'drop' (JGroups retransmits; a 5.x RouterStub survives only one router-side "
-        "close) or 'disconnect'.", choices=("disconnect", "drop"))
+        "connections: 'drop' (a stalled member keeps its queue up to outbound_queue_bytes, its "
+        "oldest frames dropped beyond, none for time; JGroups retransmits them; a 5.x RouterStub "
+        "survives only one router-side close) or 'disconnect'.", choices=("disconnect", "drop"))
     backlog: int = option(1024, "Listen backlog.", minimum=1)
     direct_send: bool = option(True, "Let a connection's reader write routed frames straight to "
         "an idle receiver's socket instead of waking its writer task (fewer task switches per "
@@ -192,7 +193,8 @@ class Config:
     control_grace: float = option(5.0, "A connection over its control budget for this long is "
         "closed (ERROR rate_limited).", minimum=0.1, unit="seconds")
     write_timeout: float = option(10.0, "A receiver with data queued whose socket took nothing "
-        "for this long is a slow consumer (its slow_consumer_policy applies); 0 disables.",
+        "for this long is a slow consumer (its slow_consumer_policy applies; a JGroups receiver "
+        "under policy drop keeps its queue: the stall is only counted); 0 disables.",
         minimum=0, unit="seconds")
     max_connections_per_ip: int = option(0, "Most connections at once from one client IP address "
         "(refused at accept); 0 = no limit.", minimum=0)

@@ -197,6 +197,14 @@ class RouterCollector(Collector):
         for reason, n in sorted(drops.items()):
             cm.add_metric([reason], n)
         yield cm
+        dropped_bytes = dict(c.dropped_bytes)
+        for reason in ("slow_consumer", "write_timeout"):
+            dropped_bytes.setdefault(reason, 0)
+        cm = CounterMetricFamily("gossiprouter_dropped_bytes", "Bytes of the frames dropped "
+                                 "from receivers' queues, by reason.", labels=["reason"])
+        for reason, n in sorted(dropped_bytes.items()):
+            cm.add_metric([reason], n)
+        yield cm
         yield _counter("gossiprouter_slow_consumer_disconnects",
                        "Connections closed because their outbound queue overflowed.",
                        c.slow_consumer_disconnects)

@@ -128,11 +128,13 @@ class ShutdownPart(ConnectionsPart):
                     s.close("idle_timeout", f"nothing received for {idle:g}s")
                     continue
                 wake = min(wake, s.last_recv + idle)
-            if write_timeout > 0 and s.outbox.chunks:
-                if now - s.outbox.last_progress >= write_timeout:
+            ob = s.outbox
+            # A stall of a queue kept whatever its age (oldest_first) is counted once.
+            if write_timeout > 0 and ob.chunks and ob.stall_noted != ob.last_progress:
+                if now - ob.last_progress >= write_timeout:
                     self._write_timeout(s, now)
                 else:
-                    wake = min(wake, s.outbox.last_progress + write_timeout)
+                    wake = min(wake, ob.last_progress + write_timeout)
         notices = self.hub.table.expire(now)
         if notices:
             self.hub.deliver(notices)
@@ -150,18 +152,27 @@ class ShutdownPart(ConnectionsPart):
         write_timeout seconds. Its slow-consumer policy applies: ``disconnect`` closes it
         (ERROR slow_consumer); ``drop`` discards what is queued (counted in
         drops{reason="write_timeout"}) and keeps the connection, which the idle timeout
-        still covers."""
+        still covers. A JGroups receiver under ``drop`` (``oldest_first``) keeps its queue:
+        the stall is counted and logged, nothing is dropped by time; its queue's byte bound
+        drops its oldest frames (JGroupsSession.make_room), the idle timeout closes a peer
+        that is gone (docs/operations.md, "A stalled JGroups member")."""
         ob = s.outbox
         counters = self.hub.counters
         counters.write_timeouts += 1
         stalled = now - ob.last_progress
+        if ob.oldest_first:
+            ob.stall_noted = ob.last_progress
+            self._refusals.warning("%r: socket took nothing for %.1fs (write_timeout): its "
+                                   "queue is kept (%d bytes, at most outbound_queue_bytes)",
+                                   s, stalled, ob.nbytes)
+            return
         if ob.policy == "drop":
             # The first chunk may be the tail of a frame whose start is on the wire: it
             # stays, so the stream remains whole.
             dropped = len(ob.chunks) - 1
             if dropped:
                 ob.dropped += dropped
-                counters.drop("write_timeout", dropped)
+                counters.drop("write_timeout", dropped, ob.nbytes - len(ob.chunks[0]))
                 ob.nbytes = len(ob.chunks[0])
                 del ob.chunks[1:]
             ob.last_progress = now

@@ -264,7 +264,7 @@ class Session:
             return
         if ob.policy == "drop":
             ob.dropped += count
-            self.hub.counters.drop("slow_consumer", count)
+            self.hub.counters.drop("slow_consumer", count, len(data))
             return
         self.overflowed()
 

@@ -27,6 +27,9 @@ class Counters:
     # Of ``routed``: frames the compiled fast path's thread relayed without Python.
     fast_relayed: int = 0
     drops: dict[str, int] = field(default_factory=dict)
+    # Bytes of those frames, by reason, where the dropper knows them (a receiver's queue:
+    # slow_consumer, write_timeout): what a stalled receiver cost.
+    dropped_bytes: dict[str, int] = field(default_factory=dict)
     slow_consumer_disconnects: int = 0
     protocol_errors: int = 0
     # Unexpected exceptions contained by the server (see the error policy in server.py).
@@ -55,8 +58,10 @@ class Counters:
     closes: dict[str, int] = field(default_factory=dict)
     refusals: dict[str, int] = field(default_factory=dict)
 
-    def drop(self, reason: str, n: int = 1) -> None:
+    def drop(self, reason: str, n: int = 1, nbytes: int = 0) -> None:
         self.drops[reason] = self.drops.get(reason, 0) + n
+        if nbytes:
+            self.dropped_bytes[reason] = self.dropped_bytes.get(reason, 0) + nbytes
 
     def closed(self, reason: str) -> None:
         """A connection ended with ``reason`` (its outbox's close reason, or the server's for

@@ -27,6 +27,7 @@ from gossiprouter.protocol.jgroups_scan import CONTROL, HELD, OVERSIZED, PARTIAL
 from gossiprouter.routing.entries import Entry
 from gossiprouter.sessions.base import Hub
 from gossiprouter.sessions.jgroups_common import JGroupsSession, wire_address, wire_physical
+from gossiprouter.sessions.outbox import Reply
 
 log = logging.getLogger("gossiprouter")
 
@@ -219,13 +220,18 @@ class JGroups2Session(JGroupsSession):
         self._reply(j2.gossip_get_reply(members[:0x7FFF]))
 
     def _reply(self, data: bytes) -> None:
-        """Queue a reply; if the queue is full, close rather than drop it.
+        """Queue a reply; if the queue is full, make room (policy ``drop``: the oldest routed
+        frames go, never a reply) or else close rather than drop it.
 
         The client can only tell replies from other objects by their order, so a dropped
-        reply (the ``drop`` policy) would make it misread whatever follows.
+        reply (the ``drop`` policy) would make it misread whatever follows: it is queued as a
+        :class:`Reply`, which :meth:`Outbox.shed` never drops.
         """
         ob = self.outbox
+        data = Reply(data)
         if ob.push(data) or ob.closed:
+            return
+        if ob.oldest_first and self.make_room(len(data)) and ob.push(data):
             return
         self.hub.counters.slow_consumer_disconnects += 1
         log.warning("closing %r: slow consumer (a reply did not fit its outbound queue)", self)

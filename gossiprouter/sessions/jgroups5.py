@@ -50,6 +50,16 @@ class JGroups5Session(JGroupsSession):
         # This connection's registrations during on_data (the sender check of _run).
         self._regs: Mapping[tuple[str, bytes], Entry] = {}
 
+    @staticmethod
+    def frames_in(chunk: bytes) -> int:
+        """The frames in a queued chunk: each is an int32 length and that many bytes."""
+        n = pos = 0
+        end = len(chunk)
+        while pos + 4 <= end:
+            pos += 4 + max(0, int.from_bytes(chunk[pos:pos + 4], "big", signed=True))
+            n += 1
+        return max(n, 1)
+
     # ------------------------------------------------------------------ the hot loop
 
     def on_data(self, data: bytes, now: float) -> None:

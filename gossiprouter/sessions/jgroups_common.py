@@ -129,8 +129,11 @@ class JGroupsSession(Session):
         # Bytes of a skipped frame still to come (see _skip_through).
         self._skip = 0
         # JGroups retransmits what is dropped, and a 5.x RouterStub survives only one
-        # router-side close: dropping is the default (docs/jgroups.md §5).
+        # router-side close: dropping is the default (docs/jgroups.md §5). Under it, a stalled
+        # member keeps what it is owed up to outbound_queue_bytes, the oldest frames dropped
+        # beyond, never anything by time (push; docs/operations.md, "A stalled JGroups member").
         self.outbox.policy = cfg.jgroups_slow_consumer_policy
+        self.outbox.oldest_first = self.outbox.policy == "drop"
         self.now = 0.0
         self._logged_at: dict[str, float] = {}
         self._oversize_logged: set[str] = set()
@@ -149,6 +152,42 @@ class JGroupsSession(Session):
         if self._skip or getattr(self.scanner, "holding", False):
             return None
         return super().hand_back(limit)
+
+    # ------------------------------------------------------------------ the queue
+
+    def push(self, data: bytes, count: int = 1) -> None:
+        """As :meth:`Session.push`, but under policy ``drop`` the oldest queued frames make
+        room for ``data`` (:meth:`make_room`): a stalled member that resumes gets the newest
+        traffic at once, and JGroups retransmits the oldest, which its senders still hold.
+        ``data`` itself is dropped only when it cannot fit at all."""
+        ob = self.outbox
+        if ob.push(data) or ob.closed:
+            return
+        if ob.oldest_first and self.make_room(len(data)) and ob.push(data):
+            return
+        super().push(data, count)  # it does not fit: dropped, or the policy's close
+
+    def make_room(self, size: int) -> bool:
+        """Drop the oldest whole frames queued for this connection until ``size`` more bytes
+        fit its bounds (:meth:`Outbox.shed`); counted in drops and dropped_bytes
+        (``slow_consumer``). False, and nothing dropped, when they cannot fit."""
+        dropped = self.outbox.shed(size)
+        if dropped is None:
+            return False
+        frames = sum(map(self.frames_in, dropped))
+        nbytes = sum(map(len, dropped))
+        self.outbox.dropped += frames
+        self.hub.counters.drop("slow_consumer", frames, nbytes)
+        self.warn_limited("shed", "outbound queue full (outbound_queue_bytes %d): its oldest "
+                          "frames are dropped to make room (%d bytes now)",
+                          self.outbox.max_bytes, nbytes)
+        return True
+
+    @staticmethod
+    def frames_in(chunk: bytes) -> int:
+        """How many frames a queued chunk holds, for the drop counters (2.12 objects are not
+        framed: a chunk, one frame or a run of them, counts as one)."""
+        return 1
 
     # ------------------------------------------------------------------ helpers
 

@@ -30,6 +30,17 @@ BATCH_HOLD_BYTES = 64 * 1024
 BATCH_MAX_PUSH = 16 * 1024
 # What one direct send writes at most; more is left to the writer task, in order.
 DIRECT_BATCH = 1 << 20
+# Outbox.shed frees 1/SHED_SLACK of a full queue's bounds beyond what the new chunk needs, so
+# that a stalled receiver's full queue costs one move of its chunk list per that many pushes,
+# not one per push (45 us a push with 100,000 chunks queued).
+SHED_SLACK = 64
+
+
+class Reply(bytes):
+    """A queued chunk that :meth:`Outbox.shed` never drops: a JGroups 2.12 reply, which its
+    client tells from other objects only by its place in the stream."""
+
+    __slots__ = ()
 
 
 class Outbox:
@@ -39,7 +50,9 @@ class Outbox:
     frame would overflow the queue, the policy decides: ``drop`` drops it for
     this receiver and counts it; ``disconnect`` discards the queue, queues the
     session's farewell (e.g. ERROR ``slow_consumer``) and asks for the
-    connection to be closed.
+    connection to be closed. A JGroups session under ``drop`` sets ``oldest_first``:
+    it makes room with :meth:`shed` (the oldest whole chunks go) and keeps its queue
+    however long its socket takes nothing (docs/operations.md, "A stalled JGroups member").
     """
 
     __slots__ = (
@@ -58,9 +71,11 @@ class Outbox:
         "max_bytes",
         "max_frames",
         "nbytes",
+        "oldest_first",
         "on_close",
         "policy",
         "reclaim",
+        "stall_noted",
         "unfinished",
         "wake",
     )
@@ -83,6 +98,12 @@ class Outbox:
         self.congestion = congestion or Congestion()
         self.flagged = False
         self.last_progress = 0.0
+        # Over its bounds, drop the oldest whole chunks (shed) rather than the new one, and
+        # drop nothing by time (write_timeout): JGroups sessions under policy drop.
+        self.oldest_first = False
+        # The last_progress of a stall already counted as a write timeout (the reaper counts
+        # each stall of an oldest_first queue once, and does not wake for it again).
+        self.stall_noted = -1.0
         # Set by the server: wake the writer / bound the final flush / send
         # without blocking (None when not possible, e.g. TLS); busy while the
         # writer is sending.
@@ -165,6 +186,41 @@ class Outbox:
         elif n > self.hwm:
             self.congestion.hit(self)
         return True
+
+    def shed(self, size: int) -> list[bytes] | None:
+        """Make room for one more chunk of ``size`` bytes within the bounds by dropping the
+        oldest whole queued chunks; the chunks dropped, in order, or None (and nothing
+        dropped) when even every chunk that may go would not make room. Never dropped: the
+        rest of a frame whose start is on the wire (``chunks[0]`` when ``unfinished``) and
+        :class:`Reply` chunks. Called only when :meth:`push` refused ``size`` bytes.
+
+        It drops SHED_SLACK of the bound more than it must (or what is left): removing from
+        the front of the list moves the rest, so a full queue of many small frames would
+        otherwise cost a move of the whole list per push."""
+        chunks = self.chunks
+        start = 1 if self.unfinished else 0
+        over = self.nbytes + size - self.max_bytes
+        extra = len(chunks) + 1 - self.max_frames
+        goal = over + self.max_bytes // SHED_SLACK if over > 0 else 0
+        goal_chunks = extra + self.max_frames // SHED_SLACK if extra > 0 else 0
+        dropped: list[bytes] = []
+        kept: list[bytes] = []
+        freed = 0
+        i = start
+        end = len(chunks)
+        while (freed < goal or len(dropped) < goal_chunks) and i < end:
+            c = chunks[i]
+            i += 1
+            if type(c) is Reply:
+                kept.append(c)
+            else:
+                dropped.append(c)
+                freed += len(c)
+        if freed < over or len(dropped) < extra:
+            return None
+        chunks[start:i] = kept
+        self.nbytes -= freed
+        return dropped
 
     def flush(self) -> None:
         """Write what is queued (:meth:`send_queued`), or while a batch is open, the writer
