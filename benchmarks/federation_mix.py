@@ -6,8 +6,8 @@ group (a multicast), then each receiver in turn (unicasts), then the group again
 payload carries the message's sequence number; the sender thread notes when it handed each
 frame to its socket, the receivers (one selector in the main thread) when it arrived.
 
-* **interleaved**: one message per tick at ``rate`` ticks per second (late ticks go out
-  together, in one write, as a JGroups bundler would send them);
+* **interleaved**: ``rate`` messages per second, in ticks of ``per_tick`` messages written
+  at once (as a JGroups bundler sends them; late ticks go out together);
 * **burst**: every message at once, in writes of ``BURST_WRITE`` frames, as fast as the
   router reads them.
 
@@ -123,9 +123,11 @@ class _Receivers:
 
 
 def run_mix(group: str, tx_port: int, rx: Sequence[tuple[int, str]], messages: int,
-            rate: float, pids: Sequence[int], wait: float) -> MixOut | None:
+            rate: float, pids: Sequence[int], wait: float, per_tick: int = 1
+            ) -> MixOut | None:
     """``messages`` interleaved messages from a member on ``tx_port`` to receivers ``rx``
-    (port, label: the latencies are kept by label); ``rate`` ticks per second, 0: a burst.
+    (port, label: the latencies are kept by label); ``rate`` messages per second, in ticks
+    of ``per_tick`` messages written at once (0: a burst).
     None when some receiver is not reachable within ``wait`` seconds (no federated
     membership)."""
     names = [b"rx%d" % i for i in range(len(rx))]
@@ -164,7 +166,8 @@ def run_mix(group: str, tx_port: int, rx: Sequence[tuple[int, str]], messages: i
             i = 0
             while i < messages:
                 if rate > 0:
-                    due = min(messages, int((time.perf_counter() - t0) * rate) + 1)
+                    ticks = int((time.perf_counter() - t0) * rate / per_tick) + 1
+                    due = min(messages, ticks * per_tick)
                     if due <= i:
                         time.sleep(max(0.0, t0 + i / rate - time.perf_counter()))
                         continue
