@@ -114,3 +114,40 @@ async def test_a_batch_never_exceeds_the_brokers_maximum_packet_size(
         assert ba.federation.stats.not_forwarded == 0
     finally:
         b.stop()
+
+
+async def test_a_federated_groups_local_copies_stay_on_the_fast_path(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    """A group with a member on another router: the relay thread relays the local copies of
+    its multicasts (and unicasts) itself and hands only the remote share to Python, which
+    sends it on; every frame reaches every receiver once, in order. Counted by the fast
+    path's own counters: without the remote share the thread relays none of these."""
+    ra, rb = await federation(nursery, broker, 2, fast_path="on")
+    s, near = await member(ra, b"s"), await member(ra, b"near")
+    far = await member(rb, b"far")
+    await everywhere([ra, rb], {b"s", b"near", b"far"})
+    assert ra.server is not None and ra.server.fast is not None
+    hub, fast = ra.server.hub, ra.server.fast
+    hub.sync()
+    relayed, remote = hub.counters.fast_relayed, fast.remote_frames
+    sent: list[bytes] = []
+    # Ten writes of 30 frames (multicast, to far, to near, in turn), each read on its own (a
+    # PING's PONG between them): the first teaches the thread, the others it repeats.
+    for k in range(10):
+        payloads = [b"%d-%02d" % (k, i) for i in range(30)]
+        data = b"".join(wire.encode(wire.Route(G, [None, b"far", b"near"][i % 3], b"s", p))
+                        for i, p in enumerate(payloads))
+        await s.send_raw(data)
+        await s.round_trip()
+        sent += payloads
+    fb = bridge_of(rb).federation
+    await eventually(lambda: fb.stats.routed_in == 200)
+    assert [f.payload for f in await routes(far)] == [p for i, p in enumerate(sent)
+                                                      if i % 3 != 2]
+    assert [f.payload for f in await routes(near)] == [p for i, p in enumerate(sent)
+                                                       if i % 3 != 1]
+    hub.sync()
+    # At least the nine repeated writes: 270 frames relayed by the thread, the 180 of them
+    # with a remote share handed up and sent on by Python.
+    assert hub.counters.fast_relayed - relayed >= 270
+    assert fast.remote_frames - remote >= 180
