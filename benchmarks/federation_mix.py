@@ -148,7 +148,7 @@ def run_mix(group: str, tx_port: int, rx: Sequence[tuple[int, str]], messages: i
             tx.sendall(probe)
             tx.setblocking(False)
             recv.pump(0.05, [], None, seen)
-        end = time.monotonic() + 0.3
+        end = time.monotonic() + 0.1
         while time.monotonic() < end:
             recv.pump(0.05, [], None)
         dests: list[bytes | None] = [None, *names]

@@ -32,7 +32,8 @@ def test_every_case_measures_something() -> None:
             assert row.p50_us is not None and row.p99_us is not None and row.p50_us > 0
     # The interleaved and burst cases: every delivery arrived (30 or 120 messages, a sixth
     # of them multicasts to the 5 receivers), and the ratio lines are printed.
-    assert set(res.mix) == {bench.MIX_LOCAL, bench.MIX_FAR, bench.BURST_FED, bench.BURST_ONE}
+    assert set(res.mix) == {bench.MIX_LOCAL, bench.MIX_FAR, bench.BUNDLE_LOCAL, bench.BUNDLE_FAR,
+                            bench.BURST_FED, bench.BURST_ONE}
     for name, m in res.mix.items():
         n = 120 if name.startswith("burst") else 30
         assert m.messages == n and m.expected == m.delivered == n // 6 * 10, (name, m)
@@ -42,7 +43,8 @@ def test_every_case_measures_something() -> None:
     lines: list[str] = []
     bench.print_table(res, 20, lines.append)
     assert any(line.startswith("broker hop, unicast, p50: ") for line in lines), lines
-    for start in ("interleaved across routers, p50: ", "CPU per message, across routers",
+    for start in ("interleaved across routers, p50: ", "interleaved CPU per message, across",
+                  "interleaved, 6 a tick, across routers, p50: ",
                   "burst, local receiver, federated group / group on one router, p50: "):
         assert any(line.startswith(start) for line in lines), (start, lines)
     assert any(re.match(r"convergence, 20 joins on each of 3 routers: \d+\.\d{3} s", line)

@@ -141,6 +141,7 @@ class Peers(BrokerSession):
         self.batches = Batches()
         self._batch_due = trio.Event()
         self._route_topics: dict[str, str] = {}  # destination router -> its route topic
+        self._parsed: dict[str, tuple[str, str, str | None, str]] = {}  # route topics read
 
     def _send_route(self, origin: str, payload: bytes) -> bool:
         """A routed message for router ``origin``: batched until the end of the tick (False:
@@ -313,7 +314,14 @@ class Peers(BrokerSession):
         try:
             # Who wrote it is the subtree it is in (which the broker's ACL confines each
             # router to): a message about router R is only ever read from R's subtree.
-            writer, kind, arg, tag = _parse(self.prefix, topic)
+            parsed = self._parsed.get(topic)
+            if parsed is None:
+                parsed = _parse(self.prefix, topic)
+                if parsed[1] == "route":  # the few topics traffic comes on: kept parsed
+                    if len(self._parsed) >= 4096:
+                        self._parsed.clear()
+                    self._parsed[topic] = parsed
+            writer, kind, arg, tag = parsed
             user = getattr(props, "UserProperty", None) or ()
             left = any(k == LEFT_PROPERTY for k, _ in user)
             if self._verifier is not None:
