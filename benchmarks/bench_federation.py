@@ -51,6 +51,7 @@ import argparse
 import itertools
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -66,7 +67,7 @@ from benchmarks.bench_topics import Loader, _native_member, run_fanout
 from benchmarks.federation_mix import MixOut, run_mix
 from gossiprouter.protocol import native as wire
 from gossiprouter.stub import Channel, RouterStub
-from tests.procs import BrokerProcess, RouterProcess, proc_cpu_seconds
+from tests.procs import BrokerProcess, RouterProcess, proc_cpu_seconds, wait_listening
 
 STUB = {"reconnect_initial": 0.05, "reconnect_max": 0.5, "send_timeout": 10.0,
         "request_timeout": 10.0, "receive_buffer": 1 << 20, "heartbeat_interval": 5.0,
@@ -76,6 +77,24 @@ STUB = {"reconnect_initial": 0.05, "reconnect_max": 0.5, "send_timeout": 10.0,
 ROUTER_ARGS = ("--log-level", "warning")
 _group_ids = itertools.count()
 LOCAL_FACTOR = 10
+
+
+class CodeRouter(RouterProcess):
+    """A router of another checkout (``--code DIR``: its own .venv and build), for a
+    before/after in one sitting: the same cases against the routers of each tree."""
+
+    code: Path | None = None
+
+    def start(self) -> CodeRouter:
+        if self.code is None:
+            super().start()
+            return self
+        self.proc = subprocess.Popen(
+            [str(self.code / ".venv" / "bin" / "python"), "-m", "gossiprouter", "serve",
+             "--host", "127.0.0.1", "--port", str(self.port), *self.args],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self.code)
+        wait_listening(self.port, self.proc)
+        return self
 
 
 @dataclass
@@ -272,14 +291,17 @@ def mix_round(res: Results, plain: RouterProcess, fed: Sequence[RouterProcess], 
 
 async def run(messages: int, group_size: int, count: int, joins: int, wait: float,
               say: Callable[[str], None] = print, rounds: int = 1, mix: int = 0,
-              mix_rate: float = 1000.0, burst: int = 0, only_mix: bool = False) -> Results:
-    """Start the broker and the routers, measure every case, stop them; the figures."""
+              mix_rate: float = 1000.0, burst: int = 0, only_mix: bool = False,
+              code: Path | None = None) -> Results:
+    """Start the broker and the routers (of checkout ``code``; None: this one), measure
+    every case, stop them; the figures."""
     res = Results()
     tmp = Path(tempfile.mkdtemp(prefix="bench-federation-"))
     broker = BrokerProcess(tmp)
-    plain = RouterProcess(None, *ROUTER_ARGS)
-    fed = [RouterProcess(None, *ROUTER_ARGS, "--bridge", broker.url,
-                         "--bridge-reconnect-max", "0.5", "--router-id", f"r{i}")
+    CodeRouter.code = code
+    plain = CodeRouter(None, *ROUTER_ARGS)
+    fed = [CodeRouter(None, *ROUTER_ARGS, "--bridge", broker.url,
+                      "--bridge-reconnect-max", "0.5", "--router-id", f"r{i}")
            for i in range(3)]
     try:
         broker.start()
@@ -300,7 +322,7 @@ async def run(messages: int, group_size: int, count: int, joins: int, wait: floa
             # many keep their CPU time well above /proc's 10 ms tick.
             return count * (LOCAL_FACTOR if tx == rx else 1)
 
-        where_: Sequence[tuple[str, str, str, list[RouterProcess]]] = (
+        where_: Sequence[tuple[str, str, str, list[CodeRouter]]] = (
             ("one router, no bridge", p, p, [plain]),
             ("one router, federated", a, a, fed[:1]),
             ("across two routers (mosquitto)", a, b, fed[:2]))
@@ -406,8 +428,9 @@ def print_mix(res: Results, out: Callable[[str], None] = print) -> None:
             out(f"{what} across routers, p50: {fig[far][0] / 1000:.2f} ms (target <= 2), "
                 f"p99: {fig[far][1] / 1000:.2f} ms (target <= 10)")
         if far in fig and local in fig:
-            out(f"{what} CPU per message, across routers / local-only: "
-                f"{fig[far][2] / max(fig[local][2], 1e-9):.1f}x (target <= 5)")
+            ratio = (f"{fig[far][2] / fig[local][2]:.1f}x" if fig[local][2] else
+                     "- (local CPU below /proc's 10 ms tick: more --mix)")
+            out(f"{what} CPU per message, across routers / local-only: {ratio} (target <= 5)")
     if BURST_FED in fig and BURST_ONE in fig:
         out(f"burst, local receiver, federated group / group on one router, p50: "
             f"{fig[BURST_FED][0] / fig[BURST_ONE][0]:.2f}x, p99: "
@@ -465,6 +488,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                     help="messages per round of the burst cases (default 40000)")
     ap.add_argument("--only-mix", action="store_true",
                     help="only the interleaved and burst cases (and the probe)")
+    ap.add_argument("--code", type=Path, default=None,
+                    help="run the routers of another checkout DIR (with its .venv), e.g. "
+                         "main's, for a before/after: alternate runs with and without it")
     ap.add_argument("--wait", type=float, default=5.0,
                     help="seconds to wait for a remote member to be listed (default 5)")
     args = ap.parse_args(argv)
@@ -473,11 +499,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             ap.error(f"--{name}: expected at least 1")
     if args.group < 2:
         ap.error("--group: expected at least 2 (a sender and a receiver)")
+    if args.code is not None and not (args.code / ".venv" / "bin" / "python").exists():
+        ap.error(f"--code {args.code}: no .venv/bin/python there")
     if args.mix < 0 or args.burst < 0 or args.mix_rate <= 0:
         ap.error("--mix and --burst: expected 0 or more; --mix-rate: more than 0")
     res = trio.run(run, args.messages, args.group, args.throughput, args.joins, args.wait,
                    lambda s: print(s, file=sys.stderr), args.rounds, args.mix, args.mix_rate,
-                   args.burst, args.only_mix)
+                   args.burst, args.only_mix, args.code)
     print_table(res, args.joins)
 
 
