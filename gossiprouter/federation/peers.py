@@ -16,8 +16,10 @@ records, routed frames and the resync marker (docs/federation.md).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+import socket
 import time
 import uuid
 from typing import TYPE_CHECKING
@@ -89,6 +91,12 @@ def _parse(prefix: str, topic: str) -> tuple[str, str, str | None, str]:
         if kind == "members":
             return writer, kind, arg, last
     return (*parse_fed_topic(prefix, topic), "")
+
+
+def _no_delay(client: Client) -> None:
+    sock = client.socket()
+    with contextlib.suppress(OSError, AttributeError):  # not TCP (WebSockets): as it is
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[union-attr]
 
 
 def _properties(will: bool = False) -> Properties:
@@ -283,6 +291,9 @@ class Peers(BrokerSession):
 
     def _connected(self, client: Client) -> None:
         super()._connected(client)
+        # Routed messages are small and go out one tick after another: without TCP_NODELAY
+        # the second of two waits for the broker's (delayed) ACK of the first, up to 40 ms.
+        _no_delay(client)
         from paho.mqtt.subscribeoptions import SubscribeOptions
 
         # Membership: presences before records (one SUBSCRIBE, served in order), then the
