@@ -24,6 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from benchmarks.bench_topics import _recv_frames
 from gossiprouter.protocol import native as wire
 from tests.procs import proc_cpu_seconds
 
@@ -60,20 +61,9 @@ def member(port: int, group: str, addr: bytes) -> socket.socket:
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     s.sendall(wire.PREAMBLE + wire.encode(wire.Hello((1,), "bench-mix", None))
               + wire.encode(wire.Connect(1, group, addr)))
-    dec = wire.Decoder()
-    s.settimeout(10)
-    got = 0
-    while got < 2:
-        f = dec.next_frame()
-        if f is None:
-            data = s.recv(65536)
-            if not data:
-                raise RuntimeError("router closed the connection")
-            dec.feed(data)
-            continue
+    for f in _recv_frames(s, wire.Decoder(), 2):
         if isinstance(f, wire.Error):
             raise RuntimeError(f"router refused: {f.code}: {f.message}")
-        got += 1
     s.setblocking(False)
     return s
 

@@ -6,6 +6,7 @@ the envelope in bytes, then in-process routers federated through a real mosquitt
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -85,35 +86,39 @@ async def test_what_one_read_routes_to_a_router_leaves_as_one_broker_message(
     assert [f.payload for f in await routes(near)] == [payloads[i] for i in (1, 5, 9)]
 
 
-async def test_a_batch_never_exceeds_the_brokers_maximum_packet_size(
-        nursery: trio.Nursery, tmp_path: Path) -> None:
-    """mosquitto with max_packet_size 4096 (announced in CONNACK; a larger PUBLISH cuts the
-    router off): 40 frames of 500 bytes for router B in one write leave in several
-    messages, each within it; all arrive, in order, and the link stays up."""
+@pytest.fixture
+def small_broker(tmp_path: Path) -> Iterator[Mosquitto]:
+    """mosquitto with max_packet_size 4096: announced in CONNACK; a larger PUBLISH makes it
+    cut the router off."""
     if not shutil.which(MOSQUITTO):
         pytest.fail("mosquitto is not installed (scripts/setup installs it)")
     b = Mosquitto(tmp_path, "allow_anonymous true\nmax_packet_size 4096\n")
     b.start()
-    try:
-        ra, rb = await federation(nursery, b, 2)
-        s = await member(ra, b"s")
-        b1, b2 = await member(rb, b"b1"), await member(rb, b"b2")
-        await everywhere([ra, rb], {b"s", b"b1", b"b2"})
-        ba, bb = bridge_of(ra), bridge_of(rb)
-        assert ba.batches.limit == 4096 - ROOM
-        data, payloads = _interleaved(40, [b"b1", b"b2"], 500)
-        await s.send_raw(data)
-        await eventually(lambda: bb.federation.stats.routed_in == 40)
-        assert [f.payload for f in await routes(b1)] == payloads[0::2]
-        assert [f.payload for f in await routes(b2)] == payloads[1::2]
-        sent = ba.liveness.link(bb.origin).sent
-        # 40 payloads of about 540 bytes: at least 8 messages within 3,072 bytes, and far
-        # fewer than one per frame.
-        assert 8 <= sent < 40 and bb.batches.stats.messages_in == sent
-        assert ba.stats.connects == 1 and ba.stats.oversized == 0
-        assert ba.federation.stats.not_forwarded == 0
-    finally:
-        b.stop()
+    yield b
+    b.stop()
+
+
+async def test_a_batch_never_exceeds_the_brokers_maximum_packet_size(
+        nursery: trio.Nursery, small_broker: Mosquitto) -> None:
+    """40 frames of 500 bytes for router B in one write leave in several messages, each
+    within the broker's 4,096 bytes; all arrive, in order, and the link stays up."""
+    ra, rb = await federation(nursery, small_broker, 2)
+    s = await member(ra, b"s")
+    b1, b2 = await member(rb, b"b1"), await member(rb, b"b2")
+    await everywhere([ra, rb], {b"s", b"b1", b"b2"})
+    ba, bb = bridge_of(ra), bridge_of(rb)
+    assert ba.batches.limit == 4096 - ROOM
+    data, payloads = _interleaved(40, [b"b1", b"b2"], 500)
+    await s.send_raw(data)
+    await eventually(lambda: bb.federation.stats.routed_in == 40)
+    assert [f.payload for f in await routes(b1)] == payloads[0::2]
+    assert [f.payload for f in await routes(b2)] == payloads[1::2]
+    sent = ba.liveness.link(bb.origin).sent
+    # 40 payloads of about 540 bytes: at least 8 messages within 3,072 bytes, and far fewer
+    # than one per frame.
+    assert 8 <= sent < 40 and bb.batches.stats.messages_in == sent
+    assert ba.stats.connects == 1 and ba.stats.oversized == 0
+    assert ba.federation.stats.not_forwarded == 0
 
 
 async def test_a_federated_groups_local_copies_stay_on_the_fast_path(
