@@ -18,7 +18,17 @@ one router. It prints:
   in messages received per second, and the routers' CPU per message (user + system of
   every router process involved, from /proc; the broker's separately);
 * **convergence**: ``--joins`` members join on each of three federated routers at once;
-  the time until every router's GET_MEMBERS lists all of them.
+  the time until every router's GET_MEMBERS lists all of them;
+* **interleaved** (issue 30, benchmarks/federation_mix.py): a raw native sender writes
+  ``--mix`` messages at ``--mix-rate`` per second, JGroups-like (each to its own
+  destination: the group, then each of 5 receivers in turn), to a group whose receivers are
+  spread over the 3 federated routers (1 on the sender's, 2 on each other one), and the same
+  traffic with every member on the router without a bridge (the local-only baseline):
+  latency at the remote receivers, and the CPU of every process involved (routers and
+  mosquitto) per message. Once one message a tick (1,000 ticks/s), once bundled as JGroups
+  bundles them: 6 a tick (a multicast and a unicast to each receiver) in one write;
+* **burst**: ``--burst`` such messages at once; the latency at the receiver on the sender's
+  router, for the federated group and for a group with every member on that router.
 
 The difference between the across and the within-one-federated-router p50 is the broker
 hop (target: <= 1 ms on loopback); the rows without and with a bridge for local traffic
@@ -41,6 +51,7 @@ import argparse
 import itertools
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -53,9 +64,10 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_topics import Loader, _native_member, run_fanout
+from benchmarks.federation_mix import MixOut, run_mix
 from gossiprouter.protocol import native as wire
 from gossiprouter.stub import Channel, RouterStub
-from tests.procs import BrokerProcess, RouterProcess, proc_cpu_seconds
+from tests.procs import BrokerProcess, RouterProcess, proc_cpu_seconds, wait_listening
 
 STUB = {"reconnect_initial": 0.05, "reconnect_max": 0.5, "send_timeout": 10.0,
         "request_timeout": 10.0, "receive_buffer": 1 << 20, "heartbeat_interval": 5.0,
@@ -65,6 +77,24 @@ STUB = {"reconnect_initial": 0.05, "reconnect_max": 0.5, "send_timeout": 10.0,
 ROUTER_ARGS = ("--log-level", "warning")
 _group_ids = itertools.count()
 LOCAL_FACTOR = 10
+
+
+class CodeRouter(RouterProcess):
+    """A router of another checkout (``--code DIR``: its own .venv and build), for a
+    before/after in one sitting: the same cases against the routers of each tree."""
+
+    code: Path | None = None
+
+    def start(self) -> CodeRouter:
+        if self.code is None:
+            super().start()
+            return self
+        self.proc = subprocess.Popen(
+            [str(self.code / ".venv" / "bin" / "python"), "-m", "gossiprouter", "serve",
+             "--host", "127.0.0.1", "--port", str(self.port), *self.args],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self.code)
+        wait_listening(self.port, self.proc)
+        return self
 
 
 @dataclass
@@ -85,6 +115,8 @@ class Results:
     joins_s: float | None = None
     federated: bool = False
     broker_cpu_us: float | None = None
+    mix: dict[str, MixOut] = field(default_factory=dict)
+    only_mix: bool = False
 
     def row(self, case: str) -> Row:
         return next(r for r in self.rows if r.case == case)
@@ -226,15 +258,53 @@ async def convergence(routers: Sequence[str], joins: int, wait: float
     return joined - t0, max(seen.values()) - t0
 
 
+# The interleaved and burst cases: (name, where the receivers are, ticks per second or 0
+# for a burst, the label of the receivers whose latency is shown).
+MIX_LOCAL = "interleaved: one router, no bridge"
+MIX_FAR = "interleaved: across 3 routers"
+BUNDLE_LOCAL = "interleaved, 6 a tick: one router, no bridge"
+BUNDLE_FAR = "interleaved, 6 a tick: across 3 routers"
+BURST_FED = "burst: federated group"
+BURST_ONE = "burst: group on one router"
+
+
+def mix_round(res: Results, plain: RouterProcess, fed: Sequence[RouterProcess], broker: int,
+              messages: int, rate: float, burst: int, wait: float,
+              say: Callable[[str], None]) -> None:
+    """One round of the interleaved and burst cases (added to ``res.mix``)."""
+    a, b, c = (r.port for r in fed)
+    spread = [(a, "local"), (b, "remote"), (b, "remote"), (c, "remote"), (c, "remote")]
+    every = [*(r.pid for r in fed), broker]
+    alone = [(plain.port, "local")] * 5
+    cases = ((MIX_LOCAL, plain.port, alone, messages, rate, [plain.pid], 1),
+             (MIX_FAR, a, spread, messages, rate, every, 1),
+             (BUNDLE_LOCAL, plain.port, alone, messages, rate, [plain.pid], 6),
+             (BUNDLE_FAR, a, spread, messages, rate, every, 6),
+             (BURST_FED, a, spread, burst, 0.0, every, 1),
+             (BURST_ONE, a, [(a, "local"), *[(a, "other")] * 4], burst, 0.0, every, 1))
+    for name, tx, rx, n, r, pids, per_tick in cases:
+        say(f"{name}: {n} messages")
+        out = run_mix(f"mix-{next(_group_ids)}", tx, rx, n, r, pids, wait, per_tick)
+        if out is not None:
+            res.mix.setdefault(name, MixOut()).add(out)
+
+
 async def run(messages: int, group_size: int, count: int, joins: int, wait: float,
-              say: Callable[[str], None] = print, rounds: int = 1) -> Results:
-    """Start the broker and the routers, measure every case, stop them; the figures."""
+              say: Callable[[str], None] = print, rounds: int = 1, mix: int = 0,
+              mix_rate: float = 1000.0, burst: int = 0, only_mix: bool = False,
+              code: Path | None = None) -> Results:
+    """Start the broker and the routers (of checkout ``code``; None: this one), measure
+    every case, stop them; the figures."""
     res = Results()
     tmp = Path(tempfile.mkdtemp(prefix="bench-federation-"))
     broker = BrokerProcess(tmp)
-    plain = RouterProcess(None, *ROUTER_ARGS)
-    fed = [RouterProcess(None, *ROUTER_ARGS, "--bridge", broker.url,
-                         "--bridge-reconnect-max", "0.5", "--router-id", f"r{i}")
+    # As docs/federation.md advises: without it mosquitto holds a small message back until
+    # the receiving router ACKs the one before (Nagle), up to the delayed ACK's 40 ms.
+    broker.conf.write_text(broker.conf.read_text() + "set_tcp_nodelay true\n")
+    CodeRouter.code = code
+    plain = CodeRouter(None, *ROUTER_ARGS)
+    fed = [CodeRouter(None, *ROUTER_ARGS, "--bridge", broker.url,
+                      "--bridge-reconnect-max", "0.5", "--router-id", f"r{i}")
            for i in range(3)]
     try:
         broker.start()
@@ -255,14 +325,17 @@ async def run(messages: int, group_size: int, count: int, joins: int, wait: floa
             # many keep their CPU time well above /proc's 10 ms tick.
             return count * (LOCAL_FACTOR if tx == rx else 1)
 
-        where_ = (("one router, no bridge", p, p, [plain]),
-                  ("one router, federated", a, a, fed[:1]),
-                  ("across two routers (mosquitto)", a, b, fed[:2]))
+        where_: Sequence[tuple[str, str, str, list[CodeRouter]]] = (
+            ("one router, no bridge", p, p, [plain]),
+            ("one router, federated", a, a, fed[:1]),
+            ("across two routers (mosquitto)", a, b, fed[:2]))
         cases = [("unicast", 1, True), (f"{group_size}-member group", group_size - 1, False)]
         lats: dict[str, list[float]] = {}
         tput: dict[str, list[float]] = {}  # received, seconds, router CPU, broker CPU
         # The cases take turns, round after round, so that a burst of load from elsewhere on
         # a shared machine spreads over all of them instead of skewing one.
+        if only_mix:
+            res.only_mix, cases, where_ = True, [], ()
         for rnd in range(rounds):
             for what, receivers, uni in cases:
                 for where, tx, rx, _ in where_:
@@ -282,6 +355,8 @@ async def run(messages: int, group_size: int, count: int, joins: int, wait: floa
                     acc = tput.setdefault(where, [0.0, 0.0, 0.0, 0.0])
                     for i, v in enumerate((*out, proc_cpu_seconds(broker.pid) - broker_cpu)):
                         acc[i] += v
+            if mix and res.federated:
+                mix_round(res, plain, fed, broker.pid, mix, mix_rate, burst, wait, say)
         for what, _, _ in cases:
             for where, *_ in where_:
                 row = Row(f"{what}: {where}")
@@ -309,7 +384,7 @@ async def run(messages: int, group_size: int, count: int, joins: int, wait: floa
             res.rows.append(row)
         say(f"convergence: {joins} joins on each of 3 routers")
         conv = await convergence([f"127.0.0.1:{r.port}" for r in fed], joins, wait) \
-            if res.federated else None
+            if res.federated and not only_mix else None
         if conv is not None:
             res.joins_s, res.converge_s = conv
     finally:
@@ -325,8 +400,49 @@ def _fmt(v: float | None, spec: str = ",.0f") -> str:
     return "-" if v is None else format(v, spec)
 
 
+def mix_shown(name: str, m: MixOut) -> list[float]:
+    """The latencies a mix case's row shows: the remote receivers' across routers, the
+    local receiver's otherwise."""
+    return m.lat.get("remote" if name in (MIX_FAR, BUNDLE_FAR) else "local", [])
+
+
+def print_mix(res: Results, out: Callable[[str], None] = print) -> None:
+    """The interleaved and burst rows, and their ratios against issue 30's targets."""
+    if not res.mix:
+        return
+    out(f"{'interleaved and burst (issue 30)':<58} {'p50 µs':>9} {'p99 µs':>9} "
+        f"{'msg/s':>9} {'CPU µs/msg':>11}  note")
+    fig: dict[str, tuple[float, float, float]] = {}
+    for name, m in res.mix.items():
+        lat = mix_shown(name, m)
+        note = "" if m.delivered == m.expected else \
+            f"{m.expected - m.delivered} of {m.expected} deliveries missing"
+        if not lat:
+            out(f"{name:<58} {'-':>9} {'-':>9}  {note}")
+            continue
+        p50, p99 = _pct(lat, 0.5) * 1e6, _pct(lat, 0.99) * 1e6
+        cpu = m.cpu_s / max(m.messages, 1) * 1e6
+        fig[name] = (p50, p99, cpu)
+        out(f"{name:<58} {p50:>9,.0f} {p99:>9,.0f} {m.messages / m.wall_s:>9,.0f} "
+            f"{cpu:>11,.2f}  {note}")
+    for far, local, what in ((MIX_FAR, MIX_LOCAL, "interleaved"),
+                             (BUNDLE_FAR, BUNDLE_LOCAL, "interleaved, 6 a tick,")):
+        if far in fig:
+            out(f"{what} across routers, p50: {fig[far][0] / 1000:.2f} ms (target <= 2), "
+                f"p99: {fig[far][1] / 1000:.2f} ms (target <= 10)")
+        if far in fig and local in fig:
+            ratio = (f"{fig[far][2] / fig[local][2]:.1f}x" if fig[local][2] else
+                     "- (local CPU below /proc's 10 ms tick: more --mix)")
+            out(f"{what} CPU per message, across routers / local-only: {ratio} (target <= 5)")
+    if BURST_FED in fig and BURST_ONE in fig:
+        out(f"burst, local receiver, federated group / group on one router, p50: "
+            f"{fig[BURST_FED][0] / fig[BURST_ONE][0]:.2f}x, p99: "
+            f"{fig[BURST_FED][1] / fig[BURST_ONE][1]:.2f}x (target <= 2)")
+
+
 def print_table(res: Results, joins: int, out: Callable[[str], None] = print) -> None:
-    out(f"{'case':<58} {'p50 µs':>9} {'p99 µs':>9} {'msg/s':>9} {'CPU µs/msg':>11}  note")
+    if res.rows:
+        out(f"{'case':<58} {'p50 µs':>9} {'p99 µs':>9} {'msg/s':>9} {'CPU µs/msg':>11}  note")
     for r in res.rows:
         out(f"{r.case:<58} {_fmt(r.p50_us):>9} {_fmt(r.p99_us):>9} {_fmt(r.rate):>9} "
             f"{_fmt(r.cpu_us, ',.2f'):>11}  {r.note}")
@@ -335,7 +451,8 @@ def print_table(res: Results, joins: int, out: Callable[[str], None] = print) ->
             f"{res.broker_cpu_us:>11,.2f}")
     conv = ("membership not federated" if res.converge_s is None else
             f"{res.converge_s:.3f} s (joins acknowledged after {res.joins_s:.3f} s)")
-    out(f"convergence, {joins:,} joins on each of 3 routers: {conv}")
+    if not res.only_mix:
+        out(f"convergence, {joins:,} joins on each of 3 routers: {conv}")
     for what in ("unicast", next((r.case.split(":")[0] for r in res.rows
                                   if "group" in r.case), "")):
         fed = next((r for r in res.rows if r.case == f"{what}: one router, federated"), None)
@@ -347,6 +464,7 @@ def print_table(res: Results, joins: int, out: Callable[[str], None] = print) ->
         if fed and plain and fed.p50_us is not None and plain.p50_us is not None:
             out(f"local {what} with federation / without, p50: "
                 f"{fed.p50_us / plain.p50_us:.2f}x (target: 1 within noise)")
+    print_mix(res, out)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -364,6 +482,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=3,
                     help="rounds of every latency and throughput case, taking turns; the "
                          "figures are over all rounds (default 3)")
+    ap.add_argument("--mix", type=int, default=5000,
+                    help="messages per round of the interleaved cases (default 5000; 0: "
+                         "no interleaved or burst case)")
+    ap.add_argument("--mix-rate", type=float, default=1000.0,
+                    help="messages per second of the interleaved cases (default 1000)")
+    ap.add_argument("--burst", type=int, default=40_000,
+                    help="messages per round of the burst cases (default 40000)")
+    ap.add_argument("--only-mix", action="store_true",
+                    help="only the interleaved and burst cases (and the probe)")
+    ap.add_argument("--code", type=Path, default=None,
+                    help="run the routers of another checkout DIR (with its .venv), e.g. "
+                         "main's, for a before/after: alternate runs with and without it")
     ap.add_argument("--wait", type=float, default=5.0,
                     help="seconds to wait for a remote member to be listed (default 5)")
     args = ap.parse_args(argv)
@@ -372,8 +502,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             ap.error(f"--{name}: expected at least 1")
     if args.group < 2:
         ap.error("--group: expected at least 2 (a sender and a receiver)")
+    if args.code is not None and not (args.code / ".venv" / "bin" / "python").exists():
+        ap.error(f"--code {args.code}: no .venv/bin/python there")
+    if args.mix < 0 or args.burst < 0 or args.mix_rate <= 0:
+        ap.error("--mix and --burst: expected 0 or more; --mix-rate: more than 0")
     res = trio.run(run, args.messages, args.group, args.throughput, args.joins, args.wait,
-                   lambda s: print(s, file=sys.stderr), args.rounds)
+                   lambda s: print(s, file=sys.stderr), args.rounds, args.mix, args.mix_rate,
+                   args.burst, args.only_mix, args.code)
     print_table(res, args.joins)
 
 

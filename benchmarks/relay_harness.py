@@ -254,6 +254,10 @@ class Sender:
     handed_back: int = 0  # bytes given back with read(held)
     closed: str = ""
     trace: list[str] = field(default_factory=list)  # the last events, for a report
+    # Native multicasts model a federated group: each frame must also reach "the other
+    # routers" once, in order: sent by Python when it routes the frame, or handed up by the
+    # thread (REMOTE) when it relays it on a route learned with a remote share.
+    remote: collections.deque[bytes] = field(default_factory=collections.deque)
 
 
 class Harness:
@@ -443,6 +447,8 @@ class Harness:
             for r in self.dests(s.kind, run.dest):
                 for f in run.frames:
                     r.expect(s.name, f)
+            if s.kind == "native" and run.dest is None:
+                s.remote.extend(run.frames)
         s.pending = data
         s.pos = 0
         s.trace.append(f"batch:{len(data)}{'+eof' if eof else ''}")
@@ -484,6 +490,12 @@ class Harness:
                             self._reclaim(r)
                 continue
             s = self._sender(cid)
+            if kind == mod.REMOTE:
+                if s is None or not s.reading:
+                    raise Violation(f"REMOTE upcall of {len(data)} bytes for connection {cid}, "
+                                    "not a sender the thread reads")
+                self.stats["remote share frames"] += self._remote(s, data)
+                continue
             if s is None:
                 if self._receiver(cid) is not None and kind == mod.DATA and data:
                     raise Violation(f"a receiver's connection {cid} handed up {len(data)} bytes")
@@ -509,6 +521,18 @@ class Harness:
                 self._close_sender(s, "eof" if kind == mod.EOF else "read error")
         return bool(items)
 
+    def _remote(self, s: Sender, data: bytes) -> int:
+        """The remote share ``data`` must be the next whole frames ``s`` owes the other
+        routers; how many."""
+        n = pos = 0
+        while pos < len(data):
+            if not s.remote or not data.startswith(s.remote[0], pos):
+                raise Violation(f"{s.name}: a remote share that is not its next multicast "
+                                f"frames at {pos} of {len(data)} bytes")
+            pos += len(s.remote.popleft())
+            n += 1
+        return n
+
     def _route(self, s: Sender, runs: list[Run]) -> None:
         """What a session does with the runs of an upcall: route them, then maybe teach the
         thread (every receiver attached, as fastpath._ids requires)."""
@@ -519,6 +543,9 @@ class Harness:
             blob = b"".join(run.frames)
             for r in targets:
                 self._push(r, blob)
+            remote = s.kind == "native" and run.dest is None
+            if remote and self._remote(s, blob) != n:
+                raise Violation(f"{s.name}: Python's remote share is not whole frames")
             if run.key is not None and targets and self.rng.random() < 0.9:
                 ids = []
                 for r in targets:
@@ -529,7 +556,7 @@ class Harness:
                         ids.append(r.cid)
                 else:
                     args = (s.cid, run.key, run.out, run.skip, s.py.scanner.max_frame, ids)
-                    if self.relay.learn(*args, *self._slot(s.kind)):
+                    if self.relay.learn(*args, *self._slot(s.kind), remote):
                         self.stats["routes learned"] += 1
 
     def _slot(self, kind: str) -> tuple[int, ...]:
@@ -700,6 +727,10 @@ class Harness:
                 raise Violation(
                     f"{s.name}: {s.written} bytes written, {self.bytes_in[s.cid]} relayed by "
                     f"the thread and {python} handled by Python ({what})")
+        for s in self.senders:
+            if s.remote and not s.closed:
+                raise Violation(f"{s.name}: {len(s.remote)} multicast frames never reached "
+                                f"the other routers ({what})")
         for r in self.receivers:
             if r.inbuf or r.waiting():
                 raise Violation(f"receiver {r.kind}/{r.addr!r}: {len(r.inbuf)} unmatched bytes, "

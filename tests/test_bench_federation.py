@@ -18,7 +18,7 @@ from gossiprouter.loadtest.processes import MOSQUITTO
 def test_every_case_measures_something() -> None:
     if not shutil.which(MOSQUITTO):
         pytest.fail("mosquitto is not installed (scripts/setup installs it)")
-    res = trio.run(bench.run, 5, 4, 100, 20, 10.0, lambda _: None)
+    res = trio.run(bench.run, 5, 4, 100, 20, 10.0, lambda _: None, 1, 30, 1000.0, 120)
     assert res.federated
     for row in res.rows:
         assert row.note == "", row
@@ -30,10 +30,22 @@ def test_every_case_measures_something() -> None:
             # 5 messages, to 1 receiver (unicast) or 3 (the 4-member group).
             assert row.samples == 5 * (1 if row.case.startswith("unicast") else 3), row
             assert row.p50_us is not None and row.p99_us is not None and row.p50_us > 0
+    # The interleaved and burst cases: every delivery arrived (30 or 120 messages, a sixth
+    # of them multicasts to the 5 receivers), and the ratio lines are printed.
+    assert set(res.mix) == {bench.MIX_LOCAL, bench.MIX_FAR, bench.BUNDLE_LOCAL, bench.BUNDLE_FAR,
+                            bench.BURST_FED, bench.BURST_ONE}
+    for name, m in res.mix.items():
+        n = 120 if name.startswith("burst") else 30
+        assert m.messages == n and m.expected == m.delivered == n // 6 * 10, (name, m)
+        assert bench.mix_shown(name, m), name
     assert res.joins_s is not None and res.converge_s is not None
     assert res.converge_s >= res.joins_s
     lines: list[str] = []
     bench.print_table(res, 20, lines.append)
     assert any(line.startswith("broker hop, unicast, p50: ") for line in lines), lines
+    for start in ("interleaved across routers, p50: ", "interleaved CPU per message, across",
+                  "interleaved, 6 a tick, across routers, p50: ",
+                  "burst, local receiver, federated group / group on one router, p50: "):
+        assert any(line.startswith(start) for line in lines), (start, lines)
     assert any(re.match(r"convergence, 20 joins on each of 3 routers: \d+\.\d{3} s", line)
                for line in lines), lines

@@ -88,6 +88,7 @@ NO_IO_MODULES = {"gossiprouter.federation.state", "gossiprouter.federation.codec
                  "gossiprouter.federation.remote", "gossiprouter.federation.grace",
                  "gossiprouter.federation.liveness", "gossiprouter.federation.frames",
                  "gossiprouter.federation.signing", "gossiprouter.federation.mqtt_topics",
+                 "gossiprouter.federation.batch",
                  "gossiprouter.client.status", "gossiprouter.client.errors",
                  "gossiprouter.client.model", "gossiprouter.client.registrar",
                  "gossiprouter.client.merge", "gossiprouter.client.local"}

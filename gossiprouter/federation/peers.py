@@ -16,8 +16,10 @@ records, routed frames and the resync marker (docs/federation.md).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+import socket
 import time
 import uuid
 from typing import TYPE_CHECKING
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from gossiprouter.core.config import Config, ConfigError
+from gossiprouter.federation.batch import BATCH_PROPERTY, FORMAT, Batches, decode_batch
 from gossiprouter.federation.broker import BrokerSession
 from gossiprouter.federation.liveness import Liveness
 from gossiprouter.federation.mqtt_topics import (
@@ -90,6 +93,12 @@ def _parse(prefix: str, topic: str) -> tuple[str, str, str | None, str]:
     return (*parse_fed_topic(prefix, topic), "")
 
 
+def _no_delay(client: Client) -> None:
+    sock = client.socket()
+    with contextlib.suppress(OSError, AttributeError):  # not TCP (WebSockets): as it is
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[union-attr]
+
+
 def _properties(will: bool = False) -> Properties:
     from paho.mqtt.packettypes import PacketTypes
     from paho.mqtt.properties import Properties
@@ -135,26 +144,75 @@ class Peers(BrokerSession):
         self.liveness = Liveness(config.federation_peer_timeout, config.federation_frame_age)
         self._resync_after = 0.0
         self.wall = time.time  # the wall clock of routed frames' ages (a test may set it)
+        # Routed messages wait here for the end of the scheduler tick, then leave as one
+        # broker message per destination router (batch.py; _flush_routes).
+        self.batches = Batches()
+        self._batch_due = trio.Event()
+        self._route_topics: dict[str, str] = {}  # destination router -> its route topic
+        self._parsed: dict[str, tuple[str, str, str | None, str]] = {}  # route topics read
 
     def _send_route(self, origin: str, payload: bytes) -> bool:
-        link = self.liveness.link(origin)
-        if self._publish_route(origin, payload, SENT_PROPERTY,
-                               str(round(self.wall() * 1000))):
-            link.sent += 1
-            return True
-        link.lost += 1
-        return False
+        """A routed message for router ``origin``: batched until the end of the tick (False:
+        not connected, the bridge's queue full, or beyond the broker's Maximum Packet Size
+        even alone; counted lost)."""
+        if not self._writable(self.batches.bytes + len(payload)) or not self._fits(
+                self._route_topic(origin), payload, self.origin, "0" * 13, FORMAT):
+            self.liveness.link(origin).lost += 1
+            return False
+        self.batches.add(origin, payload)
+        self._batch_due.set()
+        return True
 
-    def _publish_route(self, origin: str, payload: bytes, key: str, value: str) -> bool:
+    def _flush_routes(self) -> None:
+        """What this tick routed to each other router, as one broker message per router
+        (several if beyond the broker's limit): ``peer_messages{sent}`` counts them, and
+        ``{lost}`` the routed messages (runs) a publication failed for."""
+        if not self.batches:
+            return
+        if self.state != "connected":
+            self._lost(self.batches.clear())
+            return
+        sent = str(round(self.wall() * 1000))
+        for origin, message, items in self.batches.take():
+            link = self.liveness.link(origin)
+            if self._publish_route(origin, message, SENT_PROPERTY, sent, batch=items > 1):
+                link.sent += 1
+            else:
+                link.lost += items
+
+    def _route_topic(self, origin: str) -> str:
+        topic = self._route_topics.get(origin)
+        if topic is None:
+            if len(self._route_topics) >= 4096:  # routers come and go: a bound
+                self._route_topics.clear()
+            topic = self._route_topics[origin] = route_topic(self.prefix, self.origin, origin)
+        return topic
+
+    def _lost(self, dropped: dict[str, int]) -> None:
+        for origin, n in dropped.items():
+            self.liveness.link(origin).lost += n
+
+    async def _route_flusher(self) -> None:
+        # Woken by the first routed message of a tick; by the time it runs, every task that
+        # was runnable with it (each connection's whole read) has added its messages.
+        while True:
+            await self._batch_due.wait()
+            self._batch_due = trio.Event()
+            self._flush_routes()
+
+    def _publish_route(self, origin: str, payload: bytes, key: str, value: str,
+                       batch: bool = False) -> bool:
         """A message on ``origin``'s route topic (routed frames, or a heartbeat), with this
-        router's origin and ``key``: ``value`` as user properties."""
+        router's origin and ``key``: ``value`` as user properties (and the batch mark when
+        ``payload`` is an envelope of several routed messages, batch.py)."""
         if not self._writable(len(payload)):
             return False
-        topic = route_topic(self.prefix, self.origin, origin)
-        if not self._fits(topic, payload, self.origin, value):
+        topic = self._route_topic(origin)
+        if not self._fits(topic, payload, self.origin, value, *((FORMAT,) if batch else ())):
             return False
         props = _properties()
-        props.UserProperty = [(FROM_PROPERTY, self.origin), (key, value)]
+        props.UserProperty = [(FROM_PROPERTY, self.origin), (key, value),
+                              *(((BATCH_PROPERTY, FORMAT),) if batch else ())]
         info = self._client.publish(topic, payload, self.qos,
                                     properties=self._signed(topic, payload, "route", props))
         if info.rc:
@@ -233,11 +291,17 @@ class Peers(BrokerSession):
 
     def _connected(self, client: Client) -> None:
         super()._connected(client)
+        # Routed messages are small and go out one tick after another: without TCP_NODELAY
+        # the second of two waits for the broker's (delayed) ACK of the first, up to 40 ms.
+        _no_delay(client)
         from paho.mqtt.subscribeoptions import SubscribeOptions
 
         # Membership: presences before records (one SUBSCRIBE, served in order), then the
         # snapshot, then the marker that comes back after every retained message.
         fed = self.federation
+        # Routed messages of the last session are gone with it (counted lost there).
+        self._lost(self.batches.clear())
+        self.batches.set_limit(self.max_packet, self.queue_limit)
         if self.max_packet is not None:
             # Every chunk and delta within the broker's Maximum Packet Size (its CONNACK),
             # with room for the topic and the properties (a signature among them).
@@ -261,7 +325,14 @@ class Peers(BrokerSession):
         try:
             # Who wrote it is the subtree it is in (which the broker's ACL confines each
             # router to): a message about router R is only ever read from R's subtree.
-            writer, kind, arg, tag = _parse(self.prefix, topic)
+            parsed = self._parsed.get(topic)
+            if parsed is None:
+                parsed = _parse(self.prefix, topic)
+                if parsed[1] == "route":  # the few topics traffic comes on: kept parsed
+                    if len(self._parsed) >= 4096:
+                        self._parsed.clear()
+                    self._parsed[topic] = parsed
+            writer, kind, arg, tag = parsed
             user = getattr(props, "UserProperty", None) or ()
             left = any(k == LEFT_PROPERTY for k, _ in user)
             if self._verifier is not None:
@@ -276,7 +347,16 @@ class Peers(BrokerSession):
                     self._verifier.forget(writer)
             if kind == "route" and arg == self.origin:
                 if self._on_path(writer, payload, props):
-                    fed.on_route(payload, writer)
+                    st = self.batches.stats
+                    st.messages_in += 1
+                    if any(k == BATCH_PROPERTY for k, _ in user):
+                        items = decode_batch(payload)
+                        st.payloads_in += len(items)
+                        for item in items:  # each checked as if it had come alone
+                            fed.on_route(item, writer)
+                    else:
+                        st.payloads_in += 1
+                        fed.on_route(payload, writer)
             elif kind == "sync" and writer == self.origin:
                 fed.end_sync(trio.current_time())
             elif kind == "presence":
@@ -300,6 +380,7 @@ class Peers(BrokerSession):
     def _session_tasks(self, nursery: trio.Nursery) -> None:
         super()._session_tasks(nursery)
         nursery.start_soon(self._flusher)
+        nursery.start_soon(self._route_flusher)
         nursery.start_soon(self._refresher)
         if self.heartbeat > 0:
             nursery.start_soon(self._heartbeats)

@@ -69,6 +69,7 @@ import trio
 
 from gossiprouter.core.config import Config, ConfigError
 from gossiprouter.server.dispatch import END, READ, Feed, Parked, current_task, wait_in
+from gossiprouter.server.remote_share import send_remote, split
 
 if TYPE_CHECKING:
     from gossiprouter.routing.entries import Carrier
@@ -234,7 +235,9 @@ class FastPath:
         # For tests and profiles: upcalls handled, routes learned, connections handed back to
         # their task for a wait (a spent turn or control budget, back-pressure).
         self.upcalls = 0
-        self.by_kind = [0] * 5  # upcalls by kind: DATA, EOF, ERROR, EVICT, LOST
+        self.by_kind = [0] * 6  # upcalls by kind: DATA, EOF, ERROR, EVICT, LOST, REMOTE
+        # Frames whose remote share Python sent on (relayed locally by the thread).
+        self.remote_frames = 0
         self.learned = 0
         self.handbacks = 0
         # The largest frame the thread holds across reads: what Python holds without charging
@@ -294,6 +297,9 @@ class FastPath:
         for cid, kind, data in items:
             self.upcalls += 1
             self.by_kind[kind] += 1
+            if kind == mod.REMOTE:  # a federated group's frames: their remote share
+                self.remote_frames += send_remote(self.hub, data)
+                continue
             if kind == mod.EVICT:
                 s = self._sessions.get(cid)
                 if s is not None:
@@ -465,7 +471,7 @@ class FastPath:
 
     # ------------------------------------------------------------------ learning
 
-    def _ids(self, targets: tuple[Carrier, ...]) -> list[int] | None:
+    def _ids(self, targets: tuple[Carrier, ...] | list[Carrier]) -> list[int] | None:
         ids = []
         for t in targets:
             s: Session = t  # type: ignore[assignment]  # carriers here are sessions
@@ -494,10 +500,14 @@ class FastPath:
             if c is None:
                 return
             targets = (c,)
-        ids = self._ids(targets)
+        # Receivers on other routers (the federation's carriers) are Python's share: the
+        # thread relays to the local ones and hands each frame up (REMOTE, _remote).
+        local, remote = split(targets)
+        ids = self._ids(local)
         if ids is not None and self.relay.learn(
                 session.fast_id, key, b"", 0,
-                session.scanner.max_frame, ids, self._slot(group)):  # type: ignore[attr-defined]
+                session.scanner.max_frame, ids, self._slot(group),  # type: ignore[attr-defined]
+                remote):
             self.learned += 1
 
     def learn_jgroups(self, session: Session, group: str, dest: bytes | None, key: bytes,

@@ -49,16 +49,17 @@ static void lose(Relay *r, conn_t *c) {
     signal_python(r);
 }
 
-/* Queue an upcall (mutex held); on allocation failure the connection is lost (above). */
-static void upcall(Relay *r, int64_t cid, int kind, const uint8_t *data, size_t len) {
+/* Queue an upcall (mutex held); on allocation failure the connection is lost (above).
+ * 0: queued. */
+static int upcall(Relay *r, int64_t cid, int kind, const uint8_t *data, size_t len) {
     conn_t *c = get_conn(r, cid);
-    if (c != NULL && c->lost) return; /* Python closes it: nothing more about it matters */
+    if (c != NULL && c->lost) return -1; /* Python closes it: nothing more about it matters */
     up_t *u = NULL;
     if (r->fail_upcalls > 0) r->fail_upcalls--;
     else u = malloc(sizeof(up_t) + len);
     if (u == NULL) {
         if (c != NULL) lose(r, c);
-        return;
+        return -1;
     }
     u->next = NULL;
     u->cid = cid;
@@ -71,6 +72,12 @@ static void upcall(Relay *r, int64_t cid, int kind, const uint8_t *data, size_t 
     r->up_count++;
     r->upcalls++;
     signal_python(r);
+    return 0;
+}
+
+/* The remote share of frames relayed to their local receivers: up to Python (UP_REMOTE). */
+static void remote_up(Relay *r, int64_t cid, const uint8_t *p, size_t n) {
+    if (n && upcall(r, cid, UP_REMOTE, p, n) == 0) r->held_remote += n;
 }
 
 void stop_reading(Relay *r, conn_t *c) {
@@ -300,7 +307,7 @@ static void flush_dirty(Relay *r) {
 /* Relay the frames of ``buf`` (``len`` bytes read from ``c``: its held partial frame, if any,
  * and what was just received). */
 static void relay_frames(Relay *r, conn_t *c, int64_t cid, const uint8_t *buf, size_t len) {
-    size_t pos = 0;
+    size_t pos = 0, rstart = 0, rlen = 0; /* rstart, rlen: the remote share not yet up */
     int up = 0;
     forget_stale(r, c);
     if (c->raw || c->kind == 0) {
@@ -335,10 +342,19 @@ static void relay_frames(Relay *r, conn_t *c, int64_t cid, const uint8_t *buf, s
             size_t held = r->held_partial + r->held_pending;
             if (held + r->staged + fan > r->max_bytes && r->staged) flush_dirty(r);
             held = r->held_partial + r->held_pending;
-            if (held + fan > r->max_bytes) {
+            if (held + fan > r->max_bytes ||
+                (rt->remote && r->held_remote + rlen + (size_t)flen > r->max_bytes)) {
                 r->over_cap++;
                 up = 1;
                 break;
+            }
+            if (rt->remote) { /* contiguous frames go up as one upcall */
+                if (rlen && rstart + rlen != pos) {
+                    remote_up(r, cid, buf + rstart, rlen);
+                    rlen = 0;
+                }
+                if (!rlen) rstart = pos;
+                rlen += (size_t)flen;
             }
             const uint8_t *head = rt->out;
             size_t hlen = rt->olen;
@@ -363,8 +379,10 @@ static void relay_frames(Relay *r, conn_t *c, int64_t cid, const uint8_t *buf, s
             pos += (size_t)flen;
         }
     }
-    /* What this read routed goes out before anything it points into changes. */
+    /* What this read routed goes out before anything it points into changes; its remote
+     * share goes up before any DATA of the same read (Python sends them in that order). */
     flush_dirty(r);
+    remote_up(r, cid, buf + rstart, rlen);
     if (!up && pos < len && keep_rest(r, c, buf, pos, len) < 0) up = 1;
     if (up) {
         c->raw = 0;

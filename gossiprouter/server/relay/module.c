@@ -120,16 +120,18 @@ static PyObject *Relay_stop(Relay *self, PyObject *unused) {
 
 static PyObject *Relay_fileno(Relay *self, PyObject *unused) { return PyLong_FromLong(self->efd); }
 
-/* learn(cid, key, out, skip, max_frame, dests, slot=0) -> bool: False when it cannot be
- * repeated now (a connection unknown, or a receiver not attached); ValueError for arguments
- * no caller may pass (they would make the thread read or write out of bounds). */
+/* learn(cid, key, out, skip, max_frame, dests, slot=0, remote=False) -> bool: False when it
+ * cannot be repeated now (a connection unknown, or a receiver not attached); ValueError for
+ * arguments no caller may pass (they would make the thread read or write out of bounds).
+ * ``remote``: the frames also go to other routers (UP_REMOTE upcalls, as received). */
 static PyObject *Relay_learn(Relay *self, PyObject *args) {
     long long cid, slot = 0;
     Py_buffer key, out;
     Py_ssize_t skip, max_frame;
     PyObject *dests;
-    if (!PyArg_ParseTuple(args, "Ly*y*nnO|L", &cid, &key, &out, &skip, &max_frame, &dests,
-                          &slot))
+    int remote = 0;
+    if (!PyArg_ParseTuple(args, "Ly*y*nnO|Lp", &cid, &key, &out, &skip, &max_frame, &dests,
+                          &slot, &remote))
         return NULL;
     int64_t *ids = NULL;
     PyObject *seq = NULL;
@@ -140,6 +142,7 @@ static PyObject *Relay_learn(Relay *self, PyObject *args) {
     else if (skip < 0 || skip > key.len) bad = "learn: skip must be 0 to len(key)";
     else if (max_frame < 1) bad = "learn: max_frame must be positive";
     else if (slot < 0 || slot >= GROUP_SLOTS) bad = "learn: slot must be 0 to GROUP_SLOTS - 1";
+    else if (remote && out.len) bad = "learn: a remote share only for frames sent as received";
     if (bad != NULL) {
         PyErr_SetString(PyExc_ValueError, bad);
         goto fail;
@@ -172,6 +175,7 @@ static PyObject *Relay_learn(Relay *self, PyObject *args) {
         .ndest = (int)nd,
         .dests = ids,
         .slot = (uint32_t)slot,
+        .remote = remote,
     };
     int dup;
     py_lock(self);
@@ -219,13 +223,15 @@ static PyObject *Relay_invalidate(Relay *self, PyObject *const *args, Py_ssize_t
 /* Put the upcalls ``u`` (a chain, not yet handed to Python) back in front of the queue. */
 static void requeue(Relay *self, up_t *u) {
     if (u == NULL) return;
-    size_t n = 1;
+    size_t n = 1, remote = u->kind == UP_REMOTE ? u->len : 0;
     up_t *last = u;
     while (last->next) {
         last = last->next;
         n++;
+        if (last->kind == UP_REMOTE) remote += last->len;
     }
     py_lock(self);
+    self->held_remote += remote;
     last->next = self->up_head;
     self->up_head = u;
     if (self->up_tail == NULL) self->up_tail = last;
@@ -248,6 +254,8 @@ static PyObject *Relay_upcalls(Relay *self, PyObject *unused) {
     self->up_head = self->up_tail = NULL;
     self->up_count = 0;
     self->signalled = 0;
+    for (up_t *x = u; x != NULL; x = x->next) /* taken: no longer held by the thread */
+        if (x->kind == UP_REMOTE) self->held_remote -= x->len;
     pthread_mutex_unlock(&self->mu);
     while (u) {
         PyObject *t = Py_BuildValue("(Liy#)", (long long)u->cid, u->kind, (const char *)u->data,
@@ -435,6 +443,7 @@ PyMODINIT_FUNC PyInit__relay(void) {
     PyModule_AddIntConstant(m, "ERROR", UP_ERROR);
     PyModule_AddIntConstant(m, "EVICT", UP_EVICT);
     PyModule_AddIntConstant(m, "LOST", UP_LOST);
+    PyModule_AddIntConstant(m, "REMOTE", UP_REMOTE);
     PyModule_AddIntConstant(m, "GROUP_SLOTS", GROUP_SLOTS);
     PyModule_AddIntConstant(m, "MAX_HOLD", MAX_HOLD);
     return m;

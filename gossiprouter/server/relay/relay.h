@@ -82,6 +82,8 @@
 #define UP_ERROR 2 /* a read failed (reset) */
 #define UP_EVICT 3 /* the connection has pending bytes: take() them */
 #define UP_LOST 4  /* an upcall for it could not be queued (no memory): close it */
+#define UP_REMOTE 5 /* frames of routes learned with a remote share: relayed to their local
+                     * receivers already; Python sends them on to the other routers */
 
 #define MAX_HOLD (256 * 1024)
 #define RECV_SIZE (64 * 1024)
@@ -103,6 +105,7 @@ typedef struct {
     int64_t *dests;
     uint32_t slot; /* the group's invalidation slot */
     uint64_t gen;  /* its generation when learned */
+    int remote;    /* the frames also go to other routers: up to Python (UP_REMOTE) */
 } route_t;
 
 typedef struct conn_s {
@@ -186,6 +189,9 @@ typedef struct {
     /* What the thread holds between reads (partial frames, pending bytes), what the read being
      * relayed has staged (each byte may become pending), and the bound on their sum. */
     size_t held_partial, held_pending, staged, max_bytes;
+    /* Bytes in UP_REMOTE upcalls Python has not taken yet (bounded by max_bytes: beyond, the
+     * frames go up as DATA, and the connection waits for Python). */
+    size_t held_remote;
     /* totals since the last collect() */
     uint64_t rounds, upcalls, invalidations;
     /* for info(): frames sent to Python because of max_bytes; receivers closed because their

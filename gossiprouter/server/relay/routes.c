@@ -154,6 +154,7 @@ int learn(Relay *r, int64_t cid, route_t *want, int *dup) {
     rt->dests = want->dests;
     rt->slot = want->slot;
     rt->gen = r->ggen[want->slot];
+    rt->remote = want->remote;
     want->dests = NULL;
     c->last_hit = c->nroutes;
     c->nroutes++;

@@ -1,0 +1,184 @@
+"""bench_federation's interleaved and burst cases (issue 30): JGroups-like traffic, each
+message to its own destination, from raw native members (no Python stub in the way).
+
+A sender on one router writes ``messages`` ROUTE frames whose destinations take turns: the
+group (a multicast), then each receiver in turn (unicasts), then the group again... Each
+payload carries the message's sequence number; the sender thread notes when it handed each
+frame to its socket, the receivers (one selector in the main thread) when it arrived.
+
+* **interleaved**: ``rate`` messages per second, in ticks of ``per_tick`` messages written
+  at once (as a JGroups bundler sends them; late ticks go out together);
+* **burst**: every message at once, in writes of ``BURST_WRITE`` frames, as fast as the
+  router reads them.
+
+What the routers (and the broker) spent is read from /proc over the run.
+"""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import struct
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from benchmarks.bench_topics import _recv_frames
+from gossiprouter.protocol import native as wire
+from tests.procs import proc_cpu_seconds
+
+BURST_WRITE = 512
+_SEQ = struct.Struct(">Q")
+_PAD = bytes(92)  # 100-byte payloads
+
+
+@dataclass
+class MixOut:
+    """Seconds from write to arrival, by the receivers' label (``run_mix``'s ``rx``); CPU
+    seconds of the processes measured."""
+
+    lat: dict[str, list[float]] = field(default_factory=dict)
+    messages: int = 0
+    expected: int = 0
+    delivered: int = 0
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+
+    def add(self, other: MixOut) -> None:
+        for k, v in other.lat.items():
+            self.lat.setdefault(k, []).extend(v)
+        self.messages += other.messages
+        self.expected += other.expected
+        self.delivered += other.delivered
+        self.cpu_s += other.cpu_s
+        self.wall_s += other.wall_s
+
+
+def member(port: int, group: str, addr: bytes) -> socket.socket:
+    """A raw native member of ``group`` on 127.0.0.1:``port``."""
+    s = socket.create_connection(("127.0.0.1", port))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.sendall(wire.PREAMBLE + wire.encode(wire.Hello((1,), "bench-mix", None))
+              + wire.encode(wire.Connect(1, group, addr)))
+    for f in _recv_frames(s, wire.Decoder(), 2):
+        if isinstance(f, wire.Error):
+            raise RuntimeError(f"router refused: {f.code}: {f.message}")
+    s.setblocking(False)
+    return s
+
+
+class _Receivers:
+    def __init__(self) -> None:
+        self.sel = selectors.DefaultSelector()
+        self.decs: dict[socket.socket, tuple[wire.Decoder, str | None]] = {}
+
+    def add(self, s: socket.socket, label: str | None) -> None:
+        """``label``: None for the sender (what it gets is read and dropped)."""
+        self.sel.register(s, selectors.EVENT_READ)
+        self.decs[s] = (wire.Decoder(), label)
+
+    def pump(self, timeout: float, sent_at: list[float], out: MixOut | None,
+             seen: set[int] | None = None) -> None:
+        for key, _ in self.sel.select(timeout):
+            s = key.fileobj
+            assert isinstance(s, socket.socket)
+            dec, label = self.decs[s]
+            try:
+                while True:
+                    data = s.recv(1 << 20)
+                    if not data:
+                        raise RuntimeError("a router closed a member's connection")
+                    dec.feed(data)
+                    if len(data) < 1 << 20:
+                        break
+            except BlockingIOError:
+                pass
+            now = time.perf_counter()
+            while (f := dec.next_frame()) is not None:
+                if label is None or not isinstance(f, wire.Route):
+                    continue
+                (seq,) = _SEQ.unpack_from(f.payload)
+                if seen is not None:
+                    seen.add(id(s))
+                if out is not None and seq < len(sent_at):
+                    out.lat.setdefault(label, []).append(now - sent_at[seq])
+                    out.delivered += 1
+
+    def close(self) -> None:
+        for s in self.decs:
+            self.sel.unregister(s)
+            s.close()
+        self.sel.close()
+
+
+def run_mix(group: str, tx_port: int, rx: Sequence[tuple[int, str]], messages: int,
+            rate: float, pids: Sequence[int], wait: float, per_tick: int = 1
+            ) -> MixOut | None:
+    """``messages`` interleaved messages from a member on ``tx_port`` to receivers ``rx``
+    (port, label: the latencies are kept by label); ``rate`` messages per second, in ticks
+    of ``per_tick`` messages written at once (0: a burst).
+    None when some receiver is not reachable within ``wait`` seconds (no federated
+    membership)."""
+    names = [b"rx%d" % i for i in range(len(rx))]
+    recv = _Receivers()
+    try:
+        for (port, label), name in zip(rx, names, strict=True):
+            recv.add(member(port, group, name), label)
+        tx = member(tx_port, group, b"tx")
+        recv.add(tx, None)
+        # Every receiver reachable? (A multicast probe until each one has one.)
+        probe = wire.encode_route(group, None, b"tx", _SEQ.pack(1 << 62) + _PAD)
+        seen: set[int] = set()
+        deadline = time.monotonic() + wait
+        while len(seen) < len(rx):
+            if time.monotonic() > deadline:
+                return None
+            tx.setblocking(True)
+            tx.sendall(probe)
+            tx.setblocking(False)
+            recv.pump(0.05, [], None, seen)
+        end = time.monotonic() + 0.1
+        while time.monotonic() < end:
+            recv.pump(0.05, [], None)
+        dests: list[bytes | None] = [None, *names]
+        frames = [wire.encode_route(group, dests[i % len(dests)], b"tx", _SEQ.pack(i) + _PAD)
+                  for i in range(messages)]
+        expected = sum(len(rx) if dests[i % len(dests)] is None else 1
+                       for i in range(messages))
+        out = MixOut(messages=messages, expected=expected)
+        sent_at = [0.0] * messages
+        sock = tx
+
+        def send() -> None:
+            sock.setblocking(True)
+            t0 = time.perf_counter()
+            i = 0
+            while i < messages:
+                if rate > 0:
+                    ticks = int((time.perf_counter() - t0) * rate / per_tick) + 1
+                    due = min(messages, ticks * per_tick)
+                    if due <= i:
+                        time.sleep(max(0.0, t0 + i / rate - time.perf_counter()))
+                        continue
+                else:
+                    due = min(messages, i + BURST_WRITE)
+                now = time.perf_counter()
+                for k in range(i, due):
+                    sent_at[k] = now
+                sock.sendall(b"".join(frames[i:due]))
+                i = due
+
+        cpu0 = sum(map(proc_cpu_seconds, pids))
+        t0 = time.perf_counter()
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        deadline = time.monotonic() + messages / (rate or 1e4) + wait + 30
+        while out.delivered < expected and time.monotonic() < deadline:
+            recv.pump(0.05, sent_at, out)
+        out.wall_s = time.perf_counter() - t0
+        out.cpu_s = sum(map(proc_cpu_seconds, pids)) - cpu0
+        sender.join(5)
+        return out
+    finally:
+        recv.close()

@@ -1,0 +1,158 @@
+"""Routed messages batched per destination router (gossiprouter/federation/batch.py, issue 30):
+the envelope in bytes, then in-process routers federated through a real mosquitto on
+127.0.0.1 with raw native clients. What crossed is counted by the routers' own counters
+(broker messages per peer, payloads per message), never timed."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from gossiprouter.federation.batch import ROOM, Batches, decode_batch
+from gossiprouter.protocol import native as wire
+from tests.test_bridge import MOSQUITTO, Mosquitto, bridge_of
+from tests.test_bridge import broker as broker  # the fixture: mosquitto on a free port
+from tests.test_federation_sockets import G, everywhere, federation, member, routes
+from tests.test_stub import eventually
+
+
+def test_a_batch_is_its_payloads_in_order_each_whole_within_the_limit() -> None:
+    b = Batches(limit=100)
+    b.add("r1", b"a" * 30)
+    b.add("r2", b"only")
+    b.add("r1", b"b" * 30)
+    b.add("r1", b"c" * 60)  # with a and b: 136 bytes framed, beyond 100: a second message
+    b.add("r1", b"d" * 200)  # beyond the limit alone: alone, as it is
+    assert b.bytes == 30 + 4 + 30 + 60 + 200 + 5 * 4
+    out = b.take()
+    assert not b and b.bytes == 0
+    assert [(o, n) for o, _, n in out] == [("r1", 2), ("r1", 1), ("r1", 1), ("r2", 1)]
+    assert decode_batch(out[0][1]) == [b"a" * 30, b"b" * 30]
+    assert [m for _, m, _ in out[1:]] == [b"c" * 60, b"d" * 200, b"only"]
+    assert (b.stats.messages_out, b.stats.payloads_out) == (4, 5)
+
+
+def test_the_limit_comes_from_the_brokers_packet_size_and_the_queue_bound() -> None:
+    b = Batches()
+    b.set_limit(4096, 1 << 24)
+    assert b.limit == 4096 - ROOM
+    b.set_limit(None, 1000)
+    assert b.limit == 1000
+
+
+@pytest.mark.parametrize("bad", [b"", b"\x00\x00\x00\x05abc", b"\x00\x00\x00\x01a",
+                                 b"\x00\x00\x00\x01a\x00\x00", b"\x00\x00\x00\x00",
+                                 b"\x00\x00\x00\x01a\x00\x00\x00\x00"])
+def test_a_malformed_envelope_is_refused(bad: bytes) -> None:
+    with pytest.raises(ValueError):
+        decode_batch(bad)
+
+
+def _interleaved(n: int, dests: list[bytes | None], size: int) -> tuple[bytes, list[bytes]]:
+    """One write of ``n`` ROUTEs from s, each to the next of ``dests`` (None: the group)."""
+    payloads = [b"%04d" % i + bytes(size) for i in range(n)]
+    return b"".join(wire.encode(wire.Route(G, dests[i % len(dests)], b"s", p))
+                    for i, p in enumerate(payloads)), payloads
+
+
+async def test_what_one_read_routes_to_a_router_leaves_as_one_broker_message(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    """Interleaved destinations (two members on router B, one on C, the group): one write
+    makes one broker message to B and one to C, however many runs of frames it holds, and
+    each frame reaches its member in order."""
+    ra, rb, rc = await federation(nursery, broker, 3)
+    s, near = await member(ra, b"s"), await member(ra, b"near")
+    b1, b2, c1 = await member(rb, b"b1"), await member(rb, b"b2"), await member(rc, b"c1")
+    await everywhere([ra, rb, rc], {b"s", b"near", b"b1", b"b2", b"c1"})
+    ba = bridge_of(ra)
+    links = {r: ba.liveness.link(bridge_of(r).origin) for r in (rb, rc)}
+    before = {r: link.sent for r, link in links.items()}
+    data, payloads = _interleaved(12, [b"b1", None, b"b2", b"c1"], 10)
+    await s.send_raw(data)
+    await s.round_trip()
+    # 12 frames: 3 unicasts to b1, 3 to b2, 3 to c1, 3 multicasts; B gets 9 runs, C 6.
+    await eventually(lambda: bridge_of(rb).batches.stats.payloads_in == 9
+                     and bridge_of(rc).batches.stats.payloads_in == 6)
+    assert {r: link.sent - before[r] for r, link in links.items()} == {rb: 1, rc: 1}
+    for r in (rb, rc):
+        assert bridge_of(r).batches.stats.messages_in == 1
+    assert [f.payload for f in await routes(b1)] == [payloads[i] for i in (0, 1, 4, 5, 8, 9)]
+    assert [f.payload for f in await routes(b2)] == [payloads[i] for i in (1, 2, 5, 6, 9, 10)]
+    assert [f.payload for f in await routes(c1)] == [payloads[i] for i in (1, 3, 5, 7, 9, 11)]
+    assert [f.payload for f in await routes(near)] == [payloads[i] for i in (1, 5, 9)]
+
+
+@pytest.fixture
+def small_broker(tmp_path: Path) -> Iterator[Mosquitto]:
+    """mosquitto with max_packet_size 4096: announced in CONNACK; a larger PUBLISH makes it
+    cut the router off."""
+    if not shutil.which(MOSQUITTO):
+        pytest.fail("mosquitto is not installed (scripts/setup installs it)")
+    b = Mosquitto(tmp_path, "allow_anonymous true\nmax_packet_size 4096\n")
+    b.start()
+    yield b
+    b.stop()
+
+
+async def test_a_batch_never_exceeds_the_brokers_maximum_packet_size(
+        nursery: trio.Nursery, small_broker: Mosquitto) -> None:
+    """40 frames of 500 bytes for router B in one write leave in several messages, each
+    within the broker's 4,096 bytes; all arrive, in order, and the link stays up."""
+    ra, rb = await federation(nursery, small_broker, 2)
+    s = await member(ra, b"s")
+    b1, b2 = await member(rb, b"b1"), await member(rb, b"b2")
+    await everywhere([ra, rb], {b"s", b"b1", b"b2"})
+    ba, bb = bridge_of(ra), bridge_of(rb)
+    assert ba.batches.limit == 4096 - ROOM
+    data, payloads = _interleaved(40, [b"b1", b"b2"], 500)
+    await s.send_raw(data)
+    await eventually(lambda: bb.federation.stats.routed_in == 40)
+    assert [f.payload for f in await routes(b1)] == payloads[0::2]
+    assert [f.payload for f in await routes(b2)] == payloads[1::2]
+    sent = ba.liveness.link(bb.origin).sent
+    # 40 payloads of about 540 bytes: at least 8 messages within 3,072 bytes, and far fewer
+    # than one per frame.
+    assert 8 <= sent < 40 and bb.batches.stats.messages_in == sent
+    assert ba.stats.connects == 1 and ba.stats.oversized == 0
+    assert ba.federation.stats.not_forwarded == 0
+
+
+async def test_a_federated_groups_local_copies_stay_on_the_fast_path(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    """A group with a member on another router: the relay thread relays the local copies of
+    its multicasts (and unicasts) itself and hands only the remote share to Python, which
+    sends it on; every frame reaches every receiver once, in order. Counted by the fast
+    path's own counters: without the remote share the thread relays none of these."""
+    ra, rb = await federation(nursery, broker, 2, fast_path="on")
+    s, near = await member(ra, b"s"), await member(ra, b"near")
+    far = await member(rb, b"far")
+    await everywhere([ra, rb], {b"s", b"near", b"far"})
+    assert ra.server is not None and ra.server.fast is not None
+    hub, fast = ra.server.hub, ra.server.fast
+    hub.sync()
+    relayed, remote = hub.counters.fast_relayed, fast.remote_frames
+    sent: list[bytes] = []
+    # Ten writes of 30 frames (multicast, to far, to near, in turn), each read on its own (a
+    # PING's PONG between them): the first teaches the thread, the others it repeats.
+    for k in range(10):
+        payloads = [b"%d-%02d" % (k, i) for i in range(30)]
+        data = b"".join(wire.encode(wire.Route(G, [None, b"far", b"near"][i % 3], b"s", p))
+                        for i, p in enumerate(payloads))
+        await s.send_raw(data)
+        await s.round_trip()
+        sent += payloads
+    fb = bridge_of(rb).federation
+    await eventually(lambda: fb.stats.routed_in == 200)
+    assert [f.payload for f in await routes(far)] == [p for i, p in enumerate(sent)
+                                                      if i % 3 != 2]
+    assert [f.payload for f in await routes(near)] == [p for i, p in enumerate(sent)
+                                                       if i % 3 != 1]
+    hub.sync()
+    # At least the nine repeated writes: 270 frames relayed by the thread, the 180 of them
+    # with a remote share handed up and sent on by Python.
+    assert hub.counters.fast_relayed - relayed >= 270
+    assert fast.remote_frames - remote >= 180
