@@ -190,7 +190,9 @@ def mosquitto_config(port: int, *, bridge_to: int | None = None,
     ``%fed/prefix/`` (the federation's own topics) both ways, which is all a federation of
     routers publishes. That is the multi-broker deployment in small.
     """
-    lines = [f"listener {port} {HOST}", "allow_anonymous true", "persistence false"]
+    # set_tcp_nodelay: a batch's PUBLISH is not held for the delayed ACK (docs/federation.md).
+    lines = [f"listener {port} {HOST}", "allow_anonymous true", "persistence false",
+             "set_tcp_nodelay true"]
     if bridge_to is not None:
         lines += [
             f"connection bridge-{port}-{bridge_to}",

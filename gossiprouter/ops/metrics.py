@@ -387,9 +387,10 @@ def peer_metrics(bridge: Bridge) -> Iterator[Metric]:
                             "Round trip to the other router through the brokers (last "
                             "heartbeat echoed).", labels=["peer"])
     msgs = CounterMetricFamily("gossiprouter_federation_peer_messages",
-                               "Routed messages (runs of frames) per other router: sent to "
-                               "it, lost (broker not connected or queue full), expired "
-                               "(from it, older than federation_frame_age: dropped).",
+                               "Routed traffic per other router: sent (broker messages, "
+                               "each a batch of what one tick routed to it), lost (runs of "
+                               "frames: broker not connected or queue full), expired (from "
+                               "it, older than federation_frame_age: dropped).",
                                labels=["peer", "kind"])
     for p in links:
         up.add_metric([p.origin], 1 if p.up else 0)
