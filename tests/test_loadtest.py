@@ -397,7 +397,10 @@ def test_small_scenario_end_to_end(small_run: tuple[Path, str], spark: SparkSess
     res = manifest["resources"]
     assert res["router_settings"]["dispatcher"] == "on"
     assert res["router_settings"]["fast_path"] in ("on", "off")
-    assert 5 <= len(res["samples"]) <= 14
+    # At least 5 over the 12 s run, and never more often than the interval: how many in all
+    # depends on how long the run took on this machine (a busy one takes longer).
+    span = res["samples"][-1]["t_s"] - res["samples"][0]["t_s"]
+    assert 5 <= len(res["samples"]) <= span / res["interval_s"] + 2
     last = res["samples"][-1]["processes"]
     assert set(last) == {"router", "p0", "p1", "p2"}
     assert last["router"]["cpu_s"] > 0 and last["router"]["rss_bytes"] > 1 << 20
