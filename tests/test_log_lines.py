@@ -100,6 +100,31 @@ async def test_a_killed_peer_router_is_a_warning(nursery: trio.Nursery, broker: 
     assert "rb" in gone[0].getMessage()
 
 
+async def test_a_router_gone_by_its_last_will_is_not_reported_unreachable_later(
+        nursery: trio.Nursery, broker: Mosquitto, caplog: pytest.LogCaptureFixture) -> None:
+    """A peer dropped after its Last Will is not logged again, a peer timeout later, as "not
+    heard from ...: unreachable" (a second WARNING that reads like a second failure)."""
+    caplog.set_level(logging.INFO, logger="gossiprouter")
+    fed: dict[str, Any] = {"bridge_reconnect_max": 0.3, "bridge_keepalive": 1,
+                           "federation_heartbeat": 0.1, "federation_peer_timeout": 0.5,
+                           "federation_grace": 0}
+    ra = await InProcessRouter(nursery, bridge=broker.url, router_id="ra", **fed).start()
+    rb = await InProcessRouter(nursery, bridge=broker.url, router_id="rb", **fed).start()
+    bridge = bridge_of(ra)
+    fa = bridge.federation
+    await eventually(lambda: fa.live_routers() == 1, what="A sees B")
+    await eventually(lambda: any(p.beats for p in bridge.liveness.links.values()),
+                     what="A hears B's heartbeats")
+    await rb.stop()
+    await eventually(lambda: fa.stats.routers_lost >= 1, what="A drops B")
+    # The heartbeat task's own check has now seen B silent for the timeout (B's link is down):
+    # what it logged, if anything, is in caplog.
+    await eventually(lambda: not any(p.up for p in bridge.liveness.links.values()),
+                     what="B's link timed out", timeout=30)
+    assert lines(caplog, "not heard from") == []
+    assert len(lines(caplog, "is gone (Last Will)")) == 1
+
+
 # --------------------------------------------------------------------------- member addresses
 
 # The router's log lines that name a member: "joined NAME (ADDR ...)", "ADDR left ...

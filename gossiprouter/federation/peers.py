@@ -446,6 +446,8 @@ class Peers(BrokerSession):
                 self._publish_route(origin, live.beat_out(origin, now, wall), BEAT_PROPERTY,
                                     self.origin)
             for origin in live.check(now):
+                if origin not in routers:
+                    continue  # already gone (Last Will, clean leave or dropped): said then
                 log.warning("bridge: router %s not heard from for %gs: unreachable",
                             origin, live.timeout)
                 self.federation.unreachable(origin, now)
