@@ -582,3 +582,38 @@ def test_a_member_back_through_another_router_is_not_served_by_the_lost_one() ->
     assert target is not None
     target.carriers[-1].push(F(b"s", b"u", b"t"))
     assert tc.pushed == [(F(b"s", b"u", b"t"), 1)]
+
+
+def test_a_frame_for_a_member_that_moved_is_handed_on_once_and_duplicates_dropped() -> None:
+    """Make-before-break from B to C while A's views lag: what reaches B after the move is
+    passed on to C once (marked handed: never passed on again), and C drops what reached
+    t already, by A's fan-out numbers (docs/federation.md, Lossless moves)."""
+    from gossiprouter.federation.codec import encode_route
+
+    net = Net("a", "b", "c")
+    a, b, c = (net.feds[x] for x in "abc")
+    s, tb, tc = Named("s"), Named("tb"), Named("tc")
+    net.connect("a", s, b"s")
+    net.connect("b", tb, b"t")
+    net.connect("c", Named("c1"), b"c1")  # so C gets A's multicasts too
+    net.connect("c", tc, b"t")  # make: A multicasts to B and C, B ("b" < "c") delivers
+    m1 = F(b"s", b"m1")
+    for t in a.table.resolve_multicast(G, s):
+        t.push(m1)
+    assert (tb.pushed, tc.pushed) == ([(m1, 1)], [])
+    b.table.disconnect(tb, G, b"t")  # break: nobody has heard of it yet
+    m2, u = F(b"s", b"m2"), F(b"s", b"u", b"t")
+    for t in a.table.resolve_multicast(G, s):
+        t.push(m2)  # C skips it (B carries t, C thinks), B hands it on
+    a.send(a.routers["b"], G, b"t", u, 1)  # A's unicast to t's preferred carrier: B
+    assert tc.pushed == [(m2, 1), (u, 1)] and b.stats.handed_on == 2
+    net.sync()  # C hears B's record: it delivers A's multicasts to t itself from now on
+    m3 = F(b"s", b"m3")
+    for t in a.table.resolve_multicast(G, s):
+        t.push(m3)  # to C only now
+    a.send(a.routers["b"], G, None, m3, 1)  # the same fan-out, as it reaches B late
+    assert tc.pushed == [(m2, 1), (u, 1), (m3, 1)] and c.stats.duplicates == 1
+    # Handed on once, never twice: a handed frame for a member this router does not carry.
+    out = b.stats.routed_out
+    b.on_route(encode_route("c", G, b"t", 1, m3, True, 99, "a"), "c")
+    assert b.stats.routed_out == out and b.stats.undeliverable == 1

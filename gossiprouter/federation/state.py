@@ -35,6 +35,7 @@ from gossiprouter.federation.codec import (
     ROUTE_ERRORS,
     Chunk,
     Member,
+    Route,
     decode_presence,
     decode_record,
     decode_route,
@@ -51,14 +52,19 @@ from gossiprouter.federation.remote import (
     Published,
     RemoteMember,
     RemoteRouter,
+    Seen,
     Stream,
     deletions,
     delta_records,
+    window,
 )
 from gossiprouter.routing.entries import Carrier, Group, Notice, RemoteCarrier, RoutingError
 from gossiprouter.sessions.base import Hub
 
 log = logging.getLogger("gossiprouter.federation.state")
+# Multicasts of a group after a move for which the member's old router hands them on, and its
+# new one remembers which it delivered (see on_route): a broker round trip is far fewer.
+MOVE_WINDOW = 10_000
 
 class Federation(Graces):
     """This router's view of the federation, applied to ``hub.table``.
@@ -99,7 +105,24 @@ class Federation(Graces):
         self.publish: Callable[[str], None] | None = None
         # (group, sending router) -> (the group, its rev, receivers): a multicast from another
         # router walks the group's members once per change of the group, not once per message.
-        self._receivers: dict[tuple[str, str], tuple[Group, int, list[Carrier]]] = {}
+        self._receivers: dict[tuple[str, str],
+                              tuple[Group, int, list[Carrier], list[bytes]]] = {}
+        # Lossless moves (on_route): the fan-out sequence number of what this router routes
+        # first, and the frames it was last given (one fan-out pushes the same frames to
+        # every router). group -> (rev, the members carried here then); group -> member that
+        # left for another router -> multicasts still to hand on to it. group -> multicasts
+        # still to remember (while a member here is also on another router, and a while
+        # after). Windows: (router, group) -> fan-outs received; (router, group, member) ->
+        # those not delivered to it because its other router did; (router, group, member) ->
+        # those handed on to it.
+        self._seq = 0
+        self._last_frames: bytes | None = None
+        self._carried: dict[str, tuple[int, frozenset[bytes]]] = {}
+        self._moved: dict[str, dict[bytes, int]] = {}
+        self._watch: dict[str, int] = {}
+        self._direct: dict[tuple[str, str], Seen] = {}
+        self._skipped: dict[tuple[str, str, bytes], Seen] = {}
+        self._handed: dict[tuple[str, str, bytes], Seen] = {}
 
     # ------------------------------------------------------------------ views
 
@@ -445,8 +468,11 @@ class Federation(Graces):
     # ------------------------------------------------------------------ routing
 
     def send(self, remote: RemoteRouter, group: str, dest: bytes | None, frames: bytes,
-             count: int, handed: bool = False) -> None:
-        """Frames for ``dest`` (None: the group) through router ``remote``: one message.
+             count: int, handed: bool = False, seq: int = 0, src: str | None = None,
+             multicast: bool = False) -> None:
+        """Frames for ``dest`` (None: the group) through router ``remote``: one message,
+        numbered by fan-out (the same frames pushed to several routers share the number)
+        unless ``seq`` is given (a hand-on keeps the number of ``src``, where it came from).
 
         A change of the group's members still waiting for the coalesced flush is published
         first: the sender may have just joined, and a receiver answering it through its own
@@ -455,29 +481,38 @@ class Federation(Graces):
         """
         if group in self.dirty and self.publish is not None:
             self.publish(group)
-        if self._send(remote.origin, encode_route(self.origin, group, dest, count, frames,
-                                                       handed)):
+        if src is None and not handed and frames is not self._last_frames:
+            self._seq += 1
+            self._last_frames = frames
+        if self._send(remote.origin, encode_route(
+                self.origin, group, dest, count, frames, handed,
+                seq or self._seq, src, multicast)):
             self.stats.routed_out += count
         else:
             self.stats.not_forwarded += count
 
     def on_route(self, payload: bytes, writer: str) -> None:
         """Frames router ``writer`` sent here (the subtree they came from): delivered to
-        local connections only, never sent on (so nothing loops)."""
+        local connections; those for a member that moved to another router are handed on
+        to it once, marked handed (never passed on again), and the frames handed on here
+        that already reached the member are dropped (docs/federation.md, Lossless moves)."""
         try:
-            origin, group, dest, count, handed, frames = decode_route(payload)
-            if origin != writer:
-                raise ValueError(f"router {origin!r} in the subtree of {writer!r}")
+            rt = decode_route(payload)
+            if rt.origin != writer:
+                raise ValueError(f"router {rt.origin!r} in the subtree of {writer!r}")
         except ROUTE_ERRORS as exc:
             self.stats.malformed += 1
             log.debug("federation: bad routed message: %s", exc)
             return
+        origin, group, dest, frames = rt.origin, rt.group, rt.dest, rt.frames
+        count = rt.frame_count
         self.stats.routed_in += count
         # Nothing from the broker reaches a client socket unread (frames.py).
         r = self.routers.get(origin)
         g = self.table.groups.get(group)
         senders = (() if r is None or not r.alive else  # handed on: a member of the group
-                   (g.entries if g is not None else ()) if handed else r.groups.get(group, {}))
+                   (g.entries if g is not None else ()) if rt.handed
+                   else r.groups.get(group, {}))
         why = check_routed(group, frames, count, self.hub.config.max_frame, senders)
         if why is not None:
             self.stats.refused += count
@@ -490,28 +525,103 @@ class Federation(Graces):
         if dest is not None:
             entry = g.entries.get(dest)
             c = None if entry is None or not entry.carriers else entry.carriers[-1]
+            if rt.src is not None and self._handed_twice(rt, dest):
+                return
             if c is not None and not isinstance(c, RemoteCarrier):
                 c.push(frames, count)
                 self.stats.delivered_in += count
             elif entry is not None and not entry.carriers:
                 table.hold(entry, frames)
+            elif isinstance(c, RemoteMember) and c.live and not rt.handed:
+                # It moved: passed on once to the router that carries it now.
+                self.send(c.remote, group, dest, frames, count, True, rt.seq, origin)
+                self.stats.handed_on += count
             else:
                 self.stats.undeliverable += count
             return
         key = (group, origin)
         cached = self._receivers.get(key)
-        if cached is not None and cached[0] is g and cached[1] == g.rev:
-            targets = cached[2]
-        else:
-            targets = self.receivers(g, origin)
+        if cached is None or cached[0] is not g or cached[1] != g.rev:
+            cached = (g, g.rev, self.receivers(g, origin), self._skips(g, origin))
             if len(self._receivers) >= RECEIVERS_CACHE:
                 self._receivers.clear()
-            self._receivers[key] = (g, g.rev, targets)
+            self._receivers[key] = cached
+            self._moves(g)
+        targets = cached[2]
         for t in targets:
             t.push(frames, count)
         self.stats.delivered_in += count * len(targets)
         for e in g.graced:
             table.hold(e, frames)
+        watch = self._watch.get(group)
+        if watch:  # a member here is (or was) also on another router: what reached whom
+            self._watch[group] = watch - 1
+            window(self._direct, key).add(rt.seq)
+            for addr in cached[3]:
+                window(self._skipped, (origin, group, addr)).add(rt.seq)
+        moved = self._moved.get(group)
+        if moved:
+            self._hand_on(g, moved, origin, rt.seq, frames, count)
+
+    def _handed_twice(self, rt: Route, dest: bytes) -> bool:
+        """Whether frames handed on after a move (from ``rt.src``, its fan-out ``rt.seq``)
+        already reached ``dest``: handed here before, or (a multicast) delivered here
+        directly; counted as duplicates."""
+        assert rt.src is not None
+        handed = window(self._handed, (rt.src, rt.group, dest))
+        dup = rt.seq in handed
+        if not dup and rt.multicast:
+            skipped = self._skipped.get((rt.src, rt.group, dest))
+            direct = self._direct.get((rt.group, rt.src))
+            dup = not (skipped is not None and rt.seq in skipped.seqs) and (
+                direct is not None and rt.seq in direct)
+        if dup:
+            self.stats.duplicates += rt.frame_count
+        else:
+            handed.add(rt.seq)
+        return dup
+
+    def _moves(self, g: Group) -> None:
+        """After a change of ``g``: its members that left this router for another one (their
+        multicasts are handed on for a while), and whether one here is also on another."""
+        here = frozenset(a for a, e in g.entries.items()
+                         if e.carriers and not isinstance(e.carriers[-1], RemoteCarrier))
+        rev, before = self._carried.get(g.name, (-1, here))
+        if rev == g.rev:
+            return
+        self._carried[g.name] = (g.rev, here)
+        for addr in before - here:
+            e = g.entries.get(addr)
+            if e is not None and e.carriers and isinstance(e.carriers[-1], RemoteMember):
+                self._moved.setdefault(g.name, {})[addr] = MOVE_WINDOW
+        if any(len(g.entries[a].carriers) > 1 for a in here):
+            self._watch[g.name] = MOVE_WINDOW
+
+    def _hand_on(self, g: Group, moved: dict[bytes, int], origin: str, seq: int,
+                 frames: bytes, count: int) -> None:
+        """A multicast ``origin`` sent here: handed on, marked, for each member that left
+        this router for another (``origin`` itself delivers to its own members)."""
+        for addr, n in list(moved.items()):
+            e = g.entries.get(addr)
+            c = None if e is None or not e.carriers else e.carriers[-1]
+            if not isinstance(c, RemoteMember) or n <= 1:
+                del moved[addr]
+            else:
+                moved[addr] = n - 1
+            if isinstance(c, RemoteMember) and c.live and c.router != origin:
+                self.send(c.remote, g.name, addr, frames, count, True, seq, origin, True)
+                self.stats.handed_on += count
+        if not moved:
+            del self._moved[g.name]
+
+    def _skips(self, g: Group, origin: str) -> list[bytes]:
+        """The members carried here that do not get ``origin``'s multicasts from this router
+        (another router of theirs delivers them: :meth:`receivers`)."""
+        me = self.origin
+        return [e.addr for e in g.entries.values()
+                if len(e.carriers) > 1 and not isinstance(e.carriers[-1], RemoteCarrier)
+                and any(isinstance(r, RemoteCarrier) and r.live
+                        and (r.router == origin or r.router < me) for r in e.carriers)]
 
     def receivers(self, g: Group, origin: str) -> list[Carrier]:
         """The local connections that get a multicast ``origin`` sent to group ``g``: one per
