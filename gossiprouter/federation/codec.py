@@ -21,8 +21,11 @@ from gossiprouter.sessions.jgroups_common import JWire
 
 FORMAT = 1
 _HEAD_LEN = struct.Struct(">H")  # before a routed message's msgpack header
-# What one member record holds: addr, name, physical, kind, identity, live, wire.
-Member = tuple[bytes, str | None, tuple[tuple[str, int], ...], Kind, str | None, bool, Any]
+# What one member record holds: addr, name, physical, kind, identity, live, wire. ``live``:
+# 0 held in reconnect grace, 1 connected, NEWCOMER connected while another live router
+# carried it (a move's new router: federation/moves.py; read as true by older versions).
+Member = tuple[bytes, str | None, tuple[tuple[str, int], ...], Kind, str | None, int, Any]
+NEWCOMER = 2
 # What each decoder raises for a payload it cannot read.
 PRESENCE_ERRORS = (ValueError, msgpack.UnpackException)
 RECORD_ERRORS = (ValueError, TypeError, OverflowError, ProtocolError, msgpack.UnpackException)
@@ -176,7 +179,8 @@ def _member_in(m: Any) -> Member:
     # would be an entry no record could remove.
     if kind not in (Kind.CONNECTION, Kind.IN_PROCESS) or isinstance(kind, bool):
         raise ValueError(f"bad kind {kind!r}")
-    return (addr, name, phys, Kind(kind), identity, bool(live), _wire_in(wire))
+    live = NEWCOMER if live == NEWCOMER and not isinstance(live, bool) else int(bool(live))
+    return (addr, name, phys, Kind(kind), identity, live, _wire_in(wire))
 
 
 def _addrs(xs: Any) -> list[bytes]:

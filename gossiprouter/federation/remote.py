@@ -7,7 +7,6 @@ keeps. :mod:`gossiprouter.federation.state` applies them to the table.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -62,47 +61,6 @@ class FederationStats:
     ghosts_removed: int = 0  # remote members a resync found gone
     routers_graced: int = 0  # routers lost (Last Will, resync, cut off) held in grace first
     routers_revived: int = 0  # routers back within their grace: their members never left
-
-
-# Sequence numbers remembered per window (Seen): a move's hand-on arrives within a broker
-# round trip, far fewer fan-outs later than this.
-SEQ_WINDOW = 4096
-# At most this many windows per router (per (router, group) and per (router, member)).
-SEQ_WINDOWS = 10_000
-
-
-class Seen:
-    """The last :data:`SEQ_WINDOW` sequence numbers added, as a set; a number below the
-    window counts as seen (too old to be told: dropped rather than delivered twice)."""
-
-    __slots__ = ("floor", "order", "seqs")
-
-    def __init__(self) -> None:
-        self.seqs: set[int] = set()
-        self.order: deque[int] = deque()
-        self.floor = -1
-
-    def add(self, seq: int) -> None:
-        if seq not in self.seqs:
-            self.seqs.add(seq)
-            self.order.append(seq)
-            if len(self.order) > SEQ_WINDOW:
-                old = self.order.popleft()
-                self.seqs.discard(old)
-                self.floor = max(self.floor, old)
-
-    def __contains__(self, seq: object) -> bool:
-        return seq in self.seqs or (isinstance(seq, int) and seq <= self.floor)
-
-
-def window(windows: dict[Any, Seen], key: Any) -> Seen:
-    """``windows[key]``, made if new (all of them forgotten past :data:`SEQ_WINDOWS`)."""
-    w = windows.get(key)
-    if w is None:
-        if len(windows) >= SEQ_WINDOWS:
-            windows.clear()
-        w = windows[key] = Seen()
-    return w
 
 
 class _NoQueue:

@@ -35,7 +35,6 @@ from gossiprouter.federation.codec import (
     ROUTE_ERRORS,
     Chunk,
     Member,
-    Route,
     decode_presence,
     decode_record,
     decode_route,
@@ -45,6 +44,7 @@ from gossiprouter.federation.codec import (
 )
 from gossiprouter.federation.frames import check_routed
 from gossiprouter.federation.grace import GHOST_SETTLE, Graces
+from gossiprouter.federation.moves import Moves
 from gossiprouter.federation.remote import (
     PRESENCE_TTL,
     RECEIVERS_CACHE,
@@ -52,19 +52,14 @@ from gossiprouter.federation.remote import (
     Published,
     RemoteMember,
     RemoteRouter,
-    Seen,
     Stream,
     deletions,
     delta_records,
-    window,
 )
 from gossiprouter.routing.entries import Carrier, Group, Notice, RemoteCarrier, RoutingError
 from gossiprouter.sessions.base import Hub
 
 log = logging.getLogger("gossiprouter.federation.state")
-# Multicasts of a group after a move for which the member's old router hands them on, and its
-# new one remembers which it delivered (see on_route): a broker round trip is far fewer.
-MOVE_WINDOW = 10_000
 
 class Federation(Graces):
     """This router's view of the federation, applied to ``hub.table``.
@@ -106,23 +101,9 @@ class Federation(Graces):
         # (group, sending router) -> (the group, its rev, receivers): a multicast from another
         # router walks the group's members once per change of the group, not once per message.
         self._receivers: dict[tuple[str, str],
-                              tuple[Group, int, list[Carrier], list[bytes]]] = {}
-        # Lossless moves (on_route): the fan-out sequence number of what this router routes
-        # first, and the frames it was last given (one fan-out pushes the same frames to
-        # every router). group -> (rev, the members carried here then); group -> member that
-        # left for another router -> multicasts still to hand on to it. group -> multicasts
-        # still to remember (while a member here is also on another router, and a while
-        # after). Windows: (router, group) -> fan-outs received; (router, group, member) ->
-        # those not delivered to it because its other router did; (router, group, member) ->
-        # those handed on to it.
-        self._seq = 0
-        self._last_frames: bytes | None = None
-        self._carried: dict[str, tuple[int, frozenset[bytes]]] = {}
-        self._moved: dict[str, dict[bytes, int]] = {}
-        self._watch: dict[str, int] = {}
-        self._direct: dict[tuple[str, str], Seen] = {}
-        self._skipped: dict[tuple[str, str, bytes], Seen] = {}
-        self._handed: dict[tuple[str, str, bytes], Seen] = {}
+                              tuple[Group, int, list[Carrier], frozenset[Carrier]]] = {}
+        # Lossless moves: fan-out numbers, hand-ons, holds, duplicates (moves.py).
+        self.moves = Moves(self)
 
     # ------------------------------------------------------------------ views
 
@@ -194,10 +175,13 @@ class Federation(Graces):
         if pub is None:
             if not members:
                 return []
+            self.moves.mark(g, members, None)
             pub = self.published[group] = Published(self.run)
             pub.update(members)
             out = pub.snapshot(group, self.max_record)
         else:
+            self.moves.left_here(g, [a for a in pub.members if a not in members])
+            self.moves.mark(g, members, pub)
             out = delta_records(group, pub, members, suspected, self.max_record)
             if not members:
                 del self.published[group]
@@ -220,11 +204,13 @@ class Federation(Graces):
                 del self.published[name]
                 out += deletions(name, pub)
             else:
+                self.moves.mark(g, members, pub)
                 pub.update(members)
         for name, g in self.table.groups.items():
             if name not in self.published and (ms := local_members(g)):
+                self.moves.mark(g, (members := {m[0]: m for m in ms}), None)
                 pub = self.published[name] = Published(self.run)
-                pub.update({m[0]: m for m in ms})
+                pub.update(members)
         for name, pub in self.published.items():
             out += pub.snapshot(name, self.max_record)
         self.stats.records_out += len(out)
@@ -403,13 +389,15 @@ class Federation(Graces):
             rm = held.pop(addr, None)
             if rm is not None:
                 notices += table.unlink_remote(rm, group, addr, suspect=addr in suspected)
+                if self.moves.newcomer_here(group, addr):
+                    self.on_local(group, None)  # its move done: published live 1 again
         for m in joins:
             addr = m[0]
             known = held.get(addr)
             if known is not None and known.data == m:
                 continue
             rm = known if known is not None else RemoteMember(self, r, group, addr)
-            rm.live = m[5]
+            rm.live = bool(m[5])
             rm.data = m
             try:
                 if (known is None and cap and total >= cap) or (
@@ -434,6 +422,7 @@ class Federation(Graces):
             total += known is None
             held[addr] = rm
             notices += n
+            self.moves.arrived(table.groups.get(group), addr, rm)  # it moved here from there
             for f in frames:  # held here in grace: handed to the router it came back to
                 self.send(r, group, addr, f, 1, handed=True)
             if graced:
@@ -465,6 +454,12 @@ class Federation(Graces):
         r.alive = False
         return notices
 
+    def tick(self, now: float) -> None:
+        """Graces and ghost checks (:class:`Graces`), and the frames held for members that
+        left past their bound (:mod:`gossiprouter.federation.moves`)."""
+        super().tick(now)
+        self.moves.expire(now)
+
     # ------------------------------------------------------------------ routing
 
     def send(self, remote: RemoteRouter, group: str, dest: bytes | None, frames: bytes,
@@ -481,12 +476,10 @@ class Federation(Graces):
         """
         if group in self.dirty and self.publish is not None:
             self.publish(group)
-        if src is None and not handed and frames is not self._last_frames:
-            self._seq += 1
-            self._last_frames = frames
+        if src is None and not handed:
+            seq = self.moves.number(frames)
         if self._send(remote.origin, encode_route(
-                self.origin, group, dest, count, frames, handed,
-                seq or self._seq, src, multicast)):
+                self.origin, group, dest, count, frames, handed, seq, src, multicast)):
             self.stats.routed_out += count
         else:
             self.stats.not_forwarded += count
@@ -525,110 +518,38 @@ class Federation(Graces):
         if dest is not None:
             entry = g.entries.get(dest)
             c = None if entry is None or not entry.carriers else entry.carriers[-1]
-            if rt.src is not None and self._handed_twice(rt, dest):
+            if rt.src is not None and self.moves.handed_twice(rt, dest):
                 return
             if c is not None and not isinstance(c, RemoteCarrier):
                 c.push(frames, count)
                 self.stats.delivered_in += count
             elif entry is not None and not entry.carriers:
                 table.hold(entry, frames)
-            elif isinstance(c, RemoteMember) and c.live and not rt.handed:
-                # It moved: passed on once to the router that carries it now.
-                self.send(c.remote, group, dest, frames, count, True, rt.seq, origin)
-                self.stats.handed_on += count
-            else:
+            elif rt.handed or not self.moves.unicast(g, dest, c, rt):
+                # Handed on frames are never passed on again (nothing loops).
                 self.stats.undeliverable += count
             return
         key = (group, origin)
         cached = self._receivers.get(key)
         if cached is None or cached[0] is not g or cached[1] != g.rev:
-            cached = (g, g.rev, self.receivers(g, origin), self._skips(g, origin))
+            targets = self.receivers(g, origin)
+            cached = (g, g.rev, targets, frozenset(targets))
             if len(self._receivers) >= RECEIVERS_CACHE:
                 self._receivers.clear()
             self._receivers[key] = cached
-            self._moves(g)
+            self.moves.refresh(g)
         targets = cached[2]
         for t in targets:
             t.push(frames, count)
         self.stats.delivered_in += count * len(targets)
         for e in g.graced:
             table.hold(e, frames)
-        watch = self._watch.get(group)
-        if watch:  # a member here is (or was) also on another router: what reached whom
-            self._watch[group] = watch - 1
-            window(self._direct, key).add(rt.seq)
-            for addr in cached[3]:
-                window(self._skipped, (origin, group, addr)).add(rt.seq)
-        moved = self._moved.get(group)
-        if moved:
-            self._hand_on(g, moved, origin, rt.seq, frames, count)
-
-    def _handed_twice(self, rt: Route, dest: bytes) -> bool:
-        """Whether frames handed on after a move (from ``rt.src``, its fan-out ``rt.seq``)
-        already reached ``dest``: handed here before, or (a multicast) delivered here
-        directly; counted as duplicates."""
-        assert rt.src is not None
-        handed = window(self._handed, (rt.src, rt.group, dest))
-        dup = rt.seq in handed
-        if not dup and rt.multicast:
-            skipped = self._skipped.get((rt.src, rt.group, dest))
-            direct = self._direct.get((rt.group, rt.src))
-            dup = not (skipped is not None and rt.seq in skipped.seqs) and (
-                direct is not None and rt.seq in direct)
-        if dup:
-            self.stats.duplicates += rt.frame_count
-        else:
-            handed.add(rt.seq)
-        return dup
-
-    def _moves(self, g: Group) -> None:
-        """After a change of ``g``: its members that left this router for another one (their
-        multicasts are handed on for a while), and whether one here is also on another."""
-        here = frozenset(a for a, e in g.entries.items()
-                         if e.carriers and not isinstance(e.carriers[-1], RemoteCarrier))
-        rev, before = self._carried.get(g.name, (-1, here))
-        if rev == g.rev:
-            return
-        self._carried[g.name] = (g.rev, here)
-        for addr in before - here:
-            e = g.entries.get(addr)
-            if e is not None and e.carriers and isinstance(e.carriers[-1], RemoteMember):
-                self._moved.setdefault(g.name, {})[addr] = MOVE_WINDOW
-        if any(len(g.entries[a].carriers) > 1 for a in here):
-            self._watch[g.name] = MOVE_WINDOW
-
-    def _hand_on(self, g: Group, moved: dict[bytes, int], origin: str, seq: int,
-                 frames: bytes, count: int) -> None:
-        """A multicast ``origin`` sent here: handed on, marked, for each member that left
-        this router for another (``origin`` itself delivers to its own members)."""
-        for addr, n in list(moved.items()):
-            e = g.entries.get(addr)
-            c = None if e is None or not e.carriers else e.carriers[-1]
-            if not isinstance(c, RemoteMember) or n <= 1:
-                del moved[addr]
-            else:
-                moved[addr] = n - 1
-            if isinstance(c, RemoteMember) and c.live and c.router != origin:
-                self.send(c.remote, g.name, addr, frames, count, True, seq, origin, True)
-                self.stats.handed_on += count
-        if not moved:
-            del self._moved[g.name]
-
-    def _skips(self, g: Group, origin: str) -> list[bytes]:
-        """The members carried here that do not get ``origin``'s multicasts from this router
-        (another router of theirs delivers them: :meth:`receivers`)."""
-        me = self.origin
-        return [e.addr for e in g.entries.values()
-                if len(e.carriers) > 1 and not isinstance(e.carriers[-1], RemoteCarrier)
-                and any(isinstance(r, RemoteCarrier) and r.live
-                        and (r.router == origin or r.router < me) for r in e.carriers)]
+        self.moves.multicast(g, origin, rt.seq, frames, count, cached[3])
 
     def receivers(self, g: Group, origin: str) -> list[Carrier]:
         """The local connections that get a multicast ``origin`` sent to group ``g``: one per
-        connection carrying a member this router must deliver to. A member with a live
-        connection to ``origin`` got it there; one with live connections to several other
-        routers gets it from the smallest router id (the one ``origin`` prefers)."""
-        me = self.origin
+        connection carrying a member this router must deliver to (not when another router
+        does: :meth:`Moves.delivered_elsewhere`)."""
         out: dict[Carrier, None] = {}
         for e in g.entries.values():
             cs = e.carriers
@@ -637,8 +558,7 @@ class Federation(Graces):
             c = cs[-1]
             if isinstance(c, RemoteCarrier) or c in out:
                 continue
-            if len(cs) > 1 and any(isinstance(r, RemoteCarrier) and r.live
-                                   and (r.router == origin or r.router < me) for r in cs):
+            if len(cs) > 1 and self.moves.delivered_elsewhere(g, e, origin):
                 continue
             out[c] = None
         return list(out)
