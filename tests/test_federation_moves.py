@@ -1,17 +1,19 @@
-"""Lossless moves between federated routers (docs/federation.md, section 5): a member moves
-make-before-break from router B to router C while a sender on router A streams numbered
-unicasts and multicasts to it. In-process routers federated through a real mosquitto on
-127.0.0.1, raw native clients on real sockets.
+"""Lossless moves between federated routers (docs/federation.md, "Lossless moves"): member t
+moves from router B to router C while a sender on router A streams numbered unicasts and
+multicasts to it. In-process routers federated through a real mosquitto on 127.0.0.1, raw
+native clients on real sockets.
 
-Bounded by work: a fixed count of frames, paced by short sleeps (never asserted on), and
-the end is known from the routers' counters (every routed frame arrived), then a PING/PONG
-on each of the member's connections proves everything queued before it has been read.
+Bounded by work: a fixed count of frames, paced by short sleeps (never asserted on); each
+step of a move waits for what it needs (an OK, a router's view), and the end is known from
+the routers' counters (every routed frame arrived, nothing held), then a PING/PONG on each
+of t's connections proves everything queued before it has been read.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 import trio
 
 from gossiprouter.protocol import native as wire
@@ -23,26 +25,31 @@ from tests.test_stub import eventually
 
 N = 2_000  # frames sent, half unicasts, half multicasts
 BURST = 10  # frames per pause: about 1,000 frames/s
+MOVE_AT = N // 3  # where t moves
 
 
 class Receiver:
-    """One of the member's connections: every ROUTE payload it reads, until cancelled."""
+    """One of t's connections: every ROUTE payload it reads, until cancelled."""
 
     def __init__(self, c: NativeClient) -> None:
         self.c = c
         self.payloads: list[bytes] = []
-        self.ok = trio.Event()
+        self.oks: set[int] = set()
         self.pongs: set[int] = set()
 
     async def run(self) -> None:
         while True:
-            f = await self.c.recv(timeout=30)
+            f = await self.c.recv(timeout=60)
             if isinstance(f, wire.Route):
                 self.payloads.append(f.payload)
             elif isinstance(f, wire.Ok):
-                self.ok.set()
+                self.oks.add(f.req)
             elif isinstance(f, wire.Pong):
                 self.pongs.add(f.nonce)
+
+    async def request(self, frame: wire.Frame, req: int) -> None:
+        await self.c.send(frame)
+        await eventually(lambda: req in self.oks, 30, what="OK")
 
     async def drained(self) -> None:
         nonce = self.c.req()
@@ -50,43 +57,96 @@ class Receiver:
         await eventually(lambda: nonce in self.pongs, 30, what="PONG")
 
 
+class Move:
+    """Routers A, B, C (B and C in the given order of their ids: the smaller id delivers a
+    multicast to a member on both), sender s on A, t on B, c1 on C."""
+
+    async def start(self, nursery: trio.Nursery, broker: Mosquitto, c_first: bool) -> None:
+        routers = await federation(nursery, broker, 3)
+        lo, hi, ra = sorted(routers, key=lambda r: bridge_of(r).origin)
+        self.ra, self.rb, self.rc = (ra, hi, lo) if c_first else (ra, lo, hi)
+        self.fa, self.fb, self.fc = (bridge_of(r).federation
+                                     for r in (self.ra, self.rb, self.rc))
+        self.s = await member(self.ra, b"s")
+        self.old = Receiver(await member(self.rb, b"t"))
+        self.c1 = await member(self.rc, b"c1")  # so A's multicasts reach C too, directly
+        await everywhere([self.ra, self.rb, self.rc], {b"s", b"t", b"c1"})
+        assert self.rc.server is not None
+        self.new = Receiver(await NativeClient.to(self.rc.server))
+        nursery.start_soon(self.old.run)
+        nursery.start_soon(self.new.run)
+
+    async def send(self, first: int, last: int) -> None:
+        """Frames ``first`` to ``last - 1``: odd ones unicast to t, even ones multicast."""
+        for i in range(first, last):
+            await self.s.send(wire.Route(G, b"t" if i % 2 else None, b"s", b"%d" % i))
+            if i % BURST == BURST - 1:
+                await trio.sleep(0.01)
+
+    async def connect_new(self) -> None:
+        req = self.new.c.req()
+        await self.new.request(wire.Connect(req, G, b"t", "t", (("10.0.0.1", 7800),)), req)
+
+    async def disconnect_old(self) -> None:
+        await self.old.c.send(wire.Disconnect(self.old.c.req(), G, b"t"))
+
+    async def received(self) -> tuple[list[int], dict[bytes, int]]:
+        """(the frames t never got, those it got more than once), once everything routed
+        has arrived and nothing is held."""
+        await self.s.round_trip()  # A has routed every frame s sent
+        feds = (self.fa, self.fb, self.fc)
+        await eventually(lambda: sum(f.stats.routed_in for f in feds)
+                         == sum(f.stats.routed_out for f in feds)
+                         and not any(f.moves.held_frames() for f in feds),
+                         30, what="every routed frame arrived, nothing held")
+        await self.old.drained()
+        await self.new.drained()
+        got = Counter(self.old.payloads + self.new.payloads)
+        lost = [i for i in range(N) if b"%d" % i not in got]
+        return lost, {p: n for p, n in got.items() if n > 1}
+
+
+@pytest.mark.parametrize(("c_first", "wait_known"), [
+    (False, False), (True, False), (False, True)],
+    ids=["right-after-ok", "new-router-smaller-id", "after-old-router-knows"])
 async def test_a_make_before_break_move_loses_nothing_and_duplicates_nothing(
-        nursery: trio.Nursery, broker: Mosquitto) -> None:
-    """t moves from B (r1) to C (r2) mid-stream: CONNECT on C, then DISCONNECT on B as soon
-    as B knows of the new connection (the frame after). Every frame A's sender sent reaches
-    t exactly once."""
-    ra, rb, rc = await federation(nursery, broker, 3)
-    s = await member(ra, b"s")
-    old = Receiver(await member(rb, b"t"))
-    c1 = await member(rc, b"c1")  # so A's multicasts reach C too, directly
-    await everywhere([ra, rb, rc], {b"s", b"t", b"c1"})
-    assert rc.server is not None
-    new = Receiver(await NativeClient.to(rc.server))
-    nursery.start_soon(old.run)
-    nursery.start_soon(new.run)
-    connect_at, broke = N // 3, -1
-    for i in range(N):
-        if i == connect_at:
-            await new.c.send(wire.Connect(new.c.req(), G, b"t", "t", (("10.0.0.1", 7800),)))
-            with trio.fail_after(30):
-                await new.ok.wait()
-        if broke < 0 and i > connect_at and "RemoteMember" in carriers(rb, b"t"):
-            await old.c.send(wire.Disconnect(old.c.req(), G, b"t"))
-            broke = i
-        await s.send(wire.Route(G, b"t" if i % 2 else None, b"s", b"%d" % i))
-        if i % BURST == BURST - 1:
-            await trio.sleep(0.01)
-    fa, fb, fc = (bridge_of(r).federation for r in (ra, rb, rc))
-    assert connect_at < broke < N - 500  # mid-stream, with much sent after the move
-    await s.round_trip()  # A has routed every frame s sent
-    # Every frame routed (by A, and handed on by B) has arrived where it was sent.
-    await eventually(lambda: fb.stats.routed_in + fc.stats.routed_in
-                     == fa.stats.routed_out + fb.stats.handed_on, 30, what="all routed")
-    await old.drained()
-    await new.drained()
-    got = Counter(old.payloads + new.payloads)
-    lost = [i for i in range(N) if b"%d" % i not in got]
-    dup = {p: n for p, n in got.items() if n > 1}
+        nursery: trio.Nursery, broker: Mosquitto, c_first: bool, wait_known: bool) -> None:
+    """t moves from B to C mid-stream: CONNECT on C, then, on its OK (or once B knows of the
+    new connection), DISCONNECT on B. Every frame A's sender sent reaches t exactly once:
+    what reaches B after the DISCONNECT is handed on to C (held until B hears of C)."""
+    m = Move()
+    await m.start(nursery, broker, c_first)
+    await m.send(0, MOVE_AT)
+    await m.connect_new()
+    if wait_known:
+        await eventually(lambda: "RemoteMember" in carriers(m.rb, b"t"), 30, what="B knows C")
+    await m.disconnect_old()
+    await m.send(MOVE_AT, N)
+    lost, dup = await m.received()
     assert (len(lost), len(dup)) == (0, 0), (len(lost), lost[:10], sorted(dup)[:10])
-    assert fb.stats.handed_on > 0  # the move happened mid-stream
-    await c1.aclose()
+    # Both connections got frames: the move happened mid-stream.
+    assert m.old.payloads and m.new.payloads
+    await m.c1.aclose()
+
+
+async def test_a_break_before_make_move_loses_only_what_was_sent_while_nowhere(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    """DISCONNECT on B mid-stream, then (once A knows t is nowhere) GAP frames, then CONNECT
+    on C: t gets every frame sent before the DISCONNECT (those still on their way to B are
+    held there and handed on to C) and after its new connection is known, exactly once,
+    and loses exactly the GAP frames sent while it had no connection anywhere."""
+    gap = range(MOVE_AT, MOVE_AT + 100)
+    m = Move()
+    await m.start(nursery, broker, c_first=False)
+    await m.send(0, MOVE_AT)
+    await m.disconnect_old()
+    await eventually(lambda: not carriers(m.ra, b"t"), 30, what="A knows t is nowhere")
+    await m.send(gap.start, gap.stop)
+    await m.connect_new()
+    await eventually(lambda: "RemoteMember" in carriers(m.ra, b"t"), 30, what="A knows C")
+    await m.send(gap.stop, N)
+    lost, dup = await m.received()
+    assert (lost, len(dup)) == (list(gap), 0), (len(lost), lost[:10], sorted(dup)[:10])
+    assert m.old.payloads and m.new.payloads
+    await m.c1.aclose()
+
