@@ -211,8 +211,7 @@ class Moves:
                 continue
             if r.router == origin:
                 return True
-            theirs = isinstance(r, RemoteMember) and r.data is not None \
-                and r.data[5] == NEWCOMER
+            theirs = r.newcomer
             if mine is None:
                 mine = self.newcomer(g, e.addr)
             if mine != theirs:
@@ -317,7 +316,9 @@ class Moves:
         if rev == g.rev:
             return
         self._carried[g.name] = (g.rev, here)
-        self.left_here(g, before - here)
+        # Gone since the last multicast, or still published here (the flush is due).
+        pub = self.fed.published.get(g.name)
+        self.left_here(g, (before | (pub.members.keys() if pub else set())) - here)
         recent = self._recent.setdefault(g.name, {})
         for addr in here:
             if addr not in before or len(g.entries[addr].carriers) > 1:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from gossiprouter.federation.codec import (
+    NEWCOMER,
     Chunk,
     Delta,
     Member,
@@ -144,6 +145,12 @@ class RemoteMember(_Remote, RemoteCarrier):
     @live.setter
     def live(self, value: bool) -> None:
         self.live_there = value
+
+    @property
+    def newcomer(self) -> bool:  # type: ignore[override]  # read from its record
+        """Connected there while another router carried it: a move's new router, which
+        ranks after the one the member was on first (its record says: live NEWCOMER)."""
+        return self.data is not None and self.data[5] == NEWCOMER
 
     def push(self, data: bytes, count: int = 1) -> None:
         self.fed.send(self.remote, self.group, self.addr, data, count)
