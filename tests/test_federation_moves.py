@@ -90,15 +90,20 @@ class Move:
     async def disconnect_old(self) -> None:
         await self.old.c.send(wire.Disconnect(self.old.c.req(), G, b"t"))
 
-    async def received(self) -> tuple[list[int], dict[bytes, int]]:
-        """(the frames t never got, those it got more than once), once everything routed
-        has arrived and nothing is held."""
+    async def settled(self) -> None:
+        """Every frame s sent has been routed by A, has arrived where it was routed, and
+        nothing is held."""
         await self.s.round_trip()  # A has routed every frame s sent
         feds = (self.fa, self.fb, self.fc)
         await eventually(lambda: sum(f.stats.routed_in for f in feds)
                          == sum(f.stats.routed_out for f in feds)
                          and not any(f.moves.held_frames() for f in feds),
                          30, what="every routed frame arrived, nothing held")
+
+    async def received(self) -> tuple[list[int], dict[bytes, int]]:
+        """(the frames t never got, those it got more than once), once settled."""
+        await self.settled()
+        feds = (self.fa, self.fb, self.fc)
         await self.old.drained()
         await self.new.drained()
         got = Counter(self.old.payloads + self.new.payloads)
@@ -144,7 +149,7 @@ async def test_a_break_before_make_move_loses_only_what_was_sent_while_nowhere(
     await m.disconnect_old()
     await eventually(lambda: not carriers(m.ra, b"t"), 30, what="A knows t is nowhere")
     await m.send(gap.start, gap.stop)
-    await m.s.round_trip()  # A has routed them all while t was nowhere
+    await m.settled()  # routed while t was nowhere, and arrived (at C, for c1) before it
     await m.connect_new()
     await eventually(lambda: "RemoteMember" in carriers(m.ra, b"t"), 30, what="A knows C")
     await m.send(gap.stop, N)
