@@ -715,3 +715,22 @@ def test_a_moves_new_router_leaves_multicasts_to_the_first_whatever_the_ids() ->
     for t in a.table.resolve_multicast(G, s):
         t.push(m2)
     assert (tc.pushed, tb.pushed) == ([(m1, 1)], [(m2, 1)])
+
+
+def test_the_fan_out_number_window_remembers_exactly_the_last_65536() -> None:
+    """Seen (federation/moves.py): a ring of bits over the last SEQ_WINDOW numbers from the
+    highest; the slots a jump reuses are cleared, whole bytes at once."""
+    import random
+
+    from gossiprouter.federation.moves import SEQ_WINDOW, Seen
+
+    rng = random.Random(29)
+    w, added, top = Seen(), set(), 0
+    for _ in range(3000):
+        top += rng.choice((1, 2, 7, 9, 64, 1000, 30_000))
+        for seq in (top, top - rng.randrange(50)):
+            w.add(seq)
+            added.add(seq)
+        probe = top - rng.randrange(SEQ_WINDOW)
+        assert (probe in w) == (probe in added), probe
+    assert top - SEQ_WINDOW in w and top + 1 not in w  # too old: seen; not yet: not

@@ -49,6 +49,9 @@ MAX_LEFT = 1024
 SEQ_WINDOW = 1 << 16
 # At most this many windows (8 KiB each) per kind: per (router, group, member).
 SEQ_WINDOWS = 4096
+# Members of a group whose multicasts are remembered at once (those carried elsewhere too
+# first): a mass join costs each multicast at most this many more steps.
+MAX_RECENT = 256
 
 
 class Seen:
@@ -67,14 +70,26 @@ class Seen:
             if self.top < 0 or seq - self.top >= SEQ_WINDOW:
                 self.bits = bytearray(SEQ_WINDOW // 8)
             else:
-                for s in range(self.top + 1, seq):  # the ring's slots now reused
-                    i = s % SEQ_WINDOW
-                    self.bits[i >> 3] &= ~(1 << (i & 7)) & 0xFF
+                self._clear(self.top + 1, seq)  # the ring's slots now reused
             self.top = seq
         elif seq <= self.top - SEQ_WINDOW:
             return
         i = seq % SEQ_WINDOW
         self.bits[i >> 3] |= 1 << (i & 7)
+
+    def _clear(self, lo: int, hi: int) -> None:
+        """Clear the slots of the numbers ``lo`` to ``hi - 1`` (fewer than the window):
+        whole bytes at once."""
+        bits = self.bits
+        while lo < hi:
+            i = lo % SEQ_WINDOW
+            if i & 7 == 0 and hi - lo >= 8:
+                n = min((hi - lo) >> 3, (SEQ_WINDOW - i) >> 3)
+                bits[i >> 3:(i >> 3) + n] = bytes(n)
+                lo += n << 3
+            else:
+                bits[i >> 3] &= ~(1 << (i & 7)) & 0xFF
+                lo += 1
 
     def __contains__(self, seq: object) -> bool:
         if not isinstance(seq, int) or self.top < 0 or seq > self.top:
@@ -321,7 +336,8 @@ class Moves:
         self.left_here(g, (before | (pub.members.keys() if pub else set())) - here)
         recent = self._recent.setdefault(g.name, {})
         for addr in here:
-            if addr not in before or len(g.entries[addr].carriers) > 1:
+            if len(g.entries[addr].carriers) > 1 or (
+                    addr not in before and len(recent) < MAX_RECENT):
                 recent[addr] = MOVE_WINDOW
         if not recent:
             del self._recent[g.name]
