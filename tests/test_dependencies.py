@@ -85,6 +85,7 @@ IO_MODULES = {"trio", "anyio", "socket", "ssl", "selectors", "asyncio"}
 # Client modules that must stay sans-IO too (issue 14 item 3): the data, and the pure
 # registrar, merge and local delivery that are tested without sockets.
 NO_IO_MODULES = {"gossiprouter.federation.state", "gossiprouter.federation.codec",
+                 "gossiprouter.federation.moves",
                  "gossiprouter.federation.remote", "gossiprouter.federation.grace",
                  "gossiprouter.federation.liveness", "gossiprouter.federation.frames",
                  "gossiprouter.federation.signing", "gossiprouter.federation.mqtt_topics",

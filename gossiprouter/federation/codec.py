@@ -21,8 +21,11 @@ from gossiprouter.sessions.jgroups_common import JWire
 
 FORMAT = 1
 _HEAD_LEN = struct.Struct(">H")  # before a routed message's msgpack header
-# What one member record holds: addr, name, physical, kind, identity, live, wire.
-Member = tuple[bytes, str | None, tuple[tuple[str, int], ...], Kind, str | None, bool, Any]
+# What one member record holds: addr, name, physical, kind, identity, live, wire. ``live``:
+# 0 held in reconnect grace, 1 connected, NEWCOMER connected while another live router
+# carried it (a move's new router: federation/moves.py; read as true by older versions).
+Member = tuple[bytes, str | None, tuple[tuple[str, int], ...], Kind, str | None, int, Any]
+NEWCOMER = 2
 # What each decoder raises for a payload it cannot read.
 PRESENCE_ERRORS = (ValueError, msgpack.UnpackException)
 RECORD_ERRORS = (ValueError, TypeError, OverflowError, ProtocolError, msgpack.UnpackException)
@@ -176,7 +179,8 @@ def _member_in(m: Any) -> Member:
     # would be an entry no record could remove.
     if kind not in (Kind.CONNECTION, Kind.IN_PROCESS) or isinstance(kind, bool):
         raise ValueError(f"bad kind {kind!r}")
-    return (addr, name, phys, Kind(kind), identity, bool(live), _wire_in(wire))
+    live = NEWCOMER if live == NEWCOMER and not isinstance(live, bool) else int(bool(live))
+    return (addr, name, phys, Kind(kind), identity, live, _wire_in(wire))
 
 
 def _addrs(xs: Any) -> list[bytes]:
@@ -213,26 +217,49 @@ def decode_record(payload: bytes) -> Chunk | Delta:
 # --------------------------------------------------------------------------- routed messages
 
 
+class Route(NamedTuple):
+    """A routed message, decoded (:func:`decode_route`)."""
+
+    origin: str  # the router that wrote it (its subtree)
+    group: str
+    dest: bytes | None  # None: the group
+    frame_count: int  # how many frames (``count``)
+    handed: bool  # handed on by ``origin``: after grace, or after a move (``src``)
+    seq: int  # the fan-out's sequence number at the router that routed it first
+    src: str | None  # a move's hand-on: the router that routed the frames first
+    multicast: bool  # a move's hand-on of a multicast (``dest``: the member it is for)
+    frames: bytes
+
+
 def encode_route(origin: str, group: str, dest: bytes | None, count: int,
-                 frames: bytes, handed: bool = False) -> bytes:
+                 frames: bytes, handed: bool = False, seq: int = 0,
+                 src: str | None = None, multicast: bool = False) -> bytes:
     """A routed message: ``count`` frames from router ``origin`` for ``dest`` (None: the
-    group), behind a header read alone (its length first). ``handed``: frames another
-    router sent to ``origin`` for a member it held in grace, handed on to where the member
-    came back (their senders are members of the group, not necessarily of ``origin``)."""
-    head: bytes = msgpack.packb([origin, group, dest, count, *((True,) if handed else ())])
+    group), behind a header read alone (its length first): ``[origin, group, dest, count,
+    handed, seq]``, plus ``[src, multicast]`` for a move's hand-on. ``handed``: frames
+    handed on by ``origin``, never to be passed on again: held for a member in grace and
+    handed to where it came back (``src`` None), or received for a member that moved to
+    another router (``src``: the router that routed them first, ``seq`` its number of the
+    fan-out). Their senders are members of the group, not necessarily of ``origin``."""
+    head: bytes = msgpack.packb([origin, group, dest, count, handed, seq,
+                                 *((src, multicast) if src is not None else ())])
     return _HEAD_LEN.pack(len(head)) + head + frames
 
 
-def decode_route(payload: bytes) -> tuple[str, str, bytes | None, int, bool, bytes]:
-    """(origin, group, dest, count, handed, frames) of a routed message."""
+def decode_route(payload: bytes) -> Route:
+    """The :class:`Route` of a routed message."""
     # The header is read alone (its length first), so the frames are not copied
     # into a decoder's buffer on the way.
     (n,) = _HEAD_LEN.unpack_from(payload)
     origin, group, dest, count, *rest = msgpack.unpackb(payload[2:2 + n])
-    handed = rest == [True]
+    # Before sequence numbers: no more, or ``true`` (handed on after grace).
+    handed, seq, src, multicast = [*rest, *[False, 0, None, False][len(rest):]][:4]
     if not (isinstance(origin, str) and isinstance(group, str)
             and (dest is None or isinstance(dest, bytes))
             and isinstance(count, int) and not isinstance(count, bool) and count > 0
-            and (handed or not rest)):
+            and isinstance(handed, bool) and isinstance(seq, int)
+            and not isinstance(seq, bool) and len(rest) in (0, 1, 2, 4)
+            and (src is None or (isinstance(src, str) and handed and dest is not None))
+            and isinstance(multicast, bool)):
         raise ValueError("bad header")
-    return origin, group, dest, count, handed, payload[2 + n:]
+    return Route(origin, group, dest, count, handed, seq, src, multicast, payload[2 + n:])

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from gossiprouter.federation.codec import (
+    NEWCOMER,
     Chunk,
     Delta,
     Member,
@@ -47,6 +48,8 @@ class FederationStats:
     delivered_in: int = 0  # copies of those queued for local connections
     not_forwarded: int = 0  # frames for another router lost: broker not connected or too slow
     undeliverable: int = 0  # frames received for a member no longer here
+    handed_on: int = 0  # frames for a member that moved, passed on to its new router
+    duplicates: int = 0  # frames handed on that had reached the member already: dropped
     records_out: int = 0  # membership records published
     records_in: int = 0  # membership records applied
     malformed: int = 0  # federation messages that could not be read
@@ -142,6 +145,12 @@ class RemoteMember(_Remote, RemoteCarrier):
     @live.setter
     def live(self, value: bool) -> None:
         self.live_there = value
+
+    @property
+    def newcomer(self) -> bool:  # type: ignore[override]  # read from its record
+        """Connected there while another router carried it: a move's new router, which
+        ranks after the one the member was on first (its record says: live NEWCOMER)."""
+        return self.data is not None and self.data[5] == NEWCOMER
 
     def push(self, data: bytes, count: int = 1) -> None:
         self.fed.send(self.remote, self.group, self.addr, data, count)

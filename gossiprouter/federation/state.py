@@ -44,6 +44,7 @@ from gossiprouter.federation.codec import (
 )
 from gossiprouter.federation.frames import check_routed
 from gossiprouter.federation.grace import GHOST_SETTLE, Graces
+from gossiprouter.federation.moves import Moves
 from gossiprouter.federation.remote import (
     PRESENCE_TTL,
     RECEIVERS_CACHE,
@@ -99,7 +100,10 @@ class Federation(Graces):
         self.publish: Callable[[str], None] | None = None
         # (group, sending router) -> (the group, its rev, receivers): a multicast from another
         # router walks the group's members once per change of the group, not once per message.
-        self._receivers: dict[tuple[str, str], tuple[Group, int, list[Carrier]]] = {}
+        self._receivers: dict[tuple[str, str],
+                              tuple[Group, int, list[Carrier], frozenset[Carrier]]] = {}
+        # Lossless moves: fan-out numbers, hand-ons, holds, duplicates (moves.py).
+        self.moves = Moves(self)
 
     # ------------------------------------------------------------------ views
 
@@ -171,10 +175,13 @@ class Federation(Graces):
         if pub is None:
             if not members:
                 return []
+            self.moves.mark(g, members, None)
             pub = self.published[group] = Published(self.run)
             pub.update(members)
             out = pub.snapshot(group, self.max_record)
         else:
+            self.moves.left_here(g, [a for a in pub.members if a not in members])
+            self.moves.mark(g, members, pub)
             out = delta_records(group, pub, members, suspected, self.max_record)
             if not members:
                 del self.published[group]
@@ -197,11 +204,13 @@ class Federation(Graces):
                 del self.published[name]
                 out += deletions(name, pub)
             else:
+                self.moves.mark(g, members, pub)
                 pub.update(members)
         for name, g in self.table.groups.items():
             if name not in self.published and (ms := local_members(g)):
+                self.moves.mark(g, (members := {m[0]: m for m in ms}), None)
                 pub = self.published[name] = Published(self.run)
-                pub.update({m[0]: m for m in ms})
+                pub.update(members)
         for name, pub in self.published.items():
             out += pub.snapshot(name, self.max_record)
         self.stats.records_out += len(out)
@@ -382,13 +391,15 @@ class Federation(Graces):
             rm = held.pop(addr, None)
             if rm is not None:
                 notices += table.unlink_remote(rm, group, addr, suspect=addr in suspected)
+                if self.moves.newcomer_here(group, addr):
+                    self.on_local(group, None)  # its move done: published live 1 again
         for m in joins:
             addr = m[0]
             known = held.get(addr)
             if known is not None and known.data == m:
                 continue
             rm = known if known is not None else RemoteMember(self, r, group, addr)
-            rm.live = m[5]
+            rm.live = bool(m[5])
             rm.data = m
             try:
                 if (known is None and cap and total >= cap) or (
@@ -413,6 +424,7 @@ class Federation(Graces):
             total += known is None
             held[addr] = rm
             notices += n
+            self.moves.arrived(table.groups.get(group), addr, rm)  # it moved here from there
             for f in frames:  # held here in grace: handed to the router it came back to
                 self.send(r, group, addr, f, 1, handed=True)
             if graced:
@@ -444,11 +456,20 @@ class Federation(Graces):
         r.alive = False
         return notices
 
+    def tick(self, now: float) -> None:
+        """Graces and ghost checks (:class:`Graces`), and the frames held for members that
+        left past their bound (:mod:`gossiprouter.federation.moves`)."""
+        super().tick(now)
+        self.moves.expire(now)
+
     # ------------------------------------------------------------------ routing
 
     def send(self, remote: RemoteRouter, group: str, dest: bytes | None, frames: bytes,
-             count: int, handed: bool = False) -> None:
-        """Frames for ``dest`` (None: the group) through router ``remote``: one message.
+             count: int, handed: bool = False, seq: int = 0, src: str | None = None,
+             multicast: bool = False) -> None:
+        """Frames for ``dest`` (None: the group) through router ``remote``: one message,
+        numbered by fan-out (the same frames pushed to several routers share the number)
+        unless ``seq`` is given (a hand-on keeps the number of ``src``, where it came from).
 
         A change of the group's members still waiting for the coalesced flush is published
         first: the sender may have just joined, and a receiver answering it through its own
@@ -457,29 +478,36 @@ class Federation(Graces):
         """
         if group in self.dirty and self.publish is not None:
             self.publish(group)
-        if self._send(remote.origin, encode_route(self.origin, group, dest, count, frames,
-                                                       handed)):
+        if src is None and not handed:
+            seq = self.moves.number(frames)
+        if self._send(remote.origin, encode_route(
+                self.origin, group, dest, count, frames, handed, seq, src, multicast)):
             self.stats.routed_out += count
         else:
             self.stats.not_forwarded += count
 
     def on_route(self, payload: bytes, writer: str) -> None:
         """Frames router ``writer`` sent here (the subtree they came from): delivered to
-        local connections only, never sent on (so nothing loops)."""
+        local connections; those for a member that moved to another router are handed on
+        to it once, marked handed (never passed on again), and the frames handed on here
+        that already reached the member are dropped (docs/federation.md, Lossless moves)."""
         try:
-            origin, group, dest, count, handed, frames = decode_route(payload)
-            if origin != writer:
-                raise ValueError(f"router {origin!r} in the subtree of {writer!r}")
+            rt = decode_route(payload)
+            if rt.origin != writer:
+                raise ValueError(f"router {rt.origin!r} in the subtree of {writer!r}")
         except ROUTE_ERRORS as exc:
             self.stats.malformed += 1
             log.debug("federation: bad routed message: %s", exc)
             return
+        origin, group, dest, frames = rt.origin, rt.group, rt.dest, rt.frames
+        count = rt.frame_count
         self.stats.routed_in += count
         # Nothing from the broker reaches a client socket unread (frames.py).
         r = self.routers.get(origin)
         g = self.table.groups.get(group)
         senders = (() if r is None or not r.alive else  # handed on: a member of the group
-                   (g.entries if g is not None else ()) if handed else r.groups.get(group, {}))
+                   (g.entries if g is not None else ()) if rt.handed
+                   else r.groups.get(group, {}))
         why = check_routed(group, frames, count, self.hub.config.max_frame, senders)
         if why is not None:
             self.stats.refused += count
@@ -492,35 +520,38 @@ class Federation(Graces):
         if dest is not None:
             entry = g.entries.get(dest)
             c = None if entry is None or not entry.carriers else entry.carriers[-1]
+            if rt.src is not None and self.moves.handed_twice(rt, dest):
+                return
             if c is not None and not isinstance(c, RemoteCarrier):
                 c.push(frames, count)
                 self.stats.delivered_in += count
             elif entry is not None and not entry.carriers:
                 table.hold(entry, frames)
-            else:
+            elif rt.handed or not self.moves.unicast(g, dest, c, rt):
+                # Handed on frames are never passed on again (nothing loops).
                 self.stats.undeliverable += count
             return
         key = (group, origin)
         cached = self._receivers.get(key)
-        if cached is not None and cached[0] is g and cached[1] == g.rev:
-            targets = cached[2]
-        else:
+        if cached is None or cached[0] is not g or cached[1] != g.rev:
             targets = self.receivers(g, origin)
+            cached = (g, g.rev, targets, frozenset(targets))
             if len(self._receivers) >= RECEIVERS_CACHE:
                 self._receivers.clear()
-            self._receivers[key] = (g, g.rev, targets)
+            self._receivers[key] = cached
+            self.moves.refresh(g)
+        targets = cached[2]
         for t in targets:
             t.push(frames, count)
         self.stats.delivered_in += count * len(targets)
         for e in g.graced:
             table.hold(e, frames)
+        self.moves.multicast(g, origin, rt.seq, frames, count, cached[3])
 
     def receivers(self, g: Group, origin: str) -> list[Carrier]:
         """The local connections that get a multicast ``origin`` sent to group ``g``: one per
-        connection carrying a member this router must deliver to. A member with a live
-        connection to ``origin`` got it there; one with live connections to several other
-        routers gets it from the smallest router id (the one ``origin`` prefers)."""
-        me = self.origin
+        connection carrying a member this router must deliver to (not when another router
+        does: :meth:`Moves.delivered_elsewhere`)."""
         out: dict[Carrier, None] = {}
         for e in g.entries.values():
             cs = e.carriers
@@ -529,8 +560,7 @@ class Federation(Graces):
             c = cs[-1]
             if isinstance(c, RemoteCarrier) or c in out:
                 continue
-            if len(cs) > 1 and any(isinstance(r, RemoteCarrier) and r.live
-                                   and (r.router == origin or r.router < me) for r in cs):
+            if len(cs) > 1 and self.moves.delivered_elsewhere(g, e, origin):
                 continue
             out[c] = None
         return list(out)

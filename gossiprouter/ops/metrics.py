@@ -351,13 +351,21 @@ def federation_metrics(bridge: Bridge) -> Iterator[Metric]:
                                  "connected or too slow (not_forwarded), received for a "
                                  "member no longer here (undeliverable), or refused: not "
                                  "whole frames of the group's protocol within max_frame, or "
-                                 "from a sender the sending router does not carry.",
+                                 "from a sender the sending router does not carry; handed "
+                                 "on to the router a member moved to (handed_on), and "
+                                 "handed on here but already delivered (duplicate: "
+                                 "dropped).",
                                  labels=["kind"])
     for kind, value in (("out", s.routed_out), ("in", s.routed_in),
                         ("not_forwarded", s.not_forwarded),
-                        ("undeliverable", s.undeliverable), ("refused", s.refused)):
+                        ("undeliverable", s.undeliverable), ("refused", s.refused),
+                        ("handed_on", s.handed_on), ("duplicate", s.duplicates)):
         frames.add_metric([kind], value)
     yield frames
+    yield GaugeMetricFamily("gossiprouter_federation_held_frames",
+                            "Routed frames held for members that left this router for no "
+                            "router known yet (handed on when one is, within 5 s).",
+                            value=f.moves.held_frames())
     yield _counter("gossiprouter_federation_deliveries",
                    "Copies of frames from other routers queued for local connections.",
                    s.delivered_in)

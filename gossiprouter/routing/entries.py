@@ -88,15 +88,18 @@ class RemoteCarrier:
 
     ``fanout`` is the carrier that counts as this one's target in :attr:`Group.load` (one per
     remote router and group, so a multicast goes once to each router); ``live`` is False
-    while the member is held there only in reconnect grace; ``router`` is that router's id.
-    An entry's remote carriers come before its local ones, the preferred last: live first,
-    then the smallest router id (:func:`carrier_rank`).
+    while the member is held there only in reconnect grace; ``router`` is that router's id;
+    ``newcomer``: the member connected there while another router carried it (a move's new
+    router, docs/federation.md "Lossless moves"). An entry's remote carriers come before its
+    local ones, the preferred last: live first, then not a newcomer, then the smallest
+    router id (:func:`carrier_rank`).
     """
 
     __slots__ = ()
     fanout: Carrier
     live: bool
     router: str
+    newcomer: bool = False
 
 
 def fanout_of(c: Carrier) -> Carrier:
@@ -104,10 +107,10 @@ def fanout_of(c: Carrier) -> Carrier:
     return c.fanout if isinstance(c, RemoteCarrier) else c
 
 
-def carrier_rank(c: Carrier) -> tuple[bool, _Desc]:
+def carrier_rank(c: Carrier) -> tuple[bool, bool, _Desc]:
     """The order of an entry's remote carriers (:class:`RemoteCarrier`), the preferred last."""
     assert isinstance(c, RemoteCarrier)
-    return (c.live, _Desc(c.router))
+    return (c.live, not c.newcomer, _Desc(c.router))
 
 
 class _Desc(str):
