@@ -79,6 +79,8 @@ SMOKE: dict[str, tuple[str, ...] | RunBy] = {
     "benchmarks/routers.py": RunBy("a module: bench_fastpath_memory.py, bench_fairness.py and "
                                    "bench_admin_stall.py run on it"),
     "benchmarks/fuzz_inputs.py": RunBy("a module: fuzz_router.py runs on it"),
+    "benchmarks/federation_mix.py": RunBy("a module: bench_federation.py's interleaved, burst "
+                                          "and local-only cases"),
     "benchmarks/vs_jgroups_load.py": RunBy("a module: bench_vs_jgroups.py and bench_lightpath.py "
                                            "run on it"),
     "benchmarks/vs_jgroups_procs.py": RunBy("a module: bench_vs_jgroups.py runs on it"),
