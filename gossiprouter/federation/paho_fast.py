@@ -131,7 +131,19 @@ class FastProperties(Properties):
         if len(props) < propslen:
             raise IndexError("properties cut short")
         pos = 0
+        d = self.__dict__
+        users_here = self.packetType in _TABLE[_USER][1]
         while pos < propslen:
+            if props[pos] == _USER and users_here:  # a user property (one byte: 38)
+                key, k = _read_utf(props[pos + 1:], propslen - pos - 1)
+                value, m = _read_utf(props[pos + 1 + k:], propslen - pos - 1 - k)
+                pos += 1 + k + m
+                users = d.get("UserProperty")
+                if users is None:
+                    d["UserProperty"] = [(key, value)]
+                else:
+                    users.append((key, value))
+                continue
             ident, k = VariableByteIntegers.decode(props[pos:])  # type: ignore[no-untyped-call]
             pos += k
             kind = self.properties[ident][0]
