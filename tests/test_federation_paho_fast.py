@@ -18,7 +18,7 @@ from paho.mqtt.exception import MalformedPacket, MQTTException
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from gossiprouter.federation.paho_fast import BufferedClient, FastProperties
+from gossiprouter.federation.paho_fast import BufferedClient, FastProperties, install
 
 PUB, WILL, CONN = PacketTypes.PUBLISH, PacketTypes.WILLMESSAGE, PacketTypes.CONNECT
 
@@ -116,8 +116,10 @@ def test_buffered_client_reads_several_packets_in_one_recv(
     a, b = pair
     c = BufferedClient(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
     got: list[tuple[str, Any, Any]] = []
+    install()  # (as a bridge does: every PUBLISH's properties read by FastProperties)
 
     def on_message(client: Any, userdata: Any, msg: MQTTMessage) -> None:
+        assert isinstance(msg.properties, FastProperties)
         got.append((msg.topic, msg.payload, getattr(msg.properties, "UserProperty", None)))
 
     c.on_message = on_message

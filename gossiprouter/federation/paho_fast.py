@@ -1,15 +1,16 @@
 """paho-mqtt's per-message overheads on the routed-frames path, made cheap (issue 30).
 
-Profiled on the interleaved case (bench_federation.py, one message a tick over 3 routers),
-most of a router's CPU per cross-router message was paho's, not the routing's:
+Profiled on the interleaved case (bench_federation.py, one message a tick over 3 routers,
+cProfile on thread CPU time), a third or more of a router's CPU per cross-router message was
+paho's, not the routing's:
 
 * **Properties**: paho's :class:`~paho.mqtt.properties.Properties` finds a property's name
   or identifier by scanning all 27 names with a ``str.replace`` each, several times per
-  property, and builds its tables anew for every packet: ~60 µs to read a PUBLISH with no
-  property at all, ~110 µs with a routed message's three user properties, ~120 µs to build
-  and pack them. :class:`FastProperties` is the same class with those look-ups in tables
-  built once (same attributes, same errors, same bytes); :func:`install` makes paho decode
-  every received PUBLISH's properties with it.
+  property, and builds its tables anew for every packet: 33–60 µs to read a PUBLISH with no
+  property at all, 110–125 µs with a routed message's three user properties, 80–120 µs to
+  build and pack them (on the loaded 2-core machine). :class:`FastProperties` is the same
+  class with those look-ups in tables built once (same attributes, errors and bytes; 2, 10
+  and 10 µs); :func:`install` makes paho decode every received PUBLISH's properties with it.
 * **Reads**: paho reads a packet with a ``recv`` of 1 byte for its type, 1 per byte of its
   length and one for the rest, and ``loop_read`` handles one packet (at QoS 0) per call: 3 to
   5 system calls and one wake-up of the reader task per broker message.
@@ -35,6 +36,7 @@ _REF = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
 _NAMES: dict[str, int] = _REF.names
 _TABLE: dict[int, tuple[int, list[int]]] = _REF.properties
 _TYPES: list[str] = _REF.types
+_SHARED = {k: v for k, v in vars(_REF).items() if k != "packetType"}
 _IDENT = {name.replace(" ", ""): ident for name, ident in _NAMES.items()}
 _NAME = {ident: name for name, ident in _NAMES.items()}
 _ORDER = list(_IDENT)  # paho's order of the properties in a packet
@@ -56,10 +58,8 @@ class FastProperties(Properties):
 
     def __init__(self, packetType: int) -> None:
         d = self.__dict__
+        d.update(_SHARED)  # (whatever paho's __init__ sets, built once)
         d["packetType"] = packetType
-        d["types"] = _TYPES
-        d["names"] = _NAMES
-        d["properties"] = _TABLE
 
     def getIdentFromName(self, compressedName: str) -> int:
         return _IDENT.get(compressedName, -1)
