@@ -6,8 +6,8 @@ paho's, not the routing's:
 
 * **Properties**: paho's :class:`~paho.mqtt.properties.Properties` finds a property's name
   or identifier by scanning all 27 names with a ``str.replace`` each, several times per
-  property, and builds its tables anew for every packet: 33–60 µs to read a PUBLISH with no
-  property at all, 110–125 µs with a routed message's three user properties, 80–120 µs to
+  property, and builds its tables anew for every packet: 33 to 60 µs to read a PUBLISH with no
+  property at all, 110 to 125 µs with a routed message's three user properties, 80 to 120 µs to
   build and pack them (on the loaded 2-core machine). :class:`FastProperties` is the same
   class with those look-ups in tables built once (same attributes, errors and bytes; 2, 10
   and 10 µs); :func:`install` makes paho decode every received PUBLISH's properties with it.
