@@ -101,10 +101,10 @@ def _no_delay(client: Client) -> None:
 
 def _properties(will: bool = False) -> Properties:
     from paho.mqtt.packettypes import PacketTypes
-    from paho.mqtt.properties import Properties
 
-    return Properties(  # type: ignore[no-untyped-call]
-        PacketTypes.WILLMESSAGE if will else PacketTypes.PUBLISH)
+    from gossiprouter.federation.paho_fast import FastProperties
+
+    return FastProperties(PacketTypes.WILLMESSAGE if will else PacketTypes.PUBLISH)
 
 
 class Peers(BrokerSession):
@@ -213,12 +213,16 @@ class Peers(BrokerSession):
         props = _properties()
         props.UserProperty = [(FROM_PROPERTY, self.origin), (key, value),
                               *(((BATCH_PROPERTY, FORMAT),) if batch else ())]
-        info = self._client.publish(topic, payload, self.qos,
-                                    properties=self._signed(topic, payload, "route", props))
+        c = self._client
+        info = c.publish(topic, payload, self.qos,
+                         properties=self._signed(topic, payload, "route", props))
         if info.rc:
             return False
-        self._queued_more(len(payload) + len(topic) + len(self.origin) + 64)
-        self._kick_writer()
+        if c.want_write():  # not all written inline (paho writes at once when it can)
+            self._queued_more(len(payload) + len(topic) + len(self.origin) + 64)
+            self._kick_writer()
+        else:  # nothing waits: no writer to wake, and nothing queued to count
+            self._queued_stale = True
         return True
 
     def _signed(self, topic: str, payload: bytes, kind: str,

@@ -9,6 +9,7 @@ which :func:`send_remote` sends on through the federation (batched per router th
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,17 @@ def split(targets: Sequence[Carrier]) -> tuple[list[Carrier], bool]:
     return local, len(local) < len(targets)
 
 
+# One scanner per router (its ROUTE header cache: a header is parsed once, not per upcall).
+_scanners: weakref.WeakKeyDictionary[Hub, NativeScanner] = weakref.WeakKeyDictionary()
+
+
+def _scanner(hub: Hub) -> NativeScanner:
+    sc = _scanners.get(hub)
+    if sc is None or sc.max_frame != hub.config.max_frame:
+        sc = _scanners[hub] = NativeScanner(hub.config.max_frame, relay=True)
+    return sc
+
+
 def send_remote(hub: Hub, data: bytes) -> int:
     """Native ROUTE frames the thread relayed to their local receivers: sent on to the other
     routers, per run, to whom the table names now (as Python's own routing of them would),
@@ -33,8 +45,7 @@ def send_remote(hub: Hub, data: bytes) -> int:
     of frames."""
     n = 0
     table = hub.table
-    for kind, start, stop, k, head in NativeScanner(hub.config.max_frame,
-                                                    relay=True).scan(data):
+    for kind, start, stop, k, head in _scanner(hub).scan(data):
         if kind != RUN:  # the thread hands up whole frames of learned headers only
             continue
         assert isinstance(head, tuple)

@@ -1,0 +1,137 @@
+"""paho's per-message overheads made cheap (gossiprouter/federation/paho_fast.py, issue 30):
+FastProperties packs, reads and refuses exactly what paho's Properties does; BufferedClient
+reads several packets from a real socket on 127.0.0.1 in one recv. Counted, never timed."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("paho.mqtt")
+
+from paho.mqtt.client import MQTTMessage
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.exception import MalformedPacket, MQTTException
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from gossiprouter.federation.paho_fast import BufferedClient, FastProperties, install
+
+PUB, WILL, CONN = PacketTypes.PUBLISH, PacketTypes.WILLMESSAGE, PacketTypes.CONNECT
+
+CASES: list[tuple[int, dict[str, Any]]] = [
+    (PUB, {}),
+    (PUB, {"UserProperty": [("gossiprouter-from", "r1"), ("gossiprouter-sent", "17643"),
+                            ("gossiprouter-batch", "1")]}),
+    (PUB, {"MessageExpiryInterval": 90, "UserProperty": [("k", "v\u00e9\u4e2d")],
+           "ContentType": "x/y", "CorrelationData": b"\x00\x01", "PayloadFormatIndicator": 1}),
+    (WILL, {"UserProperty": ("gossiprouter-mac", "abc"), "WillDelayInterval": 5}),
+    (CONN, {"SessionExpiryInterval": 7, "ReceiveMaximum": 10, "MaximumPacketSize": 4096}),
+]
+
+
+def both(kind: int, attrs: dict[str, Any]) -> tuple[Properties, FastProperties]:
+    ref, fast = Properties(kind), FastProperties(kind)  # type: ignore[no-untyped-call]
+    for name, value in attrs.items():
+        setattr(ref, name, value)
+        setattr(fast, name, value)
+    return ref, fast
+
+
+def attrs(p: Properties) -> dict[str, Any]:
+    return {k: v for k, v in vars(p).items()
+            if k not in ("packetType", "types", "names", "properties")}
+
+
+@pytest.mark.parametrize(("kind", "values"), CASES)
+def test_fast_properties_pack_and_read_what_paho_does(kind: int, values: dict[str, Any]
+                                                      ) -> None:
+    ref, fast = both(kind, values)
+    assert attrs(fast) == attrs(ref)
+    packed: bytes = ref.pack()  # type: ignore[no-untyped-call]
+    assert fast.pack() == packed
+    back_ref = Properties(kind).unpack(packed + b"payload")  # type: ignore[no-untyped-call]
+    back_fast = FastProperties(kind).unpack(packed + b"payload")
+    assert back_fast[1] == back_ref[1]
+    assert attrs(back_fast[0]) == attrs(back_ref[0])
+    # Read again into the same object: the earlier values are cleared first.
+    again = back_fast[0].unpack(packed)
+    assert attrs(again[0]) == attrs(back_ref[0])
+
+
+def test_fast_properties_refuse_what_paho_refuses() -> None:
+    for kind, name, value in ((PUB, "SessionExpiryInterval", 3), (PUB, "NoSuchThing", 1),
+                              (CONN, "ReceiveMaximum", 0), (PUB, "PayloadFormatIndicator", 2)):
+        with pytest.raises(MQTTException):
+            setattr(Properties(kind), name, value)  # type: ignore[no-untyped-call]
+        with pytest.raises(MQTTException):
+            setattr(FastProperties(kind), name, value)
+    for bad in (b"\x07\x26\x00\x01k\x00\x01\x00",  # a NUL in a string
+                b"\x08\x26\x00\x01k\x00\x02\xef\xbb",  # cut short
+                b"\x09\x26\x00\x01k\x00\x03\xef\xbb\xbf",  # U+FEFF
+                b"\x09\x26\x00\x01k\x00\x03\xed\xa0\x80",  # a surrogate (D800)
+                b"\x0a" + b"\x02\x00\x00\x00\x01" * 2):  # a single property twice
+        for cls in (Properties, FastProperties):
+            with pytest.raises((MalformedPacket, MQTTException, ValueError)):
+                cls(PUB).unpack(bad)  # type: ignore[no-untyped-call]
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        a = socket.create_connection(srv.getsockname())
+        b, _ = srv.accept()
+    yield a, b
+    a.close()
+    b.close()
+
+
+class Counting:
+    """A socket whose recv calls are counted."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.recvs = sock, 0
+
+    def recv(self, n: int) -> bytes:
+        self.recvs += 1
+        return self.sock.recv(n)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
+def publish_packet(topic: str, payload: bytes) -> bytes:
+    props = FastProperties(PUB)
+    props.UserProperty = [("gossiprouter-from", "r1")]
+    body = len(topic).to_bytes(2, "big") + topic.encode() + props.pack() + payload
+    assert len(body) < 128
+    return bytes([0x30, len(body)]) + body
+
+
+def test_buffered_client_reads_several_packets_in_one_recv(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = pair
+    c = BufferedClient(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
+    got: list[tuple[str, Any, Any]] = []
+    install()  # (as a bridge does: every PUBLISH's properties read by FastProperties)
+
+    def on_message(client: Any, userdata: Any, msg: MQTTMessage) -> None:
+        assert isinstance(msg.properties, FastProperties)
+        got.append((msg.topic, msg.payload, getattr(msg.properties, "UserProperty", None)))
+
+    c.on_message = on_message
+    counting = Counting(b)
+    c._sock = counting  # the connected socket paho reads
+    a.sendall(b"".join(publish_packet(f"t/{i}", b"x" * i) for i in range(3)))
+    c._sock.setblocking(True)
+    assert c.loop_read() == 0
+    assert c.buffered() > 0  # the other two packets: read, not yet handled
+    while c.buffered():
+        assert c.loop_read() == 0
+    assert got == [(f"t/{i}", b"x" * i, [("gossiprouter-from", "r1")]) for i in range(3)]
+    assert counting.recvs == 1  # paho alone: 3 or more a packet
+    c.drop_buffer()
+    assert c.buffered() == 0
