@@ -178,6 +178,9 @@ def test_latency_and_throughput(report: Report) -> None:
     assert sum(p.count for p in report.latency_over_time) == 116
     assert slow[25].max_ns == 2 * S + 2 * MS and slow[25].p50_ns == LATENCY
     assert slow[4].max_ns == SLOW_LATENCY  # x/4, sent at 5 s
+    # Each second's p95 too (report.html's p95 line), between its p50 and its max.
+    assert all(p.p95_ns is not None and p.p50_ns <= p.p95_ns <= p.max_ns
+               for p in report.latency_over_time)
     # Breakdowns by group: g2 is x and y (5 + 1 expected, x/2 lost).
     g2 = report.by_group["g2"]
     assert (g2.sent, g2.expected, g2.delivered, g2.lost_registered) == (7, 6, 5, 1)

@@ -148,7 +148,8 @@ def over_time(rows: Iterable[Mapping[str, Any]]) -> list[LatencyPoint]:
     for t, bs in sorted(per_second.items()):
         st = latency_stats(bs)
         if st is not None:
-            points.append(LatencyPoint(t, st.count, st.p50_ns, st.p99_ns, st.max_ns))
+            points.append(LatencyPoint(t, st.count, st.p50_ns, st.p99_ns, st.max_ns,
+                                        p95_ns=st.p95_ns))
     return points
 
 
