@@ -19,6 +19,7 @@ subscribe to them.
 
 from __future__ import annotations
 
+import functools
 import re
 
 from gossiprouter.core.topics import ANY, TopicError, TopicId, topic_id
@@ -104,11 +105,18 @@ def presence_topic(prefix: str, origin: str) -> str:
     return router_root(prefix, origin) + "presence"
 
 
-def members_topic(prefix: str, origin: str, group: str) -> str:
-    """The retained record of the members router ``origin`` carries in ``group``."""
-    return f"{router_root(prefix, origin)}members/{escape_level(group)}"
+def members_topic(prefix: str, origin: str, group: str, tag: str = "") -> str:
+    """The retained record of the members router ``origin`` carries in ``group``: its head
+    record, or with ``tag`` one of its chunks (``c<i>``) or delta slots (``d<j>``)."""
+    head = f"{router_root(prefix, origin)}members/{escape_level(group)}"
+    return f"{head}/{tag}" if tag else head
 
 
+# A record's chunk or delta slot: the 4th level of a members topic.
+_TAG = re.compile(r"[cd](?:0|[1-9][0-9]{0,8})")
+
+
+@functools.lru_cache(maxsize=4096)  # per routed message: a few destination routers
 def route_topic(prefix: str, sender: str, dest: str) -> str:
     """Where router ``sender`` publishes frames for router ``dest`` (in the sender's
     subtree: the topic says who wrote it)."""
@@ -120,10 +128,12 @@ def sync_topic(prefix: str, origin: str) -> str:
     return router_root(prefix, origin) + "sync"
 
 
-def parse_fed_topic(prefix: str, topic: str) -> tuple[str, str, str | None]:
-    """(writer, kind, argument) of a federation topic: the router whose subtree it is in,
-    ``presence`` / ``members`` / ``route`` / ``sync``, and the group (members) or destination
-    router (route); ValueError for anything else."""
+@functools.lru_cache(maxsize=4096)  # per message received: the route topics stay parsed
+def parse_fed_topic(prefix: str, topic: str) -> tuple[str, str, str | None, str]:
+    """(writer, kind, argument, tag) of a federation topic: the router whose subtree it is
+    in, ``presence`` / ``members`` / ``route`` / ``sync``, the group (members) or destination
+    router (route), and a record's chunk or delta tag (:func:`members_topic`; "" for the
+    head record and every other kind); ValueError for anything else."""
     root = fed_root(prefix)
     if not topic.startswith(root):
         raise ValueError(f"not a federation topic: {topic!r}")
@@ -131,9 +141,11 @@ def parse_fed_topic(prefix: str, topic: str) -> tuple[str, str, str | None]:
     writer = unescape_level(levels[0])
     kind = levels[1] if len(levels) > 1 else ""
     if kind in ("presence", "sync") and len(levels) == 2:
-        return writer, kind, None
+        return writer, kind, None, ""
     if kind in ("members", "route") and len(levels) == 3:
-        return writer, kind, unescape_level(levels[2])
+        return writer, kind, unescape_level(levels[2]), ""
+    if kind == "members" and len(levels) == 4 and _TAG.fullmatch(levels[3]):
+        return writer, kind, unescape_level(levels[2]), levels[3]
     raise ValueError(f"unknown federation topic {topic!r}")
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import socket
 import time
 import uuid
@@ -78,21 +77,6 @@ def _expiring(seconds: int) -> Properties:
     return props
 
 
-_TAG = re.compile(r"[cd](?:0|[1-9][0-9]{0,8})")
-
-
-def _parse(prefix: str, topic: str) -> tuple[str, str, str | None, str]:
-    """parse_fed_topic, and the tag of a record's chunk or delta slot: a 4th level of a
-    members topic (``c<i>`` or ``d<j>``; "" for the group's head record)."""
-    head, _, last = topic.rpartition("/")
-    if _TAG.fullmatch(last) and head.startswith(fed_root(prefix)) \
-            and head[len(fed_root(prefix)):].count("/") == 2:
-        writer, kind, arg = parse_fed_topic(prefix, head)
-        if kind == "members":
-            return writer, kind, arg, last
-    return (*parse_fed_topic(prefix, topic), "")
-
-
 def _no_delay(client: Client) -> None:
     sock = client.socket()
     with contextlib.suppress(OSError, AttributeError):  # not TCP (WebSockets): as it is
@@ -148,15 +132,14 @@ class Peers(BrokerSession):
         # broker message per destination router (batch.py; _flush_routes).
         self.batches = Batches()
         self._batch_due = trio.Event()
-        self._route_topics: dict[str, str] = {}  # destination router -> its route topic
-        self._parsed: dict[str, tuple[str, str, str | None, str]] = {}  # route topics read
 
     def _send_route(self, origin: str, payload: bytes) -> bool:
         """A routed message for router ``origin``: batched until the end of the tick (False:
         not connected, the bridge's queue full, or beyond the broker's Maximum Packet Size
         even alone; counted lost)."""
+        topic = route_topic(self.prefix, self.origin, origin)
         if not self._writable(self.batches.bytes + len(payload)) or not self._fits(
-                self._route_topic(origin), payload, self.origin, "0" * 13, FORMAT):
+                topic, payload, self.origin, "0" * 13, FORMAT):
             self.liveness.link(origin).lost += 1
             return False
         self.batches.add(origin, payload)
@@ -180,14 +163,6 @@ class Peers(BrokerSession):
             else:
                 link.lost += items
 
-    def _route_topic(self, origin: str) -> str:
-        topic = self._route_topics.get(origin)
-        if topic is None:
-            if len(self._route_topics) >= 4096:  # routers come and go: a bound
-                self._route_topics.clear()
-            topic = self._route_topics[origin] = route_topic(self.prefix, self.origin, origin)
-        return topic
-
     def _lost(self, dropped: dict[str, int]) -> None:
         for origin, n in dropped.items():
             self.liveness.link(origin).lost += n
@@ -207,7 +182,7 @@ class Peers(BrokerSession):
         ``payload`` is an envelope of several routed messages, batch.py)."""
         if not self._writable(len(payload)):
             return False
-        topic = self._route_topic(origin)
+        topic = route_topic(self.prefix, self.origin, origin)
         if not self._fits(topic, payload, self.origin, value, *((FORMAT,) if batch else ())):
             return False
         props = _properties()
@@ -245,7 +220,7 @@ class Peers(BrokerSession):
 
     def _publish_records(self, records: list[tuple[str, str, bytes]]) -> None:
         for group, tag, payload in records:
-            topic = members_topic(self.prefix, self.origin, group) + (f"/{tag}" if tag else "")
+            topic = members_topic(self.prefix, self.origin, group, tag)
             if not self._fits(topic, payload):
                 # The others keep this group's previous record of this router (or none):
                 # better than a broker that cuts the router off at every reconnect.
@@ -329,14 +304,7 @@ class Peers(BrokerSession):
         try:
             # Who wrote it is the subtree it is in (which the broker's ACL confines each
             # router to): a message about router R is only ever read from R's subtree.
-            parsed = self._parsed.get(topic)
-            if parsed is None:
-                parsed = _parse(self.prefix, topic)
-                if parsed[1] == "route":  # the few topics traffic comes on: kept parsed
-                    if len(self._parsed) >= 4096:
-                        self._parsed.clear()
-                    self._parsed[topic] = parsed
-            writer, kind, arg, tag = parsed
+            writer, kind, arg, tag = parse_fed_topic(self.prefix, topic)
             user = getattr(props, "UserProperty", None) or ()
             left = any(k == LEFT_PROPERTY for k, _ in user)
             if self._verifier is not None:

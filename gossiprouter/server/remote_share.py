@@ -9,7 +9,6 @@ which :func:`send_remote` sends on through the federation (batched per router th
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -27,37 +26,25 @@ def split(targets: Sequence[Carrier]) -> tuple[list[Carrier], bool]:
     return local, len(local) < len(targets)
 
 
-# One scanner per router (its ROUTE header cache: a header is parsed once, not per upcall).
-_scanners: weakref.WeakKeyDictionary[Hub, NativeScanner] = weakref.WeakKeyDictionary()
-
-
-def _scanner(hub: Hub) -> NativeScanner:
-    sc = _scanners.get(hub)
-    if sc is None or sc.max_frame != hub.config.max_frame:
-        sc = _scanners[hub] = NativeScanner(hub.config.max_frame, relay=True)
-    return sc
-
-
-def send_remote(hub: Hub, data: bytes) -> int:
-    """Native ROUTE frames the thread relayed to their local receivers: sent on to the other
-    routers, per run, to whom the table names now (as Python's own routing of them would),
-    and counted delivered as Python counts them (the thread counted them routed). The number
-    of frames."""
+def send_remote(hub: Hub, scanner: NativeScanner, data: bytes) -> int:
+    """Native ROUTE frames the thread relayed to their local receivers (cut by ``scanner``,
+    the caller's, so that its header cache lasts): sent on to the other routers, per run, to
+    whom the table resolves now (as Python's own routing of them would,
+    :meth:`Session.forward`), and counted delivered as Python counts them (the thread counted
+    them routed). The number of frames."""
     n = 0
     table = hub.table
-    for kind, start, stop, k, head in _scanner(hub).scan(data):
+    for kind, start, stop, k, head in scanner.scan(data):
         if kind != RUN:  # the thread hands up whole frames of learned headers only
             continue
         assert isinstance(head, tuple)
         group, dest, _sender = head
-        g = table.groups.get(group)
-        if g is None:
-            continue
         targets: list[RemoteGroup | RemoteMember]
-        if dest is None:
-            targets = [t for t in g.targets() if isinstance(t, RemoteGroup)]
+        if dest is None:  # the sender is local: no remote target is its own carrier
+            targets = [t for t in table.resolve_multicast(group, None)
+                       if isinstance(t, RemoteGroup)]
         else:
-            e = g.entries.get(dest)
+            e = table.resolve_unicast(group, dest)
             c = None if e is None else e.carrier
             targets = [c] if isinstance(c, RemoteMember) else []
         frames = data[start:stop]

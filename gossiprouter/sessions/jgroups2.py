@@ -227,15 +227,11 @@ class JGroups2Session(JGroupsSession):
         reply (the ``drop`` policy) would make it misread whatever follows: it is queued as a
         :class:`Reply`, which :meth:`Outbox.shed` never drops.
         """
-        ob = self.outbox
-        data = Reply(data)
-        if ob.push(data) or ob.closed:
-            return
-        if ob.oldest_first and self.make_room(len(data)) and ob.push(data):
+        if self.queue(Reply(data)):
             return
         self.hub.counters.slow_consumer_disconnects += 1
         log.warning("closing %r: slow consumer (a reply did not fit its outbound queue)", self)
-        ob.close("slow_consumer", discard=True)
+        self.outbox.close("slow_consumer", discard=True)
 
     # ------------------------------------------------------------------ carrier interface
 

@@ -160,12 +160,16 @@ class JGroupsSession(Session):
         room for ``data`` (:meth:`make_room`): a stalled member that resumes gets the newest
         traffic at once, and JGroups retransmits the oldest, which its senders still hold.
         ``data`` itself is dropped only when it cannot fit at all."""
+        if not self.queue(data):
+            super().push(data, count)  # it does not fit: dropped, or the policy's close
+
+    def queue(self, data: bytes) -> bool:
+        """Queue ``data``, under policy ``drop`` making room for it first if need be
+        (:meth:`make_room`); False when it does not fit (nothing queued)."""
         ob = self.outbox
         if ob.push(data) or ob.closed:
-            return
-        if ob.oldest_first and self.make_room(len(data)) and ob.push(data):
-            return
-        super().push(data, count)  # it does not fit: dropped, or the policy's close
+            return True
+        return ob.oldest_first and self.make_room(len(data)) and ob.push(data)
 
     def make_room(self, size: int) -> bool:
         """Drop the oldest whole frames queued for this connection until ``size`` more bytes
