@@ -116,6 +116,9 @@ async def test_a_write_error_fails_over_to_the_next_router(
         a = await s1.connect("g", b"A")
         b = await s2.connect("g", b"B")
         await eventually(lambda: len([lk for lk in s1._links.live() if lk.ready]) == 2)
+        # connect() returns once one router answered: B is on both before anything is sent
+        # (a send through a router that has not registered B yet would reach nobody).
+        await eventually(lambda: r1.members("g") == r2.members("g") == {b"A", b"B"})
         victim = s1._links.live()[0]  # only the first router's connection breaks
         real_write = victim.write
 
