@@ -55,7 +55,7 @@ SMOKE: dict[str, tuple[str, ...] | RunBy] = {
                          "tests/test_scripts.py (a fresh copy, listening)"),
     "scripts/setup": ("--router",),
     "scripts/test": RunBy("it runs this suite"),
-    "scripts/sanitize": RunBy("run whole by scripts/test, before this suite (CI's sanitizer jobs)"),
+    "scripts/sanitize": RunBy("run whole by scripts/test, beside this suite (CI's sanitizer jobs)"),
     "benchmarks/bench_admin_stall.py": ("--groups", "200"),
     "benchmarks/bench_connect_limits.py": ("--count", "200"),
     "benchmarks/bench_fairness.py": ("--seconds", "0.3", "--flood", "ping"),
