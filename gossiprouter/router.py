@@ -54,6 +54,7 @@ from typing import Any, ClassVar
 
 import trio
 
+from gossiprouter.core.addresses import format_addr
 from gossiprouter.core.config import Config
 from gossiprouter.ops.runtime import Operations
 from gossiprouter.protocol import native as wire
@@ -140,7 +141,7 @@ class LocalMember:
         self.outbox = _Inbox(hub, buffer)
 
     def __repr__(self) -> str:
-        return f"<{self.protocol} {self.group!r} {self.addr.hex()}>"
+        return f"<{self.protocol} {self.group!r} {format_addr(self.addr)}>"
 
     @property
     def dropped(self) -> int:
@@ -171,13 +172,13 @@ class LocalMember:
                                            "bytes")
         hub = self.hub
         if not hub.table.holds(self, self.group, self.addr):
-            raise RoutingError("not_member", f"{self.addr.hex()} is not registered in "
+            raise RoutingError("not_member", f"{format_addr(self.addr)} is not registered in "
                                              f"{self.group!r} any more")
         frame = wire.encode_route(self.group, dest, self.addr, payload)
         if not hub.forward(self, self.group, dest, self.addr, frame):
             assert dest is not None
             raise RoutingError("unknown_destination",
-                               f"no member {dest.hex()} in {self.group!r}; dropped")
+                               f"no member {format_addr(dest)} in {self.group!r}; dropped")
         await trio.lowlevel.checkpoint()
 
     async def receive(self) -> Message | MemberEvent:

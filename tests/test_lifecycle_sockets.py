@@ -149,6 +149,11 @@ async def test_in_process_members_route_among_themselves_and_report_errors() -> 
         with pytest.raises(RoutingError) as ei:
             await a.send(b"x", dest=b"nobody")
         assert ei.value.code == "unknown_destination"
+        # Addresses as the CLI takes them (send --to): the text, or hex:... when not text.
+        assert "no member nobody in 'g'" in str(ei.value), ei.value
+        with pytest.raises(RoutingError) as ei:
+            await a.send(b"x", dest=b"\xee\x01")
+        assert "no member hex:ee01 in 'g'" in str(ei.value), ei.value
         with pytest.raises(RoutingError) as ei:
             await a.send(b"x", dest=b"d" * 256)
         assert ei.value.code == "too_long"
@@ -161,6 +166,8 @@ async def test_in_process_members_route_among_themselves_and_report_errors() -> 
         with pytest.raises(RoutingError) as ei:
             await b.send(b"late")
         assert ei.value.code == "not_member"
+        assert str(ei.value).startswith("B is not registered in 'g'"), ei.value
+        assert repr(b).endswith("'g' B>"), repr(b)
         # Nothing reached a: its multicast is not echoed to it, and a clean leave is told to
         # watchers only (a counter, not a wait: delivery is synchronous in the hub).
         assert a.outbox.recv.statistics().current_buffer_used == 0
