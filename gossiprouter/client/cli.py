@@ -301,6 +301,8 @@ def listen_command(router: str, group: str, watch_only: bool, addr_text: str | N
     Watches the group (join / leave) and, unless --watch-only, joins it as a
     member to receive its messages (and suspect events). Survives router
     restarts: the connection is re-established and the group re-joined.
+    A router that does not answer at start is an error (exit status 1, with the
+    cause), so a mistyped address fails at once rather than waiting forever.
     With --json, one JSON object per line: first {"type": "members", ...},
     then "message", "event" and "state" objects.
 
