@@ -15,8 +15,9 @@ Per run it measures:
   ``quiet``: every member stops sending ``--quiet-after`` seconds into the stall.
 
 Routers (``--routers``): ``defaults`` (``gossiprouter serve`` from ``--src``, the checkout to
-measure, by default this one), ``wt0`` (the same with ``--write-timeout 0``) and ``java``
-(``org.jgroups.stack.GossipRouter`` of the JGroups given). Medians of ``--runs`` runs.
+measure, by default this one), ``wt0`` (the same with ``--write-timeout 0``; ``--gr-args``
+adds options to both) and ``java`` (``org.jgroups.stack.GossipRouter`` of the JGroups
+given). Medians of ``--runs`` runs.
 
 It needs JGroups 5.x (``--jgroups``: a jar or a classes directory; the 2.12 jar that
 scripts/setup installs will not do) and javac. A benchmark, not a test: it asserts nothing.
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import shlex
 import shutil
 import signal
 import statistics
@@ -123,11 +125,17 @@ class Member:
 
 
 @contextmanager
-def router(kind: str, src: Path, jgroups: Path, port: int) -> Iterator[None]:
+def router(kind: str, src: Path, jgroups: Path, port: int,
+           gr_args: Sequence[str]) -> Iterator[None]:
     """The router ``kind`` on 127.0.0.1:``port`` for the block."""
     if kind in ("defaults", "wt0"):
         extra = ("--write-timeout", "0") if kind == "wt0" else ()
-        with serving(src, port, *extra):
+        with ExitStack() as stack:
+            try:
+                stack.enter_context(serving(src, port, *gr_args, *extra))
+            except (RuntimeError, TimeoutError) as e:
+                raise BenchError(f"gossiprouter serve {' '.join([*gr_args, *extra])}: {e} "
+                                 "(try the same options by hand)") from None
             yield
         return
     proc = subprocess.Popen(
@@ -156,7 +164,7 @@ def one_run(a: argparse.Namespace, kind: str, case: str, cp: str, logs: Path) ->
     n = a.members
     stalled = n - 1
     deadline = a.settle + a.stall + a.catchup_limit + 60
-    with ExitStack() as stack, router(kind, a.src, a.jgroups, port):
+    with ExitStack() as stack, router(kind, a.src, a.jgroups, port, shlex.split(a.gr_args)):
         members: list[Member] = []
         for i in range(n):  # one after another: a single coordinator, no merge to wait for
             m = Member(i, n, port, cp, deadline, logs / f"{kind}-{case}-m{i}.log")
@@ -221,6 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="a JGroups 5.x jar or classes directory (with tunnel.xml)")
     ap.add_argument("--src", type=Path, default=REPO, help="the router checkout to run")
     ap.add_argument("--label", default="gossiprouter", help="the checkout's name in the table")
+    ap.add_argument("--gr-args", default="", metavar="ARGS",
+                    help="more gossiprouter serve options, e.g. '--outbound-queue-bytes 2097152'")
     ap.add_argument("--routers", default=",".join(ROUTERS),
                     help=f"comma-separated, of {', '.join(ROUTERS)}")
     ap.add_argument("--cases", default=",".join(CASES), help="steady, quiet or both")
