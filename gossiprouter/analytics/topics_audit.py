@@ -70,6 +70,7 @@ from gossiprouter.analytics.spark_io import (
     local_path,
     open_session,
     rows,
+    stop_session,
 )
 from gossiprouter.analytics.timeline import NS_PER_S
 from gossiprouter.core.topics import TopicError, TopicIndex, parse_topic, pattern
@@ -169,7 +170,8 @@ def analyze_topics(
         report = _TopicsJob(spark, run_dir, out_dir, sample, phases, allow_loss, baseline).run()
     finally:
         if own:
-            spark.stop()
+            stop_session(spark, lambda: phases.start(
+                "class archive", "saving the JVM's classes for the next runs (once)…"))
     phases.finish()
     return report
 
