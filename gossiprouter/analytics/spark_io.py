@@ -23,7 +23,7 @@ import socket
 import subprocess
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlparse
@@ -41,30 +41,11 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = [
-    "APP_NAME",
-    "DEFAULT_MASTER",
-    "LOOPBACK",
-    "MASTER_CONNECT_TIMEOUT",
-    "AuditInputError",
-    "HadoopFs",
-    "Phases",
-    "RunStore",
-    "SparkStartError",
-    "check_java",
-    "check_local_dir",
-    "check_run_dir",
-    "ddl",
-    "driver_address",
-    "java_binary",
-    "local_path",
-    "loopback_master",
-    "open_session",
-    "rows",
-    "session_settings",
-    "spark_session",
-    "stop_session",
-]
+__all__ = ["APP_NAME", "DEFAULT_MASTER", "LOOPBACK", "MASTER_CONNECT_TIMEOUT", "AuditInputError",
+           "HadoopFs", "Phases", "RunStore", "SparkStartError", "check_java", "check_local_dir",
+           "check_run_dir", "ddl", "driver_address", "java_binary", "local_frame", "local_path",
+           "loopback_master", "open_session", "rows", "session_settings", "spark_session",
+           "stop_session"]
 
 DEFAULT_MASTER: Final = "local[*]"
 APP_NAME: Final = "gossiprouter-analyze"
@@ -518,6 +499,20 @@ def open_session(spark: SparkSession | None, master: str | None,
            else "set --conf spark.driver.host=ADDRESS if the executors cannot reach it")
     phases.note(f"Spark driver at {driver_address(spark)} ({how})")
     return spark, own
+
+
+def local_frame(spark: SparkSession, data: Iterable[Sequence[Any]], schema: str) -> DataFrame:
+    """A small DataFrame of the Python rows ``data`` (columns as in the DDL ``schema``),
+    built in the JVM from one JSON literal: createDataFrame of a list would start a Python
+    worker process to unpickle it (about a second at a cold start)."""
+    from pyspark.sql import functions as F
+
+    names = [c.strip().split()[0].strip("`") for c in schema.split(",")]
+    fields = ", ".join(f"`{n}`: {c.strip().split(None, 1)[1]}"
+                       for n, c in zip(names, schema.split(","), strict=True))
+    text = json.dumps([dict(zip(names, r, strict=True)) for r in data])
+    return spark.range(1).select(F.inline(F.from_json(F.lit(text),
+                                                      f"array<struct<{fields}>>")))
 
 
 def rows(df: DataFrame) -> list[dict[str, Any]]:

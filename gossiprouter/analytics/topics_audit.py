@@ -67,6 +67,7 @@ from gossiprouter.analytics.spark_io import (
     Phases,
     RunStore,
     check_local_dir,
+    local_frame,
     local_path,
     open_session,
     rows,
@@ -243,8 +244,8 @@ class _TopicsJob:
         col = F.col
         topics = [str(r[0]) for r in pubs.select("topic").distinct().collect()]
         patterns = [str(r[0]) for r in spans.select("pattern").distinct().collect()]
-        matched = self.spark.createDataFrame(match_table(topics, patterns),
-                                             "m_topic STRING, m_pattern STRING")
+        matched = local_frame(self.spark, match_table(topics, patterns),
+                              "m_topic STRING, m_pattern STRING")
         t = col("t_send_ns")
         held = spans.select(col("subscriber").alias("receiver"),
                             col("router").alias("sub_router"), "pattern", "from_ns", "to_ns")
