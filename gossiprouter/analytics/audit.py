@@ -121,6 +121,7 @@ def analyze(
     progress: Callable[[str], None] | None = None,
     allow_loss: bool = False,
     baseline: dict[str, Any] | None = None,
+    exiting: bool = False,
 ) -> Report:
     """Audit the run in ``run_dir``, write report.json and report.html to ``out_dir``.
 
@@ -133,7 +134,9 @@ def analyze(
     verdict. ``baseline`` (from :func:`~gossiprouter.analytics.report.baseline.load_baseline`) is
     the earlier run the report compares with. Raises :class:`AuditInputError` for a run
     directory that is missing or holds no records, :class:`SparkStartError` when Spark
-    cannot start.
+    cannot start. ``exiting``: the process ends right after (the command), so a session
+    started here is left to end with it (its JVM exits when the process does, and Spark's
+    shutdown hook stops the context) rather than stopped (about a second).
     """
     if settle_s < 0:
         raise ValueError("settle_s must not be negative")
@@ -154,7 +157,8 @@ def analyze(
     finally:
         if own:
             stop_session(spark, lambda: phases.start(
-                "class archive", "saving the JVM's classes for the next runs (once)…"))
+                "class archive", "saving the JVM's classes for the next runs (once)…"),
+                         stop=not exiting)
     phases.finish()
     return report
 

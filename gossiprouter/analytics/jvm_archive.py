@@ -86,9 +86,11 @@ def class_archive(java: str, spark_home: str, directory: Path | None = None
             if now - part.stat().st_mtime < _STALE_S:
                 return None  # another analysis is writing it: do not write it twice
             part.unlink(missing_ok=True)
+        # Marks the archive as being written (the JVM replaces it with the archive).
+        writing = path.with_name(f"{path.name}.{os.getpid()}.part")
+        writing.touch()
     except OSError:
         return None
-    writing = path.with_name(f"{path.name}.{os.getpid()}.part")
     return ClassArchive(f"-XX:ArchiveClassesAtExit={writing} {_QUIET}", path, writing)
 
 

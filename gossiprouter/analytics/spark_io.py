@@ -433,12 +433,14 @@ def _start_context(master: str, spark_conf: Any, log_path: str | os.PathLike[str
     return sc
 
 
-def stop_session(spark: SparkSession | Any, saving: Callable[[], None] | None = None) -> None:
-    """Stop ``spark`` (a session or a context); if its JVM writes the class archive (the
-    first start with none), call ``saving``, end the JVM and keep the archive (jvm_archive)."""
+def stop_session(spark: SparkSession | Any, saving: Callable[[], None] | None = None,
+                 stop: bool = True) -> None:
+    """Stop ``spark`` (a session or a context; not with ``stop=False``: the process ends);
+    if its JVM writes the class archive, call ``saving``, end the JVM, keep the archive."""
     from pyspark import SparkContext
 
-    spark.stop()
+    if stop:
+        spark.stop()
     if finish_archive(SparkContext._gateway, saving):
         SparkContext._gateway = None  # the next session starts a new JVM
         SparkContext._jvm = None

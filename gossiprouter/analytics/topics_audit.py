@@ -159,6 +159,7 @@ def analyze_topics(
     progress: Callable[[str], None] | None = None,
     allow_loss: bool = False,
     baseline: dict[str, Any] | None = None,
+    exiting: bool = False,
 ) -> Report:
     """Audit the topics run in ``run_dir``; write report.json and report.html to
     ``out_dir``. The arguments are those of :func:`gossiprouter.analytics.audit.analyze`
@@ -172,7 +173,8 @@ def analyze_topics(
     finally:
         if own:
             stop_session(spark, lambda: phases.start(
-                "class archive", "saving the JVM's classes for the next runs (once)…"))
+                "class archive", "saving the JVM's classes for the next runs (once)…"),
+                         stop=not exiting)
     phases.finish()
     return report
 
