@@ -254,7 +254,7 @@ class _Job:
                 # No manifest t0: the run starts with its first send.
                 origin = int(msgs.agg({"t_send_ns": "min"}).collect()[0][0] or 0)
             self.phases.start("figures", "counting, measuring latency and throughput…")
-            summary = self._summarise(msgs, pairs, origin)
+            summary = self._summarise(msgs, pairs, origin, concurrent=parts == 1)
             self.phases.start("order", "checking order, drawing samples…")
             flagged = any(int(r["pairs"] or 0) for r in summary["categories"]
                           if r["category"] in _FLAGGED) or total(summary["categories"],
@@ -279,9 +279,10 @@ class _Job:
         return df.persist(StorageLevel.MEMORY_AND_DISK)
 
     def _summarise(
-        self, msgs: DataFrame, pairs: DataFrame, origin_ns: int,
+        self, msgs: DataFrame, pairs: DataFrame, origin_ns: int, concurrent: bool,
     ) -> dict[str, list[dict[str, Any]]]:
-        """Small aggregations of the cached tables, as lists of rows by name. Seconds are
+        """Small aggregations of the cached tables, as lists of rows by name, collected
+        as concurrent jobs when ``concurrent`` (a run of one partition). Seconds are
         counted from ``origin_ns`` (the start of the run)."""
         from pyspark.sql import functions as F
 
@@ -300,7 +301,7 @@ class _Job:
                 .groupingSets([["group", "size", "cast", "q"], ["t", "q"]],
                               "group", "size", "cast", "t", "q")
                 .agg(*bucket_aggregates(col("lat")), F.grouping_id().alias("gid")))
-        got = _collect_all({
+        got = _collect_all(concurrent=concurrent, frames={
             "latency": fine,
             "senders": msgs.groupBy("run", "group", "sender").agg(
                 F.count(one).alias("messages"),
@@ -437,12 +438,17 @@ def _preload() -> None:
     preload()
 
 
-def _collect_all(frames: Mapping[str, DataFrame]) -> dict[str, list[dict[str, Any]]]:
-    """Collect the small aggregations ``frames`` (over the cached tables) as concurrent
-    jobs, one thread each: each job's fixed cost (planning, code generation, scheduling)
-    overlaps the others' and their tasks share the cores (measured: docs/performance-spark.md).
-    """
+def _collect_all(frames: Mapping[str, DataFrame], concurrent: bool
+                 ) -> dict[str, list[dict[str, Any]]]:
+    """Collect the small aggregations ``frames`` (over the cached tables); ``concurrent``:
+    as concurrent jobs, one thread each, so that each job's fixed cost (planning,
+    scheduling) overlaps the others' (a small run: docs/performance-spark.md). A large run
+    collects them one by one: five aggregations' hash tables at once would compete for
+    memory, for no fixed cost worth overlapping."""
     from pyspark import InheritableThread
+
+    if not concurrent:
+        return {name: rows(df) for name, df in frames.items()}
 
     got: dict[str, list[dict[str, Any]]] = {}
     failed: list[BaseException] = []
