@@ -32,6 +32,9 @@ def test_a_small_local_run_gets_a_light_jvm_and_one_partition() -> None:
     small = start_settings(None, 14_400 * 40)
     assert small["spark.driver.extraJavaOptions"] == "-XX:TieredStopAtLevel=1"
     assert small["spark.sql.shuffle.partitions"] == "1"
+    # No generated code to compile for a few thousand rows.
+    assert small["spark.sql.codegen.wholeStage"] == "false"
+    assert small["spark.sql.codegen.factoryMode"] == "NO_CODEGEN"
     assert start_settings("local[2]", SMALL_INPUT_BYTES) == small
     # Large or unknown inputs, and cluster masters (the driver does not do the work),
     # keep Spark's settings.

@@ -30,8 +30,10 @@ stage has its own module:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
@@ -68,6 +70,7 @@ from gossiprouter.analytics.spark_io import (
     rows,
     session_settings,
     spark_session,
+    stop_session,
 )
 from gossiprouter.analytics.timeline import (
     NS_PER_S,
@@ -76,6 +79,7 @@ from gossiprouter.analytics.timeline import (
     router_outages,
     run_end,
 )
+from gossiprouter.loadtest.records import MEMBERSHIP_FILE, RECORDS_DIR
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -117,6 +121,7 @@ def analyze(
     progress: Callable[[str], None] | None = None,
     allow_loss: bool = False,
     baseline: dict[str, Any] | None = None,
+    exiting: bool = False,
 ) -> Report:
     """Audit the run in ``run_dir``, write report.json and report.html to ``out_dir``.
 
@@ -129,7 +134,9 @@ def analyze(
     verdict. ``baseline`` (from :func:`~gossiprouter.analytics.report.baseline.load_baseline`) is
     the earlier run the report compares with. Raises :class:`AuditInputError` for a run
     directory that is missing or holds no records, :class:`SparkStartError` when Spark
-    cannot start.
+    cannot start. ``exiting``: the process ends right after (the command), so a session
+    started here is left to end with it (its JVM exits when the process does, and Spark's
+    shutdown hook stops the context) rather than stopped (about a second).
     """
     if settle_s < 0:
         raise ValueError("settle_s must not be negative")
@@ -140,13 +147,18 @@ def analyze(
     if spark is None:
         # Settings sized for the run, before the caller's own (which win).
         conf = {**start_settings(master, input_bytes(run_dir)), **(conf or {})}
+    if spark is None:
+        # What the job imports later (pyarrow, matplotlib), imported while the JVM starts.
+        threading.Thread(target=_preload, daemon=True).start()
     spark, own = open_session(spark, master, conf, spark_log, phases)
     try:
         report = _Job(spark, run_dir, out_dir, settle_s, sample, phases, started, allow_loss,
                       baseline).run()
     finally:
         if own:
-            spark.stop()
+            stop_session(spark, lambda: phases.start(
+                "class archive", "saving the JVM's classes for the next runs (once)…"),
+                         stop=not exiting)
     phases.finish()
     return report
 
@@ -210,13 +222,18 @@ class _Job:
         manifest = self.store.manifest(self.warnings)
 
         self.phases.start("reading", "reading records…")
-        timeline = self.store.timeline()
-        events = [(int(r["t_ns"]), str(r["group"]), str(r["member"]), str(r["event"]))
-                  for r in timeline.collect()]
-        intervals, warn = membership_intervals(events)
+        # A local run's membership and record count come from the Parquet files without a
+        # Spark job (each job's fixed cost, and the first one's warm-up, are most of a small
+        # run's analysis); a remote run's through Spark.
+        local = _local_inputs(self.run_dir)
+        if local is None:
+            events = [(int(r["t_ns"]), str(r["group"]), str(r["member"]), str(r["event"]))
+                      for r in self.store.timeline().collect()]
+        intervals, warn = membership_intervals(local[0] if local else events)
         self.warnings += warn
         records = self.store.records()
-        n_records = records.count()  # answered from the Parquet footers: cheap
+        # Answered from the Parquet footers, by Spark or by pyarrow: cheap.
+        n_records = local[1] if local else records.count()
         if n_records == 0:
             raise AuditInputError(f"no records in {self.run_dir} (the record files are empty)")
         # Enough partitions that no task's hash tables outgrow memory, and two per core
@@ -237,7 +254,7 @@ class _Job:
                 # No manifest t0: the run starts with its first send.
                 origin = int(msgs.agg({"t_send_ns": "min"}).collect()[0][0] or 0)
             self.phases.start("figures", "counting, measuring latency and throughput…")
-            summary = self._summarise(msgs, pairs, origin)
+            summary = self._summarise(msgs, pairs, origin, concurrent=parts == 1)
             self.phases.start("order", "checking order, drawing samples…")
             flagged = any(int(r["pairs"] or 0) for r in summary["categories"]
                           if r["category"] in _FLAGGED) or total(summary["categories"],
@@ -262,9 +279,10 @@ class _Job:
         return df.persist(StorageLevel.MEMORY_AND_DISK)
 
     def _summarise(
-        self, msgs: DataFrame, pairs: DataFrame, origin_ns: int,
+        self, msgs: DataFrame, pairs: DataFrame, origin_ns: int, concurrent: bool,
     ) -> dict[str, list[dict[str, Any]]]:
-        """Small aggregations of the cached tables, as lists of rows by name. Seconds are
+        """Small aggregations of the cached tables, as lists of rows by name, collected
+        as concurrent jobs when ``concurrent`` (a run of one partition). Seconds are
         counted from ``origin_ns`` (the start of the run)."""
         from pyspark.sql import functions as F
 
@@ -283,37 +301,38 @@ class _Job:
                 .groupingSets([["group", "size", "cast", "q"], ["t", "q"]],
                               "group", "size", "cast", "t", "q")
                 .agg(*bucket_aggregates(col("lat")), F.grouping_id().alias("gid")))
-        latency = rows(fine)
-        return {
-            "senders": rows(msgs.groupBy("run", "group", "sender").agg(
+        got = _collect_all(concurrent=concurrent, frames={
+            "latency": fine,
+            "senders": msgs.groupBy("run", "group", "sender").agg(
                 F.count(one).alias("messages"),
                 F.count_if(col("n_send") == 0).alias("no_send"),
                 F.sum("n_send").alias("send_records"),
-            )),
-            "sends": rows(msgs.groupBy(second("t_send_ns").alias("t"))
-                           .agg(F.count(one).alias("n"))),
+            ),
+            "sends": msgs.groupBy(second("t_send_ns").alias("t")).agg(F.count(one).alias("n")),
             # With the last receive and send times of each row: the end of the run.
-            "categories": rows(pairs.groupBy("category", "receiver_status", "receiver",
-                                              "group").agg(
+            "categories": pairs.groupBy("category", "receiver_status", "receiver",
+                                        "group").agg(
                 F.count(one).alias("pairs"),
                 F.sum("copies").alias("recv_records"),
                 F.count_if(col("copies") > 1).alias("duplicated"),
                 F.sum(F.greatest(col("copies") - 1, F.lit(0))).alias("extra_copies"),
                 F.max("t_recv_ns").alias("recv"),
                 F.max("t_send_ns").alias("send"),
-            )),
-            # The fine latency histogram per (group, size, cast); the breakdowns and the
-            # overall figures are merged from it in Python.
-            "latency": [r for r in latency if r["gid"] == _BY_KIND],
-            # The same histogram per send second, for the percentiles over time.
-            "latency_s": [r for r in latency if r["gid"] == _BY_SECOND],
+            ),
             # A pair is never both delivered and lost, so one grouping gives both series.
-            "seconds": rows(pairs.groupBy(
+            "seconds": pairs.groupBy(
                 F.when(delivered, second("t_recv_ns")).alias("recv_s"),
                 F.when(col("category").isin("lost", "lost_reconnect"), second("t_send_ns"))
                 .alias("lost_s"),
-            ).agg(F.count(one).alias("n"))),
-        }
+            ).agg(F.count(one).alias("n")),
+        })
+        latency = got.pop("latency")
+        # The fine latency histogram per (group, size, cast); the breakdowns and the
+        # overall figures are merged from it in Python. The same histogram per send
+        # second, for the percentiles over time.
+        got["latency"] = [r for r in latency if r["gid"] == _BY_KIND]
+        got["latency_s"] = [r for r in latency if r["gid"] == _BY_SECOND]
+        return got
 
     def _report(
         self,
@@ -391,3 +410,61 @@ class _Job:
             events=run_events(manifest, origin),
             allow_loss=self.allow_loss,
         )
+
+
+def _local_inputs(run_dir: str) -> tuple[list[tuple[int, str, str, str]], int] | None:
+    """The membership events (t_ns, group, member, event), in file order, and the number of
+    records of a local run whose membership timeline is one file (the rows Spark would
+    read: every visible file of the records directory); None otherwise."""
+    local = local_path(run_dir)
+    if local is None or not (local / MEMBERSHIP_FILE).is_file():
+        return None
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(local / MEMBERSHIP_FILE, columns=["t_ns", "group", "member", "event"])
+    events = [(int(a), str(b), str(c), str(d)) for a, b, c, d in zip(
+        *(t.column(name).to_pylist() for name in t.column_names), strict=True)]
+    files = sorted(p for p in (local / RECORDS_DIR).iterdir()
+                   if p.is_file() and not p.name.startswith((".", "_")))
+    return events, sum(pq.ParquetFile(p).metadata.num_rows for p in files)
+
+
+def _preload() -> None:
+    """Import what the job needs after Spark's start (the Parquet footers, the plots)."""
+    from gossiprouter.analytics.report.plots import preload
+
+    with contextlib.suppress(ImportError):
+        import pyarrow.parquet  # noqa: F401
+    preload()
+
+
+def _collect_all(frames: Mapping[str, DataFrame], concurrent: bool
+                 ) -> dict[str, list[dict[str, Any]]]:
+    """Collect the small aggregations ``frames`` (over the cached tables); ``concurrent``:
+    as concurrent jobs, one thread each, so that each job's fixed cost (planning,
+    scheduling) overlaps the others' (a small run: docs/performance-spark.md). A large run
+    collects them one by one: five aggregations' hash tables at once would compete for
+    memory, for no fixed cost worth overlapping."""
+    from pyspark import InheritableThread
+
+    if not concurrent:
+        return {name: rows(df) for name, df in frames.items()}
+
+    got: dict[str, list[dict[str, Any]]] = {}
+    failed: list[BaseException] = []
+
+    def collect(name: str, df: DataFrame) -> None:
+        try:
+            got[name] = rows(df)
+        except BaseException as e:  # re-raised in the caller's thread
+            failed.append(e)
+
+    threads = [InheritableThread(target=collect, args=(name, df))
+               for name, df in frames.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failed:
+        raise failed[0]
+    return got

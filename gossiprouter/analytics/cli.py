@@ -167,11 +167,11 @@ def analyze_command(
         if topics:
             report = analyze_topics(run_dir, out, master=master, sample=sample,
                                     conf=settings, spark_log=log_path, progress=_progress,
-                                    allow_loss=allow_loss, baseline=baseline)
+                                    allow_loss=allow_loss, baseline=baseline, exiting=True)
         else:
             report = analyze(run_dir, out, master=master, settle_s=settle, sample=sample,
                              conf=settings, spark_log=log_path, progress=_progress,
-                             allow_loss=allow_loss, baseline=baseline)
+                             allow_loss=allow_loss, baseline=baseline, exiting=True)
     except AuditInputError as e:
         raise _fail(str(e), EXIT_INPUT) from None
     except SparkStartError as e:

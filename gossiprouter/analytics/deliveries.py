@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
+from gossiprouter.analytics.spark_io import local_frame
 from gossiprouter.analytics.timeline import Interval
 
 if TYPE_CHECKING:
@@ -69,7 +70,8 @@ def delivery_tables(
         F.count_if(col("k") == _SEND).alias("n_send"),
     ))
 
-    iv = spark.createDataFrame(
+    iv = local_frame(
+        spark,
         [(i.group, i.member, i.start_ns, i.end_ns, i.next_start_ns, _STATUS_CODE[i.status])
          for i in intervals],
         "iv_group STRING, member STRING, start_ns BIGINT, end_ns BIGINT, "

@@ -49,9 +49,9 @@ def start_settings(master: str | None, n_bytes: int | None) -> dict[str, str]:
 
     A small run on a local master gets a JVM without its optimising (C2) compiler, which
     costs more CPU than it saves in a job of seconds (measured: the analysis of a
-    14,400-record run takes half the CPU time), and one shuffle partition: a task per
-    core would only add fixed costs. Nothing changes for a cluster master, whose driver
-    is not where the work is done, or a large or unknown input."""
+    14,400-record run takes half the CPU time), no generated code, and one shuffle
+    partition: a task per core would only add fixed costs. Nothing changes for a cluster
+    master, whose driver is not where the work is done, or a large or unknown input."""
     if not (master or DEFAULT_MASTER).startswith("local"):
         return {}
     if n_bytes is None or n_bytes > SMALL_INPUT_BYTES:
@@ -60,6 +60,11 @@ def start_settings(master: str | None, n_bytes: int | None) -> dict[str, str]:
         "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
         "spark.sql.shuffle.partitions": "1",
         "spark.default.parallelism": "1",
+        # Interpreted expressions and operators: compiling generated code (Janino) costs
+        # more than it saves on a few thousand rows (measured: the audit stage about a
+        # third faster; docs/performance-spark.md).
+        "spark.sql.codegen.wholeStage": "false",
+        "spark.sql.codegen.factoryMode": "NO_CODEGEN",
     }
 
 

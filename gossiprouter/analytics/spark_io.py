@@ -13,6 +13,7 @@ start or join it, reporting through :class:`Phases`, their progress lines.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -22,11 +23,12 @@ import socket
 import subprocess
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlparse
 
+from gossiprouter.analytics.jvm_archive import class_archive, finish_archive, track
 from gossiprouter.loadtest.records import (
     MANIFEST_FILE,
     MEMBERSHIP_FILE,
@@ -39,28 +41,11 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = [
-    "APP_NAME",
-    "DEFAULT_MASTER",
-    "LOOPBACK",
-    "MASTER_CONNECT_TIMEOUT",
-    "AuditInputError",
-    "HadoopFs",
-    "Phases",
-    "RunStore",
-    "SparkStartError",
-    "check_java",
-    "check_local_dir",
-    "check_run_dir",
-    "ddl",
-    "driver_address",
-    "local_path",
-    "loopback_master",
-    "open_session",
-    "rows",
-    "session_settings",
-    "spark_session",
-]
+__all__ = ["APP_NAME", "DEFAULT_MASTER", "LOOPBACK", "MASTER_CONNECT_TIMEOUT", "AuditInputError",
+           "HadoopFs", "Phases", "RunStore", "SparkStartError", "check_java", "check_local_dir",
+           "check_run_dir", "ddl", "driver_address", "java_binary", "local_frame", "local_path",
+           "loopback_master", "open_session", "rows", "session_settings", "spark_session",
+           "stop_session"]
 
 DEFAULT_MASTER: Final = "local[*]"
 APP_NAME: Final = "gossiprouter-analyze"
@@ -86,8 +71,6 @@ def ddl(schema: pa.Schema) -> str:
     # The reader's schema is derived from the writer's, so the two cannot drift apart; giving
     # Spark the schema also spares it inferring one from every file's footer.
     return ", ".join(f"`{f.name}` {_SPARK_TYPES[str(f.type)]}" for f in schema)
-
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,7 +207,6 @@ def _master_hosts(master: str) -> list[tuple[str, int]] | None:
 
 
 def _is_loopback(host: str) -> bool:
-
     if host == "localhost":
         return True
     try:
@@ -245,7 +227,6 @@ def loopback_master(master: str) -> bool:
 def _check_masters_reachable(master: str, timeout: float = MASTER_CONNECT_TIMEOUT) -> None:
     """Raise :class:`SparkStartError` unless a master of a ``spark://`` URL accepts a TCP
     connection within ``timeout`` seconds."""
-
     hosts = _master_hosts(master)
     if not hosts:
         return
@@ -286,22 +267,27 @@ def _log_cause(log_path: str | os.PathLike[str] | None) -> str | None:
 MIN_JAVA: Final = 17
 
 
+def java_binary() -> str | None:
+    """The Java Spark's launcher runs: ``$JAVA_HOME/bin/java``, else ``java`` on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    return os.path.join(home, "bin", "java") if home else shutil.which("java")
+
+
 def check_java() -> None:
     """Raise :class:`SparkStartError` unless the Java Spark would run (``$JAVA_HOME/bin/java``,
     else ``java`` on PATH, as Spark's launcher picks it) is there and is Java 17 or newer;
-    PySpark's own report of a missing Java is "Java gateway process exited"."""
+    PySpark's own report of a missing Java is "Java gateway process exited". Checked once
+    per process and Java."""
+    java = java_binary()
+    if java is not None and java in _JAVA_CHECKED:
+        return
     home = os.environ.get("JAVA_HOME")
     advice = "install a JDK or set JAVA_HOME"
-    if home:
-        java: str | None = os.path.join(home, "bin", "java")
-        assert java is not None
-        if not os.access(java, os.X_OK):
-            raise SparkStartError(f"Java {MIN_JAVA}+ not found: JAVA_HOME={home} has no "
-                                  f"bin/java ({advice})")
-    else:
-        java = shutil.which("java")
-        if java is None:
-            raise SparkStartError(f"Java {MIN_JAVA}+ not found: {advice}")
+    if java is None:
+        raise SparkStartError(f"Java {MIN_JAVA}+ not found: {advice}")
+    if home and not os.access(java, os.X_OK):
+        raise SparkStartError(f"Java {MIN_JAVA}+ not found: JAVA_HOME={home} has no "
+                              f"bin/java ({advice})")
     try:
         out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60,
                              check=False).stderr
@@ -312,6 +298,10 @@ def check_java() -> None:
     if m is not None and int(m.group(1)) < MIN_JAVA:
         raise SparkStartError(f"Java {MIN_JAVA}+ not found: {java} is Java {m.group(1)} "
                               f"({advice} of a newer one)")
+    _JAVA_CHECKED.add(java)
+
+
+_JAVA_CHECKED: set[str] = set()  # the Java binaries check_java found good
 
 
 def driver_address(spark: SparkSession) -> str:
@@ -331,6 +321,7 @@ def spark_session(
     *,
     conf: Mapping[str, str] | None = None,
     log_path: str | os.PathLike[str] | None = None,
+    share_classes: bool = False,
 ) -> SparkSession:
     """Start (or join) the Spark session the analysis runs in.
 
@@ -342,11 +333,11 @@ def spark_session(
     last and win. With ``log_path`` the JVM's stdout and stderr (Spark's own log lines at
     WARN and above) go to that file instead of the terminal; without it only errors are
     logged. If a SparkContext is already running in this process it is reused as it is.
-
-    A ``spark://`` master that accepts no TCP connection within
-    :data:`MASTER_CONNECT_TIMEOUT` seconds, or a context that Spark stopped while starting
-    (it gave up registering with the master), raises :class:`SparkStartError` with the
-    cause on one line.
+    ``share_classes``: a new JVM maps (or writes) the class archive of jvm_archive; stop
+    the session with :func:`stop_session` then. A ``spark://`` master that accepts no TCP
+    connection within :data:`MASTER_CONNECT_TIMEOUT` seconds, or a context that Spark
+    stopped while starting (it gave up registering with the master), raises
+    :class:`SparkStartError` with the cause on one line.
     """
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
@@ -362,11 +353,10 @@ def spark_session(
     check_java()
     settings = session_settings(master, conf, log_to_file=log_path is not None)
     if settings.get("spark.driver.bindAddress") == LOOPBACK:
-        # The environment variable covers the services that do not read
-        # spark.driver.bindAddress.
+        # The environment variable covers the services that do not read bindAddress.
         os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
     spark_conf = SparkConf().setMaster(master).setAll(list(settings.items()))
-    return SparkSession(_start_context(master, spark_conf, log_path))
+    return SparkSession(_start_context(master, spark_conf, log_path, share_classes))
 
 
 def session_settings(master: str, conf: Mapping[str, str] | None = None, *,
@@ -398,37 +388,62 @@ def session_settings(master: str, conf: Mapping[str, str] | None = None, *,
     return settings
 
 
-def _start_context(master: str, spark_conf: Any,
-                   log_path: str | os.PathLike[str] | None) -> Any:
+def _start_context(master: str, spark_conf: Any, log_path: str | os.PathLike[str] | None,
+                   share_classes: bool) -> Any:
     from pyspark import SparkContext
+    from pyspark.errors import PySparkException
+    from pyspark.find_spark_home import _find_spark_home
     from pyspark.java_gateway import launch_gateway
 
-    if log_path is None or SparkContext._gateway is not None:
+    if SparkContext._gateway is not None:
         # (A JVM left by an earlier, stopped context is reused; its output stays where it was.)
         sc = SparkContext(conf=spark_conf)
     else:
-        from pyspark.errors import PySparkException
-
-        with open(log_path, "ab") as log:
-            # The JVM inherits the file; it keeps writing there after we close our handle.
-            launch: Any = launch_gateway  # untyped in PySpark
+        java = java_binary()
+        archive = (class_archive(java, _find_spark_home())
+                   if share_classes and java is not None else None)
+        if archive is not None:  # the JVM's class archive (jvm_archive): mapped or written
+            extra = spark_conf.get("spark.driver.extraJavaOptions") or ""
+            spark_conf.set("spark.driver.extraJavaOptions", f"{extra} {archive.options}")
+        launch: Any = launch_gateway  # untyped in PySpark
+        with contextlib.ExitStack() as stack:
+            kwargs = None
+            if log_path is not None:
+                # The JVM inherits the file; it keeps writing there after we close ours.
+                log = stack.enter_context(open(log_path, "ab"))
+                kwargs = {"stdout": log, "stderr": log}
             try:
-                gateway = launch(spark_conf, popen_kwargs={"stdout": log, "stderr": log})
+                gateway = launch(spark_conf, popen_kwargs=kwargs)
             except PySparkException as e:
                 # "Java gateway process exited": the JVM's own reason is in the log.
                 cause = _log_cause(log_path)
                 if cause is None:
                     raise
                 raise SparkStartError(f"Spark could not start on {master}: {cause}") from e
+        if archive is not None:
+            track(gateway, archive)
         sc = SparkContext(conf=spark_conf, gateway=gateway)
     jsc: Any = sc._jsc
     if jsc.sc().isStopped():
         # Spark gives up registering with an unresponsive master by stopping the context;
         # what came next would fail with "Cannot call methods on a stopped SparkContext".
         cause = _log_cause(log_path) or "Spark stopped the context while starting"
-        sc.stop()
+        stop_session(sc)
         raise SparkStartError(f"Spark could not start on {master}: {cause}")
     return sc
+
+
+def stop_session(spark: SparkSession | Any, saving: Callable[[], None] | None = None,
+                 stop: bool = True) -> None:
+    """Stop ``spark`` (a session or a context; not with ``stop=False``: the process ends);
+    if its JVM writes the class archive, call ``saving``, end the JVM, keep the archive."""
+    from pyspark import SparkContext
+
+    if stop:
+        spark.stop()
+    if finish_archive(SparkContext._gateway, saving):
+        SparkContext._gateway = None  # the next session starts a new JVM
+        SparkContext._jvm = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -480,12 +495,26 @@ def open_session(spark: SparkSession | None, master: str | None,
     own = spark is None and SparkContext._active_spark_context is None
     if spark is None:
         phases.start("Spark start", f"starting Spark ({master or DEFAULT_MASTER})…")
-        spark = spark_session(master, conf=conf, log_path=spark_log)
+        spark = spark_session(master, conf=conf, log_path=spark_log, share_classes=True)
     chosen = spark.sparkContext.getConf().get("spark.driver.host", "")
     how = ("loopback master: driver kept on loopback" if chosen == LOOPBACK
            else "set --conf spark.driver.host=ADDRESS if the executors cannot reach it")
     phases.note(f"Spark driver at {driver_address(spark)} ({how})")
     return spark, own
+
+
+def local_frame(spark: SparkSession, data: Iterable[Sequence[Any]], schema: str) -> DataFrame:
+    """A small DataFrame of the Python rows ``data`` (columns as in the DDL ``schema``),
+    built in the JVM from one JSON literal: createDataFrame of a list would start a Python
+    worker process to unpickle it (about a second at a cold start)."""
+    from pyspark.sql import functions as F
+
+    names = [c.strip().split()[0].strip("`") for c in schema.split(",")]
+    fields = ", ".join(f"`{n}`: {c.strip().split(None, 1)[1]}"
+                       for n, c in zip(names, schema.split(","), strict=True))
+    text = json.dumps([dict(zip(names, r, strict=True)) for r in data])
+    return spark.range(1).select(F.inline(F.from_json(F.lit(text),
+                                                      f"array<struct<{fields}>>")))
 
 
 def rows(df: DataFrame) -> list[dict[str, Any]]:

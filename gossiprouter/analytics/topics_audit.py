@@ -67,9 +67,11 @@ from gossiprouter.analytics.spark_io import (
     Phases,
     RunStore,
     check_local_dir,
+    local_frame,
     local_path,
     open_session,
     rows,
+    stop_session,
 )
 from gossiprouter.analytics.timeline import NS_PER_S
 from gossiprouter.core.topics import TopicError, TopicIndex, parse_topic, pattern
@@ -157,6 +159,7 @@ def analyze_topics(
     progress: Callable[[str], None] | None = None,
     allow_loss: bool = False,
     baseline: dict[str, Any] | None = None,
+    exiting: bool = False,
 ) -> Report:
     """Audit the topics run in ``run_dir``; write report.json and report.html to
     ``out_dir``. The arguments are those of :func:`gossiprouter.analytics.audit.analyze`
@@ -169,7 +172,9 @@ def analyze_topics(
         report = _TopicsJob(spark, run_dir, out_dir, sample, phases, allow_loss, baseline).run()
     finally:
         if own:
-            spark.stop()
+            stop_session(spark, lambda: phases.start(
+                "class archive", "saving the JVM's classes for the next runs (once)…"),
+                         stop=not exiting)
     phases.finish()
     return report
 
@@ -241,8 +246,8 @@ class _TopicsJob:
         col = F.col
         topics = [str(r[0]) for r in pubs.select("topic").distinct().collect()]
         patterns = [str(r[0]) for r in spans.select("pattern").distinct().collect()]
-        matched = self.spark.createDataFrame(match_table(topics, patterns),
-                                             "m_topic STRING, m_pattern STRING")
+        matched = local_frame(self.spark, match_table(topics, patterns),
+                              "m_topic STRING, m_pattern STRING")
         t = col("t_send_ns")
         held = spans.select(col("subscriber").alias("receiver"),
                             col("router").alias("sub_router"), "pattern", "from_ns", "to_ns")

@@ -12,6 +12,7 @@ are PNG.
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import io
 import itertools
@@ -24,7 +25,7 @@ from gossiprouter.analytics.report.formatting import fmt_ms
 from gossiprouter.analytics.report.model import Report
 from gossiprouter.analytics.report.parts import Breakdown
 
-__all__ = ["SERIES_IDS", "SVG_PLOTS", "log_ticks", "plot_caption", "plot_images"]
+__all__ = ["SERIES_IDS", "SVG_PLOTS", "log_ticks", "plot_caption", "plot_images", "preload"]
 
 
 T = TypeVar("T")
@@ -72,6 +73,12 @@ def _pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def preload() -> None:
+    """Import the plotting library (about a second), e.g. while the JVM starts."""
+    with contextlib.suppress(ImportError):
+        _pyplot()
 
 
 def _mark_events(ax: Any, report: Report, labels: bool = True) -> None:

@@ -1,0 +1,97 @@
+"""The driver JVM's class archive (gossiprouter.analytics.jvm_archive; no Spark needed, a
+small Python process stands in for the JVM) and spark_io.local_frame (one local Spark)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from gossiprouter.analytics.jvm_archive import ARCHIVE_ENV, class_archive, stop_jvm
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def _spark_home(tmp_path: Path) -> tuple[str, str]:
+    java = tmp_path / "java"
+    java.write_bytes(b"#!/bin/sh\n")
+    home = tmp_path / "spark"
+    (home / "jars").mkdir(parents=True)
+    (home / "jars" / "spark-core.jar").write_bytes(b"x" * 10)
+    return str(java), str(home)
+
+
+def _fake_jvm(writes: Path | None) -> subprocess.Popen[bytes]:
+    """A process that, like the gateway JVM, exits when its stdin closes, writing the
+    archive (some bytes) at exit when ``writes`` is given."""
+    code = "import sys; sys.stdin.read()"
+    if writes is not None:
+        code += f"; open({str(writes)!r}, 'wb').write(b'CDS' * 100)"
+    return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+
+
+def test_the_first_start_writes_the_archive_and_later_ones_map_it(tmp_path: Path) -> None:
+    java, home = _spark_home(tmp_path)
+    cache = tmp_path / "cache"
+    first = class_archive(java, home, cache)
+    assert first is not None and first.writing is not None
+    assert first.options.startswith(f"-XX:ArchiveClassesAtExit={first.writing} ")
+    # While it is being written, another start neither writes it nor maps it.
+    assert class_archive(java, home, cache) is None
+    assert stop_jvm(_fake_jvm(first.writing), first)
+    assert first.path.read_bytes() == b"CDS" * 100 and not first.writing.exists()
+    later = class_archive(java, home, cache)
+    assert later is not None and later.writing is None
+    assert later.options.startswith(f"-XX:SharedArchiveFile={first.path} ")
+    # Another Spark (its jars changed): another archive, and the old one goes once the
+    # new one is written.
+    (Path(home) / "jars" / "spark-sql.jar").write_bytes(b"y")
+    other = class_archive(java, home, cache)
+    assert other is not None and other.writing is not None and other.path != first.path
+    assert stop_jvm(_fake_jvm(other.writing), other)
+    assert sorted(p.name for p in cache.iterdir()) == [other.path.name]
+
+
+def test_an_archive_not_written_is_not_kept(tmp_path: Path) -> None:
+    java, home = _spark_home(tmp_path)
+    cache = tmp_path / "cache"
+    archive = class_archive(java, home, cache)
+    assert archive is not None and archive.writing is not None
+    assert not stop_jvm(_fake_jvm(None), archive)  # the JVM exited without writing it
+    assert not archive.path.exists()
+    # A partial archive left by a JVM that died long ago does not block a new one.
+    stale = archive.path.with_name(f"{archive.path.name}.999999.part")
+    stale.write_bytes(b"half")
+    old = time.time() - 3600
+    os.utime(stale, (old, old))
+    again = class_archive(java, home, cache)
+    assert again is not None and again.writing is not None and not stale.exists()
+
+
+def test_the_archive_can_be_turned_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    java, home = _spark_home(tmp_path)
+    monkeypatch.setenv(ARCHIVE_ENV, "0")
+    assert class_archive(java, home, tmp_path / "cache") is None
+    monkeypatch.setenv(ARCHIVE_ENV, "1")
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # the cache directory cannot be created under a file
+    assert class_archive(java, home, blocked / "cache") is None
+
+
+def test_local_frame_builds_the_rows_in_the_jvm(spark: SparkSession) -> None:
+    from gossiprouter.analytics.spark_io import local_frame
+
+    data = [("g/1", 'quote " and \\ back', 1, 2**62, None),
+            ("g2", "m", -5, None, 7)]
+    df = local_frame(spark, data, "`group` STRING, member STRING, a INT, b BIGINT, c BIGINT")
+    assert df.columns == ["group", "member", "a", "b", "c"]
+    assert [tuple(r) for r in df.collect()] == data
+    assert [f.dataType.simpleString() for f in df.schema.fields] == [
+        "string", "string", "int", "bigint", "bigint"]
+    assert local_frame(spark, [], "x STRING").collect() == []
