@@ -244,3 +244,83 @@ def test_a_gathered_send_cut_short_goes_on_where_it_stopped(
         reference.publish_qos0(b"t/%d" % i, USERS, b"x" * (10 + i))
     assert sends.data == one_by_one.data  # every byte once, in order
     assert c.gathered_sends >= 1 and sends.sends > 3
+
+
+class Recorder:
+    """Where a client writes: what it sends, recorded (no socket)."""
+
+    def __init__(self) -> None:
+        self.data = b""
+
+    def send(self, data: bytes) -> int:
+        self.data += bytes(data)
+        return len(data)
+
+    def close(self) -> None:
+        pass
+
+
+def packet_of(topic: str, payload: bytes, props: FastProperties | None) -> bytes:
+    """The bytes paho's publish writes (QoS 0)."""
+    rec = Recorder()
+    assert client_on(rec).publish(topic, payload, 0, properties=props).rc == 0
+    return rec.data
+
+
+def test_fast_publish_reads_what_paho_reads(pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = pair
+    expiring = FastProperties(PUB)
+    expiring.MessageExpiryInterval = 60
+    users = FastProperties(PUB)
+    users.UserProperty = USERS
+    packets = [("%fed/p/r1/route/r2", b"frames" * 50, users),  # read directly
+               ("%fed/p/r1/route/r2", b"", None),  # no property at all: directly too
+               ("t/\u00e9", b"x" * 300, users),  # the hook declines: paho's way
+               ("%fed/p/r1/presence", b"p", expiring)]  # another property: paho's way
+    stream = b"".join(packet_of(t, p, pr) for t, p, pr in packets)
+    got: dict[str, list[tuple[str, bytes, list[tuple[str, str]] | None]]] = {
+        "fast": [], "paho": []}
+    clients = []  # (a client closes its socket when collected)
+    for fast in (True, False):
+        c = client_on(b)
+        clients.append(c)
+        def on_message(cl: Any, ud: Any, m: MQTTMessage) -> None:
+            got["paho"].append(
+                (m.topic, bytes(m.payload), getattr(m.properties, "UserProperty", None)))
+
+        def on_fast(t: str, p: bytes, u: list[tuple[str, str]]) -> bool:
+            if not t.startswith("%fed/"):
+                return False
+            got["fast"].append((t, p, u))
+            return True
+
+        c.on_message = on_message
+        if fast:
+            c.fast_publish = on_fast
+        a.sendall(stream)
+        b.setblocking(True)
+        for _ in range(len(packets)):
+            assert c.loop_read() == 0
+        assert c.buffered() == 0
+        if fast:
+            assert [x[0] for x in got["fast"]] == ["%fed/p/r1/route/r2"] * 2
+            assert [x[0] for x in got["paho"]] == ["t/\u00e9", "%fed/p/r1/presence"]
+            fast_got = [got["fast"][0], (*got["fast"][1][:2], None)]
+            directly, got["fast"], got["paho"] = fast_got, [], []
+    # What paho read of the same packets, field for field (no property: [] read directly).
+    assert directly == [(t, p, getattr(pr, "UserProperty", None)) for t, p, pr in packets[:2]]
+    assert [g[0] for g in got["paho"]] == [t for t, _, _ in packets]
+    for c in clients:
+        c._sock = None
+
+
+def test_fast_publish_leaves_malformed_packets_to_paho() -> None:
+    from gossiprouter.federation.paho_fast import read_publish
+
+    good = packet_of("%fed/p/r1/route/r2", b"abc", None)[2:]  # (after the fixed header)
+    assert read_publish(good) == ("%fed/p/r1/route/r2", b"abc", [])
+    for bad in (b"", b"\x00", b"\x00\x05ab", b"\x00\x01\xff\x00",  # cut, bad UTF-8
+                b"\x00\x01t\x05\x26\x00\x01k",  # a user property cut short
+                b"\x00\x01t\x03\x26\x00\x01k\x00\x01v",  # properties longer than said
+                b"\x00\x00\x00"):  # no topic (an alias: paho's to handle)
+        assert read_publish(bad) is None

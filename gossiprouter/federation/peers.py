@@ -325,7 +325,8 @@ class Peers(BrokerSession):
         client.publish(self._sync_topic, b"", qos=1,
                        properties=self._signed(self._sync_topic, b"", "sync"))
 
-    def _on_federation(self, topic: str, payload: bytes, props: Properties | None) -> None:
+    def _on_federation(self, topic: str, payload: bytes, props: object) -> None:
+        # (props: paho's Properties, or bridge._Users: only what getattr finds is read)
         fed = self.federation
         try:
             # Who wrote it is the subtree it is in (which the broker's ACL confines each
@@ -383,7 +384,7 @@ class Peers(BrokerSession):
         if self.heartbeat > 0:
             nursery.start_soon(self._heartbeats)
 
-    def _on_path(self, writer: str, payload: bytes, props: Properties | None) -> bool:
+    def _on_path(self, writer: str, payload: bytes, props: object) -> bool:
         """What came on the route topic from router ``writer`` (the subtree it was read
         from, never a property the message names), before the routed frames are parsed: a
         heartbeat (handled here), or routed frames with their age (False: too old, dropped
