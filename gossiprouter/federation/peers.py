@@ -133,6 +133,7 @@ class Peers(BrokerSession):
         self.batches = Batches()
         self._batch_due = trio.Event()
         self.federation.flush_routes = self._flush_routes
+        self.route_wakeups = 0  # of the end-of-tick task (tests, profiles)
 
     def _send_route(self, origin: str, payload: bytes) -> bool:
         """A routed message for router ``origin``: batched until the end of the tick (False:
@@ -189,6 +190,7 @@ class Peers(BrokerSession):
         while True:
             await self._batch_due.wait()
             self._batch_due = trio.Event()
+            self.route_wakeups += 1
             self._flush_routes()
 
     def _publish_route(self, origin: str, payload: bytes, key: str, value: str,

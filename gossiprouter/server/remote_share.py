@@ -33,6 +33,7 @@ class RemoteShare:
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
         self.frames = 0  # frames whose remote share was sent on (tests, profiles)
+        self.flushes = 0  # batches of upcalls whose remote share was sent at their end
         # The scanner that cuts them (one, so that its ROUTE header cache lasts).
         self._scanner: NativeScanner | None = None
         # The federations on hold since the last flush.
@@ -83,6 +84,7 @@ class RemoteShare:
         """Send what the federations on hold batched (one broker message per destination
         router), and take them off hold."""
         held = self._held
+        self.flushes += bool(held)
         while held:
             fed = held.pop()
             fed.holding = False
