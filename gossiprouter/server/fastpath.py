@@ -298,7 +298,8 @@ class FastPath:
         try:
             self._handle(items)
         finally:
-            self.remote.flush()
+            if self.remote.held:
+                self.remote.flush()
 
     def _handle(self, items: list[tuple[int, int, bytes]]) -> None:
         mod = self.mod

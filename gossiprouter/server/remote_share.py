@@ -36,8 +36,8 @@ class RemoteShare:
         self.flushes = 0  # batches of upcalls whose remote share was sent at their end
         # The scanner that cuts them (one, so that its ROUTE header cache lasts).
         self._scanner: NativeScanner | None = None
-        # The federations on hold since the last flush.
-        self._held: set[Sender] = set()
+        # The federations on hold since the last flush (empty: nothing to flush).
+        self.held: set[Sender] = set()
 
     def send(self, data: bytes) -> int:
         """Native ROUTE frames the thread relayed to their local receivers: sent on to the
@@ -54,7 +54,7 @@ class RemoteShare:
             sc = self._scanner = NativeScanner(max_frame, relay=True)
         n = 0
         table = hub.table
-        held = self._held
+        held = self.held
         for kind, start, stop, k, head in sc.scan(data):
             if kind != RUN:  # the thread hands up whole frames of learned headers only
                 continue
@@ -83,7 +83,7 @@ class RemoteShare:
     def flush(self) -> None:
         """Send what the federations on hold batched (one broker message per destination
         router), and take them off hold."""
-        held = self._held
+        held = self.held
         self.flushes += bool(held)
         while held:
             fed = held.pop()
