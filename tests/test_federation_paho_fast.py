@@ -135,3 +135,192 @@ def test_buffered_client_reads_several_packets_in_one_recv(
     assert counting.recvs == 1  # paho alone: 3 or more a packet
     c.drop_buffer()
     assert c.buffered() == 0
+
+
+class Sends:
+    """A socket whose send calls are counted and recorded, each taking at most ``limit``
+    bytes."""
+
+    def __init__(self, sock: socket.socket, limit: int = 1 << 30) -> None:
+        self.sock, self.sends, self.limit = sock, 0, limit
+        self.data = b""
+
+    def send(self, data: bytes) -> int:
+        self.sends += 1
+        n = self.sock.send(data[:self.limit])
+        self.data += bytes(data[:n])
+        return n
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
+def client_on(sock: Any) -> BufferedClient:
+    c = BufferedClient(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
+    c._sock = sock
+    return c
+
+
+def write_all(c: BufferedClient, a: socket.socket, b: socket.socket) -> bytes:
+    """Everything ``c`` queued, written through ``a`` and read from ``b`` (bounded)."""
+    a.setblocking(False)
+    b.setblocking(False)
+    got = b""
+    for _ in range(100_000):
+        assert c.loop_write() == 0
+        try:
+            while chunk := b.recv(1 << 20):
+                got += chunk
+        except BlockingIOError:
+            pass
+        if not c.want_write():
+            break
+    b.settimeout(0.2)
+    try:
+        while chunk := b.recv(1 << 20):
+            got += chunk
+    except TimeoutError:
+        pass
+    return got
+
+
+USERS = [("gossiprouter-from", "r\u00e9"), ("gossiprouter-sent", "1764312345678"),
+         ("gossiprouter-batch", "1")]
+
+
+@pytest.mark.parametrize("size", [0, 1, 100, 20_000, 3_000_000])
+def test_publish_qos0_writes_the_bytes_paho_publish_writes(
+        pair: tuple[socket.socket, socket.socket], size: int) -> None:
+    a, b = pair
+    payload = bytes(range(256)) * (size // 256) + b"z" * (size % 256)
+    ref, fast = client_on(a), client_on(a)
+    props = FastProperties(PUB)
+    props.UserProperty = USERS
+    assert ref.publish("%fed/p/r1/route/r2", payload, 0, properties=props).rc == 0
+    paho = write_all(ref, a, b)
+    assert fast.publish_qos0(b"%fed/p/r1/route/r2", USERS, payload) == 0
+    ours = write_all(fast, a, b)
+    assert ours == paho  # paho's packet, byte for byte
+    assert paho.endswith(payload) and len(paho) > len(payload)
+
+
+def test_corked_publishes_leave_in_one_send(pair: tuple[socket.socket, socket.socket]) -> None:
+    a, _b = pair
+    sends = Sends(a)
+    c = client_on(sends)
+    topics = [b"t/%d" % i for i in range(4)]
+    with c.corked():
+        for t in topics[:3]:
+            assert c.publish_qos0(t, USERS[:1], b"p" + t) == 0
+        assert c.publish(topics[3].decode(), b"p" + topics[3], 0).rc == 0  # paho's own
+        assert sends.sends == 0  # nothing written while corked
+    assert c.uncorked_rc == 0
+    assert sends.sends == 1 and c.gathered_sends == 1
+    assert not c.want_write()
+    one_by_one = Sends(a)
+    reference = client_on(one_by_one)
+    for t in topics[:3]:
+        reference.publish_qos0(t, USERS[:1], b"p" + t)
+    reference.publish(topics[3].decode(), b"p" + topics[3], 0)
+    assert one_by_one.sends == 4
+    assert sends.data == one_by_one.data  # the same packets, in the same order
+
+
+def test_a_gathered_send_cut_short_goes_on_where_it_stopped(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    a, _b = pair
+    sends = Sends(a, limit=7)  # each send takes 7 bytes: paho's own sends do the rest
+    c = client_on(sends)
+    with c.corked():
+        for i in range(3):
+            c.publish_qos0(b"t/%d" % i, USERS, b"x" * (10 + i))
+    for _ in range(1000):
+        if not c.want_write():
+            break
+        assert c.loop_write() == 0
+    one_by_one = Sends(a)
+    reference = client_on(one_by_one)
+    for i in range(3):
+        reference.publish_qos0(b"t/%d" % i, USERS, b"x" * (10 + i))
+    assert sends.data == one_by_one.data  # every byte once, in order
+    assert c.gathered_sends >= 1 and sends.sends > 3
+
+
+class Recorder:
+    """Where a client writes: what it sends, recorded (no socket)."""
+
+    def __init__(self) -> None:
+        self.data = b""
+
+    def send(self, data: bytes) -> int:
+        self.data += bytes(data)
+        return len(data)
+
+    def close(self) -> None:
+        pass
+
+
+def packet_of(topic: str, payload: bytes, props: FastProperties | None) -> bytes:
+    """The bytes paho's publish writes (QoS 0)."""
+    rec = Recorder()
+    assert client_on(rec).publish(topic, payload, 0, properties=props).rc == 0
+    return rec.data
+
+
+def test_fast_publish_reads_what_paho_reads(pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = pair
+    expiring = FastProperties(PUB)
+    expiring.MessageExpiryInterval = 60
+    users = FastProperties(PUB)
+    users.UserProperty = USERS
+    packets = [("%fed/p/r1/route/r2", b"frames" * 50, users),  # read directly
+               ("%fed/p/r1/route/r2", b"", None),  # no property at all: directly too
+               ("t/\u00e9", b"x" * 300, users),  # the hook declines: paho's way
+               ("%fed/p/r1/presence", b"p", expiring)]  # another property: paho's way
+    stream = b"".join(packet_of(t, p, pr) for t, p, pr in packets)
+    got: dict[str, list[tuple[str, bytes, list[tuple[str, str]] | None]]] = {
+        "fast": [], "paho": []}
+    clients = []  # (a client closes its socket when collected)
+    for fast in (True, False):
+        c = client_on(b)
+        clients.append(c)
+        def on_message(cl: Any, ud: Any, m: MQTTMessage) -> None:
+            got["paho"].append(
+                (m.topic, bytes(m.payload), getattr(m.properties, "UserProperty", None)))
+
+        def on_fast(t: str, p: bytes, u: list[tuple[str, str]]) -> bool:
+            if not t.startswith("%fed/"):
+                return False
+            got["fast"].append((t, p, u))
+            return True
+
+        c.on_message = on_message
+        if fast:
+            c.fast_publish = on_fast
+        a.sendall(stream)
+        b.setblocking(True)
+        for _ in range(len(packets)):
+            assert c.loop_read() == 0
+        assert c.buffered() == 0
+        if fast:
+            assert [x[0] for x in got["fast"]] == ["%fed/p/r1/route/r2"] * 2
+            assert [x[0] for x in got["paho"]] == ["t/\u00e9", "%fed/p/r1/presence"]
+            fast_got = [got["fast"][0], (*got["fast"][1][:2], None)]
+            directly, got["fast"], got["paho"] = fast_got, [], []
+    # What paho read of the same packets, field for field (no property: [] read directly).
+    assert directly == [(t, p, getattr(pr, "UserProperty", None)) for t, p, pr in packets[:2]]
+    assert [g[0] for g in got["paho"]] == [t for t, _, _ in packets]
+    for c in clients:
+        c._sock = None
+
+
+def test_fast_publish_leaves_malformed_packets_to_paho() -> None:
+    from gossiprouter.federation.paho_fast import read_publish
+
+    good = packet_of("%fed/p/r1/route/r2", b"abc", None)[2:]  # (after the fixed header)
+    assert read_publish(good) == ("%fed/p/r1/route/r2", b"abc", [])
+    for bad in (b"", b"\x00", b"\x00\x05ab", b"\x00\x01\xff\x00",  # cut, bad UTF-8
+                b"\x00\x01t\x05\x26\x00\x01k",  # a user property cut short
+                b"\x00\x01t\x03\x26\x00\x01k\x00\x01v",  # properties longer than said
+                b"\x00\x00\x00"):  # no topic (an alias: paho's to handle)
+        assert read_publish(bad) is None

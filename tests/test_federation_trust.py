@@ -494,3 +494,20 @@ def test_routed_frames_are_read_as_the_receivers_protocol() -> None:
     assert check_routed(G, wire.encode_route("other", None, b"a", b"x"), 1, 1 << 20,
                         {b"a"}) == "a ROUTE of group 'other'"
     assert check_routed(G, ok, 1, len(ok) - 5, {b"a"}) is not None
+
+
+def test_routed_native_frames_are_checked_alike_with_the_scanner_kept() -> None:
+    """The native check keeps its scanner (and its header cache) across routed messages
+    (frames._scanner): a header seen before is still checked against this message's group,
+    senders and bound, never taken as accepted."""
+    from gossiprouter.federation.frames import _scanner
+
+    ok = wire.encode_route(G, None, b"a", b"x") * 3
+    for _ in range(2):  # the second time from the cache
+        assert check_routed(G, ok, 3, 1 << 20, {b"a"}) is None
+    assert _scanner(1 << 20).header(ok, 4) is not None  # learned once, kept
+    assert _scanner(1 << 20) is _scanner(1 << 20)
+    assert check_routed(G, ok, 3, 1 << 20, {b"b"}) is not None  # no longer carried
+    assert check_routed(G, ok, 2, 1 << 20, {b"a"}) is not None  # not as announced
+    assert check_routed(G, ok, 3, 8, {b"a"}) is not None  # another bound: its own scanner
+    assert check_routed(G, ok + ok[:5], 3, 1 << 20, {b"a"}) is not None  # a cut frame

@@ -47,12 +47,22 @@ if TYPE_CHECKING:
 log = logging.getLogger("gossiprouter.federation.bridge")
 
 
+class _Users:
+    """The properties of a PUBLISH read directly: its user properties only."""
+
+    __slots__ = ("UserProperty",)
+
+    def __init__(self, users: list[tuple[str, str]]) -> None:
+        self.UserProperty = users
+
+
 class Bridge(Peers, Publications):
     """One router's link to the federation broker (see the module docstring)."""
 
     def __init__(self, hub: Hub, config: Config) -> None:
         super().__init__(hub, config)
         self._client.on_message = self._on_message
+        self._client.fast_publish = self._on_fast_publish
         self.table.on_patterns = self._on_patterns
         self.table.on_global = self.forward
         self.table.federation = f"{self.scheme}://{self.host}:{self.port}/{self.prefix}"
@@ -86,6 +96,15 @@ class Bridge(Peers, Publications):
             nursery.start_soon(self._ticker)
             await self._connect_loop()
             nursery.cancel_scope.cancel()
+
+    def _on_fast_publish(self, topic: str, payload: bytes,
+                         users: list[tuple[str, str]]) -> bool:
+        # Routed frames and heartbeats (QoS 0, user properties only) read directly
+        # (paho_fast.BufferedClient.fast_publish); publications go paho's way.
+        if not topic.startswith(self._fed_root):
+            return False
+        self._on_federation(topic, payload, _Users(users))
+        return True
 
     def _on_message(self, client: Client, userdata: Any, msg: MQTTMessage) -> None:
         if msg.topic.startswith(self._fed_root):

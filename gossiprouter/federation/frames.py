@@ -14,12 +14,16 @@ read here as the receiver's protocol would read it, as a local connection's fram
   messages as re-wrapped for receivers carry no sender (it is inside the JGroups message),
   so for them only the first three checks apply.
 
-Sans-IO: bytes in, a reason out (None: accepted).
+Sans-IO: bytes in, a reason out (None: accepted). The native check's scanner is kept per
+``max_frame`` (:func:`_scanner`): a scanner holds no state between calls but its ROUTE header
+cache, so a group's header is parsed and checked once, not once per routed message (building
+the scanner and learning the header were most of the check's cost, issue 30).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Container
+from functools import lru_cache
 
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
@@ -45,7 +49,7 @@ def _check_native(group: str, frames: bytes, count: int, max_frame: int,
                   senders: Container[bytes]) -> str | None:
     n = 0
     end = 0
-    for kind, _start, stop, k, head in NativeScanner(max_frame, relay=True).scan(frames):
+    for kind, _start, stop, k, head in _scanner(max_frame).scan(frames):
         if kind != RUN:
             return "not whole native ROUTE frames within max_frame"
         assert isinstance(head, tuple)
@@ -59,6 +63,13 @@ def _check_native(group: str, frames: bytes, count: int, max_frame: int,
     if end != len(frames) or n != count:
         return f"{n} whole frames in {len(frames)} bytes, {count} announced"
     return None
+
+
+@lru_cache(maxsize=4)
+def _scanner(max_frame: int) -> NativeScanner:
+    """The relaying scanner of routed native frames within ``max_frame`` (one per bound:
+    its header cache lasts across routed messages)."""
+    return NativeScanner(max_frame, relay=True)
 
 
 def _check_j5(frames: bytes, count: int, max_frame: int,

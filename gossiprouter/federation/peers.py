@@ -132,6 +132,8 @@ class Peers(BrokerSession):
         # broker message per destination router (batch.py; _flush_routes).
         self.batches = Batches()
         self._batch_due = trio.Event()
+        self.federation.flush_routes = self._flush_routes
+        self.route_wakeups = 0  # of the end-of-tick task (tests, profiles)
 
     def _send_route(self, origin: str, payload: bytes) -> bool:
         """A routed message for router ``origin``: batched until the end of the tick (False:
@@ -143,7 +145,8 @@ class Peers(BrokerSession):
             self.liveness.link(origin).lost += 1
             return False
         self.batches.add(origin, payload)
-        self._batch_due.set()
+        if not self.federation.holding:  # (else flushed by the fast path's upcalls)
+            self._batch_due.set()
         return True
 
     def _flush_routes(self) -> None:
@@ -156,12 +159,26 @@ class Peers(BrokerSession):
             self._lost(self.batches.clear())
             return
         sent = str(round(self.wall() * 1000))
-        for origin, message, items in self.batches.take():
-            link = self.liveness.link(origin)
-            if self._publish_route(origin, message, SENT_PROPERTY, sent, batch=items > 1):
-                link.sent += 1
-            else:
-                link.lost += items
+        c = self._client
+        queued = 0
+        # One send for every router's message (paho_fast.BufferedClient.corked): a send
+        # per message was the largest cost of a tick.
+        with c.corked():
+            for origin, message, items in self.batches.take():
+                link = self.liveness.link(origin)
+                if self._publish_route(origin, message, SENT_PROPERTY, sent,
+                                       batch=items > 1, corked=True):
+                    link.sent += 1
+                    queued += len(message) + 64
+                else:
+                    link.lost += items
+        if c.uncorked_rc:
+            self._kick_writer()  # the writer meets the failure and ends the session
+        elif c.want_write():  # not all written (paho writes what the socket takes)
+            self._queued_more(queued)
+            self._kick_writer()
+        else:
+            self._queued_stale = True
 
     def _lost(self, dropped: dict[str, int]) -> None:
         for origin, n in dropped.items():
@@ -173,26 +190,37 @@ class Peers(BrokerSession):
         while True:
             await self._batch_due.wait()
             self._batch_due = trio.Event()
+            self.route_wakeups += 1
             self._flush_routes()
 
     def _publish_route(self, origin: str, payload: bytes, key: str, value: str,
-                       batch: bool = False) -> bool:
+                       batch: bool = False, corked: bool = False) -> bool:
         """A message on ``origin``'s route topic (routed frames, or a heartbeat), with this
         router's origin and ``key``: ``value`` as user properties (and the batch mark when
-        ``payload`` is an envelope of several routed messages, batch.py)."""
+        ``payload`` is an envelope of several routed messages, batch.py). ``corked``: paho
+        writes nothing now, the caller writes and counts what is queued."""
         if not self._writable(len(payload)):
             return False
         topic = route_topic(self.prefix, self.origin, origin)
         if not self._fits(topic, payload, self.origin, value, *((FORMAT,) if batch else ())):
             return False
-        props = _properties()
-        props.UserProperty = [(FROM_PROPERTY, self.origin), (key, value),
-                              *(((BATCH_PROPERTY, FORMAT),) if batch else ())]
+        users = [(FROM_PROPERTY, self.origin), (key, value),
+                 *(((BATCH_PROPERTY, FORMAT),) if batch else ())]
         c = self._client
-        info = c.publish(topic, payload, self.qos,
-                         properties=self._signed(topic, payload, "route", props))
-        if info.rc:
-            return False
+        if self.qos == 0:  # (paho's publish, built directly: paho_fast.py)
+            if self._signer is not None:
+                users.append((MAC_PROPERTY, self._signer.sign(topic, payload, "route")))
+            if c.publish_qos0(topic.encode(), users, payload):
+                return False
+        else:
+            props = _properties()
+            props.UserProperty = users
+            info = c.publish(topic, payload, self.qos,
+                             properties=self._signed(topic, payload, "route", props))
+            if info.rc:
+                return False
+        if corked:
+            return True
         if c.want_write():  # not all written inline (paho writes at once when it can)
             self._queued_more(len(payload) + len(topic) + len(self.origin) + 64)
             self._kick_writer()
@@ -299,7 +327,8 @@ class Peers(BrokerSession):
         client.publish(self._sync_topic, b"", qos=1,
                        properties=self._signed(self._sync_topic, b"", "sync"))
 
-    def _on_federation(self, topic: str, payload: bytes, props: Properties | None) -> None:
+    def _on_federation(self, topic: str, payload: bytes, props: object) -> None:
+        # (props: paho's Properties, or bridge._Users: only what getattr finds is read)
         fed = self.federation
         try:
             # Who wrote it is the subtree it is in (which the broker's ACL confines each
@@ -357,7 +386,7 @@ class Peers(BrokerSession):
         if self.heartbeat > 0:
             nursery.start_soon(self._heartbeats)
 
-    def _on_path(self, writer: str, payload: bytes, props: Properties | None) -> bool:
+    def _on_path(self, writer: str, payload: bytes, props: object) -> bool:
         """What came on the route topic from router ``writer`` (the subtree it was read
         from, never a property the message names), before the routed frames are parsed: a
         heartbeat (handled here), or routed frames with their age (False: too old, dropped

@@ -26,8 +26,13 @@ class Sender(Protocol):
     """What a remote carrier needs of its federation: a way to send a run of frames to one
     router (:meth:`gossiprouter.federation.state.Federation.send`)."""
 
+    # True: what is sent waits for flush_routes() (the compiled fast path's upcalls).
+    holding: bool
+
     def send(self, remote: RemoteRouter, group: str, dest: bytes | None, frames: bytes,
              count: int) -> None: ...
+
+    def flush_routes(self) -> None: ...
 
 RECEIVERS_CACHE = 10_000
 # A presence is republished every PRESENCE_TTL / 3 seconds and expires after PRESENCE_TTL (at

@@ -61,6 +61,10 @@ from gossiprouter.sessions.base import Hub
 
 log = logging.getLogger("gossiprouter.federation.state")
 
+def _nothing() -> None:
+    pass
+
+
 class Federation(Graces):
     """This router's view of the federation, applied to ``hub.table``.
 
@@ -104,6 +108,11 @@ class Federation(Graces):
                               tuple[Group, int, list[Carrier], frozenset[Carrier]]] = {}
         # Lossless moves: fan-out numbers, hand-ons, holds, duplicates (moves.py).
         self.moves = Moves(self)
+        # While True, routed messages wait for flush_routes() (the compiled fast path's
+        # upcalls, server/remote_share.py) rather than for the I/O side's end-of-tick task;
+        # set by the I/O side: sends what waits.
+        self.holding = False
+        self.flush_routes: Callable[[], None] = _nothing
 
     # ------------------------------------------------------------------ views
 

@@ -68,9 +68,8 @@ from typing import TYPE_CHECKING, TypeVar
 import trio
 
 from gossiprouter.core.config import Config, ConfigError
-from gossiprouter.protocol.native_scan import NativeScanner
 from gossiprouter.server.dispatch import END, READ, Feed, Parked, current_task, wait_in
-from gossiprouter.server.remote_share import send_remote, split
+from gossiprouter.server.remote_share import RemoteShare, split
 
 if TYPE_CHECKING:
     from gossiprouter.routing.entries import Carrier
@@ -239,8 +238,7 @@ class FastPath:
         self.by_kind = [0] * 6  # upcalls by kind: DATA, EOF, ERROR, EVICT, LOST, REMOTE
         # Frames whose remote share Python sent on (relayed locally by the thread), and the
         # scanner that cuts them (one, so that its ROUTE header cache lasts across upcalls).
-        self.remote_frames = 0
-        self._remote_scan: NativeScanner | None = None
+        self.remote = RemoteShare(hub)
         self.learned = 0
         self.handbacks = 0
         # The largest frame the thread holds across reads: what Python holds without charging
@@ -295,13 +293,22 @@ class FastPath:
                      c.fast_relayed, c.routed - c.fast_relayed, self.learned, self.upcalls)
 
     def _upcalls(self, items: list[tuple[int, int, bytes]]) -> None:
+        # The remote share of every REMOTE upcall of this batch leaves together, once they
+        # are all handled: one broker message per destination router.
+        try:
+            self._handle(items)
+        finally:
+            if self.remote.held:
+                self.remote.flush()
+
+    def _handle(self, items: list[tuple[int, int, bytes]]) -> None:
         mod = self.mod
         slots = self._slots
         for cid, kind, data in items:
             self.upcalls += 1
             self.by_kind[kind] += 1
             if kind == mod.REMOTE:  # a federated group's frames: their remote share
-                self.remote_frames += send_remote(self.hub, self._remote_scanner(), data)
+                self.remote.send(data)
                 continue
             if kind == mod.EVICT:
                 s = self._sessions.get(cid)
@@ -471,12 +478,6 @@ class FastPath:
                 raise outcome
             if outcome == END or not await settle(feeder, outcome) or not self._running:
                 return
-
-    def _remote_scanner(self) -> NativeScanner:
-        sc, max_frame = self._remote_scan, self.hub.config.max_frame
-        if sc is None or sc.max_frame != max_frame:
-            sc = self._remote_scan = NativeScanner(max_frame, relay=True)
-        return sc
 
     # ------------------------------------------------------------------ learning
 
