@@ -128,15 +128,17 @@ def spark() -> Iterator[SparkSession]:
     """One local Spark per test module that needs it (imported lazily: most tests don't).
 
     Tiny data: few partitions (every task has a fixed cost), and no optimising JIT
-    compiler (it costs more CPU than it saves in a run this short; halves the test time)."""
-    from gossiprouter.analytics.spark_io import spark_session
+    compiler (it costs more CPU than it saves in a run this short; halves the test time).
+    Its JVM maps the class archive that ``gossiprouter analyze`` uses (analytics/jvm_archive:
+    the first JVM of a machine writes it, at its stop)."""
+    from gossiprouter.analytics.spark_io import spark_session, stop_session
 
     session = spark_session("local[2]", conf={
         "spark.sql.shuffle.partitions": "2",
         "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
-    })
+    }, share_classes=True)
     yield session
-    session.stop()
+    stop_session(session)
 
 
 TopicsScenario = Callable[..., Path]
