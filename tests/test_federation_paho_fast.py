@@ -18,6 +18,7 @@ from paho.mqtt.exception import MalformedPacket, MQTTException
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from gossiprouter.federation import paho_fast
 from gossiprouter.federation.paho_fast import BufferedClient, FastProperties, install
 
 PUB, WILL, CONN = PacketTypes.PUBLISH, PacketTypes.WILLMESSAGE, PacketTypes.CONNECT
@@ -324,3 +325,37 @@ def test_fast_publish_leaves_malformed_packets_to_paho() -> None:
                 b"\x00\x01t\x03\x26\x00\x01k\x00\x01v",  # properties longer than said
                 b"\x00\x00\x00"):  # no topic (an alias: paho's to handle)
         assert read_publish(bad) is None
+
+
+def test_a_paho_laid_out_otherwise_gets_paho_s_own_ways(
+        pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch) -> None:
+    """BufferedClient builds on paho's private parts (the queued packets' dicts, the PUBLISH
+    handler): with a paho whose parts differ, it publishes, reads and writes as paho does,
+    the same bytes, and hands nothing to the fast reader."""
+    a, b = pair
+    first = client_on(a)  # (kept: a client closes its socket when collected)
+    assert first.fast  # this paho: the fast ways
+    monkeypatch.setattr(paho_fast, "_PAHO_METHODS", ("_a_method_paho_does_not_have",))
+    ref, c = client_on(a), client_on(a)
+    assert not c.fast
+    props = FastProperties(PUB)
+    props.UserProperty = USERS
+    assert ref.publish("%fed/p/r1/route/r2", b"payload", 0, properties=props).rc == 0
+    paho = write_all(ref, a, b)
+    with c.corked():
+        assert c.publish_qos0(b"%fed/p/r1/route/r2", USERS, b"payload") == 0
+    assert write_all(c, a, b) == paho and c.gathered_sends == 0
+    got: list[Any] = []
+    r = client_on(b)
+
+    def on_fast(t: str, p: bytes, u: list[tuple[str, str]]) -> bool:
+        got.append(("fast", t))
+        return True
+
+    r.fast_publish = on_fast
+    r.on_message = lambda cl, ud, m: got.append(("paho", m.topic))
+    a.sendall(paho)
+    b.setblocking(True)
+    assert r.loop_read() == 0
+    assert got == [("paho", "%fed/p/r1/route/r2")] and r.buffered() == 0
+    del first

@@ -36,6 +36,7 @@ paho's, not the routing's:
 from __future__ import annotations
 
 import struct
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -256,12 +257,30 @@ def install() -> None:
         _packet.Properties = FastProperties  # type: ignore[attr-defined]
 
 
+# The private parts of paho's Client that BufferedClient builds on (paho 2.0 to 2.2). A paho
+# laid out otherwise gets paho's own reads, writes, publish and PUBLISH handling: slower,
+# never wrong (BufferedClient.fast is False then).
+_PAHO_METHODS = ("_sock_recv", "_sock_send", "_packet_write", "_handle_publish", "loop_write")
+
+
+def _paho_laid_out_as_known(client: Client) -> bool:
+    """Whether ``client`` (a new paho Client) has the private parts BufferedClient uses."""
+    if not all(callable(getattr(Client, name, None)) for name in _PAHO_METHODS):
+        return False
+    out, inp = getattr(client, "_out_packet", None), getattr(client, "_in_packet", None)
+    return (isinstance(out, deque) and isinstance(inp, dict)
+            and {"command", "packet"} <= inp.keys()
+            and hasattr(client, "_sock") and hasattr(client, "_protocol"))
+
+
 class BufferedClient(Client):
     """paho's Client whose reads come from one ``recv`` of what the socket has (see the
     module docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # False with a paho whose private parts differ: every method below is paho's own.
+        self.fast = _paho_laid_out_as_known(self)
         self._rbuf = b""
         self._rpos = 0
         self._corked = False
@@ -292,6 +311,11 @@ class BufferedClient(Client):
         """paho's ``publish(topic, payload, 0, properties=...)`` for MQTT 5 with the user
         properties ``users`` as the only properties: the same packet, queued and written as
         paho's (at once unless corked)."""
+        if not self.fast:
+            ps = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+            ps.UserProperty = users
+            rc: MQTTErrorCode = self.publish(topic.decode(), payload, 0, properties=ps).rc
+            return rc
         if self._sock is None:
             return MQTTErrorCode.MQTT_ERR_NO_CONN
         packed = user_properties(users)
@@ -308,7 +332,7 @@ class BufferedClient(Client):
     def _handle_publish(self) -> MQTTErrorCode:
         hook = self.fast_publish
         packet = self._in_packet
-        if (hook is not None and packet["command"] == _PUBLISH
+        if (hook is not None and self.fast and packet["command"] == _PUBLISH
                 and self._protocol == MQTTProtocolVersion.MQTTv5):
             read = read_publish(packet["packet"])
             if read is not None and hook(*read):
@@ -327,7 +351,7 @@ class BufferedClient(Client):
         :data:`SEND_CHUNK` bytes) when there are several: paho then takes each packet's
         bytes from what that send wrote (:meth:`_sock_send`), and sends the rest itself."""
         q = self._out_packet
-        if len(q) > 1 and self._sent_ahead == 0 and self._sock is not None:
+        if self.fast and len(q) > 1 and self._sent_ahead == 0 and self._sock is not None:
             parts: list[bytes | bytearray] = []
             size = 0
             for p in q:
@@ -363,6 +387,9 @@ class BufferedClient(Client):
         self._sent_ahead = 0
 
     def _sock_recv(self, bufsize: int) -> bytes:
+        if not self.fast:
+            data_: bytes = super()._sock_recv(bufsize)
+            return data_
         if self._rpos >= len(self._rbuf):
             data: bytes = super()._sock_recv(max(bufsize, RECV_CHUNK))
             if len(data) <= bufsize:
