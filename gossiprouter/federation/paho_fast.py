@@ -257,7 +257,7 @@ def install() -> None:
         _packet.Properties = FastProperties  # type: ignore[attr-defined]
 
 
-# The private parts of paho's Client that BufferedClient builds on (paho 2.0 to 2.2). A paho
+# The private parts of paho's Client that BufferedClient builds on (as in paho 2.2, tested). A paho
 # laid out otherwise gets paho's own reads, writes, publish and PUBLISH handling: slower,
 # never wrong (BufferedClient.fast is False then).
 _PAHO_METHODS = ("_sock_recv", "_sock_send", "_packet_write", "_handle_publish", "loop_write")
