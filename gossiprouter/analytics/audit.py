@@ -156,9 +156,7 @@ def analyze(
                       baseline).run()
     finally:
         if own:
-            stop_session(spark, lambda: phases.start(
-                "class archive", "saving the JVM's classes for the next runs (once)…"),
-                         stop=not exiting)
+            stop_session(spark, phases, stop=not exiting)
     phases.finish()
     return report
 

@@ -43,9 +43,9 @@ if TYPE_CHECKING:
 
 __all__ = ["APP_NAME", "DEFAULT_MASTER", "LOOPBACK", "MASTER_CONNECT_TIMEOUT", "AuditInputError",
            "HadoopFs", "Phases", "RunStore", "SparkStartError", "check_java", "check_local_dir",
-           "check_run_dir", "ddl", "driver_address", "java_binary", "local_frame", "local_path",
-           "loopback_master", "open_session", "rows", "session_settings", "spark_session",
-           "stop_session"]
+           "check_run_dir", "ddl", "driver_address", "java_binary", "local_frame",
+           "local_path", "loopback_master", "open_session", "rows", "session_settings",
+           "spark_session", "stop_session"]
 
 DEFAULT_MASTER: Final = "local[*]"
 APP_NAME: Final = "gossiprouter-analyze"
@@ -433,14 +433,17 @@ def _start_context(master: str, spark_conf: Any, log_path: str | os.PathLike[str
     return sc
 
 
-def stop_session(spark: SparkSession | Any, saving: Callable[[], None] | None = None,
+def stop_session(spark: SparkSession | Any, phases: Phases | None = None,
                  stop: bool = True) -> None:
     """Stop ``spark`` (a session or a context; not with ``stop=False``: the process ends);
-    if its JVM writes the class archive, call ``saving``, end the JVM, keep the archive."""
+    if its JVM writes the class archive, end the JVM and keep the archive (a phase of
+    ``phases``: the wait is said)."""
     from pyspark import SparkContext
 
     if stop:
         spark.stop()
+    saving = None if phases is None else (lambda: phases.start(
+        "class archive", "saving the JVM's classes for the next runs (once)…"))
     if finish_archive(SparkContext._gateway, saving):
         SparkContext._gateway = None  # the next session starts a new JVM
         SparkContext._jvm = None

@@ -172,9 +172,7 @@ def analyze_topics(
         report = _TopicsJob(spark, run_dir, out_dir, sample, phases, allow_loss, baseline).run()
     finally:
         if own:
-            stop_session(spark, lambda: phases.start(
-                "class archive", "saving the JVM's classes for the next runs (once)…"),
-                         stop=not exiting)
+            stop_session(spark, phases, stop=not exiting)
     phases.finish()
     return report
 

@@ -208,9 +208,8 @@ class Peers(BrokerSession):
                  *(((BATCH_PROPERTY, FORMAT),) if batch else ())]
         c = self._client
         if self.qos == 0:  # (paho's publish, built directly: paho_fast.py)
-            if self._signer is not None:
-                users.append((MAC_PROPERTY, self._signer.sign(topic, payload, "route")))
-            if c.publish_qos0(topic.encode(), users, payload):
+            if c.publish_qos0(topic.encode(), self._sign(users, topic, payload, "route"),
+                              payload):
                 return False
         else:
             props = _properties()
@@ -235,9 +234,16 @@ class Peers(BrokerSession):
             return props
         if props is None:
             props = _properties()
-        user = list(getattr(props, "UserProperty", None) or ())
-        props.UserProperty = [*user, (MAC_PROPERTY, self._signer.sign(topic, payload, kind))]
+        props.UserProperty = self._sign(list(getattr(props, "UserProperty", None) or ()),
+                                        topic, payload, kind)
         return props
+
+    def _sign(self, users: list[tuple[str, str]], topic: str, payload: bytes,
+              kind: str) -> list[tuple[str, str]]:
+        """``users`` with this router's signature of the message appended (with a key)."""
+        if self._signer is not None:
+            users.append((MAC_PROPERTY, self._signer.sign(topic, payload, kind)))
+        return users
 
     def _publish_presence(self) -> None:
         topic, payload = presence_topic(self.prefix, self.origin), self.federation.presence()
