@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 
 def _spark_home(tmp_path: Path) -> tuple[str, str]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     java = tmp_path / "java"
     java.write_bytes(b"#!/bin/sh\n")
     home = tmp_path / "spark"
@@ -55,7 +56,30 @@ def test_the_first_start_writes_the_archive_and_later_ones_map_it(tmp_path: Path
     other = class_archive(java, home, cache)
     assert other is not None and other.writing is not None and other.path != first.path
     assert stop_jvm(_fake_jvm(other.writing), other)
-    assert sorted(p.name for p in cache.iterdir()) == [other.path.name]
+    assert sorted(p.name for p in cache.iterdir()) == sorted(
+        [other.path.name, other.path.with_suffix(".install").name])
+
+
+def test_each_install_keeps_its_own_archive(tmp_path: Path) -> None:
+    # Two checkouts (two virtualenvs, two Spark homes) analysing on one machine: each maps
+    # its own archive, rather than each start rewriting the other's (14 s each time).
+    cache = tmp_path / "cache"
+    (a_java, a_home), (b_java, b_home) = (_spark_home(tmp_path / n) for n in "ab")
+    a = class_archive(a_java, a_home, cache)
+    b = class_archive(b_java, b_home, cache)
+    assert a is not None and b is not None and a.writing and b.writing and a.path != b.path
+    assert stop_jvm(_fake_jvm(a.writing), a) and stop_jvm(_fake_jvm(b.writing), b)
+    for java, home, path in ((a_java, a_home, a.path), (b_java, b_home, b.path)):
+        again = class_archive(java, home, cache)
+        assert again is not None and again.writing is None and again.path == path
+    # Install b is removed: its archive goes when another is written.
+    for jar in (Path(b_home) / "jars").iterdir():
+        jar.unlink()
+    (Path(a_home) / "jars" / "spark-sql.jar").write_bytes(b"y")
+    newer = class_archive(a_java, a_home, cache)
+    assert newer is not None and newer.writing is not None
+    assert stop_jvm(_fake_jvm(newer.writing), newer)
+    assert sorted(p.name for p in cache.glob("*.jsa")) == [newer.path.name]
 
 
 def test_an_archive_not_written_is_not_kept(tmp_path: Path) -> None:

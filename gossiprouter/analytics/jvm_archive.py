@@ -8,8 +8,10 @@ The first analysis started with no archive writes one when its JVM exits
 (a few seconds, once), then moves the archive into place. Every later start maps it
 (``-XX:SharedArchiveFile``). An archive the JVM cannot use (another Java, another Spark)
 is simply not mapped (``-Xshare:auto``, the default): the archive's name is keyed on the
-Java binary and Spark's jars, so a new install writes a new one. Nothing is written when
-the cache directory cannot be created; ``GOSSIPROUTER_SPARK_CDS=0`` turns the archive off.
+Java binary and Spark's jars, so a new install writes a new one. Each install keeps its own
+(two checkouts, two virtualenvs): an archive goes when its install changed or is gone.
+Nothing is written when the cache directory cannot be created; ``GOSSIPROUTER_SPARK_CDS=0``
+turns the archive off.
 
 - :func:`class_archive`: the JVM options for this start, and the archive it would write;
 - :func:`track`, :func:`finish_archive`: remember a gateway whose JVM writes an archive,
@@ -48,6 +50,8 @@ class ClassArchive:
     options: str
     path: Path
     writing: Path | None
+    java: str = ""
+    spark_home: str = ""
 
 
 def cache_dir() -> Path:
@@ -78,7 +82,8 @@ def class_archive(java: str, spark_home: str, directory: Path | None = None
     directory = directory or cache_dir()
     path = directory / f"{_PREFIX}{_key(java, spark_home)}.jsa"
     if path.is_file() and path.stat().st_size > 0:
-        return ClassArchive(f"-XX:SharedArchiveFile={path} {_QUIET}", path, None)
+        return ClassArchive(f"-XX:SharedArchiveFile={path} {_QUIET}", path, None, java,
+                            spark_home)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         now = time.time()
@@ -91,13 +96,27 @@ def class_archive(java: str, spark_home: str, directory: Path | None = None
         writing.touch()
     except OSError:
         return None
-    return ClassArchive(f"-XX:ArchiveClassesAtExit={writing} {_QUIET}", path, writing)
+    return ClassArchive(f"-XX:ArchiveClassesAtExit={writing} {_QUIET}", path, writing, java,
+                        spark_home)
+
+
+# Beside each archive: the install it is of (the Java binary, then Spark's home).
+_INSTALL: Final = ".install"
+
+
+def _outdated(archive: Path) -> bool:
+    """True when ``archive``'s install changed or is gone (or is not known)."""
+    try:
+        java, home = archive.with_suffix(_INSTALL).read_text().split("\n")[:2]
+    except (OSError, ValueError):
+        return True
+    return archive.name != f"{_PREFIX}{_key(java, home)}.jsa"
 
 
 def stop_jvm(proc: subprocess.Popen[bytes], archive: ClassArchive) -> bool:
     """End the gateway JVM ``proc`` (it exits when its stdin closes), wait for it to write
-    ``archive`` and move the archive into place; True when it is there. Archives of other
-    installs (other keys) are removed: one archive at a time."""
+    ``archive`` and move the archive into place; True when it is there. The archives of
+    installs that changed or are gone are removed; other installs keep theirs."""
     assert archive.writing is not None
     try:
         if proc.stdin is not None:
@@ -112,9 +131,11 @@ def stop_jvm(proc: subprocess.Popen[bytes], archive: ClassArchive) -> bool:
             archive.writing.unlink(missing_ok=True)
             return False
         os.replace(archive.writing, archive.path)
+        archive.path.with_suffix(_INSTALL).write_text(f"{archive.java}\n{archive.spark_home}\n")
         for old in archive.path.parent.glob(f"{_PREFIX}*.jsa"):
-            if old != archive.path:
+            if old != archive.path and _outdated(old):
                 old.unlink(missing_ok=True)
+                old.with_suffix(_INSTALL).unlink(missing_ok=True)
     except OSError:
         return False
     return True
