@@ -7,6 +7,7 @@ derived from the manifest (events, load-test errors).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -528,3 +529,41 @@ def test_environment_router_settings_cpu_memory_and_load() -> None:
     # An older run's manifest has none of it: no section, no rows.
     assert environment_rows(make_report(manifest=dict(MANIFEST))) == []
     assert 'id="environment"' not in render_html(make_report(manifest=dict(MANIFEST)))
+
+
+def test_the_plots_read_no_late_field() -> None:
+    # EarlyPlots draws from a report made before the order check and the samples: no plot
+    # may read what that report lacks (plots.LATE_FIELDS).
+    from gossiprouter.analytics.report import plots
+
+    class Guarded(Report):
+        def __getattribute__(self, name: str) -> Any:
+            assert name not in plots.LATE_FIELDS, f"a plot reads Report.{name}"
+            return super().__getattribute__(name)
+
+    report = make_report(manifest=MANIFEST, events=run_events(MANIFEST, T0))
+    guarded = Guarded(**{f: report.__dict__[f] for f in report.__dataclass_fields__})
+    assert set(plots.plot_images(guarded)) == set(plots.plot_images(report))
+
+
+def test_early_plots_are_kept_only_for_a_report_they_fit(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    from gossiprouter.analytics.report import plots
+
+    drawn: list[Report] = []
+
+    def fake(report: Report) -> dict[str, str]:
+        drawn.append(report)
+        return {"throughput": str(len(report.throughput))}
+
+    monkeypatch.setattr(plots, "plot_images", fake)
+    early = make_report()
+    # The order check found something, the report was timed and warned: the plots stand.
+    final = dataclasses.replace(early, audit=audit(lost=3), analysis_s=9.0, warnings=["w"],
+                                generated_at="later", baseline={"runs": []})
+    assert plots.EarlyPlots(early).images(final) == {"throughput": "3"}
+    assert drawn == [early]
+    # A field the plots show differs: drawn again, from the final report.
+    changed = dataclasses.replace(early, throughput=[ThroughputBucket(0, 1, 1, 0)])
+    assert plots.EarlyPlots(early).images(changed) == {"throughput": "1"}
+    assert drawn[1:] == [early, changed]

@@ -43,6 +43,7 @@ from gossiprouter.analytics.findings import (
     audit_from,
     breakdowns,
     by_process,
+    no_anomalies,
     sample_anomalies,
     total,
 )
@@ -56,6 +57,7 @@ from gossiprouter.analytics.report.files import write_report
 from gossiprouter.analytics.report.manifest import run_events
 from gossiprouter.analytics.report.model import Report
 from gossiprouter.analytics.report.parts import Counts, ThroughputBucket
+from gossiprouter.analytics.report.plots import EarlyPlots
 from gossiprouter.analytics.sizing import input_bytes, partitions, start_settings
 from gossiprouter.analytics.spark_io import (
     DEFAULT_MASTER,
@@ -254,6 +256,10 @@ class _Job:
             self.phases.start("figures", "counting, measuring latency and throughput…")
             summary = self._summarise(msgs, pairs, origin, concurrent=parts == 1)
             self.phases.start("order", "checking order, drawing samples…")
+            # The plots show nothing the order check or the samples find: they are drawn
+            # while Spark works on those.
+            plots = EarlyPlots(self._report(manifest, n_records, summary, no_anomalies(),
+                                            origin))
             flagged = any(int(r["pairs"] or 0) for r in summary["categories"]
                           if r["category"] in _FLAGGED) or total(summary["categories"],
                                                                   "duplicated") > 0
@@ -267,7 +273,7 @@ class _Job:
         self.phases.start("report", "writing report…")
         report.analysis_s = round(time.monotonic() - self.started, 3)
         report.baseline = self.baseline
-        write_report(report, self.out_dir, self.store.write)
+        write_report(report, self.out_dir, self.store.write, plots.images(report))
         return report
 
     def _cache(self, df: DataFrame) -> DataFrame:
@@ -342,21 +348,22 @@ class _Job:
     ) -> Report:
         senders, cats = summary["senders"], summary["categories"]
         send_records, recv_records = total(senders, "send_records"), total(cats, "recv_records")
+        warnings = list(self.warnings)  # (called twice: for the early plots, then the report)
         bad = n_records - send_records - recv_records
         if bad:
-            self.warnings.append(f"{bad:,} malformed records ignored (kind not send/recv, or "
+            warnings.append(f"{bad:,} malformed records ignored (kind not send/recv, or "
                                  "a recv without receiver or t_recv_ns)")
         no_send = total(senders, "no_send")
         if no_send:
-            self.warnings.append(f"{no_send:,} messages have recv records but no send record "
+            warnings.append(f"{no_send:,} messages have recv records but no send record "
                                  "(sender's buffer lost?)")
         for w in (manifest or {}).get("warnings") or []:
-            self.warnings.append(f"load test: {w}")
+            warnings.append(f"load test: {w}")
 
         audit = audit_from(cats, anomalies, origin)
         latency = latency_breakdowns(summary["latency"])
         if latency.overall is not None and latency.overall.min_ns <= 0:
-            self.warnings.append("some receive times precede their send time: the peers do "
+            warnings.append("some receive times precede their send time: the peers do "
                                  "not share one monotonic clock?")
 
         sends = {int(r["t"]): int(r["n"]) for r in summary["sends"] if r["t"] is not None}
@@ -401,7 +408,7 @@ class _Job:
             latency_by_cast=latency.by_cast,
             latency_histogram=latency.histogram,
             throughput=throughput,
-            warnings=self.warnings,
+            warnings=warnings,
             latency_over_time=over_time(summary["latency_s"]),
             by_group=breakdowns(senders, cats, lambda name: name),
             by_process=by_process(manifest, senders, cats),

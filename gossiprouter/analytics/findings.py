@@ -17,7 +17,7 @@ from gossiprouter.analytics.timeline import NS_PER_S
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["audit_from", "breakdowns", "by_process", "sample_anomalies", "total"]
+__all__ = ["audit_from", "breakdowns", "by_process", "no_anomalies", "sample_anomalies", "total"]
 
 
 # Times in the samples are turned into seconds since the start of the run (t_send_s ...)
@@ -93,14 +93,18 @@ def sample_anomalies(
         .withColumn("pairs", F.max("pair_rank").over(by_kind))
         .filter(col("rn") <= max(sample_size, 1))
     )
-    found: dict[str, tuple[int, int, list[dict[str, Any]]]] = {
-        kind: (0, 0, []) for kind in _SAMPLE_FIELDS}
+    found = no_anomalies()
     for r in sorted(rows(ranked), key=lambda r: int(r["rn"])):
         sample = found[r["kind"]][2]
         if len(sample) < sample_size:
             sample.append({f: r[f] for f in _SAMPLE_FIELDS[r["kind"]]})
         found[r["kind"]] = (int(r["n"]), int(r["pairs"]), sample)
     return found
+
+
+def no_anomalies() -> dict[str, tuple[int, int, list[dict[str, Any]]]]:
+    """What :func:`sample_anomalies` returns for pairs without any anomaly."""
+    return {kind: (0, 0, []) for kind in _SAMPLE_FIELDS}
 
 
 def total(rows: Iterable[Mapping[str, Any]], field: str) -> int:

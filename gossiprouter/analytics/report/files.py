@@ -37,16 +37,18 @@ def write_report(
     report: Report,
     out_dir: str,
     write: Callable[[str, bytes], None] | None = None,
+    plots: dict[str, str] | None = None,
 ) -> list[str]:
     """Write report.json and report.html into ``out_dir``; returns the paths written.
 
     ``write(path, data)`` writes one file; the default writes local files. The Spark job
-    passes a Hadoop FileSystem writer for non-local URIs (hdfs://, s3a://, ...).
+    passes a Hadoop FileSystem writer for non-local URIs (hdfs://, s3a://, ...). ``plots``:
+    the report's plots, if already drawn (:class:`~.plots.EarlyPlots`).
     """
     writer = write or _write_local
     base = out_dir.rstrip("/")
     json_path, html_path = f"{base}/report.json", f"{base}/report.html"
     data = json.dumps(_finite(report.to_dict()), indent=2, allow_nan=False)
     writer(json_path, (data + "\n").encode())
-    writer(html_path, render_html(report).encode())
+    writer(html_path, render_html(report, plots).encode())
     return [json_path, html_path]

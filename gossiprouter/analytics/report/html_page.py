@@ -60,9 +60,10 @@ def _img(plots: dict[str, str], key: str, alt: str) -> str:
             f'src="data:image/{kind};base64,{plots[key]}">')
 
 
-def render_html(report: Report) -> str:
-    """The self-contained report.html."""
-    plots = plot_images(report)
+def render_html(report: Report, plots: dict[str, str] | None = None) -> str:
+    """The self-contained report.html; ``plots``: its plots, if already drawn
+    (:class:`~.plots.EarlyPlots`)."""
+    plots = plot_images(report) if plots is None else plots
     caption = plot_caption(report)
     a, c = report.audit, report.counts
     esc = html.escape

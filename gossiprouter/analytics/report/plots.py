@@ -3,6 +3,10 @@
 and memory over the run, and the breakdowns by group and peer process; and the caption
 that says what the marks on the plots over the run mean (:func:`plot_caption`).
 
+Drawing them takes about a second of Python. :class:`EarlyPlots` draws them in a thread
+from a report that lacks only what the plots never show (:data:`LATE_FIELDS`), while the
+analysis waits on Spark for the rest.
+
 The two plots over the run (latency and throughput) are SVG, their text kept as text and
 each series in a group with an ``id`` (:data:`SERIES_IDS`): sharp at any width, and what
 they draw can be read back from the page (the tests do, in headless Chromium). The others
@@ -13,10 +17,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import html
 import io
 import itertools
 import math
+import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeVar
 
@@ -25,7 +32,8 @@ from gossiprouter.analytics.report.formatting import fmt_ms
 from gossiprouter.analytics.report.model import Report
 from gossiprouter.analytics.report.parts import Breakdown
 
-__all__ = ["SERIES_IDS", "SVG_PLOTS", "log_ticks", "plot_caption", "plot_images", "preload"]
+__all__ = ["LATE_FIELDS", "SERIES_IDS", "SVG_PLOTS", "EarlyPlots", "log_ticks", "plot_caption",
+           "plot_images", "preload"]
 
 
 T = TypeVar("T")
@@ -410,3 +418,52 @@ def plot_caption(report: Report) -> str:
         return ""
     text = "; ".join(parts)
     return f"<p class=caption>{html.escape(text[0].upper() + text[1:])}.</p>"
+
+
+LATE_FIELDS: Final = frozenset({"audit", "analysis_s", "generated_at", "warnings", "baseline",
+                                "allow_loss"})
+"""The fields of a :class:`Report` no plot reads: the anomaly samples and the order check
+(``audit``), and what is known only when the report is written. (A test holds the plots to
+it.)"""
+
+
+_SWITCH_S: Final = 0.0002
+
+
+def _plot_inputs(report: Report) -> tuple[Any, ...]:
+    return tuple(getattr(report, f.name) for f in dataclasses.fields(report)
+                 if f.name not in LATE_FIELDS)
+
+
+class EarlyPlots:
+    """The plots of ``report`` drawn in a daemon thread, started now: an analysis makes
+    this from its report before the order check and the samples are in, and the thread
+    draws while the main one waits on Spark (it releases the GIL).
+
+    :meth:`images` gives them for the final report if it matches ``report`` on every field
+    but :data:`LATE_FIELDS`; otherwise (or if drawing failed) it draws them again."""
+
+    def __init__(self, report: Report) -> None:
+        self._inputs = _plot_inputs(report)
+        self._images: dict[str, str] | None = None
+        self._thread = threading.Thread(target=self._draw, args=(report,), daemon=True,
+                                        name="report plots")
+        self._thread.start()
+
+    def _draw(self, report: Report) -> None:
+        # The main thread waits on Spark's answers; each one should not wait for the GIL
+        # for the default 5 ms.
+        old = sys.getswitchinterval()
+        sys.setswitchinterval(_SWITCH_S)
+        try:
+            with contextlib.suppress(Exception):  # drawn again, and raised, by images()
+                self._images = plot_images(report)
+        finally:
+            sys.setswitchinterval(old)
+
+    def images(self, report: Report) -> dict[str, str]:
+        """The plots of ``report`` (the final one)."""
+        self._thread.join()
+        if self._images is not None and _plot_inputs(report) == self._inputs:
+            return self._images
+        return plot_images(report)
