@@ -20,7 +20,8 @@ from click.testing import CliRunner
 from gossiprouter.analytics.cli import EXIT_INPUT, EXIT_LOSS, EXIT_OK, analyze_command
 from gossiprouter.analytics.report.environment import environment_rows
 from gossiprouter.analytics.report.model import Report
-from gossiprouter.analytics.topics_audit import analyze_topics, match_table, run_kind
+from gossiprouter.analytics.session import run_kind
+from gossiprouter.analytics.topics_audit import analyze_topics, match_table
 from gossiprouter.core.topics import matches, parse_topic
 from gossiprouter.loadtest.records import MANIFEST_FILE
 from gossiprouter.loadtest.topic_records import (

@@ -58,21 +58,19 @@ from gossiprouter.analytics.report.manifest import run_events
 from gossiprouter.analytics.report.model import Report
 from gossiprouter.analytics.report.parts import Counts, ThroughputBucket
 from gossiprouter.analytics.report.plots import EarlyPlots
-from gossiprouter.analytics.sizing import input_bytes, partitions, start_settings
+from gossiprouter.analytics.session import Phases, close_session, open_session, route_conf
+from gossiprouter.analytics.sizing import partitions
 from gossiprouter.analytics.spark_io import (
     DEFAULT_MASTER,
     AuditInputError,
-    Phases,
     RunStore,
     SparkStartError,
     check_run_dir,
     local_path,
     loopback_master,
-    open_session,
     rows,
     session_settings,
     spark_session,
-    stop_session,
 )
 from gossiprouter.analytics.timeline import (
     NS_PER_S,
@@ -148,7 +146,7 @@ def analyze(
     check_run_dir(run_dir)
     if spark is None:
         # Settings sized for the run, before the caller's own (which win).
-        conf = {**start_settings(master, input_bytes(run_dir)), **(conf or {})}
+        conf = route_conf(master, run_dir, conf)
     if spark is None:
         # What the job imports later (pyarrow, matplotlib), imported while the JVM starts.
         threading.Thread(target=_preload, daemon=True).start()
@@ -158,7 +156,7 @@ def analyze(
                       baseline).run()
     finally:
         if own:
-            stop_session(spark, phases, stop=not exiting)
+            close_session(spark, phases, stop=not exiting)
     phases.finish()
     return report
 

@@ -130,12 +130,9 @@ def analyze_command(
             local_path,
         )
         from gossiprouter.analytics.report.summary import format_summary
+        from gossiprouter.analytics.session import run_kind
         from gossiprouter.analytics.spark_io import check_java
-        from gossiprouter.analytics.topics_audit import (
-            analyze_topics,
-            check_topics_run_dir,
-            run_kind,
-        )
+        from gossiprouter.analytics.topics_audit import analyze_topics, check_topics_run_dir
     except ImportError:
         raise _fail(needs_extra("the analysis", "PySpark", "loadtest"), EXIT_FAILED) from None
 

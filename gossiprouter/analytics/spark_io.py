@@ -5,10 +5,9 @@ Paths are local paths by default. Anything with a URI scheme (``hdfs://``, ``s3a
 ``file://`` ...) is handed to Spark and Hadoop as is; small files (the manifest, the report)
 go through Hadoop's FileSystem API then (:class:`HadoopFs`). :class:`RunStore` is what the jobs
 (:mod:`gossiprouter.analytics.audit`, :mod:`gossiprouter.analytics.topics_audit`) read and
-write through. :func:`spark_session` starts
-Spark, embedded as ``local[*]`` unless a master URL is given, kept on loopback for a loopback
-master; :func:`open_session` is what both jobs (the ROUTE audit and the topics audit) call to
-start or join it, reporting through :class:`Phases`, their progress lines.
+write through. :func:`spark_session` starts Spark, embedded as ``local[*]`` unless a master
+URL is given, kept on loopback for a loopback master (the jobs start it through
+:mod:`gossiprouter.analytics.session`).
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ import re
 import shutil
 import socket
 import subprocess
-import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -42,10 +40,10 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["APP_NAME", "DEFAULT_MASTER", "LOOPBACK", "MASTER_CONNECT_TIMEOUT", "AuditInputError",
-           "HadoopFs", "Phases", "RunStore", "SparkStartError", "check_java", "check_local_dir",
+           "HadoopFs", "RunStore", "SparkStartError", "check_java", "check_local_dir",
            "check_run_dir", "ddl", "driver_address", "java_binary", "local_frame",
-           "local_path", "loopback_master", "open_session", "rows", "session_settings",
-           "spark_session", "stop_session"]
+           "local_path", "loopback_master", "rows", "session_settings", "spark_session",
+           "stop_session"]
 
 DEFAULT_MASTER: Final = "local[*]"
 APP_NAME: Final = "gossiprouter-analyze"
@@ -433,77 +431,18 @@ def _start_context(master: str, spark_conf: Any, log_path: str | os.PathLike[str
     return sc
 
 
-def stop_session(spark: SparkSession | Any, phases: Phases | None = None,
+def stop_session(spark: SparkSession | Any, saving: Callable[[], None] | None = None,
                  stop: bool = True) -> None:
     """Stop ``spark`` (a session or a context; not with ``stop=False``: the process ends);
-    if its JVM writes the class archive, end the JVM and keep the archive (a phase of
-    ``phases``: the wait is said)."""
+    if its JVM writes the class archive, end the JVM and keep the archive (calling
+    ``saving`` first: to say why the wait)."""
     from pyspark import SparkContext
 
     if stop:
         spark.stop()
-    saving = None if phases is None else (lambda: phases.start(
-        "class archive", "saving the JVM's classes for the next runs (once)…"))
     if finish_archive(SparkContext._gateway, saving):
         SparkContext._gateway = None  # the next session starts a new JVM
         SparkContext._jvm = None
-
-
-# ---------------------------------------------------------------------------------------------
-# The session an analysis runs in, and its progress lines
-
-
-class Phases:
-    """Progress lines with timings: each phase's start, with the time since the beginning,
-    then one line with the duration of every phase."""
-
-    def __init__(self, say: Callable[[str], None]) -> None:
-        self.say = say
-        self.started = time.monotonic()
-        self.done: list[tuple[str, float]] = []
-        self._current: tuple[str, float] | None = None
-
-    def _stamp(self) -> str:
-        return f"[{time.monotonic() - self.started:6.1f} s]"
-
-    def _close(self) -> None:
-        if self._current is not None:
-            name, t = self._current
-            self.done.append((name, time.monotonic() - t))
-            self._current = None
-
-    def start(self, name: str, line: str) -> None:
-        self._close()
-        self._current = (name, time.monotonic())
-        self.say(f"{self._stamp()} {line}")
-
-    def note(self, line: str) -> None:
-        self.say(f"{self._stamp()} {line}")
-
-    def finish(self) -> None:
-        self._close()
-        total = time.monotonic() - self.started
-        self.say(f"{self._stamp()} done: " + ", ".join(
-            f"{name} {d:.1f} s" for name, d in self.done) + f"; total {total:.1f} s")
-
-
-def open_session(spark: SparkSession | None, master: str | None,
-                 conf: Mapping[str, str] | None, spark_log: str | os.PathLike[str] | None,
-                 phases: Phases) -> tuple[SparkSession, bool]:
-    """The session an analysis runs on, and whether it was started here (then the caller
-    stops it at the end). One passed in, or already running in this process
-    (spark_session joins it), belongs to the caller. Says which driver address was chosen."""
-    from pyspark import SparkContext
-
-    own = spark is None and SparkContext._active_spark_context is None
-    if spark is None:
-        phases.start("Spark start", f"starting Spark ({master or DEFAULT_MASTER})…")
-        spark = spark_session(master, conf=conf, log_path=spark_log, share_classes=True)
-    chosen = spark.sparkContext.getConf().get("spark.driver.host", "")
-    how = ("loopback master: driver kept on loopback" if chosen == LOOPBACK
-           else "set --conf spark.driver.host=ADDRESS if the executors cannot reach it")
-    phases.note(f"Spark driver at {driver_address(spark)} ({how})")
-    return spark, own
 
 
 def local_frame(spark: SparkSession, data: Iterable[Sequence[Any]], schema: str) -> DataFrame:

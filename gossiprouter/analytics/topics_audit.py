@@ -62,16 +62,14 @@ from gossiprouter.analytics.report.parts import (
     ScopeBreakdown,
     ThroughputBucket,
 )
+from gossiprouter.analytics.session import Phases, close_session, open_session
 from gossiprouter.analytics.spark_io import (
     AuditInputError,
-    Phases,
     RunStore,
     check_local_dir,
     local_frame,
     local_path,
-    open_session,
     rows,
-    stop_session,
 )
 from gossiprouter.analytics.timeline import NS_PER_S
 from gossiprouter.core.topics import TopicError, TopicIndex, parse_topic, pattern
@@ -91,27 +89,13 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["analyze_topics", "check_topics_run_dir", "match_table", "run_kind"]
+__all__ = ["analyze_topics", "check_topics_run_dir", "match_table"]
 
 # Flux windows are bucketed by this many ns for the equi-join (see the module docstring).
 BUCKET_NS: Final = NS_PER_S
 _SCOPES: Final = ("local", "global")
 _SAMPLE_FIELDS: Final = ("pub_id", "topic", "scope", "publisher", "router", "receiver",
                          "t_send_ns", "copies")
-
-
-def run_kind(run_dir: str) -> str | None:
-    """``"topics"`` for a local run directory whose manifest says ``"kind": "topics"``,
-    else None (a ROUTE run, or one that cannot be told: the ROUTE audit then reports
-    what is missing)."""
-    local = local_path(run_dir)
-    if local is None:
-        return None
-    try:
-        data = json.loads((local / MANIFEST_FILE).read_bytes())
-    except (OSError, ValueError):
-        return None
-    return KIND if isinstance(data, dict) and data.get("kind") == KIND else None
 
 
 def check_topics_run_dir(run_dir: str) -> None:
@@ -172,7 +156,7 @@ def analyze_topics(
         report = _TopicsJob(spark, run_dir, out_dir, sample, phases, allow_loss, baseline).run()
     finally:
         if own:
-            stop_session(spark, phases, stop=not exiting)
+            close_session(spark, phases, stop=not exiting)
     phases.finish()
     return report
 
