@@ -25,7 +25,8 @@ one router. It prints:
   spread over the 3 federated routers (1 on the sender's, 2 on each other one), and the same
   traffic with every member on the router without a bridge (the local-only baseline):
   latency at the remote receivers, and the CPU of every process involved (routers and
-  mosquitto) per message. Once one message a tick (1,000 ticks/s), once bundled as JGroups
+  mosquitto) per message, in all and per process (the sending router, each receiving
+  router, mosquitto). Once one message a tick (1,000 ticks/s), once bundled as JGroups
   bundles them: 6 a tick (a multicast and a unicast to each receiver) in one write;
 * **burst**: ``--burst`` such messages at once; the latency at the receiver on the sender's
   router, for the federated group and for a group with every member on that router.
@@ -267,6 +268,9 @@ BUNDLE_LOCAL = "interleaved, 6 a tick: one router, no bridge"
 BUNDLE_FAR = "interleaved, 6 a tick: across 3 routers"
 BURST_FED = "burst: federated group"
 BURST_ONE = "burst: group on one router"
+# The processes' roles in the mix cases' CPU split (the router of a local-only case is the
+# sending one).
+SENDING, RECEIVING, BROKER = "sending router", "receiving router", "mosquitto"
 
 
 def mix_round(res: Results, plain: RouterProcess, fed: Sequence[RouterProcess], broker: int,
@@ -284,6 +288,7 @@ def mix_round(res: Results, plain: RouterProcess, fed: Sequence[RouterProcess], 
              (BURST_FED, a, spread, burst, 0.0, every, 1),
              (BURST_ONE, a, [(a, "local"), *[(a, "other")] * 4], burst, 0.0, every, 1))
     for name, tx, rx, n, r, pids, per_tick in cases:
+        roles = (SENDING,) if len(pids) == 1 else (SENDING, RECEIVING, RECEIVING, BROKER)
         say(f"{name}: {n} messages")
         # This process is the loader and every receiver: a full collection of its own (the
         # latency lists grow) stalled all of them for 30 ms, which its p99 counted as the
@@ -291,7 +296,8 @@ def mix_round(res: Results, plain: RouterProcess, fed: Sequence[RouterProcess], 
         gc.collect()
         gc.disable()
         try:
-            out = run_mix(f"mix-{next(_group_ids)}", tx, rx, n, r, pids, wait, per_tick)
+            out = run_mix(f"mix-{next(_group_ids)}", tx, rx, n, r, pids, wait, per_tick,
+                          roles)
         finally:
             gc.enable()
         if out is not None:
@@ -447,6 +453,23 @@ def print_mix(res: Results, out: Callable[[str], None] = print) -> None:
         out(f"burst, local receiver, federated group / group on one router, p50: "
             f"{fig[BURST_FED][0] / fig[BURST_ONE][0]:.2f}x, p99: "
             f"{fig[BURST_FED][1] / fig[BURST_ONE][1]:.2f}x (target <= 2)")
+    print_split(res, out)
+
+
+def print_split(res: Results, out: Callable[[str], None] = print) -> None:
+    """The mix cases' CPU per message by process: the sending router, each receiving router
+    (the mean of the two), mosquitto, and all of them."""
+    out(f"{'CPU µs per message, per process':<58} {'sending':>9} {'each rx':>9} "
+        f"{'broker':>9} {'all':>11}")
+    for name, m in res.mix.items():
+        per = max(m.messages, 1)
+
+        def us(role: str, m: MixOut = m, per: int = per) -> str:
+            secs, n = m.cpu_by.get(role, (0.0, 0))
+            return f"{secs / n / per * 1e6:,.1f}" if n else "-"
+
+        out(f"{name:<58} {us(SENDING):>9} {us(RECEIVING):>9} {us(BROKER):>9} "
+            f"{m.cpu_s / per * 1e6:>11,.1f}")
 
 
 def print_table(res: Results, joins: int, out: Callable[[str], None] = print) -> None:

@@ -11,7 +11,8 @@ frame to its socket, the receivers (one selector in the main thread) when it arr
 * **burst**: every message at once, in writes of ``BURST_WRITE`` frames, as fast as the
   router reads them.
 
-What the routers (and the broker) spent is read from /proc over the run.
+What the routers (and the broker) spent is read from /proc over the run, in all and per
+process role (``roles``: the sending router, the receiving routers, the broker).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ _PAD = bytes(92)  # 100-byte payloads
 @dataclass
 class MixOut:
     """Seconds from write to arrival, by the receivers' label (``run_mix``'s ``rx``); CPU
-    seconds of the processes measured."""
+    seconds of the processes measured, in all and by role (``cpu_by``: role -> (seconds,
+    processes of that role))."""
 
     lat: dict[str, list[float]] = field(default_factory=dict)
     messages: int = 0
@@ -44,6 +46,7 @@ class MixOut:
     delivered: int = 0
     cpu_s: float = 0.0
     wall_s: float = 0.0
+    cpu_by: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     def add(self, other: MixOut) -> None:
         for k, v in other.lat.items():
@@ -53,6 +56,9 @@ class MixOut:
         self.delivered += other.delivered
         self.cpu_s += other.cpu_s
         self.wall_s += other.wall_s
+        for role, (secs, n) in other.cpu_by.items():
+            mine = self.cpu_by.get(role, (0.0, n))
+            self.cpu_by[role] = (mine[0] + secs, n)
 
 
 def member(port: int, group: str, addr: bytes) -> socket.socket:
@@ -113,11 +119,12 @@ class _Receivers:
 
 
 def run_mix(group: str, tx_port: int, rx: Sequence[tuple[int, str]], messages: int,
-            rate: float, pids: Sequence[int], wait: float, per_tick: int = 1
-            ) -> MixOut | None:
+            rate: float, pids: Sequence[int], wait: float, per_tick: int = 1,
+            roles: Sequence[str] = ()) -> MixOut | None:
     """``messages`` interleaved messages from a member on ``tx_port`` to receivers ``rx``
     (port, label: the latencies are kept by label); ``rate`` messages per second, in ticks
-    of ``per_tick`` messages written at once (0: a burst).
+    of ``per_tick`` messages written at once (0: a burst). ``roles``: the role of each of
+    ``pids`` (the CPU is kept per role too; empty: "all").
     None when some receiver is not reachable within ``wait`` seconds (no federated
     membership)."""
     names = [b"rx%d" % i for i in range(len(rx))]
@@ -169,7 +176,7 @@ def run_mix(group: str, tx_port: int, rx: Sequence[tuple[int, str]], messages: i
                 sock.sendall(b"".join(frames[i:due]))
                 i = due
 
-        cpu0 = sum(map(proc_cpu_seconds, pids))
+        cpu0 = [proc_cpu_seconds(p) for p in pids]
         t0 = time.perf_counter()
         sender = threading.Thread(target=send, daemon=True)
         sender.start()
@@ -177,7 +184,11 @@ def run_mix(group: str, tx_port: int, rx: Sequence[tuple[int, str]], messages: i
         while out.delivered < expected and time.monotonic() < deadline:
             recv.pump(0.05, sent_at, out)
         out.wall_s = time.perf_counter() - t0
-        out.cpu_s = sum(map(proc_cpu_seconds, pids)) - cpu0
+        spent = [proc_cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)]
+        out.cpu_s = sum(spent)
+        for role, secs in zip(roles or ["all"] * len(pids), spent, strict=True):
+            total, n = out.cpu_by.get(role, (0.0, 0))
+            out.cpu_by[role] = (total + secs, n + 1)
         sender.join(5)
         return out
     finally:
