@@ -17,6 +17,11 @@ paho's, not the routing's:
   :class:`BufferedClient` reads what the socket has (up to :data:`RECV_CHUNK`) in one
   ``recv`` and serves paho's small reads from it; :meth:`BufferedClient.buffered` tells the
   reader to handle the next packet before waiting on the socket again.
+  A whole QoS 0 PUBLISH already read is taken from that buffer in one go
+  (:meth:`BufferedClient._packet_read`; paho reads its type, each byte of its length and the
+  rest in as many reads, each a call and a copy), and the ``recv`` itself reads into a buffer
+  kept for the connection (a new 256 KiB ``bytes`` for each was an ``mmap``, an ``mremap``
+  and a ``munmap`` per broker message: three system calls of the six a wake-up made).
 * **Writes**: paho writes each packet at once, one ``send`` per PUBLISH, and a ``send`` on
   loopback carries the broker's side of TCP and its wake-up too: the router's largest cost
   per tick with routed messages to two routers. :meth:`BufferedClient.corked` holds paho's
@@ -35,14 +40,15 @@ paho's, not the routing's:
 
 from __future__ import annotations
 
+import socket
 import struct
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from paho.mqtt.client import Client, MQTTMessageInfo
-from paho.mqtt.enums import MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.client import Client, MQTTMessageInfo, time_func
+from paho.mqtt.enums import LogLevel, MQTTErrorCode, MQTTProtocolVersion
 from paho.mqtt.exception import MalformedPacket, MQTTException
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties, VariableByteIntegers
@@ -283,6 +289,8 @@ class BufferedClient(Client):
         self.fast = _paho_laid_out_as_known(self)
         self._rbuf = b""
         self._rpos = 0
+        # What recv_into reads into (plain sockets; allocated at the first read).
+        self._rinto: bytearray | None = None
         self._corked = False
         # Bytes of the queued packets one gathered send wrote, not yet taken by paho's
         # per-packet bookkeeping (_packet_write).
@@ -391,7 +399,7 @@ class BufferedClient(Client):
             data_: bytes = super()._sock_recv(bufsize)
             return data_
         if self._rpos >= len(self._rbuf):
-            data: bytes = super()._sock_recv(max(bufsize, RECV_CHUNK))
+            data = self._recv_chunk(bufsize)
             if len(data) <= bufsize:
                 return data
             self._rbuf, self._rpos = data, 0
@@ -399,3 +407,56 @@ class BufferedClient(Client):
         out = self._rbuf[pos:pos + bufsize]
         self._rpos = pos + len(out)
         return out
+
+    def _recv_chunk(self, bufsize: int) -> bytes:
+        """What the socket has, up to :data:`RECV_CHUNK` (at least ``bufsize``): read into
+        the connection's buffer on a plain socket (paho's ``recv`` otherwise: TLS and
+        WebSockets keep their own error handling)."""
+        sock = self._sock
+        if type(sock) is not socket.socket or bufsize > RECV_CHUNK:
+            data: bytes = super()._sock_recv(max(bufsize, RECV_CHUNK))
+            return data
+        into = self._rinto
+        if into is None:
+            into = self._rinto = bytearray(RECV_CHUNK)
+        n = sock.recv_into(into)
+        return bytes(into[:n]) if n else b""
+
+    def _packet_read(self) -> MQTTErrorCode:
+        """paho's, with a QoS 0 PUBLISH that :attr:`fast_publish` takes read from the buffer
+        at once when it is all there (the socket read first when nothing is buffered):
+        paho's way for anything else, and for a packet cut short."""
+        hook = self.fast_publish
+        if not self.fast or hook is None or self._in_packet["command"] != 0 \
+                or self._protocol != MQTTProtocolVersion.MQTTv5:
+            return super()._packet_read()
+        if self._rpos >= len(self._rbuf):
+            try:
+                data = self._recv_chunk(1)
+            except BlockingIOError:
+                return MQTTErrorCode.MQTT_ERR_AGAIN
+            except OSError as err:  # (as paho's _packet_read)
+                self._easy_log(LogLevel.MQTT_LOG_ERR, "failed to receive on socket: %s", err)
+                return MQTTErrorCode.MQTT_ERR_CONN_LOST
+            if not data:
+                return MQTTErrorCode.MQTT_ERR_CONN_LOST
+            self._rbuf, self._rpos = data, 0
+        buf, pos = self._rbuf, self._rpos
+        end = len(buf)
+        if buf[pos] == _PUBLISH:
+            size, mult, i = 0, 1, pos + 1
+            while i < end and i <= pos + 4:
+                b = buf[i]
+                size += (b & 127) * mult
+                mult <<= 7
+                i += 1
+                if not b & 128:
+                    if i + size <= end:
+                        read = read_publish(buf[i:i + size])
+                        if read is not None and hook(*read):
+                            self._rpos = i + size
+                            with self._msgtime_mutex:
+                                self._last_bytes_received = time_func()
+                            return MQTTErrorCode.MQTT_ERR_SUCCESS
+                    break
+        return super()._packet_read()
