@@ -29,7 +29,9 @@ one router. It prints:
   router, mosquitto). Once one message a tick (1,000 ticks/s), once bundled as JGroups
   bundles them: 6 a tick (a multicast and a unicast to each receiver) in one write;
 * **burst**: ``--burst`` such messages at once; the latency at the receiver on the sender's
-  router, for the federated group and for a group with every member on that router.
+  router, for the federated group and for a group with every member on that router;
+* **wake-up floor**: the CPU of a trio task's wake-up with nothing to do (and a plain epoll
+  loop's), at 1,000/s: what every wake-up of a router's Python costs at least.
 
 The difference between the across and the within-one-federated-router p50 is the broker
 hop (target: <= 1 ms on loopback); the rows without and with a bridge for local traffic
@@ -66,7 +68,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_topics import Loader, _native_member, run_fanout
-from benchmarks.federation_mix import MixOut, run_mix
+from benchmarks.federation_mix import MixOut, run_mix, wake_floor
 from gossiprouter.protocol import native as wire
 from gossiprouter.stub import Channel, RouterStub
 from tests.procs import BrokerProcess, RouterProcess, proc_cpu_seconds, wait_listening
@@ -119,6 +121,8 @@ class Results:
     broker_cpu_us: float | None = None
     mix: dict[str, MixOut] = field(default_factory=dict)
     only_mix: bool = False
+    # federation_mix.wake_floor: CPU µs of a trio wake-up, of a plain epoll loop's
+    wake_floor: tuple[float, float] | None = None
 
     def row(self, case: str) -> Row:
         return next(r for r in self.rows if r.case == case)
@@ -470,6 +474,10 @@ def print_split(res: Results, out: Callable[[str], None] = print) -> None:
 
         out(f"{name:<58} {us(SENDING):>9} {us(RECEIVING):>9} {us(BROKER):>9} "
             f"{m.cpu_s / per * 1e6:>11,.1f}")
+    if res.wake_floor is not None:
+        out(f"a wake-up of Python with nothing to do, 1,000/s: trio {res.wake_floor[0]:,.1f} µs "
+            f"CPU, a plain epoll loop {res.wake_floor[1]:,.1f} µs (each router's floor per "
+            f"wake-up)")
 
 
 def print_table(res: Results, joins: int, out: Callable[[str], None] = print) -> None:
@@ -541,6 +549,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     res = trio.run(run, args.messages, args.group, args.throughput, args.joins, args.wait,
                    lambda s: print(s, file=sys.stderr), args.rounds, args.mix, args.mix_rate,
                    args.burst, args.only_mix, args.code)
+    if res.mix:
+        res.wake_floor = wake_floor()
     print_table(res, args.joins)
 
 

@@ -17,6 +17,8 @@ process role (``roles``: the sending router, the receiving routers, the broker).
 
 from __future__ import annotations
 
+import resource
+import select
 import selectors
 import socket
 import struct
@@ -24,6 +26,8 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import trio
 
 from benchmarks.bench_topics import _recv_frames
 from gossiprouter.protocol import native as wire
@@ -193,3 +197,56 @@ def run_mix(group: str, tx_port: int, rx: Sequence[tuple[int, str]], messages: i
         return out
     finally:
         recv.close()
+
+
+def wake_floor(wakes: int = 2000, rate: float = 1000.0) -> tuple[float, float]:
+    """(CPU µs per wake-up of a trio task, of a plain epoll loop in Python): each waits on a
+    socket that a thread writes one byte to ``rate`` times a second, reads it and waits again
+    (nothing else), ``wakes`` times. The first is the floor of every wake-up of a router's
+    Python (its trio loop: the broker reader of a receiving router, the upcalls of a sending
+    one), the second what the system's part of it costs. Not in a trio run."""
+    out: list[float] = []
+    for use_trio in (True, False):
+        a, b = socket.socketpair()
+        a.setblocking(False)
+
+        def write(b: socket.socket = b) -> None:
+            for _ in range(wakes):
+                time.sleep(1 / rate)
+                b.send(b"x")
+            b.send(b"q")
+
+        def cpu() -> float:
+            r = resource.getrusage(resource.RUSAGE_THREAD)
+            return r.ru_utime + r.ru_stime
+
+        async def trio_loop(a: socket.socket = a) -> int:
+            n = 0
+            while True:
+                await trio.lowlevel.wait_readable(a)
+                n += 1
+                if b"q" in a.recv(4096):
+                    return n
+
+        def epoll_loop(a: socket.socket = a) -> int:
+            n = 0
+            with select.epoll() as ep:
+                ep.register(a.fileno(), select.EPOLLIN | select.EPOLLONESHOT)
+                while True:
+                    ep.poll()
+                    n += 1
+                    if b"q" in a.recv(4096):
+                        return n
+                    ep.modify(a.fileno(), select.EPOLLIN | select.EPOLLONESHOT)
+
+        writer = threading.Thread(target=write, daemon=True)
+        try:
+            c0 = cpu()
+            writer.start()
+            n = trio.run(trio_loop) if use_trio else epoll_loop()
+            out.append((cpu() - c0) / max(n, 1) * 1e6)
+            writer.join(5)
+        finally:
+            a.close()
+            b.close()
+    return out[0], out[1]
