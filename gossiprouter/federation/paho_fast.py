@@ -28,6 +28,9 @@ paho's, not the routing's:
   inline writes while a tick's messages are published, then writes them all in one ``send``
   (:meth:`BufferedClient._packet_write`: paho's own bookkeeping per packet, fed from that one
   ``send``).
+  :meth:`BufferedClient.uncork` writes a queue of only those routed messages itself, in one
+  ``send`` past paho's ``loop_write`` and its bookkeeping per packet (a tenth of the sending
+  router's time in Python at one message a tick).
 * **Publishes**: paho's ``publish`` checks, logs, builds a message info and a Properties
   object, packs them and queues the packet, for each routed message: a third of the sending
   router's time in Python. :meth:`BufferedClient.publish_qos0` queues the same bytes, built
@@ -296,6 +299,8 @@ class BufferedClient(Client):
         # per-packet bookkeeping (_packet_write).
         self._sent_ahead = 0
         self.gathered_sends = 0  # sends that wrote more than one packet (tests, profiles)
+        self.direct_sends = 0  # uncork()'s sends past paho's loop_write (tests, profiles)
+        self.whole_reads = 0  # PUBLISH packets _packet_read took at once (tests, profiles)
         self.uncorked_rc = MQTTErrorCode.MQTT_ERR_SUCCESS
         # (topic, payload, user properties) of a received QoS 0 PUBLISH with no other
         # property: True when handled, False for paho's own handling (on_message).
@@ -304,15 +309,64 @@ class BufferedClient(Client):
     @contextmanager
     def corked(self) -> Iterator[None]:
         """paho writes nothing inline meanwhile (its packets queue); at the end, what was
-        queued is written, in one ``send`` (paho's ``loop_write``: its result is
-        :attr:`uncorked_rc`)."""
-        self._corked = True
+        queued is written, in one ``send`` (its result is :attr:`uncorked_rc`)."""
+        self.cork()
         try:
             yield
         finally:
-            self._corked = False
-            self.uncorked_rc = self.loop_write() if self.want_write() else \
-                MQTTErrorCode.MQTT_ERR_SUCCESS
+            self.uncork()
+
+    def cork(self) -> None:
+        """:meth:`corked`'s start, without a context manager (a tick's flush)."""
+        self._corked = True
+
+    def uncork(self) -> MQTTErrorCode:
+        """:meth:`corked`'s end: what was queued, written (:attr:`uncorked_rc`)."""
+        self._corked = False
+        q = self._out_packet
+        if not q:
+            rc = MQTTErrorCode.MQTT_ERR_SUCCESS
+        elif not self._send_direct(q):
+            rc = self.loop_write()
+        else:
+            rc = MQTTErrorCode.MQTT_ERR_SUCCESS
+        self.uncorked_rc = rc
+        return rc
+
+    def _send_direct(self, q: deque[Any]) -> bool:
+        """The queue written in one ``send`` of a plain socket, with paho's bookkeeping done
+        here, when it holds only :meth:`publish_qos0`'s packets, none begun (nobody waits
+        on them: no ``on_publish``, no message info); what the socket does not take stays
+        queued, the first packet's written part marked as paho marks it. False: nothing
+        done (anything else, or a send that failed), for paho's ``loop_write``, which meets
+        the same failure and handles it as it always has."""
+        sock = self._sock
+        if (not self.fast or type(sock) is not socket.socket or self._sent_ahead
+                or self.on_publish is not None):
+            return False
+        for p in q:
+            if p["info"] is not _NO_WAIT or p["pos"]:
+                return False
+        try:
+            n = sock.send(q[0]["packet"] if len(q) == 1 else
+                          b"".join([p["packet"] for p in q]))
+        except BlockingIOError:
+            n = 0
+        except OSError:
+            return False
+        self.direct_sends += 1
+        while q and n >= q[0]["to_process"]:
+            n -= q.popleft()["to_process"]
+        if n:
+            q[0]["pos"] = n
+            q[0]["to_process"] -= n
+        with self._msgtime_mutex:
+            self._last_msg_out = time_func()
+        if q:  # (as paho's loop_write ends)
+            self._call_socket_register_write()
+        else:
+            self._call_socket_unregister_write()
+        return True
 
     def publish_qos0(self, topic: bytes, users: list[tuple[str, str]],
                      payload: bytes) -> MQTTErrorCode:
@@ -455,6 +509,7 @@ class BufferedClient(Client):
                         read = read_publish(buf[i:i + size])
                         if read is not None and hook(*read):
                             self._rpos = i + size
+                            self.whole_reads += 1
                             with self._msgtime_mutex:
                                 self._last_bytes_received = time_func()
                             return MQTTErrorCode.MQTT_ERR_SUCCESS

@@ -192,7 +192,8 @@ class Peers(BrokerSession):
         queued = 0
         # One send for every router's message (paho_fast.BufferedClient.corked): a send
         # per message was the largest cost of a tick.
-        with c.corked():
+        c.cork()
+        try:
             for origin, message, items in self.batches.take():
                 link = self.liveness.link(origin)
                 r = self._route(origin)
@@ -204,6 +205,8 @@ class Peers(BrokerSession):
                     queued += len(message) + r.extra
                 else:
                     link.lost += items
+        finally:
+            c.uncork()
         if c.uncorked_rc:
             self._kick_writer()  # the writer meets the failure and ends the session
         elif c.want_write():  # not all written (paho writes what the socket takes)
