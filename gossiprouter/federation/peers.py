@@ -380,7 +380,8 @@ class Peers(BrokerSession):
             # router to): a message about router R is only ever read from R's subtree.
             writer, kind, arg, tag = parse_fed_topic(self.prefix, topic)
             user = getattr(props, "UserProperty", None) or ()
-            left = any(k == LEFT_PROPERTY for k, _ in user)
+            users = dict(user)  # (one look-up each below; the signature's: the first one)
+            left = LEFT_PROPERTY in users
             if self._verifier is not None:
                 why = self._verifier.check(
                     topic, payload, next((v for k, v in user if k == MAC_PROPERTY), None),
@@ -392,10 +393,10 @@ class Peers(BrokerSession):
                 if kind == "presence" and not payload:
                     self._verifier.forget(writer)
             if kind == "route" and arg == self.origin:
-                if self._on_path(writer, payload, props):
+                if self._on_path(writer, payload, users):
                     st = self.batches.stats
                     st.messages_in += 1
-                    if any(k == BATCH_PROPERTY for k, _ in user):
+                    if BATCH_PROPERTY in users:
                         items = decode_batch(payload)
                         st.payloads_in += len(items)
                         for item in items:  # each checked as if it had come alone
@@ -431,12 +432,12 @@ class Peers(BrokerSession):
         if self.heartbeat > 0:
             nursery.start_soon(self._heartbeats)
 
-    def _on_path(self, writer: str, payload: bytes, props: object) -> bool:
+    def _on_path(self, writer: str, payload: bytes, user: dict[str, str]) -> bool:
         """What came on the route topic from router ``writer`` (the subtree it was read
-        from, never a property the message names), before the routed frames are parsed: a
-        heartbeat (handled here), or routed frames with their age (False: too old, dropped
-        and counted). A message without those properties (an older router) passes."""
-        user = dict(getattr(props, "UserProperty", None) or ())
+        from, never a property the message names), with its user properties ``user``, before
+        the routed frames are parsed: a heartbeat (handled here), or routed frames with their
+        age (False: too old, dropped and counted). A message without those properties (an
+        older router) passes."""
         origin = writer
         if origin == self.origin or not (FROM_PROPERTY in user or BEAT_PROPERTY in user):
             return BEAT_PROPERTY not in user
