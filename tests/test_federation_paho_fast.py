@@ -422,7 +422,7 @@ def test_whole_publishes_are_taken_from_the_buffer_for_fast_publish(
         return True
 
     def on_message(client: Any, userdata: Any, msg: MQTTMessage) -> None:
-        got.append(("paho " + msg.topic, msg.payload))
+        got.append(("paho " + msg.topic, bytes(msg.payload)))
 
     c.fast_publish = fast
     c.on_message = on_message
