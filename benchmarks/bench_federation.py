@@ -25,10 +25,13 @@ one router. It prints:
   spread over the 3 federated routers (1 on the sender's, 2 on each other one), and the same
   traffic with every member on the router without a bridge (the local-only baseline):
   latency at the remote receivers, and the CPU of every process involved (routers and
-  mosquitto) per message. Once one message a tick (1,000 ticks/s), once bundled as JGroups
+  mosquitto) per message, in all and per process (the sending router, each receiving
+  router, mosquitto). Once one message a tick (1,000 ticks/s), once bundled as JGroups
   bundles them: 6 a tick (a multicast and a unicast to each receiver) in one write;
 * **burst**: ``--burst`` such messages at once; the latency at the receiver on the sender's
-  router, for the federated group and for a group with every member on that router.
+  router, for the federated group and for a group with every member on that router;
+* **wake-up floor**: the CPU of a trio task's wake-up with nothing to do (and a plain epoll
+  loop's), at 1,000/s: what every wake-up of a router's Python costs at least.
 
 The difference between the across and the within-one-federated-router p50 is the broker
 hop (target: <= 1 ms on loopback); the rows without and with a bridge for local traffic
@@ -65,7 +68,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_topics import Loader, _native_member, run_fanout
-from benchmarks.federation_mix import MixOut, run_mix
+from benchmarks.federation_mix import MixOut, run_mix, wake_floor
 from gossiprouter.protocol import native as wire
 from gossiprouter.stub import Channel, RouterStub
 from tests.procs import BrokerProcess, RouterProcess, proc_cpu_seconds, wait_listening
@@ -118,6 +121,8 @@ class Results:
     broker_cpu_us: float | None = None
     mix: dict[str, MixOut] = field(default_factory=dict)
     only_mix: bool = False
+    # federation_mix.wake_floor: CPU µs of a trio wake-up, of a plain epoll loop's
+    wake_floor: tuple[float, float] | None = None
 
     def row(self, case: str) -> Row:
         return next(r for r in self.rows if r.case == case)
@@ -267,6 +272,9 @@ BUNDLE_LOCAL = "interleaved, 6 a tick: one router, no bridge"
 BUNDLE_FAR = "interleaved, 6 a tick: across 3 routers"
 BURST_FED = "burst: federated group"
 BURST_ONE = "burst: group on one router"
+# The processes' roles in the mix cases' CPU split (the router of a local-only case is the
+# sending one).
+SENDING, RECEIVING, BROKER = "sending router", "receiving router", "mosquitto"
 
 
 def mix_round(res: Results, plain: RouterProcess, fed: Sequence[RouterProcess], broker: int,
@@ -284,6 +292,7 @@ def mix_round(res: Results, plain: RouterProcess, fed: Sequence[RouterProcess], 
              (BURST_FED, a, spread, burst, 0.0, every, 1),
              (BURST_ONE, a, [(a, "local"), *[(a, "other")] * 4], burst, 0.0, every, 1))
     for name, tx, rx, n, r, pids, per_tick in cases:
+        roles = (SENDING,) if len(pids) == 1 else (SENDING, RECEIVING, RECEIVING, BROKER)
         say(f"{name}: {n} messages")
         # This process is the loader and every receiver: a full collection of its own (the
         # latency lists grow) stalled all of them for 30 ms, which its p99 counted as the
@@ -291,7 +300,8 @@ def mix_round(res: Results, plain: RouterProcess, fed: Sequence[RouterProcess], 
         gc.collect()
         gc.disable()
         try:
-            out = run_mix(f"mix-{next(_group_ids)}", tx, rx, n, r, pids, wait, per_tick)
+            out = run_mix(f"mix-{next(_group_ids)}", tx, rx, n, r, pids, wait, per_tick,
+                          roles)
         finally:
             gc.enable()
         if out is not None:
@@ -447,6 +457,27 @@ def print_mix(res: Results, out: Callable[[str], None] = print) -> None:
         out(f"burst, local receiver, federated group / group on one router, p50: "
             f"{fig[BURST_FED][0] / fig[BURST_ONE][0]:.2f}x, p99: "
             f"{fig[BURST_FED][1] / fig[BURST_ONE][1]:.2f}x (target <= 2)")
+    print_split(res, out)
+
+
+def print_split(res: Results, out: Callable[[str], None] = print) -> None:
+    """The mix cases' CPU per message by process: the sending router, each receiving router
+    (the mean of the two), mosquitto, and all of them."""
+    out(f"{'CPU µs per message, per process':<58} {'sending':>9} {'each rx':>9} "
+        f"{'broker':>9} {'all':>11}")
+    for name, m in res.mix.items():
+        per = max(m.messages, 1)
+
+        def us(role: str, m: MixOut = m, per: int = per) -> str:
+            secs, n = m.cpu_by.get(role, (0.0, 0))
+            return f"{secs / n / per * 1e6:,.1f}" if n else "-"
+
+        out(f"{name:<58} {us(SENDING):>9} {us(RECEIVING):>9} {us(BROKER):>9} "
+            f"{m.cpu_s / per * 1e6:>11,.1f}")
+    if res.wake_floor is not None:
+        out(f"a wake-up of Python with nothing to do, 1,000/s: trio {res.wake_floor[0]:,.1f} µs "
+            f"CPU, a plain epoll loop {res.wake_floor[1]:,.1f} µs (each router's floor per "
+            f"wake-up)")
 
 
 def print_table(res: Results, joins: int, out: Callable[[str], None] = print) -> None:
@@ -518,6 +549,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     res = trio.run(run, args.messages, args.group, args.throughput, args.joins, args.wait,
                    lambda s: print(s, file=sys.stderr), args.rounds, args.mix, args.mix_rate,
                    args.burst, args.only_mix, args.code)
+    if res.mix:
+        res.wake_floor = wake_floor()
     print_table(res, args.joins)
 
 

@@ -11,11 +11,14 @@ frame to its socket, the receivers (one selector in the main thread) when it arr
 * **burst**: every message at once, in writes of ``BURST_WRITE`` frames, as fast as the
   router reads them.
 
-What the routers (and the broker) spent is read from /proc over the run.
+What the routers (and the broker) spent is read from /proc over the run, in all and per
+process role (``roles``: the sending router, the receiving routers, the broker).
 """
 
 from __future__ import annotations
 
+import resource
+import select
 import selectors
 import socket
 import struct
@@ -23,6 +26,8 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import trio
 
 from benchmarks.bench_topics import _recv_frames
 from gossiprouter.protocol import native as wire
@@ -36,7 +41,8 @@ _PAD = bytes(92)  # 100-byte payloads
 @dataclass
 class MixOut:
     """Seconds from write to arrival, by the receivers' label (``run_mix``'s ``rx``); CPU
-    seconds of the processes measured."""
+    seconds of the processes measured, in all and by role (``cpu_by``: role -> (seconds,
+    processes of that role))."""
 
     lat: dict[str, list[float]] = field(default_factory=dict)
     messages: int = 0
@@ -44,6 +50,7 @@ class MixOut:
     delivered: int = 0
     cpu_s: float = 0.0
     wall_s: float = 0.0
+    cpu_by: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     def add(self, other: MixOut) -> None:
         for k, v in other.lat.items():
@@ -53,6 +60,9 @@ class MixOut:
         self.delivered += other.delivered
         self.cpu_s += other.cpu_s
         self.wall_s += other.wall_s
+        for role, (secs, n) in other.cpu_by.items():
+            mine = self.cpu_by.get(role, (0.0, n))
+            self.cpu_by[role] = (mine[0] + secs, n)
 
 
 def member(port: int, group: str, addr: bytes) -> socket.socket:
@@ -113,11 +123,12 @@ class _Receivers:
 
 
 def run_mix(group: str, tx_port: int, rx: Sequence[tuple[int, str]], messages: int,
-            rate: float, pids: Sequence[int], wait: float, per_tick: int = 1
-            ) -> MixOut | None:
+            rate: float, pids: Sequence[int], wait: float, per_tick: int = 1,
+            roles: Sequence[str] = ()) -> MixOut | None:
     """``messages`` interleaved messages from a member on ``tx_port`` to receivers ``rx``
     (port, label: the latencies are kept by label); ``rate`` messages per second, in ticks
-    of ``per_tick`` messages written at once (0: a burst).
+    of ``per_tick`` messages written at once (0: a burst). ``roles``: the role of each of
+    ``pids`` (the CPU is kept per role too; empty: "all").
     None when some receiver is not reachable within ``wait`` seconds (no federated
     membership)."""
     names = [b"rx%d" % i for i in range(len(rx))]
@@ -169,7 +180,7 @@ def run_mix(group: str, tx_port: int, rx: Sequence[tuple[int, str]], messages: i
                 sock.sendall(b"".join(frames[i:due]))
                 i = due
 
-        cpu0 = sum(map(proc_cpu_seconds, pids))
+        cpu0 = [proc_cpu_seconds(p) for p in pids]
         t0 = time.perf_counter()
         sender = threading.Thread(target=send, daemon=True)
         sender.start()
@@ -177,8 +188,65 @@ def run_mix(group: str, tx_port: int, rx: Sequence[tuple[int, str]], messages: i
         while out.delivered < expected and time.monotonic() < deadline:
             recv.pump(0.05, sent_at, out)
         out.wall_s = time.perf_counter() - t0
-        out.cpu_s = sum(map(proc_cpu_seconds, pids)) - cpu0
+        spent = [proc_cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)]
+        out.cpu_s = sum(spent)
+        for role, secs in zip(roles or ["all"] * len(pids), spent, strict=True):
+            total, n = out.cpu_by.get(role, (0.0, 0))
+            out.cpu_by[role] = (total + secs, n + 1)
         sender.join(5)
         return out
     finally:
         recv.close()
+
+
+def wake_floor(wakes: int = 2000, rate: float = 1000.0) -> tuple[float, float]:
+    """(CPU µs per wake-up of a trio task, of a plain epoll loop in Python): each waits on a
+    socket that a thread writes one byte to ``rate`` times a second, reads it and waits again
+    (nothing else), ``wakes`` times. The first is the floor of every wake-up of a router's
+    Python (its trio loop: the broker reader of a receiving router, the upcalls of a sending
+    one), the second what the system's part of it costs. Not in a trio run."""
+    out: list[float] = []
+    for use_trio in (True, False):
+        a, b = socket.socketpair()
+        a.setblocking(False)
+
+        def write(b: socket.socket = b) -> None:
+            for _ in range(wakes):
+                time.sleep(1 / rate)
+                b.send(b"x")
+            b.send(b"q")
+
+        def cpu() -> float:
+            r = resource.getrusage(resource.RUSAGE_THREAD)
+            return r.ru_utime + r.ru_stime
+
+        async def trio_loop(a: socket.socket = a) -> int:
+            n = 0
+            while True:
+                await trio.lowlevel.wait_readable(a)
+                n += 1
+                if b"q" in a.recv(4096):
+                    return n
+
+        def epoll_loop(a: socket.socket = a) -> int:
+            n = 0
+            with select.epoll() as ep:
+                ep.register(a.fileno(), select.EPOLLIN | select.EPOLLONESHOT)
+                while True:
+                    ep.poll()
+                    n += 1
+                    if b"q" in a.recv(4096):
+                        return n
+                    ep.modify(a.fileno(), select.EPOLLIN | select.EPOLLONESHOT)
+
+        writer = threading.Thread(target=write, daemon=True)
+        try:
+            c0 = cpu()
+            writer.start()
+            n = trio.run(trio_loop) if use_trio else epoll_loop()
+            out.append((cpu() - c0) / max(n, 1) * 1e6)
+            writer.join(5)
+        finally:
+            a.close()
+            b.close()
+    return out[0], out[1]

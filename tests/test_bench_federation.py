@@ -11,6 +11,7 @@ import pytest
 import trio
 
 from benchmarks import bench_federation as bench
+from benchmarks import federation_mix
 from gossiprouter.loadtest.processes import MOSQUITTO
 
 
@@ -38,6 +39,13 @@ def test_every_case_measures_something() -> None:
         n = 120 if name.startswith("burst") else 30
         assert m.messages == n and m.expected == m.delivered == n // 6 * 10, (name, m)
         assert bench.mix_shown(name, m), name
+        # The CPU split by process: every process measured once, in its role.
+        want_roles = ({bench.SENDING: 1} if "no bridge" in name else
+                      {bench.SENDING: 1, bench.RECEIVING: 2, bench.BROKER: 1})
+        assert {r: n for r, (_, n) in m.cpu_by.items()} == want_roles, (name, m.cpu_by)
+        assert abs(sum(s for s, _ in m.cpu_by.values()) - m.cpu_s) < 1e-6, (name, m)
+    res.wake_floor = federation_mix.wake_floor(20)
+    assert all(v > 0 for v in res.wake_floor)
     assert res.joins_s is not None and res.converge_s is not None
     assert res.converge_s >= res.joins_s
     lines: list[str] = []
@@ -45,7 +53,9 @@ def test_every_case_measures_something() -> None:
     assert any(line.startswith("broker hop, unicast, p50: ") for line in lines), lines
     for start in ("interleaved across routers, p50: ", "interleaved CPU per message, across",
                   "interleaved, 6 a tick, across routers, p50: ",
-                  "burst, local receiver, federated group / group on one router, p50: "):
+                  "burst, local receiver, federated group / group on one router, p50: ",
+                  "CPU µs per message, per process", f"{bench.MIX_FAR:<58} ",
+                  "a wake-up of Python with nothing to do, 1,000/s: trio "):
         assert any(line.startswith(start) for line in lines), (start, lines)
     assert any(re.match(r"convergence, 20 joins on each of 3 routers: \d+\.\d{3} s", line)
                for line in lines), lines

@@ -359,3 +359,88 @@ def test_a_paho_laid_out_otherwise_gets_paho_s_own_ways(
     assert r.loop_read() == 0
     assert got == [("paho", "%fed/p/r1/route/r2")] and r.buffered() == 0
     del first
+
+
+def test_uncork_writes_routed_messages_in_one_send_of_its_own(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    """A queue of publish_qos0's packets on a plain socket: one send past paho's loop_write,
+    the same bytes as paho's sends; with a packet of paho's own in it, paho writes."""
+    a, b = pair
+    reference = Sends(a)
+    ref = client_on(reference)
+    for i in range(3):
+        ref.publish_qos0(b"t/%d" % i, USERS, b"x" * i)
+    want = reference.data
+    c = client_on(a)
+    with c.corked():
+        for i in range(3):
+            assert c.publish_qos0(b"t/%d" % i, USERS, b"x" * i) == 0
+    assert c.uncorked_rc == 0 and c.direct_sends == 1 and not c.want_write()
+    assert write_all(c, a, b) == want * 2  # (the reference's bytes, then these)
+    c.cork()
+    c.publish_qos0(b"t/0", USERS, b"")
+    assert c.publish("t/1", b"paho", 0).rc == 0  # queued (corked): paho's own packet
+    assert c.uncork() == 0
+    assert c.direct_sends == 1 and not c.want_write()  # written by paho's loop_write
+
+
+def test_uncork_cut_short_by_the_socket_leaves_the_rest_to_paho(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = pair
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    a.setblocking(False)
+    big = [bytes([65 + i]) * 400_000 for i in range(2)]
+    ref = client_on(Sends(a))  # (paho's writes, inline: the rest by write_all)
+    for i, p in enumerate(big):
+        ref.publish_qos0(b"t/%d" % i, USERS, p)
+    want = write_all(ref, a, b)
+    assert len(want) > 800_000
+    c = client_on(a)
+    with c.corked():
+        for i, p in enumerate(big):
+            c.publish_qos0(b"t/%d" % i, USERS, p)
+    assert c.uncorked_rc == 0 and c.direct_sends == 1
+    assert c.want_write()  # the socket took part of it: the rest waits, marked as paho's
+    assert write_all(c, a, b) == want
+    assert not c.want_write()
+
+
+def test_whole_publishes_are_taken_from_the_buffer_for_fast_publish(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    """fast_publish gets each whole QoS 0 PUBLISH from the buffer (read by recv_into on a
+    plain socket); a retained one and one it declines go to paho's on_message; one cut
+    short is read paho's way, then handed to fast_publish (_handle_publish); in order."""
+    a, b = pair
+    c = client_on(b)
+    got: list[tuple[str, bytes]] = []
+
+    def fast(topic: str, payload: bytes, users: list[tuple[str, str]]) -> bool:
+        assert users == [("gossiprouter-from", "r1")]
+        if topic == "decline":
+            return False
+        got.append(("fast " + topic, payload))
+        return True
+
+    def on_message(client: Any, userdata: Any, msg: MQTTMessage) -> None:
+        got.append(("paho " + msg.topic, bytes(msg.payload)))
+
+    c.fast_publish = fast
+    c.on_message = on_message
+    retained = bytearray(publish_packet("kept", b"r"))
+    retained[0] = 0x31
+    cut = publish_packet("cut", b"c" * 50)
+    a.sendall(publish_packet("t/0", b"a") + bytes(retained) + publish_packet("decline", b"d")
+              + publish_packet("t/1", b"b" * 20) + cut[:10])
+    b.setblocking(True)
+    assert c.loop_read() == 0  # (waits for the bytes: every one is read at once)
+    b.setblocking(False)  # as the bridge's: the packet cut short waits for the rest
+    while c.buffered():
+        assert c.loop_read() == 0
+    a.sendall(cut[10:])
+    b.setblocking(True)
+    assert c.loop_read() == 0
+    assert got == [("fast t/0", b"a"), ("paho kept", b"r"), ("paho decline", b"d"),
+                   ("fast t/1", b"b" * 20), ("fast cut", b"c" * 50)]
+    assert c.whole_reads == 2  # t/0 and t/1 (paho's reads: 3 or more a packet)
+    a.close()
+    assert c.loop_read() != 0  # the end of the stream: the connection is lost

@@ -263,22 +263,30 @@ class BrokerSession:
         self._client.disconnect()
         self._kick_writer()
 
+    @staticmethod
+    def packet_bound(topic: str, *user_props: str) -> int:
+        """An upper bound of a PUBLISH's size beyond its payload: fixed header 5, topic,
+        packet id 2, properties (length 4, expiry 5, the user properties' values with their
+        keys, at most 40 bytes each)."""
+        return len(topic.encode()) + 20 + sum(40 + len(v.encode()) for v in user_props)
+
     def _fits(self, topic: str, payload: bytes, *user_props: str) -> bool:
         """Whether a PUBLISH of ``payload`` to ``topic`` is within the broker's Maximum Packet
-        Size (counted and logged when not). An upper bound of the packet's size: fixed header
-        5, topic, packet id 2, properties (length 4, expiry 5, the user properties' values
-        with their keys, at most 40 bytes each)."""
-        limit = self.max_packet
-        if limit is None:
+        Size (counted and logged when not; :meth:`packet_bound`)."""
+        if self.max_packet is None:
             return True
-        size = (len(payload) + len(topic.encode()) + 20
-                + sum(40 + len(v.encode()) for v in user_props))
-        if size <= limit:
+        return self._fits_bound(topic, len(payload), self.packet_bound(topic, *user_props))
+
+    def _fits_bound(self, topic: str, size: int, bound: int) -> bool:
+        """:meth:`_fits` of a payload of ``size`` bytes whose :meth:`packet_bound` is
+        ``bound`` (known already: a route topic's, peers.py)."""
+        limit = self.max_packet
+        if limit is None or size + bound <= limit:
             return True
         self.stats.oversized += 1
         self._oversized_log.warning(
             "bridge: not sent: a message of %d bytes on %s is beyond the broker's maximum "
-            "packet size (%d)", len(payload), topic, limit)
+            "packet size (%d)", size, topic, limit)
         return False
 
     def _unwritten(self) -> int:

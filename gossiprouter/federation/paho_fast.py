@@ -17,12 +17,20 @@ paho's, not the routing's:
   :class:`BufferedClient` reads what the socket has (up to :data:`RECV_CHUNK`) in one
   ``recv`` and serves paho's small reads from it; :meth:`BufferedClient.buffered` tells the
   reader to handle the next packet before waiting on the socket again.
+  A whole QoS 0 PUBLISH already read is taken from that buffer in one go
+  (:meth:`BufferedClient._packet_read`; paho reads its type, each byte of its length and the
+  rest in as many reads, each a call and a copy), and the ``recv`` itself reads into a buffer
+  kept for the connection (a new 256 KiB ``bytes`` for each was an ``mmap``, an ``mremap``
+  and a ``munmap`` per broker message: three system calls of the six a wake-up made).
 * **Writes**: paho writes each packet at once, one ``send`` per PUBLISH, and a ``send`` on
   loopback carries the broker's side of TCP and its wake-up too: the router's largest cost
   per tick with routed messages to two routers. :meth:`BufferedClient.corked` holds paho's
   inline writes while a tick's messages are published, then writes them all in one ``send``
   (:meth:`BufferedClient._packet_write`: paho's own bookkeeping per packet, fed from that one
   ``send``).
+  :meth:`BufferedClient.uncork` writes a queue of only those routed messages itself, in one
+  ``send`` past paho's ``loop_write`` and its bookkeeping per packet (a tenth of the sending
+  router's time in Python at one message a tick).
 * **Publishes**: paho's ``publish`` checks, logs, builds a message info and a Properties
   object, packs them and queues the packet, for each routed message: a third of the sending
   router's time in Python. :meth:`BufferedClient.publish_qos0` queues the same bytes, built
@@ -35,14 +43,15 @@ paho's, not the routing's:
 
 from __future__ import annotations
 
+import socket
 import struct
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from paho.mqtt.client import Client, MQTTMessageInfo
-from paho.mqtt.enums import MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.client import Client, MQTTMessageInfo, time_func
+from paho.mqtt.enums import LogLevel, MQTTErrorCode, MQTTProtocolVersion
 from paho.mqtt.exception import MalformedPacket, MQTTException
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties, VariableByteIntegers
@@ -283,11 +292,15 @@ class BufferedClient(Client):
         self.fast = _paho_laid_out_as_known(self)
         self._rbuf = b""
         self._rpos = 0
+        # What recv_into reads into (plain sockets; allocated at the first read).
+        self._rinto: bytearray | None = None
         self._corked = False
         # Bytes of the queued packets one gathered send wrote, not yet taken by paho's
         # per-packet bookkeeping (_packet_write).
         self._sent_ahead = 0
         self.gathered_sends = 0  # sends that wrote more than one packet (tests, profiles)
+        self.direct_sends = 0  # uncork()'s sends past paho's loop_write (tests, profiles)
+        self.whole_reads = 0  # PUBLISH packets _packet_read took at once (tests, profiles)
         self.uncorked_rc = MQTTErrorCode.MQTT_ERR_SUCCESS
         # (topic, payload, user properties) of a received QoS 0 PUBLISH with no other
         # property: True when handled, False for paho's own handling (on_message).
@@ -296,15 +309,64 @@ class BufferedClient(Client):
     @contextmanager
     def corked(self) -> Iterator[None]:
         """paho writes nothing inline meanwhile (its packets queue); at the end, what was
-        queued is written, in one ``send`` (paho's ``loop_write``: its result is
-        :attr:`uncorked_rc`)."""
-        self._corked = True
+        queued is written, in one ``send`` (its result is :attr:`uncorked_rc`)."""
+        self.cork()
         try:
             yield
         finally:
-            self._corked = False
-            self.uncorked_rc = self.loop_write() if self.want_write() else \
-                MQTTErrorCode.MQTT_ERR_SUCCESS
+            self.uncork()
+
+    def cork(self) -> None:
+        """:meth:`corked`'s start, without a context manager (a tick's flush)."""
+        self._corked = True
+
+    def uncork(self) -> MQTTErrorCode:
+        """:meth:`corked`'s end: what was queued, written (:attr:`uncorked_rc`)."""
+        self._corked = False
+        q = self._out_packet
+        if not q:
+            rc = MQTTErrorCode.MQTT_ERR_SUCCESS
+        elif not self._send_direct(q):
+            rc = self.loop_write()
+        else:
+            rc = MQTTErrorCode.MQTT_ERR_SUCCESS
+        self.uncorked_rc = rc
+        return rc
+
+    def _send_direct(self, q: deque[Any]) -> bool:
+        """The queue written in one ``send`` of a plain socket, with paho's bookkeeping done
+        here, when it holds only :meth:`publish_qos0`'s packets, none begun (nobody waits
+        on them: no ``on_publish``, no message info); what the socket does not take stays
+        queued, the first packet's written part marked as paho marks it. False: nothing
+        done (anything else, or a send that failed), for paho's ``loop_write``, which meets
+        the same failure and handles it as it always has."""
+        sock = self._sock
+        if (not self.fast or type(sock) is not socket.socket or self._sent_ahead
+                or self.on_publish is not None):
+            return False
+        for p in q:
+            if p["info"] is not _NO_WAIT or p["pos"]:
+                return False
+        try:
+            n = sock.send(q[0]["packet"] if len(q) == 1 else
+                          b"".join([p["packet"] for p in q]))
+        except BlockingIOError:
+            n = 0
+        except OSError:
+            return False
+        self.direct_sends += 1
+        while q and n >= q[0]["to_process"]:
+            n -= q.popleft()["to_process"]
+        if n:
+            q[0]["pos"] = n
+            q[0]["to_process"] -= n
+        with self._msgtime_mutex:
+            self._last_msg_out = time_func()
+        if q:  # (as paho's loop_write ends)
+            self._call_socket_register_write()
+        else:
+            self._call_socket_unregister_write()
+        return True
 
     def publish_qos0(self, topic: bytes, users: list[tuple[str, str]],
                      payload: bytes) -> MQTTErrorCode:
@@ -391,7 +453,7 @@ class BufferedClient(Client):
             data_: bytes = super()._sock_recv(bufsize)
             return data_
         if self._rpos >= len(self._rbuf):
-            data: bytes = super()._sock_recv(max(bufsize, RECV_CHUNK))
+            data = self._recv_chunk(bufsize)
             if len(data) <= bufsize:
                 return data
             self._rbuf, self._rpos = data, 0
@@ -399,3 +461,57 @@ class BufferedClient(Client):
         out = self._rbuf[pos:pos + bufsize]
         self._rpos = pos + len(out)
         return out
+
+    def _recv_chunk(self, bufsize: int) -> bytes:
+        """What the socket has, up to :data:`RECV_CHUNK` (at least ``bufsize``): read into
+        the connection's buffer on a plain socket (paho's ``recv`` otherwise: TLS and
+        WebSockets keep their own error handling)."""
+        sock = self._sock
+        if type(sock) is not socket.socket or bufsize > RECV_CHUNK:
+            data: bytes = super()._sock_recv(max(bufsize, RECV_CHUNK))
+            return data
+        into = self._rinto
+        if into is None:
+            into = self._rinto = bytearray(RECV_CHUNK)
+        n = sock.recv_into(into)
+        return bytes(into[:n]) if n else b""
+
+    def _packet_read(self) -> MQTTErrorCode:
+        """paho's, with a QoS 0 PUBLISH that :attr:`fast_publish` takes read from the buffer
+        at once when it is all there (the socket read first when nothing is buffered):
+        paho's way for anything else, and for a packet cut short."""
+        hook = self.fast_publish
+        if not self.fast or hook is None or self._in_packet["command"] != 0 \
+                or self._protocol != MQTTProtocolVersion.MQTTv5:
+            return super()._packet_read()
+        if self._rpos >= len(self._rbuf):
+            try:
+                data = self._recv_chunk(1)
+            except BlockingIOError:
+                return MQTTErrorCode.MQTT_ERR_AGAIN
+            except OSError as err:  # (as paho's _packet_read)
+                self._easy_log(LogLevel.MQTT_LOG_ERR, "failed to receive on socket: %s", err)
+                return MQTTErrorCode.MQTT_ERR_CONN_LOST
+            if not data:
+                return MQTTErrorCode.MQTT_ERR_CONN_LOST
+            self._rbuf, self._rpos = data, 0
+        buf, pos = self._rbuf, self._rpos
+        end = len(buf)
+        if buf[pos] == _PUBLISH:
+            size, mult, i = 0, 1, pos + 1
+            while i < end and i <= pos + 4:
+                b = buf[i]
+                size += (b & 127) * mult
+                mult <<= 7
+                i += 1
+                if not b & 128:
+                    if i + size <= end:
+                        read = read_publish(buf[i:i + size])
+                        if read is not None and hook(*read):
+                            self._rpos = i + size
+                            self.whole_reads += 1
+                            with self._msgtime_mutex:
+                                self._last_bytes_received = time_func()
+                            return MQTTErrorCode.MQTT_ERR_SUCCESS
+                    break
+        return super()._packet_read()

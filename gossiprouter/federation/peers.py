@@ -21,7 +21,7 @@ import logging
 import socket
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import trio
 
@@ -68,6 +68,17 @@ TICK = 0.5
 BEAT_PROPERTY = "gossiprouter-beat"
 FROM_PROPERTY = "gossiprouter-from"
 SENT_PROPERTY = "gossiprouter-sent"
+# Route topics kept built (_Route), one per other router; cleared when this many.
+ROUTES_CACHE = 1024
+
+
+class _Route(NamedTuple):
+    """Another router's route topic as a routed message uses it (Peers._route)."""
+
+    topic: str
+    raw: bytes  # encoded, for the PUBLISH
+    bound: int  # BrokerSession.packet_bound of a routed message on it
+    extra: int  # what a routed message adds to the bytes queued in paho (estimate)
 
 
 def _expiring(seconds: int) -> Properties:
@@ -134,14 +145,32 @@ class Peers(BrokerSession):
         self._batch_due = trio.Event()
         self.federation.flush_routes = self._flush_routes
         self.route_wakeups = 0  # of the end-of-tick task (tests, profiles)
+        self._routes: dict[str, _Route] = {}
+
+    def _route(self, origin: str) -> _Route:
+        """Router ``origin``'s route topic, built once per router (was twice a message)."""
+        r = self._routes.get(origin)
+        if r is None:
+            if len(self._routes) >= ROUTES_CACHE:
+                self._routes.clear()
+            topic = route_topic(self.prefix, self.origin, origin)
+            # A routed message's properties: this router's origin, its send time in ms (13
+            # digits) and the batch mark (the envelope's bound, and so a single payload's).
+            r = self._routes[origin] = _Route(
+                topic, topic.encode(), self.packet_bound(topic, self.origin, "0" * 13, FORMAT),
+                len(topic) + len(self.origin) + 64)
+        return r
 
     def _send_route(self, origin: str, payload: bytes) -> bool:
         """A routed message for router ``origin``: batched until the end of the tick (False:
         not connected, the bridge's queue full, or beyond the broker's Maximum Packet Size
-        even alone; counted lost)."""
-        topic = route_topic(self.prefix, self.origin, origin)
-        if not self._writable(self.batches.bytes + len(payload)) or not self._fits(
-                topic, payload, self.origin, "0" * 13, FORMAT):
+        even alone; counted lost). The one check of a payload's size: a message of one
+        payload is not checked again at the flush."""
+        if not self._writable(self.batches.bytes + len(payload)):
+            self.liveness.link(origin).lost += 1
+            return False
+        r = self._route(origin)
+        if not self._fits_bound(r.topic, len(payload), r.bound):
             self.liveness.link(origin).lost += 1
             return False
         self.batches.add(origin, payload)
@@ -163,15 +192,21 @@ class Peers(BrokerSession):
         queued = 0
         # One send for every router's message (paho_fast.BufferedClient.corked): a send
         # per message was the largest cost of a tick.
-        with c.corked():
+        c.cork()
+        try:
             for origin, message, items in self.batches.take():
                 link = self.liveness.link(origin)
-                if self._publish_route(origin, message, SENT_PROPERTY, sent,
-                                       batch=items > 1, corked=True):
+                r = self._route(origin)
+                # (A single payload was checked when batched, an envelope is checked here.)
+                if (items == 1 or self._fits_bound(r.topic, len(message), r.bound)) and \
+                        self._publish_route(origin, message, SENT_PROPERTY, sent,
+                                            batch=items > 1, corked=True, fitted=True):
                     link.sent += 1
-                    queued += len(message) + 64
+                    queued += len(message) + r.extra
                 else:
                     link.lost += items
+        finally:
+            c.uncork()
         if c.uncorked_rc:
             self._kick_writer()  # the writer meets the failure and ends the session
         elif c.want_write():  # not all written (paho writes what the socket takes)
@@ -194,21 +229,25 @@ class Peers(BrokerSession):
             self._flush_routes()
 
     def _publish_route(self, origin: str, payload: bytes, key: str, value: str,
-                       batch: bool = False, corked: bool = False) -> bool:
+                       batch: bool = False, corked: bool = False, fitted: bool = False
+                       ) -> bool:
         """A message on ``origin``'s route topic (routed frames, or a heartbeat), with this
         router's origin and ``key``: ``value`` as user properties (and the batch mark when
         ``payload`` is an envelope of several routed messages, batch.py). ``corked``: paho
-        writes nothing now, the caller writes and counts what is queued."""
+        writes nothing now, the caller writes and counts what is queued; ``fitted``: the
+        caller checked the size against the broker's Maximum Packet Size."""
         if not self._writable(len(payload)):
             return False
-        topic = route_topic(self.prefix, self.origin, origin)
-        if not self._fits(topic, payload, self.origin, value, *((FORMAT,) if batch else ())):
+        r = self._route(origin)
+        topic = r.topic
+        if not fitted and not self._fits(topic, payload, self.origin, value,
+                                         *((FORMAT,) if batch else ())):
             return False
         users = [(FROM_PROPERTY, self.origin), (key, value),
                  *(((BATCH_PROPERTY, FORMAT),) if batch else ())]
         c = self._client
         if self.qos == 0:  # (paho's publish, built directly: paho_fast.py)
-            if c.publish_qos0(topic.encode(), self._sign(users, topic, payload, "route"),
+            if c.publish_qos0(r.raw, self._sign(users, topic, payload, "route"),
                               payload):
                 return False
         else:
@@ -221,7 +260,7 @@ class Peers(BrokerSession):
         if corked:
             return True
         if c.want_write():  # not all written inline (paho writes at once when it can)
-            self._queued_more(len(payload) + len(topic) + len(self.origin) + 64)
+            self._queued_more(len(payload) + r.extra)
             self._kick_writer()
         else:  # nothing waits: no writer to wake, and nothing queued to count
             self._queued_stale = True
@@ -341,7 +380,8 @@ class Peers(BrokerSession):
             # router to): a message about router R is only ever read from R's subtree.
             writer, kind, arg, tag = parse_fed_topic(self.prefix, topic)
             user = getattr(props, "UserProperty", None) or ()
-            left = any(k == LEFT_PROPERTY for k, _ in user)
+            users = dict(user)  # (one look-up each below; the signature's: the first one)
+            left = LEFT_PROPERTY in users
             if self._verifier is not None:
                 why = self._verifier.check(
                     topic, payload, next((v for k, v in user if k == MAC_PROPERTY), None),
@@ -353,10 +393,10 @@ class Peers(BrokerSession):
                 if kind == "presence" and not payload:
                     self._verifier.forget(writer)
             if kind == "route" and arg == self.origin:
-                if self._on_path(writer, payload, props):
+                if self._on_path(writer, payload, users):
                     st = self.batches.stats
                     st.messages_in += 1
-                    if any(k == BATCH_PROPERTY for k, _ in user):
+                    if BATCH_PROPERTY in users:
                         items = decode_batch(payload)
                         st.payloads_in += len(items)
                         for item in items:  # each checked as if it had come alone
@@ -392,12 +432,12 @@ class Peers(BrokerSession):
         if self.heartbeat > 0:
             nursery.start_soon(self._heartbeats)
 
-    def _on_path(self, writer: str, payload: bytes, props: object) -> bool:
+    def _on_path(self, writer: str, payload: bytes, user: dict[str, str]) -> bool:
         """What came on the route topic from router ``writer`` (the subtree it was read
-        from, never a property the message names), before the routed frames are parsed: a
-        heartbeat (handled here), or routed frames with their age (False: too old, dropped
-        and counted). A message without those properties (an older router) passes."""
-        user = dict(getattr(props, "UserProperty", None) or ())
+        from, never a property the message names), with its user properties ``user``, before
+        the routed frames are parsed: a heartbeat (handled here), or routed frames with their
+        age (False: too old, dropped and counted). A message without those properties (an
+        older router) passes."""
         origin = writer
         if origin == self.origin or not (FROM_PROPERTY in user or BEAT_PROPERTY in user):
             return BEAT_PROPERTY not in user

@@ -26,12 +26,36 @@
 
 /* ------------------------------------------------------------------ upcalls (mutex held) */
 
+static void write_signal(Relay *r) {
+    uint64_t one = 1;
+    ssize_t w = write(r->efd, &one, sizeof one);
+    (void)w;
+}
+
 void signal_python(Relay *r) {
     if (!r->signalled) {
-        uint64_t one = 1;
-        ssize_t w = write(r->efd, &one, sizeof one);
-        (void)w;
+        write_signal(r);
         r->signalled = 1;
+    }
+}
+
+/* The thread's upcalls: Python is told once the thread lets the mutex go (thread_main), not
+ * while the thread still holds it for the rest of the read (its local sends). Told at once,
+ * Python woke on the other core and waited for the mutex in upcalls() while holding the GIL:
+ * a futex sleep, a hand-over and two more context switches per message (issue 30). */
+static void signal_later(Relay *r) {
+    if (!r->signalled) {
+        r->signalled = 1;
+        r->signal_due = 1;
+    }
+}
+
+/* Write the eventfd for the upcalls signal_later held back (mutex held or not: only the
+ * thread touches signal_due). */
+static void signal_now(Relay *r) {
+    if (r->signal_due) {
+        r->signal_due = 0;
+        write_signal(r);
     }
 }
 
@@ -46,7 +70,7 @@ static void lose(Relay *r, conn_t *c) {
         r->lost_head = c;
         r->lost++;
     }
-    signal_python(r);
+    signal_later(r);
 }
 
 /* Queue an upcall (mutex held); on allocation failure the connection is lost (above).
@@ -71,7 +95,7 @@ static int upcall(Relay *r, int64_t cid, int kind, const uint8_t *data, size_t l
     r->up_tail = u;
     r->up_count++;
     r->upcalls++;
-    signal_python(r);
+    signal_later(r);
     return 0;
 }
 
@@ -475,6 +499,10 @@ void *thread_main(void *arg) {
             on_readable(r, c, cid);
             /* One connection's chunk is done: what it routed goes out now (latency). */
             if (r->ndirty) flush_dirty(r);
+            /* More connections to read in this round, or a Python call waiting for the mutex
+             * (it may be upcalls()): Python is told now, as before; else when the round ends. */
+            if (i + 1 < n || atomic_load_explicit(&r->py_waiting, memory_order_relaxed))
+                signal_now(r);
             /* A Python call waits for the mutex, holding the GIL: it goes first, so the hold is
              * one connection's read and sends at most, not a round's (up to MAX_EVENTS
              * connections). The thread sleeps on the turnstile, which the caller holds until
@@ -489,7 +517,10 @@ void *thread_main(void *arg) {
                 if (r->stopping) break;
             }
         }
+        int due = r->signal_due;
+        r->signal_due = 0;
         pthread_mutex_unlock(&r->mu);
+        if (due) write_signal(r);
     }
     return NULL;
 }

@@ -182,6 +182,9 @@ typedef struct {
     up_t *up_head, *up_tail;
     size_t up_count;
     int signalled;
+    /* The thread queued upcalls whose eventfd write waits for the mutex to be let go (the
+     * thread's own: see signal_later in loop.c). */
+    int signal_due;
     stage_t *dirty; /* the receivers with frames staged by the read being relayed */
     size_t ndirty, capdirty;
     uint8_t *scratch; /* RECV_SIZE: every read of a connection that holds no partial frame */
