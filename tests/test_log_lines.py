@@ -90,6 +90,7 @@ async def test_a_killed_peer_router_is_a_warning(nursery: trio.Nursery, broker: 
     ra = await InProcessRouter(nursery, bridge=broker.url, router_id="ra", **fed).start()
     rb = await InProcessRouter(nursery, bridge=broker.url, router_id="rb", **fed).start()
     fa = bridge_of(ra).federation
+    b_origin = bridge_of(rb).origin
     await eventually(lambda: fa.live_routers() == 1, what="A sees B")
     # Cancelled outright: its broker connection closes without DISCONNECT, as when killed.
     await rb.stop()
@@ -97,7 +98,12 @@ async def test_a_killed_peer_router_is_a_warning(nursery: trio.Nursery, broker: 
                      what="A loses B")
     gone = lines(caplog, "is gone (Last Will)")
     assert [x.levelno for x in gone] == [logging.WARNING], [x.getMessage() for x in gone]
-    assert "rb" in gone[0].getMessage()
+    # A's lines name B by its name and by the origin B's own log connected as ("bridge
+    # connected to URL as ORIGIN"), the same way in each line.
+    label = f"rb ({b_origin})"
+    assert f"router {label} is gone" in gone[0].getMessage()
+    assert any(f"router {label} is up" in x.getMessage() for x in lines(caplog, "is up"))
+    assert any(f"as {b_origin} (" in x.getMessage() for x in lines(caplog, "bridge connected"))
 
 
 async def test_a_router_gone_by_its_last_will_is_not_reported_unreachable_later(

@@ -496,7 +496,7 @@ class Peers(BrokerSession):
                 if origin not in routers:
                     continue  # already gone (Last Will, clean leave or dropped): said then
                 log.warning("bridge: router %s not heard from for %gs: unreachable",
-                            origin, live.timeout)
+                            routers[origin].label, live.timeout)
                 self.federation.unreachable(origin, now)
             for origin in [o for o, p in live.links.items() if o not in routers
                            and now - p.last_heard > 3 * live.timeout + 60]:

@@ -194,7 +194,10 @@ class RemoteRouter:
 
     @property
     def label(self) -> str:
-        return self.name or self.origin
+        """How the log names it: its name and its origin (the id its own log says it
+        connected as: ``bridge connected to URL as ORIGIN``), so both logs can be matched."""
+        return f"{self.name} ({self.origin})" if self.name and self.name != self.origin \
+            else self.origin
 
     def fanout(self, group: str) -> RemoteGroup:
         f = self.fanouts.get(group)

@@ -289,10 +289,12 @@ class Federation(Graces):
             self.stats.malformed += 1
             log.debug("federation: bad presence of %r: %s", origin, e)
             return
+        new = r is None
         if r is None:
             r = self.routers[origin] = RemoteRouter(origin, fed=self)
-            log.info("federation: router %s is up", name or origin)
         r.name = name
+        if new:
+            log.info("federation: router %s is up", r.label)
         if expiry is not None and ttl and ttl > 0:
             ttl = min(ttl, expiry)
         r.expires = None if not ttl or ttl <= 0 else now + ttl
