@@ -204,7 +204,10 @@ def wake_floor(wakes: int = 2000, rate: float = 1000.0) -> tuple[float, float]:
     socket that a thread writes one byte to ``rate`` times a second, reads it and waits again
     (nothing else), ``wakes`` times. The first is the floor of every wake-up of a router's
     Python (its trio loop: the broker reader of a receiving router, the upcalls of a sending
-    one), the second what the system's part of it costs. Not in a trio run."""
+    one), the second what the system's part of it costs. Not in a trio run. (Unlike
+    bench_lightpath.trio_wakeup, which times back-to-back wake-ups of a busy loop, each of
+    these wakes a thread that was asleep, as a router's Python is at 1,000 messages a
+    second.)"""
     out: list[float] = []
     for use_trio in (True, False):
         a, b = socket.socketpair()

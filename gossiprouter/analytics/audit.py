@@ -58,8 +58,8 @@ from gossiprouter.analytics.report.manifest import run_events
 from gossiprouter.analytics.report.model import Report
 from gossiprouter.analytics.report.parts import Counts, ThroughputBucket
 from gossiprouter.analytics.report.plots import EarlyPlots
-from gossiprouter.analytics.session import Phases, close_session, open_session, route_conf
-from gossiprouter.analytics.sizing import partitions
+from gossiprouter.analytics.session import Phases, close_session, open_session
+from gossiprouter.analytics.sizing import input_bytes, partitions, start_settings
 from gossiprouter.analytics.spark_io import (
     DEFAULT_MASTER,
     AuditInputError,
@@ -146,7 +146,7 @@ def analyze(
     check_run_dir(run_dir)
     if spark is None:
         # Settings sized for the run, before the caller's own (which win).
-        conf = route_conf(master, run_dir, conf)
+        conf = {**start_settings(master, input_bytes(run_dir)), **(conf or {})}
     if spark is None:
         # What the job imports later (pyarrow, matplotlib), imported while the JVM starts.
         threading.Thread(target=_preload, daemon=True).start()
@@ -254,10 +254,10 @@ class _Job:
             self.phases.start("figures", "counting, measuring latency and throughput…")
             summary = self._summarise(msgs, pairs, origin, concurrent=parts == 1)
             self.phases.start("order", "checking order, drawing samples…")
-            # The plots show nothing the order check or the samples find: they are drawn
-            # while Spark works on those.
-            plots = EarlyPlots(self._report(manifest, n_records, summary, no_anomalies(),
-                                            origin))
+            # The report but for what the order check and the samples find, none of which
+            # the plots show: they are drawn while Spark works on those.
+            report = self._report(manifest, n_records, summary, origin)
+            plots = EarlyPlots(report)
             flagged = any(int(r["pairs"] or 0) for r in summary["categories"]
                           if r["category"] in _FLAGGED) or total(summary["categories"],
                                                                   "duplicated") > 0
@@ -267,7 +267,7 @@ class _Job:
                 df.unpersist()
 
         self.phases.start("summary", "summarising…")
-        report = self._report(manifest, n_records, summary, anomalies, origin)
+        report.audit = audit_from(summary["categories"], anomalies, origin)
         self.phases.start("report", "writing report…")
         report.analysis_s = round(time.monotonic() - self.started, 3)
         report.baseline = self.baseline
@@ -341,28 +341,29 @@ class _Job:
         manifest: dict[str, Any] | None,
         n_records: int,
         summary: Mapping[str, list[dict[str, Any]]],
-        anomalies: Mapping[str, tuple[int, int, list[dict[str, Any]]]],
         origin: int,
     ) -> Report:
+        """The report, with the audit's counts but no anomaly found by the order check or
+        sampled (the caller fills ``audit`` in once those are known)."""
         senders, cats = summary["senders"], summary["categories"]
         send_records, recv_records = total(senders, "send_records"), total(cats, "recv_records")
-        warnings = list(self.warnings)  # (called twice: for the early plots, then the report)
+        warnings = self.warnings
         bad = n_records - send_records - recv_records
         if bad:
             warnings.append(f"{bad:,} malformed records ignored (kind not send/recv, or "
-                                 "a recv without receiver or t_recv_ns)")
+                            "a recv without receiver or t_recv_ns)")
         no_send = total(senders, "no_send")
         if no_send:
             warnings.append(f"{no_send:,} messages have recv records but no send record "
-                                 "(sender's buffer lost?)")
+                            "(sender's buffer lost?)")
         for w in (manifest or {}).get("warnings") or []:
             warnings.append(f"load test: {w}")
 
-        audit = audit_from(cats, anomalies, origin)
+        audit = audit_from(cats, no_anomalies(), origin)
         latency = latency_breakdowns(summary["latency"])
         if latency.overall is not None and latency.overall.min_ns <= 0:
             warnings.append("some receive times precede their send time: the peers do "
-                                 "not share one monotonic clock?")
+                            "not share one monotonic clock?")
 
         sends = {int(r["t"]): int(r["n"]) for r in summary["sends"] if r["t"] is not None}
         recvs = {int(r["recv_s"]): int(r["n"]) for r in summary["seconds"]

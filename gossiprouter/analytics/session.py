@@ -2,8 +2,7 @@
 
 - :func:`open_session`: what both jobs (the ROUTE audit and the topics audit) call to
   start or join the session; :func:`close_session` ends it;
-- :func:`route_conf`: the settings of a ROUTE analysis's session, sized for the run;
-  :func:`run_kind` tells a topics run from a ROUTE run;
+- :func:`run_kind`: tells a topics run from a ROUTE run;
 - :class:`Phases`: the progress lines with timings.
 """
 
@@ -15,7 +14,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from gossiprouter.analytics.sizing import input_bytes, start_settings
 from gossiprouter.analytics.spark_io import (
     DEFAULT_MASTER,
     LOOPBACK,
@@ -30,7 +28,7 @@ from gossiprouter.loadtest.topic_records import KIND
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["Phases", "close_session", "open_session", "route_conf", "run_kind"]
+__all__ = ["Phases", "close_session", "open_session", "run_kind"]
 
 
 class Phases:
@@ -79,14 +77,6 @@ def run_kind(run_dir: str) -> str | None:
     except (OSError, ValueError):
         return None
     return KIND if isinstance(data, dict) and data.get("kind") == KIND else None
-
-
-def route_conf(master: str | None, run_dir: str,
-               conf: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The Spark settings of a ROUTE analysis of ``run_dir``: sized for the run
-    (:func:`~gossiprouter.analytics.sizing.start_settings`), then the caller's ``conf``,
-    which wins."""
-    return {**start_settings(master, input_bytes(run_dir)), **(conf or {})}
 
 
 def open_session(spark: SparkSession | None, master: str | None,

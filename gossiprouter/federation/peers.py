@@ -166,11 +166,9 @@ class Peers(BrokerSession):
         not connected, the bridge's queue full, or beyond the broker's Maximum Packet Size
         even alone; counted lost). The one check of a payload's size: a message of one
         payload is not checked again at the flush."""
-        if not self._writable(self.batches.bytes + len(payload)):
-            self.liveness.link(origin).lost += 1
-            return False
         r = self._route(origin)
-        if not self._fits_bound(r.topic, len(payload), r.bound):
+        if not (self._writable(self.batches.bytes + len(payload))
+                and self._fits_bound(r.topic, len(payload), r.bound)):
             self.liveness.link(origin).lost += 1
             return False
         self.batches.add(origin, payload)
@@ -192,21 +190,18 @@ class Peers(BrokerSession):
         queued = 0
         # One send for every router's message (paho_fast.BufferedClient.corked): a send
         # per message was the largest cost of a tick.
-        c.cork()
-        try:
+        with c.corked():
             for origin, message, items in self.batches.take():
                 link = self.liveness.link(origin)
                 r = self._route(origin)
                 # (A single payload was checked when batched, an envelope is checked here.)
                 if (items == 1 or self._fits_bound(r.topic, len(message), r.bound)) and \
                         self._publish_route(origin, message, SENT_PROPERTY, sent,
-                                            batch=items > 1, corked=True, fitted=True):
+                                            batch=items > 1, corked=True):
                     link.sent += 1
                     queued += len(message) + r.extra
                 else:
                     link.lost += items
-        finally:
-            c.uncork()
         if c.uncorked_rc:
             self._kick_writer()  # the writer meets the failure and ends the session
         elif c.want_write():  # not all written (paho writes what the socket takes)
@@ -229,20 +224,16 @@ class Peers(BrokerSession):
             self._flush_routes()
 
     def _publish_route(self, origin: str, payload: bytes, key: str, value: str,
-                       batch: bool = False, corked: bool = False, fitted: bool = False
-                       ) -> bool:
+                       batch: bool = False, corked: bool = False) -> bool:
         """A message on ``origin``'s route topic (routed frames, or a heartbeat), with this
         router's origin and ``key``: ``value`` as user properties (and the batch mark when
         ``payload`` is an envelope of several routed messages, batch.py). ``corked``: paho
-        writes nothing now, the caller writes and counts what is queued; ``fitted``: the
-        caller checked the size against the broker's Maximum Packet Size."""
+        writes nothing now, the caller writes and counts what is queued. The caller has
+        checked the size against the broker's Maximum Packet Size."""
         if not self._writable(len(payload)):
             return False
         r = self._route(origin)
         topic = r.topic
-        if not fitted and not self._fits(topic, payload, self.origin, value,
-                                         *((FORMAT,) if batch else ())):
-            return False
         users = [(FROM_PROPERTY, self.origin), (key, value),
                  *(((BATCH_PROPERTY, FORMAT),) if batch else ())]
         c = self._client
@@ -490,8 +481,9 @@ class Peers(BrokerSession):
             now, wall = trio.current_time(), self.wall()
             routers = self.federation.routers
             for origin in list(routers):
-                self._publish_route(origin, live.beat_out(origin, now, wall), BEAT_PROPERTY,
-                                    self.origin)
+                beat = live.beat_out(origin, now, wall)
+                if self._fits(self._route(origin).topic, beat, self.origin, self.origin):
+                    self._publish_route(origin, beat, BEAT_PROPERTY, self.origin)
             for origin in live.check(now):
                 if origin not in routers:
                     continue  # already gone (Last Will, clean leave or dropped): said then
