@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -93,6 +93,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A Spark failure (a Py4J error) names its Java root cause first in pytest's summary
+    line (cut at the terminal's width) and gives the chain a section of its own: the
+    outermost Java error (e.g. "Multiple failures in stage materialization ... Boxed
+    Exception") says nothing, and the "Caused by" lines are deep in a long stack trace."""
+    report = yield
+    exc = call.excinfo.value if call.excinfo is not None else None
+    if getattr(exc, "java_exception", None) is not None and exc is not None:
+        from gossiprouter.analytics.cli import java_causes
+
+        chain = java_causes(exc)
+        if len(chain) > 1:
+            report.sections.append(("Java cause chain (outermost first)", "\n".join(chain)))
+            crash = getattr(report.longrepr, "reprcrash", None)
+            if crash is not None:
+                crash.message = f"root cause {chain[-1]}, under {chain[0]}"
+    return report
 
 
 @pytest.fixture

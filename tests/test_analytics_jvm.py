@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -119,3 +119,30 @@ def test_local_frame_builds_the_rows_in_the_jvm(spark: SparkSession) -> None:
     assert [f.dataType.simpleString() for f in df.schema.fields] == [
         "string", "string", "int", "bigint", "bigint"]
     assert local_frame(spark, [], "x STRING").collect() == []
+
+
+def test_a_failed_analysis_names_the_java_root_cause(spark: SparkSession) -> None:
+    """Spark wraps the error that stopped a job in layers ("Boxed Exception" says nothing):
+    the one-line failure names the outermost error and the root cause."""
+    from py4j.protocol import Py4JJavaError
+
+    from gossiprouter.analytics.cli import _one_line, java_causes
+
+    jvm: Any = spark._jvm
+    root = jvm.java.lang.OutOfMemoryError("unable to create native thread")
+    boxed = jvm.java.util.concurrent.ExecutionException("Boxed Exception", root)
+    outer = jvm.org.apache.spark.SparkException("[STAGE_MATERIALIZATION_MULTIPLE_FAILURES] "
+                                                "Multiple failures (2)", boxed)
+    error = Py4JJavaError("An error occurred while calling o1.collectToPython.\n", outer)
+    assert java_causes(error) == [
+        "org.apache.spark.SparkException: [STAGE_MATERIALIZATION_MULTIPLE_FAILURES] "
+        "Multiple failures (2)",
+        "java.util.concurrent.ExecutionException: Boxed Exception",
+        "java.lang.OutOfMemoryError: unable to create native thread"]
+    assert _one_line(error) == (
+        "org.apache.spark.SparkException: [STAGE_MATERIALIZATION_MULTIPLE_FAILURES] Multiple "
+        "failures (2) (root cause: java.lang.OutOfMemoryError: unable to create native "
+        "thread)")
+    alone = Py4JJavaError("An error occurred.\n", jvm.java.lang.IllegalStateException("x"))
+    assert _one_line(alone) == "java.lang.IllegalStateException: x"
+    assert java_causes(ValueError("not Java")) == []

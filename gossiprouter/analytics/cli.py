@@ -32,7 +32,7 @@ from gossiprouter.analytics.report.verdict import (
 from gossiprouter.core.cli_errors import PREFIX, needs_extra
 
 __all__ = ["EXIT_FAILED", "EXIT_INCOMPLETE", "EXIT_INPUT", "EXIT_LOSS", "EXIT_OK",
-           "EXIT_THRESHOLD", "analyze_command"]
+           "EXIT_THRESHOLD", "analyze_command", "java_causes"]
 
 
 def _progress(line: str) -> None:
@@ -45,13 +45,37 @@ def _fail(message: str, code: int) -> SystemExit:
     return SystemExit(code)
 
 
-def _one_line(exc: BaseException) -> str:
-    """A one-line description of a (possibly Java) exception, without the stack trace."""
+def java_causes(exc: BaseException, limit: int = 16) -> list[str]:
+    """The Java exception chain behind a Py4J error ``exc``, outermost first, each as the
+    first line of its ``toString()`` ("Class: message"); empty when ``exc`` carries no Java
+    exception or the JVM can no longer be asked (it ended with the analysis)."""
     java = getattr(exc, "java_exception", None)
-    text = str(java.toString()) if java is not None else str(exc)
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    first = lines[0] if lines else type(exc).__name__
-    return first if len(first) <= 300 else first[:297] + "..."
+    if java is None:
+        return []
+    from py4j.protocol import Py4JError
+
+    chain: list[str] = []
+    try:
+        while java is not None and len(chain) < limit:
+            text = str(java.toString()).strip()
+            chain.append(text.splitlines()[0] if text else str(java.getClass().getName()))
+            java = java.getCause()
+    except Py4JError:  # the gateway closed: what was read so far
+        pass
+    return chain
+
+
+def _one_line(exc: BaseException) -> str:
+    """A one-line description of a (possibly Java) exception, without the stack trace: the
+    outermost error, and the root cause when there is one (Spark wraps the error that
+    stopped a job in several layers, e.g. "Boxed Exception", which alone says nothing)."""
+    chain = java_causes(exc)
+    if chain:
+        first = chain[0] if len(chain) == 1 else f"{chain[0]} (root cause: {chain[-1]})"
+    else:
+        lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+        first = lines[0] if lines else type(exc).__name__
+    return first if len(first) <= 400 else first[:397] + "..."
 
 
 def _size(path: Path) -> int:
@@ -119,7 +143,7 @@ def analyze_command(
             raise _fail(str(e), EXIT_INPUT) from None
 
     try:
-        from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+        from py4j.protocol import Py4JError
         from pyspark.errors import PySparkException
 
         from gossiprouter.analytics.audit import (
