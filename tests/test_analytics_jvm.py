@@ -146,3 +146,14 @@ def test_a_failed_analysis_names_the_java_root_cause(spark: SparkSession) -> Non
     alone = Py4JJavaError("An error occurred.\n", jvm.java.lang.IllegalStateException("x"))
     assert _one_line(alone) == "java.lang.IllegalStateException: x"
     assert java_causes(ValueError("not Java")) == []
+
+
+def test_the_quick_jvm_has_room_for_its_code(spark: SparkSession) -> None:
+    """The suite's JVM (and a small run's: sizing.QUICK_JVM_OPTIONS) runs C1 only; C1 alone
+    gets a 48 MiB code cache, which Spark's code filled in a JVM that served several test
+    modules ("Out of space in CodeCache for adapters" failed a job in CI)."""
+    jvm: Any = spark._jvm
+    bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
+    assert bean.getVMOption("TieredStopAtLevel").getValue() == "1"
+    assert int(bean.getVMOption("ReservedCodeCacheSize").getValue()) >= 240 * 2**20

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from gossiprouter.analytics.sizing import (
     MIN_RECORDS_PER_PARTITION,
+    QUICK_JVM_OPTIONS,
     RECORDS_PER_PARTITION,
     SMALL_INPUT_BYTES,
     input_bytes,
@@ -30,7 +31,10 @@ def test_input_bytes_counts_the_record_files_only(tmp_path: Path) -> None:
 
 def test_a_small_local_run_gets_a_light_jvm_and_one_partition() -> None:
     small = start_settings(None, 14_400 * 40)
-    assert small["spark.driver.extraJavaOptions"] == "-XX:TieredStopAtLevel=1"
+    assert small["spark.driver.extraJavaOptions"] == QUICK_JVM_OPTIONS
+    # C1 only, with the code cache of a JVM with both compilers (C1 alone gets 48 MiB).
+    assert QUICK_JVM_OPTIONS.split() == ["-XX:TieredStopAtLevel=1",
+                                         "-XX:ReservedCodeCacheSize=240m"]
     assert small["spark.sql.shuffle.partitions"] == "1"
     # No generated code to compile for a few thousand rows.
     assert small["spark.sql.codegen.wholeStage"] == "false"

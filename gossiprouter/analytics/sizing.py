@@ -17,8 +17,8 @@ from typing import Final
 from gossiprouter.analytics.spark_io import DEFAULT_MASTER, local_path
 from gossiprouter.loadtest.records import RECORDS_DIR
 
-__all__ = ["MIN_RECORDS_PER_PARTITION", "RECORDS_PER_PARTITION", "SMALL_INPUT_BYTES",
-           "input_bytes", "partitions", "start_settings"]
+__all__ = ["MIN_RECORDS_PER_PARTITION", "QUICK_JVM_OPTIONS", "RECORDS_PER_PARTITION",
+           "SMALL_INPUT_BYTES", "input_bytes", "partitions", "start_settings"]
 
 # Records per partition of the main shuffle: keeps each task's hash tables small.
 RECORDS_PER_PARTITION: Final = 200_000
@@ -28,6 +28,12 @@ MIN_RECORDS_PER_PARTITION: Final = 100_000
 # Record files up to this size (about 700,000 records) make a small run: its analysis is
 # a matter of seconds, and the JVM's start dominates it.
 SMALL_INPUT_BYTES: Final = 16 * 2**20
+# The driver JVM of a small run: C1 only (no optimising C2 compiler), with the code cache a
+# JVM with both compilers gets. C1 alone gets 48 MiB by default, and Spark's code fills it:
+# one analysis used at most 23 MiB, and a JVM that ran several (the test suite's) reached
+# 48 MiB and failed a job with "VirtualMachineError: Out of space in CodeCache for
+# adapters". The size is a reservation of address space; only the code is in memory.
+QUICK_JVM_OPTIONS: Final = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
 
 def input_bytes(run_dir: str) -> int | None:
@@ -57,7 +63,7 @@ def start_settings(master: str | None, n_bytes: int | None) -> dict[str, str]:
     if n_bytes is None or n_bytes > SMALL_INPUT_BYTES:
         return {}
     return {
-        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+        "spark.driver.extraJavaOptions": QUICK_JVM_OPTIONS,
         "spark.sql.shuffle.partitions": "1",
         "spark.default.parallelism": "1",
         # Interpreted expressions and operators: compiling generated code (Janino) costs
