@@ -103,11 +103,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
     outermost Java error (e.g. "Multiple failures in stage materialization ... Boxed
     Exception") says nothing, and the "Caused by" lines are deep in a long stack trace."""
     report = yield
-    exc = call.excinfo.value if call.excinfo is not None else None
-    if getattr(exc, "java_exception", None) is not None and exc is not None:
+    if call.excinfo is not None and hasattr(call.excinfo.value, "java_exception"):
         from gossiprouter.analytics.cli import java_causes
 
-        chain = java_causes(exc)
+        chain = java_causes(call.excinfo.value)
         if len(chain) > 1:
             report.sections.append(("Java cause chain (outermost first)", "\n".join(chain)))
             crash = getattr(report.longrepr, "reprcrash", None)

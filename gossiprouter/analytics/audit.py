@@ -347,23 +347,22 @@ class _Job:
         sampled (the caller fills ``audit`` in once those are known)."""
         senders, cats = summary["senders"], summary["categories"]
         send_records, recv_records = total(senders, "send_records"), total(cats, "recv_records")
-        warnings = self.warnings
         bad = n_records - send_records - recv_records
         if bad:
-            warnings.append(f"{bad:,} malformed records ignored (kind not send/recv, or "
-                            "a recv without receiver or t_recv_ns)")
+            self.warnings.append(f"{bad:,} malformed records ignored (kind not send/recv, or "
+                                 "a recv without receiver or t_recv_ns)")
         no_send = total(senders, "no_send")
         if no_send:
-            warnings.append(f"{no_send:,} messages have recv records but no send record "
-                            "(sender's buffer lost?)")
+            self.warnings.append(f"{no_send:,} messages have recv records but no send record "
+                                 "(sender's buffer lost?)")
         for w in (manifest or {}).get("warnings") or []:
-            warnings.append(f"load test: {w}")
+            self.warnings.append(f"load test: {w}")
 
         audit = audit_from(cats, no_anomalies(), origin)
         latency = latency_breakdowns(summary["latency"])
         if latency.overall is not None and latency.overall.min_ns <= 0:
-            warnings.append("some receive times precede their send time: the peers do "
-                            "not share one monotonic clock?")
+            self.warnings.append("some receive times precede their send time: the peers do "
+                                 "not share one monotonic clock?")
 
         sends = {int(r["t"]): int(r["n"]) for r in summary["sends"] if r["t"] is not None}
         recvs = {int(r["recv_s"]): int(r["n"]) for r in summary["seconds"]
@@ -407,7 +406,7 @@ class _Job:
             latency_by_cast=latency.by_cast,
             latency_histogram=latency.histogram,
             throughput=throughput,
-            warnings=warnings,
+            warnings=self.warnings,
             latency_over_time=over_time(summary["latency_s"]),
             by_group=breakdowns(senders, cats, lambda name: name),
             by_process=by_process(manifest, senders, cats),

@@ -50,8 +50,8 @@ class ClassArchive:
     options: str
     path: Path
     writing: Path | None
-    java: str = ""
-    spark_home: str = ""
+    java: str
+    spark_home: str
 
 
 def cache_dir() -> Path:
