@@ -47,12 +47,7 @@ from gossiprouter.analytics.findings import (
     sample_anomalies,
     total,
 )
-from gossiprouter.analytics.latency import (
-    bucket_aggregates,
-    bucket_column,
-    latency_breakdowns,
-    over_time,
-)
+from gossiprouter.analytics.latency import latency_breakdowns, route_scopes
 from gossiprouter.analytics.report.files import write_report
 from gossiprouter.analytics.report.manifest import run_events
 from gossiprouter.analytics.report.model import Report
@@ -98,10 +93,6 @@ __all__ = [
 
 _ADAPTIVE: Final = "spark.sql.adaptive.enabled"
 _SHUFFLE_PARTITIONS: Final = "spark.sql.shuffle.partitions"
-# grouping_id() of the two latency histograms' grouping sets (a bit per column of
-# group, size, cast, t, q, set when the column is not grouped).
-_BY_KIND: Final = 0b00010
-_BY_SECOND: Final = 0b11100
 # The kinds of anomaly the pairs' categories count; when none of them was counted, the
 # samples need only the out-of-order check.
 _FLAGGED: Final = ("lost", "lost_reconnect", "unexpected", "undetermined_delivered",
@@ -294,17 +285,10 @@ class _Job:
         def second(c: str) -> Any:
             return F.floor((col(c) - F.lit(origin_ns)) / NS_PER_S)
 
-        # Both latency histograms in one pass over the delivered pairs: per (group, size,
-        # cast) and per send second, told apart by their grouping id.
-        lat = col("t_recv_ns") - col("t_send_ns")
-        fine = (pairs.filter(delivered)
-                .select("group", "size", "cast", second("t_send_ns").alias("t"),
-                        bucket_column(lat), lat.alias("lat"))
-                .groupingSets([["group", "size", "cast", "q"], ["t", "q"]],
-                              "group", "size", "cast", "t", "q")
-                .agg(*bucket_aggregates(col("lat")), F.grouping_id().alias("gid")))
         got = _collect_all(concurrent=concurrent, frames={
-            "latency": fine,
+            # The latency figures, from one pass over the delivered pairs.
+            "latency": route_scopes(pairs.filter(delivered), second("t_send_ns"),
+                                    every_bucket=concurrent),
             "senders": msgs.groupBy("run", "group", "sender").agg(
                 F.count(one).alias("messages"),
                 F.count_if(col("n_send") == 0).alias("no_send"),
@@ -328,12 +312,6 @@ class _Job:
                 .alias("lost_s"),
             ).agg(F.count(one).alias("n")),
         })
-        latency = got.pop("latency")
-        # The fine latency histogram per (group, size, cast); the breakdowns and the
-        # overall figures are merged from it in Python. The same histogram per send
-        # second, for the percentiles over time.
-        got["latency"] = [r for r in latency if r["gid"] == _BY_KIND]
-        got["latency_s"] = [r for r in latency if r["gid"] == _BY_SECOND]
         return got
 
     def _report(
@@ -407,7 +385,7 @@ class _Job:
             latency_histogram=latency.histogram,
             throughput=throughput,
             warnings=self.warnings,
-            latency_over_time=over_time(summary["latency_s"]),
+            latency_over_time=latency.over_time,
             by_group=breakdowns(senders, cats, lambda name: name),
             by_process=by_process(manifest, senders, cats),
             events=run_events(manifest, origin),

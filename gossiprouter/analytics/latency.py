@@ -8,16 +8,21 @@ exact when the bucket holds one distinct value, else interpolated within the buc
 under 0.1 %). Unlike percentile_approx at a high accuracy this costs one cheap
 aggregation, and the same histogram draws the latency plot.
 
-Spark computes the buckets (:func:`bucket_column`, :func:`bucket_aggregates`; both audits
-collect them with :func:`latency_rows`); the figures are made from the collected rows in
-Python (:func:`bucket`, :func:`latency_stats`, :func:`histogram`, :func:`over_time`; for
-the ROUTE audit's breakdowns by group, payload size and cast, :func:`latency_breakdowns`).
+Spark computes the buckets (:func:`bucket_column`, :func:`bucket_aggregates`). A figure
+drawn as a histogram collects every bucket of its scope (:func:`latency_rows`); a scope
+whose percentiles alone are shown collects only the few buckets that hold them
+(:func:`kept_buckets`: the ROUTE audit's scope per send second in a large run,
+:func:`route_scopes`), so that what the driver collects does not grow with the run's
+length by thousands of rows a second. The figures are made from the collected rows in
+Python (:func:`bucket`, :func:`latency_stats`, :func:`scope_stats`, :func:`histogram`,
+:func:`over_time`; for the ROUTE audit's breakdowns by group, payload size, cast and
+second, :func:`latency_breakdowns`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -33,8 +38,9 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
 __all__ = ["HISTOGRAM_BINS", "LATENCY_PRECISION", "Bucket", "LatencyBreakdowns", "bucket",
-           "bucket_aggregates", "bucket_column", "histogram", "latency_breakdowns",
-           "latency_rows", "latency_stats", "over_time", "size_labels"]
+           "bucket_aggregates", "bucket_column", "histogram", "kept_buckets",
+           "latency_breakdowns", "latency_rows", "latency_stats", "over_time",
+           "route_scopes", "scope_stats", "size_labels"]
 
 HISTOGRAM_BINS: Final = 80
 LATENCY_PRECISION: Final = 0.001
@@ -74,11 +80,76 @@ def bucket_aggregates(lat: Column) -> list[Column]:
 def latency_rows(delivered: DataFrame, *keys: str | Column) -> list[dict[str, Any]]:
     """The fine histogram of the latency (receive time minus send time) of the
     ``delivered`` pairs, grouped by ``keys`` and the bucket, collected: one row per group
-    and bucket, for :func:`bucket`."""
+    and bucket, for :func:`bucket`. Every bucket: for figures drawn as histograms; the
+    percentiles alone need far fewer (:func:`kept_buckets`)."""
     from pyspark.sql import functions as F
 
     lat = F.col("t_recv_ns") - F.col("t_send_ns")
     return rows(delivered.groupBy(*keys, bucket_column(lat)).agg(*bucket_aggregates(lat)))
+
+
+def kept_buckets(buckets: DataFrame, scope: Sequence[str],
+                 keep_all: Column | None = None) -> DataFrame:
+    """Of ``buckets`` (one row per scope, named by the columns ``scope``, and bucket ``q``,
+    with :func:`bucket_aggregates`), the rows the latency figures of each scope need: the
+    buckets that hold a percentile's rank, the first (the minimum) and the last (the
+    maximum), and every bucket where ``keep_all`` holds (a scope drawn as a histogram).
+    Each row gains ``seen`` (the scope's latencies in lower buckets), ``scope_n`` and
+    ``scope_sum`` (the scope's count and sum), so that :func:`scope_stats` needs no other
+    bucket.
+
+    At most 7 rows per scope, however wide its latencies spread over the 0.1 % buckets
+    (thousands of them): with a scope per second, what the driver collects no longer
+    grows with the run's length by thousands of rows a second."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    col = F.col
+    whole = Window.partitionBy(*scope)
+    below = whole.orderBy("q").rowsBetween(Window.unboundedPreceding, -1)
+    out = buckets.select(
+        "*", F.coalesce(F.sum("n").over(below), F.lit(0)).alias("seen"),
+        F.sum("n").over(whole).alias("scope_n"), F.sum("total").over(whole).alias("scope_sum"))
+    seen, n = col("seen"), col("n")
+    keep = (seen == 0) | (seen + n == col("scope_n"))
+    for num, den in _PERCENTILE_FRACTIONS:
+        # The nearest rank of latency_stats, max(1, ceil(scope_n * num / den)), in integers.
+        rank = F.greatest(F.lit(1), F.expr(f"(scope_n * {num} + {den - 1}) div {den}"))
+        keep = keep | ((seen < rank) & (rank <= seen + n))
+    if keep_all is not None:
+        keep = keep | keep_all
+    return out.filter(keep)
+
+
+# grouping_id() of route_scopes' two grouping sets (a bit per column of group, size, cast, t,
+# q, set when the column is not grouped).
+_BY_KIND: Final = 0b00010
+_BY_SECOND: Final = 0b11100
+
+
+def route_scopes(delivered: DataFrame, second: Column, every_bucket: bool = False
+                 ) -> DataFrame:
+    """The latency figures of a ROUTE run's ``delivered`` pairs: collected, for
+    :func:`latency_breakdowns`. One pass over the pairs makes the fine histogram per
+    (group, size, cast) and per send second (``second``), told apart by their grouping id
+    (``gid``). The first is kept whole (the breakdowns and the histogram are merged from
+    it; its size is bound by the buckets' precision, not by the run's length); of the
+    second, only the buckets :func:`kept_buckets` keeps (a run of an hour has thousands of
+    buckets in each of its 3,600 seconds), unless ``every_bucket``: a small run's few
+    thousand rows cost less to collect than the window job that would cut them."""
+    from pyspark.sql import functions as F
+
+    col = F.col
+    lat = col("t_recv_ns") - col("t_send_ns")
+    fine = (delivered
+            .select("group", "size", "cast", second.alias("t"), bucket_column(lat),
+                    lat.alias("lat"))
+            .groupingSets([["group", "size", "cast", "q"], ["t", "q"]],
+                          "group", "size", "cast", "t", "q")
+            .agg(*bucket_aggregates(col("lat")), F.grouping_id().alias("gid")))
+    if every_bucket:
+        return fine
+    return kept_buckets(fine, ["gid", "t"], keep_all=col("gid") == _BY_KIND)
 
 
 def bucket(row: Mapping[str, Any]) -> Bucket:
@@ -90,32 +161,52 @@ def bucket(row: Mapping[str, Any]) -> Bucket:
 def latency_stats(buckets: Iterable[Bucket]) -> LatencyStats | None:
     """Count, min, mean, percentiles and max of the latencies in ``buckets`` (None if none)."""
     bs = sorted((b for b in buckets if b.n > 0), key=lambda b: b.q)
-    n = sum(b.n for b in bs)
-    if n == 0:
+    kept, seen = [], 0
+    for b in bs:
+        kept.append((seen, b))
+        seen += b.n
+    return _stats(kept, seen, sum(b.total for b in bs))
+
+
+def scope_stats(rows: Iterable[Mapping[str, Any]]) -> LatencyStats | None:
+    """The :func:`latency_stats` of one scope, from its rows of :func:`kept_buckets` (the
+    buckets it needs, each with the latencies below it and the scope's count and sum), or
+    from every bucket of the scope (rows without ``seen``)."""
+    rs = sorted(rows, key=lambda r: int(r["q"]))
+    if not rs or "seen" not in rs[0]:
+        return latency_stats(bucket(r) for r in rs)
+    return _stats([(int(r["seen"]), bucket(r)) for r in rs], int(rs[0]["scope_n"]),
+                  int(rs[0]["scope_sum"]))
+
+
+def _stats(kept: list[tuple[int, Bucket]], n: int, total: int) -> LatencyStats | None:
+    """The figures of a scope of ``n`` latencies summing to ``total`` from ``kept``: its
+    buckets in order, each with the count of the latencies in lower buckets (``seen``);
+    every bucket, or at least the first, the last and each one holding a percentile's
+    rank."""
+    if n == 0 or not kept:
         return None
 
     def value_at(rank: int) -> int:  # nearest-rank: the rank-th smallest latency, 1-based
-        seen = 0
-        for b in bs:
+        for seen, b in kept:
             if seen + b.n >= rank:
                 if b.n == 1 or b.lo == b.hi:
                     return b.lo
                 return b.lo + round((b.hi - b.lo) * (rank - seen - 1) / (b.n - 1))
-            seen += b.n
-        return bs[-1].hi
+        return kept[-1][1].hi
 
     p50, p90, p95, p99, p999 = (value_at(max(1, -(-n * num // den)))
-                           for num, den in _PERCENTILE_FRACTIONS)
+                                for num, den in _PERCENTILE_FRACTIONS)
     return LatencyStats(
         count=n,
-        min_ns=bs[0].lo,
-        mean_ns=sum(b.total for b in bs) / n,
+        min_ns=kept[0][1].lo,
+        mean_ns=total / n,
         p50_ns=p50,
         p90_ns=p90,
         p95_ns=p95,
         p99_ns=p99,
         p999_ns=p999,
-        max_ns=bs[-1].hi,
+        max_ns=kept[-1][1].hi,
     )
 
 
@@ -139,14 +230,14 @@ def histogram(buckets: Iterable[Bucket], span: Iterable[Bucket] | None = None) -
 
 
 def over_time(rows: Iterable[Mapping[str, Any]]) -> list[LatencyPoint]:
-    """The latency of each send second, from rows of the fine histogram grouped by that
-    second (column ``t``) and the bucket: one point per second that had a delivery."""
-    per_second: dict[int, list[Bucket]] = {}
+    """The latency of each send second, from the rows of :func:`kept_buckets` per second,
+    or every bucket of each (column ``t``): one point per second that had a delivery."""
+    seconds: dict[int, list[Mapping[str, Any]]] = {}
     for r in rows:
-        per_second.setdefault(int(r["t"]), []).append(bucket(r))
+        seconds.setdefault(int(r["t"]), []).append(r)
     points = []
-    for t, bs in sorted(per_second.items()):
-        st = latency_stats(bs)
+    for t, rs in sorted(seconds.items()):
+        st = scope_stats(rs)
         if st is not None:
             points.append(LatencyPoint(t, st.count, st.p50_ns, st.p99_ns, st.max_ns,
                                         p95_ns=st.p95_ns))
@@ -155,19 +246,20 @@ def over_time(rows: Iterable[Mapping[str, Any]]) -> list[LatencyPoint]:
 
 @dataclass(frozen=True)
 class LatencyBreakdowns:
-    """The latency of a ROUTE run: overall, its histogram, and by group, by payload size
-    (power-of-two buckets, named by :func:`size_labels`) and by cast kind."""
+    """The latency of a ROUTE run: overall, its histogram, by group, by payload size
+    (power-of-two buckets, named by :func:`size_labels`), by cast kind and per send
+    second."""
 
     overall: LatencyStats | None
     histogram: Histogram
     by_group: dict[str, LatencyStats]
     by_size: dict[str, LatencyStats]
     by_cast: dict[str, LatencyStats]
+    over_time: list[LatencyPoint]
 
 
-def latency_breakdowns(fine: list[dict[str, Any]]) -> LatencyBreakdowns:
-    """The :class:`LatencyBreakdowns` of the fine histogram collected per (group, size,
-    cast) (:func:`latency_rows`)."""
+def latency_breakdowns(rows: Iterable[Mapping[str, Any]]) -> LatencyBreakdowns:
+    """The :class:`LatencyBreakdowns` of the rows of :func:`route_scopes`, collected."""
     # Merge the (group, size, cast, q) histogram into the breakdowns. Sizes go into
     # power-of-two buckets: a run with sizes drawn from a range has hundreds of them.
     merged: dict[tuple[str, str], dict[int, Bucket]] = {}
@@ -178,6 +270,10 @@ def latency_breakdowns(fine: list[dict[str, Any]]) -> LatencyBreakdowns:
         into[b.q] = b if old is None else Bucket(
             b.q, old.n + b.n, min(old.lo, b.lo), max(old.hi, b.hi), old.total + b.total)
 
+    fine: list[Mapping[str, Any]] = []
+    seconds: list[Mapping[str, Any]] = []
+    for r in rows:
+        (fine if r["gid"] == _BY_KIND else seconds).append(r)
     for r in fine:
         b = bucket(r)
         lo, _ = size_bucket(int(r["size"]))
@@ -199,6 +295,7 @@ def latency_breakdowns(fine: list[dict[str, Any]]) -> LatencyBreakdowns:
         by_size={size_label[int(k)]: v for k, v in
                  sorted(breakdown("size").items(), key=lambda kv: int(kv[0]))},
         by_cast=dict(sorted(breakdown("cast").items())),
+        over_time=over_time(seconds),
     )
 
 
