@@ -13,8 +13,10 @@ from gossiprouter.analytics.latency import (
     Bucket,
     latency_breakdowns,
     latency_stats,
+    over_time,
     route_scopes,
     scope_stats,
+    second_scopes,
 )
 from gossiprouter.analytics.spark_io import rows
 
@@ -71,6 +73,20 @@ def test_a_large_run_collects_a_few_buckets_a_second_and_the_same_figures(
     assert len(a.over_time) == SECONDS
     assert sum(p.count for p in a.over_time) == SECONDS * PER_SECOND
     assert a.overall is not None and a.overall.count == SECONDS * PER_SECOND
+
+
+@pytest.mark.spark
+def test_a_large_topics_run_collects_a_few_buckets_a_second_too(spark: SparkSession) -> None:
+    from pyspark.sql import functions as F
+
+    pairs = _deliveries(spark)
+    second = F.floor((F.col("t_send_ns") - F.lit(T0)) / 10**9)
+    kept = rows(second_scopes(pairs, second))
+    whole = rows(second_scopes(pairs, second, every_bucket=True))
+    assert min(Counter(r["t"] for r in whole).values()) > 500
+    assert max(Counter(r["t"] for r in kept).values()) <= 7
+    assert over_time(kept) == over_time(whole)
+    assert [p.count for p in over_time(kept)] == [PER_SECOND] * SECONDS
 
 
 def test_a_scope_s_figures_from_its_kept_buckets_are_its_figures() -> None:

@@ -11,8 +11,8 @@ aggregation, and the same histogram draws the latency plot.
 Spark computes the buckets (:func:`bucket_column`, :func:`bucket_aggregates`). A figure
 drawn as a histogram collects every bucket of its scope (:func:`latency_rows`); a scope
 whose percentiles alone are shown collects only the few buckets that hold them
-(:func:`kept_buckets`: the ROUTE audit's scope per send second in a large run,
-:func:`route_scopes`), so that what the driver collects does not grow with the run's
+(:func:`kept_buckets`: a scope per send second in a large run, :func:`route_scopes` and
+:func:`second_scopes`), so that what the driver collects does not grow with the run's
 length by thousands of rows a second. The figures are made from the collected rows in
 Python (:func:`bucket`, :func:`latency_stats`, :func:`scope_stats`, :func:`histogram`,
 :func:`over_time`; for the ROUTE audit's breakdowns by group, payload size, cast and
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["HISTOGRAM_BINS", "LATENCY_PRECISION", "Bucket", "LatencyBreakdowns", "bucket",
            "bucket_aggregates", "bucket_column", "histogram", "kept_buckets",
            "latency_breakdowns", "latency_rows", "latency_stats", "over_time",
-           "route_scopes", "scope_stats", "size_labels"]
+           "route_scopes", "scope_stats", "second_scopes", "size_labels"]
 
 HISTOGRAM_BINS: Final = 80
 LATENCY_PRECISION: Final = 0.001
@@ -119,6 +119,19 @@ def kept_buckets(buckets: DataFrame, scope: Sequence[str],
     if keep_all is not None:
         keep = keep | keep_all
     return out.filter(keep)
+
+
+def second_scopes(delivered: DataFrame, second: Column, every_bucket: bool = False
+                  ) -> DataFrame:
+    """The latency of the ``delivered`` pairs per send second (``second``, named ``t``): the
+    rows of :func:`kept_buckets` for :func:`over_time`, or every bucket of each second when
+    ``every_bucket`` (a small run: see :func:`route_scopes`)."""
+    from pyspark.sql import functions as F
+
+    lat = F.col("t_recv_ns") - F.col("t_send_ns")
+    buckets = delivered.groupBy(second.alias("t"), bucket_column(lat)).agg(
+        *bucket_aggregates(lat))
+    return buckets if every_bucket else kept_buckets(buckets, ["t"])
 
 
 # grouping_id() of route_scopes' two grouping sets (a bit per column of group, size, cast, t,

@@ -51,6 +51,7 @@ from gossiprouter.analytics.latency import (
     latency_rows,
     latency_stats,
     over_time,
+    second_scopes,
 )
 from gossiprouter.analytics.report.files import write_report
 from gossiprouter.analytics.report.model import Report
@@ -63,6 +64,7 @@ from gossiprouter.analytics.report.parts import (
     ThroughputBucket,
 )
 from gossiprouter.analytics.session import Phases, close_session, open_session
+from gossiprouter.analytics.sizing import MIN_RECORDS_PER_PARTITION
 from gossiprouter.analytics.spark_io import (
     AuditInputError,
     RunStore,
@@ -209,7 +211,7 @@ class _TopicsJob:
         self.phases.start("audit", "auditing…")
         pairs = self._pairs(pubs, spans, recv)
         try:
-            summary = self._summarise(pubs, pairs, recv, manifest)
+            summary = self._summarise(pubs, pairs, recv, manifest, n_recv)
         finally:
             pairs.unpersist()
         self.phases.start("report", "writing report…")
@@ -277,7 +279,7 @@ class _TopicsJob:
         return pairs.persist(StorageLevel.MEMORY_AND_DISK)
 
     def _summarise(self, pubs: DataFrame, pairs: DataFrame, recv: DataFrame,
-                   manifest: dict[str, Any]) -> dict[str, Any]:
+                   manifest: dict[str, Any], n_recv: int) -> dict[str, Any]:
         from pyspark.sql import functions as F
 
         col, one = F.col, F.lit(1)
@@ -313,9 +315,11 @@ class _TopicsJob:
             "receivers": pairs.filter(col("copies") > 0).select("receiver").distinct().count(),
             "orphans": pairs.filter(col("scope").isNull()).count(),
             "latency": latency_rows(pairs.filter(delivered), "scope"),
-            # The same histogram per send second, for the percentiles over time.
-            "latency_s": latency_rows(pairs.filter(delivered),
-                                      second("t_send_ns").alias("t")),
+            # Per send second, for the percentiles over time: only the buckets that hold
+            # them, unless the run is small (as the ROUTE audit's, latency.route_scopes).
+            "latency_s": rows(second_scopes(
+                pairs.filter(delivered), second("t_send_ns"),
+                every_bucket=n_recv <= MIN_RECORDS_PER_PARTITION)),
             "sends": rows(pubs.groupBy(second("t_send_ns").alias("t")).agg(
                 F.count(one).alias("n"))),
             "seconds": rows(pairs.groupBy(
