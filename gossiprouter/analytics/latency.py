@@ -82,10 +82,15 @@ def latency_rows(delivered: DataFrame, *keys: str | Column) -> list[dict[str, An
     ``delivered`` pairs, grouped by ``keys`` and the bucket, collected: one row per group
     and bucket, for :func:`bucket`. Every bucket: for figures drawn as histograms; the
     percentiles alone need far fewer (:func:`kept_buckets`)."""
+    return rows(_buckets(delivered, *keys))
+
+
+def _buckets(delivered: DataFrame, *keys: str | Column) -> DataFrame:
+    """The fine histogram of the ``delivered`` pairs' latency per ``keys`` and bucket."""
     from pyspark.sql import functions as F
 
     lat = F.col("t_recv_ns") - F.col("t_send_ns")
-    return rows(delivered.groupBy(*keys, bucket_column(lat)).agg(*bucket_aggregates(lat)))
+    return delivered.groupBy(*keys, bucket_column(lat)).agg(*bucket_aggregates(lat))
 
 
 def kept_buckets(buckets: DataFrame, scope: Sequence[str],
@@ -126,11 +131,7 @@ def second_scopes(delivered: DataFrame, second: Column, every_bucket: bool = Fal
     """The latency of the ``delivered`` pairs per send second (``second``, named ``t``): the
     rows of :func:`kept_buckets` for :func:`over_time`, or every bucket of each second when
     ``every_bucket`` (a small run: see :func:`route_scopes`)."""
-    from pyspark.sql import functions as F
-
-    lat = F.col("t_recv_ns") - F.col("t_send_ns")
-    buckets = delivered.groupBy(second.alias("t"), bucket_column(lat)).agg(
-        *bucket_aggregates(lat))
+    buckets = _buckets(delivered, second.alias("t"))
     return buckets if every_bucket else kept_buckets(buckets, ["t"])
 
 

@@ -64,7 +64,7 @@ from gossiprouter.analytics.report.parts import (
     ThroughputBucket,
 )
 from gossiprouter.analytics.session import Phases, close_session, open_session
-from gossiprouter.analytics.sizing import MIN_RECORDS_PER_PARTITION
+from gossiprouter.analytics.sizing import partitions
 from gossiprouter.analytics.spark_io import (
     AuditInputError,
     RunStore,
@@ -316,10 +316,11 @@ class _TopicsJob:
             "orphans": pairs.filter(col("scope").isNull()).count(),
             "latency": latency_rows(pairs.filter(delivered), "scope"),
             # Per send second, for the percentiles over time: only the buckets that hold
-            # them, unless the run is small (as the ROUTE audit's, latency.route_scopes).
+            # them, unless the run is small: one partition, the ROUTE audit's rule.
             "latency_s": rows(second_scopes(
                 pairs.filter(delivered), second("t_send_ns"),
-                every_bucket=n_recv <= MIN_RECORDS_PER_PARTITION)),
+                every_bucket=partitions(
+                    n_recv, self.spark.sparkContext.defaultParallelism) == 1)),
             "sends": rows(pubs.groupBy(second("t_send_ns").alias("t")).agg(
                 F.count(one).alias("n"))),
             "seconds": rows(pairs.groupBy(
