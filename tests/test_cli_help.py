@@ -4,13 +4,19 @@ its one-line text, every option under the heading core/options.py gives it."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+from pathlib import Path
 
+import click
 from click.testing import CliRunner
 
-from gossiprouter.cli.main import _help, main
+from gossiprouter.cli.main import COMMANDS, load, main
+from gossiprouter.cli.serve import _help
 from gossiprouter.core.config import OPTIONS
 from gossiprouter.core.options import OTHER, SECTIONS
 
+ROOT = Path(__file__).resolve().parent.parent
 HEADINGS = ["Options", "Listening and connections", "Limits", "JGroups",
             "TLS and authentication", "Federation (MQTT bridge)", "Operations"]
 
@@ -51,3 +57,45 @@ def test_every_option_is_under_its_heading_with_its_whole_one_line_text() -> Non
         others = [h for h, t in sections.items() if h != o.section
                   and re.search(rf"(^| ){re.escape(o.flag)} ", t)]
         assert not others, (o.name, others)
+
+
+# --- The main group loads each command only when it runs -----------------------------------
+
+
+def test_the_main_help_shows_each_commands_own_first_line() -> None:
+    """``gossiprouter --help`` is written from COMMANDS without importing a command: each line
+    there must be the one click makes from the command's own help, at any width."""
+    for name, lazy in COMMANDS.items():
+        cmd = load(name)
+        assert cmd.hidden == lazy.hidden, name
+        for limit in (30, 45, 70, 200):
+            assert click.Command(name, help=lazy.summary).get_short_help_str(limit) == \
+                cmd.get_short_help_str(limit), (name, limit)
+
+
+_IMPORTS = """
+import sys
+from click.testing import CliRunner
+from gossiprouter.cli.main import main
+r = CliRunner().invoke(main, sys.argv[1:])
+assert r.exit_code == 0, r.output
+print(" ".join(m for m in ("trio", "anyio", "gossiprouter.server.listener",
+                           "gossiprouter.client.front", "gossiprouter.analytics.cli")
+               if m in sys.modules))
+"""
+
+
+def imported(*argv: str) -> set[str]:
+    """Which of a few heavy modules ``gossiprouter ARGV`` imported (a fresh interpreter)."""
+    r = subprocess.run([sys.executable, "-c", _IMPORTS, *argv], capture_output=True,
+                       text=True, check=False, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    return set(r.stdout.split())
+
+
+def test_help_and_other_commands_do_not_import_the_router() -> None:
+    assert imported("--help") == set()
+    assert imported("analyze", "--help") == {"gossiprouter.analytics.cli"}
+    assert imported("members", "--help") >= {"trio", "gossiprouter.client.front"}
+    assert "gossiprouter.server.listener" not in imported("members", "--help")
+    assert "gossiprouter.server.listener" in imported("serve", "--help")

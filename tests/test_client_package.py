@@ -4,6 +4,8 @@ it had before the client became a package, as the very objects the package defin
 from __future__ import annotations
 
 import importlib
+import subprocess
+import sys
 
 import pytest
 
@@ -50,3 +52,23 @@ def test_the_public_api_is_listed_once_and_offered_everywhere() -> None:
         assert getattr(gossiprouter, name) is getattr(client, name)
         assert getattr(stub, name) is getattr(client, name)
     assert set(client.__all__) <= set(gossiprouter.__all__) & set(stub.__all__)
+
+
+def test_a_router_does_not_load_the_client() -> None:
+    """The package's front loads the client's names on first use: a router process (which
+    imports ``gossiprouter.*`` modules) carries neither the client nor AnyIO."""
+    code = ("import sys, gossiprouter.server.listener, gossiprouter.cli.serve; "
+            "print(sorted(m for m in sys.modules if m == 'anyio' "
+            "or m.startswith('gossiprouter.client')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       check=True)
+    assert r.stdout.strip() == "[]", r.stdout
+    # ...and the names are still there, the very objects of the client, star import included.
+    names: dict[str, object] = {}
+    exec("from gossiprouter import *", names)
+    from gossiprouter import client
+
+    assert set(client.__all__) | {"BlockingChannel", "BlockingRouterStub", "__version__"} \
+        == {n for n in names if n != "__builtins__"}
+    assert names["RouterStub"] is client.RouterStub
+    assert set(client.__all__) <= set(dir(gossiprouter))

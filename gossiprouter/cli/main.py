@@ -1,126 +1,68 @@
-"""The ``gossiprouter`` command line (click): parses options, builds a Config, calls in.
+"""The ``gossiprouter`` command line (click): the main group, which loads each subcommand's
+module only when that command runs, and the one style of every usage error.
 
 Every user mistake (a bad option, a taken port, an unreachable router) ends in
 one clear line on stderr and a non-zero exit status, never a traceback.
+
+The subcommands live beside what they drive (``cli/serve.py``, ``client/cli.py``,
+``ops/dump.py``, ``loadtest/``, ``analytics/cli.py``); :data:`COMMANDS` names them with the line
+``gossiprouter --help`` shows, so that neither the help nor a command imports the server or the
+other commands (``gossiprouter analyze`` starts Spark without loading the router first).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
-import logging
-import os
-import re
-import signal
-import sys
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import click
-import trio
 
 from gossiprouter import __version__
-from gossiprouter.analytics.cli import analyze_command
-from gossiprouter.client.cli import listen_command, members_command, publish_command, send_command
-from gossiprouter.core.addresses import format_hostport
-from gossiprouter.core.cli_errors import PREFIX, BadInput, CommandError, needs_extra
-from gossiprouter.core.config import OPTIONS, ConfigError, build, check
-from gossiprouter.core.options import SECTIONS, Option
-from gossiprouter.loadtest.cli import loadtest_command
-from gossiprouter.loadtest.topics import loadtest_topics_command
-from gossiprouter.ops.dump import dump
-from gossiprouter.ops.logs import use_format as use_log_format
-from gossiprouter.ops.runtime import Operations, check_startup, reload_on_sighup
-from gossiprouter.server import fastpath
-from gossiprouter.server.listener import ListenError, Server
-
-log = logging.getLogger("gossiprouter")
+from gossiprouter.core.cli_errors import PREFIX, CommandError, needs_extra
 
 
-def _click_type(o: Option) -> Any:
-    if o.choices:
-        return click.Choice(o.choices, case_sensitive=False)
-    return {int: int, float: float, str: str, bool: bool}[o.type]
+@dataclass(frozen=True)
+class LazyCommand:
+    """A subcommand by where it lives, and the line the main help shows for it (the first
+    paragraph of its help; tests/test_cli_ux.py checks it against the command's own)."""
+
+    module: str
+    attribute: str
+    summary: str
+    hidden: bool = False
+    # The optional packages it needs: (modules, what, their names, the extra to install).
+    needs: tuple[tuple[str, ...], str, str, str] | None = None
 
 
-def _help(o: Option) -> str:
-    unit = f" ({o.unit})" if o.unit else ""
-    shown = o.default if o.default != "" else "none"
-    if o.type is tuple:
-        shown = ", ".join(o.default) or "none"
-        unit = f" Repeat or comma-separate for several.{unit}"
-    return f"{o.help}{unit}  [default: {shown}]"
-
-
-def _checked(o: Option, value: Any) -> Any:
-    """A value given on the command line, checked like the config file's: a bad one is a
-    usage error (exit status 2, as for any other bad option), not a failure to start."""
-    if value is None:
-        return None
-    try:
-        check(o, value)
-    except ConfigError as e:
-        # "port = 70000: expected ..." names the config key; the user typed --port, which
-        # click names, so keep "70000: expected ...".
-        raise click.BadParameter(re.sub(rf"^{o.name}(\[\d+\])? = ", "", str(e))) from None
-    return value
-
-
-def _value(o: Option) -> Any:
-    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-        return _checked(o, value)
-
-    return callback
-
-
-def _list_value(o: Option) -> Any:
-    def callback(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> Any:
-        # Not given -> None, so the config file's value stands (click gives () by default).
-        items = tuple(s.strip() for v in value for s in v.split(",") if s.strip())
-        return _checked(o, items or None)
-
-    return callback
-
-
-def router_options(f: Any) -> Any:
-    """Add one click option per router option in :data:`gossiprouter.core.config.OPTIONS`."""
-    for o in reversed(OPTIONS):
-        if o.type is bool:
-            name = o.name.replace("_", "-")
-            decl = f"--{name}/--no-{name}"
-            f = click.option(decl, o.name, default=None, help=_help(o))(f)
-        elif o.type is tuple:  # a list option: repeatable
-            f = click.option(o.flag, o.name, multiple=True, callback=_list_value(o),
-                             metavar=_metavar(o), help=_help(o))(f)
-        else:
-            f = click.option(o.flag, o.name, type=_click_type(o), default=None, metavar=_metavar(o),
-                             callback=_value(o), help=_help(o))(f)
-    return f
-
-
-def _metavar(o: Option) -> str:
-    if o.metavar:
-        return o.metavar
-    if o.choices:
-        return "[" + "|".join(o.choices) + "]"
-    return {int: "INT", float: "SECONDS" if o.unit == "seconds" else "NUM", str: "TEXT"}[o.type]
-
-
-class _SectionedCommand(click.Command):
-    """``serve``: its options under headings (:data:`gossiprouter.core.options.SECTIONS`),
-    each with its one-line text as click writes it; ``--config`` and ``--help`` first."""
-
-    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        section = {o.name: o.section for o in OPTIONS}
-        rows: dict[str, list[tuple[str, str]]] = {}
-        for param in self.get_params(ctx):
-            record = param.get_help_record(ctx)
-            if record is not None:
-                rows.setdefault(section.get(param.name or "", "Options"), []).append(record)
-        for title in ("Options", *SECTIONS):
-            if title in rows:
-                with formatter.section(title):
-                    formatter.write_dl(rows[title])
+COMMANDS: dict[str, LazyCommand] = {
+    "analyze": LazyCommand(
+        "gossiprouter.analytics.cli", "analyze_command",
+        "Audit the load-test run in RUN_DIR (a path or a Hadoop URI) with Apache Spark.",
+        needs=(("pyspark", "py4j"), "the analysis", "PySpark", "loadtest")),
+    "dump": LazyCommand("gossiprouter.ops.dump", "dump",
+                        "Print a running router's groups, or the members of GROUP."),
+    "listen": LazyCommand("gossiprouter.client.cli", "listen_command",
+                          "Print GROUP's messages and membership events until Ctrl-C."),
+    "loadtest": LazyCommand(
+        "gossiprouter.loadtest.cli", "loadtest_command",
+        "Run the load-test SCENARIO (a TOML file) and write the run to RUN_DIR.",
+        needs=(("pyarrow", "rich"), "the load test", "pyarrow and rich", "loadtest")),
+    "loadtest-topics": LazyCommand(
+        "gossiprouter.loadtest.topics", "loadtest_topics_command",
+        "The old name of `gossiprouter loadtest` for a topics scenario (kept for scripts).",
+        hidden=True),
+    "members": LazyCommand("gossiprouter.client.cli", "members_command",
+                           "List the members of GROUP (without joining it)."),
+    "publish": LazyCommand("gossiprouter.client.cli", "publish_command",
+                           "Join GROUP, publish PAYLOAD (UTF-8) to the multicast ID, and leave."),
+    "send": LazyCommand("gossiprouter.client.cli", "send_command",
+                        "Join GROUP, send TEXT (UTF-8) to the group or to one member, and leave."),
+    "serve": LazyCommand("gossiprouter.cli.serve", "serve",
+                         "Run the router until SIGINT or SIGTERM."),
+}
 
 
 class _UsageError(click.UsageError):
@@ -156,6 +98,23 @@ class _Group(click.Group):
         except click.UsageError as e:
             raise _restyled(e) from None
 
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            self.add_command(load(cmd_name), cmd_name)
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands and their lines, from :data:`COMMANDS` (nothing is imported)."""
+        shown = sorted((name, c.summary) for name, c in COMMANDS.items() if not c.hidden)
+        limit = formatter.width - 6 - max(len(name) for name, _ in shown)  # as click's own
+        rows = [(name, click.Command(name, help=summary).get_short_help_str(limit))
+                for name, summary in shown]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
 
 @click.group(cls=_Group,
              context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -170,106 +129,11 @@ def main() -> None:
     """
 
 
-@main.command(cls=_SectionedCommand)
-@click.option("--config", "config_file", type=click.Path(path_type=Path, dir_okay=False),
-              help="TOML file setting any option below (the command line wins).")
-@router_options
-def serve(config_file: Path | None, **options: Any) -> None:
-    """Run the router until SIGINT or SIGTERM.
-
-    On a signal it stops accepting, tells every client (ERROR shutting_down),
-    gives them --shutdown-timeout to receive what is queued, and exits 0.
-
-    \b
-    Examples:
-      gossiprouter serve                          # 127.0.0.1:12001
-      gossiprouter serve --host 0.0.0.0 --port 12001 --idle-timeout 30
-      gossiprouter serve --config /etc/gossiprouter.toml --log-level debug
-    """
-    given = {k: v for k, v in options.items() if v is not None}
-    try:
-        fastpath.env_mode()
-    except ConfigError as e:
-        raise BadInput(str(e)) from None
-    try:
-        config = build(config_file, **given)
-        check_startup(config)  # TLS files, tokens file: refused now, not after listening
-        fastpath.status(config)  # fast_path on without the extension, a relay that won't load
-    except ConfigError as e:
-        raise CommandError(str(e)) from None
-    setup_logging(config.log_level, config.log_format)
-    try:
-        # Built here, outside trio.run: what the server refuses (the fast path or the bridge
-        # asked for but not installed) is one line, not a traceback through trio.
-        ops = Operations(config)
-        server = Server(config, hooks=ops)
-    except ConfigError as e:
-        raise CommandError(str(e)) from None
-    try:
-        trio.run(run_until_signal, ops, server)
-    except BaseException as e:
-        # Options only the server's parts check as they are built (the bridge's) are a user's
-        # mistake as much as a taken port: one line, no traceback.
-        failure = _find(e, (ListenError, ConfigError))
-        if failure is not None:
-            raise CommandError(str(failure)) from None
-        raise
-    except KeyboardInterrupt:  # a second Ctrl-C during shutdown
-        sys.exit(130)
-
-
-def _find(e: BaseException, kind: tuple[type[Exception], ...]) -> Exception | None:
-    """The first ``kind`` exception in ``e`` or, for an exception group, inside it."""
-    if isinstance(e, kind):
-        return e
-    if isinstance(e, BaseExceptionGroup):
-        for sub in e.exceptions:
-            found = _find(sub, kind)
-            if found is not None:
-                return found
-    return None
-
-
-# Set by scripts/run to its .venv: once the router listens, say what to type next.
-NEXT_STEPS_ENV = "GOSSIPROUTER_NEXT_STEPS"
-
-
-def _next_steps(venv: str, host: str, port: int) -> str:
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
-    where = format_hostport(host, port)
-    return (f"gossiprouter: listening on {where}. In another terminal:\n"
-            f"    . {venv}/bin/activate\n"
-            f"    gossiprouter members {where} demo\n"
-            f"    gossiprouter listen {where} demo")
-
-
-async def run_until_signal(ops: Operations, server: Server) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-            host, port = await nursery.start(server.serve)
-            venv = os.environ.get(NEXT_STEPS_ENV)
-            if venv:
-                click.echo(_next_steps(venv, host, port), err=True)
-
-            async def on_signal() -> None:
-                async for signum in signals:
-                    log.info("received %s", signal.Signals(signum).name)
-                    server.shutdown()
-                    return
-
-            nursery.start_soon(on_signal)
-            nursery.start_soon(reload_on_sighup, ops)
-            await server.wait_closed()
-            nursery.cancel_scope.cancel()
-
-
-def setup_logging(level: str, fmt: str = "text") -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    use_log_format(fmt)
+def load(name: str) -> click.Command:
+    """The subcommand ``name`` of :data:`COMMANDS`, its module imported now."""
+    lazy = COMMANDS[name]
+    cmd: click.Command = getattr(importlib.import_module(lazy.module), lazy.attribute)
+    return cmd if lazy.needs is None else _needs(cmd, *lazy.needs)
 
 
 def _needs(cmd: click.Command, modules: tuple[str, ...], what: str, needs: str,
@@ -288,15 +152,3 @@ def _needs(cmd: click.Command, modules: tuple[str, ...], what: str, needs: str,
 
     cmd.callback = checked
     return cmd
-
-
-main.add_command(members_command)
-main.add_command(send_command)
-main.add_command(listen_command)
-main.add_command(publish_command)
-main.add_command(dump)
-main.add_command(_needs(loadtest_command, ("pyarrow", "rich"), "the load test",
-                        "pyarrow and rich", "loadtest"))
-main.add_command(_needs(analyze_command, ("pyspark", "py4j"), "the analysis", "PySpark",
-                        "loadtest"))
-main.add_command(loadtest_topics_command)
