@@ -151,15 +151,16 @@ def spark() -> Iterator[SparkSession]:
     compiler (it costs more CPU than it saves in a run this short; halves the test time),
     with the code cache a small run's analysis gets (sizing.QUICK_JVM_OPTIONS: the JVM
     serves every Spark module of the process, and C1's default 48 MiB filled up in CI).
-    Its JVM maps the class archive that ``gossiprouter analyze`` uses (analytics/jvm_archive:
-    the first JVM of a machine writes it, at its stop)."""
+    Its JVM maps a class archive of its own (analytics/jvm_archive, kind "tests": the first
+    such JVM of a machine writes it, at its stop), not ``gossiprouter analyze``'s, which would
+    then hold only the classes the tests load."""
     from gossiprouter.analytics.sizing import QUICK_JVM_OPTIONS
     from gossiprouter.analytics.spark_io import spark_session, stop_session
 
     session = spark_session("local[2]", conf={
         "spark.sql.shuffle.partitions": "2",
         "spark.driver.extraJavaOptions": QUICK_JVM_OPTIONS,
-    }, share_classes=True)
+    }, share_classes="tests")
     yield session
     stop_session(session)
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from gossiprouter.analytics.jvm_archive import ANALYSIS
 from gossiprouter.analytics.spark_io import (
     DEFAULT_MASTER,
     LOOPBACK,
@@ -91,7 +92,7 @@ def open_session(spark: SparkSession | None, master: str | None,
     own = spark is None and SparkContext._active_spark_context is None
     if spark is None:
         phases.start("Spark start", f"starting Spark ({master or DEFAULT_MASTER})…")
-        spark = spark_session(master, conf=conf, log_path=spark_log, share_classes=True)
+        spark = spark_session(master, conf=conf, log_path=spark_log, share_classes=ANALYSIS)
     chosen = spark.sparkContext.getConf().get("spark.driver.host", "")
     how = ("loopback master: driver kept on loopback" if chosen == LOOPBACK
            else "set --conf spark.driver.host=ADDRESS if the executors cannot reach it")

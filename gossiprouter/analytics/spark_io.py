@@ -319,7 +319,7 @@ def spark_session(
     *,
     conf: Mapping[str, str] | None = None,
     log_path: str | os.PathLike[str] | None = None,
-    share_classes: bool = False,
+    share_classes: str | None = None,
 ) -> SparkSession:
     """Start (or join) the Spark session the analysis runs in.
 
@@ -331,8 +331,9 @@ def spark_session(
     last and win. With ``log_path`` the JVM's stdout and stderr (Spark's own log lines at
     WARN and above) go to that file instead of the terminal; without it only errors are
     logged. If a SparkContext is already running in this process it is reused as it is.
-    ``share_classes``: a new JVM maps (or writes) the class archive of jvm_archive; stop
-    the session with :func:`stop_session` then. A ``spark://`` master that accepts no TCP
+    ``share_classes``: a new JVM maps (or writes) the class archive of that kind
+    (jvm_archive: ``jvm_archive.ANALYSIS`` for ``analyze``); stop the session with
+    :func:`stop_session` then. A ``spark://`` master that accepts no TCP
     connection within :data:`MASTER_CONNECT_TIMEOUT` seconds, or a context that Spark
     stopped while starting (it gave up registering with the master), raises
     :class:`SparkStartError` with the cause on one line.
@@ -391,7 +392,7 @@ def session_settings(master: str, conf: Mapping[str, str] | None = None, *,
 
 
 def _start_context(master: str, spark_conf: Any, log_path: str | os.PathLike[str] | None,
-                   share_classes: bool) -> Any:
+                   share_classes: str | None) -> Any:
     from pyspark import SparkContext
     from pyspark.errors import PySparkException
     from pyspark.find_spark_home import _find_spark_home
@@ -402,8 +403,8 @@ def _start_context(master: str, spark_conf: Any, log_path: str | os.PathLike[str
         sc = SparkContext(conf=spark_conf)
     else:
         java = java_binary()
-        archive = (class_archive(java, _find_spark_home())
-                   if share_classes and java is not None else None)
+        archive = (class_archive(java, _find_spark_home(), kind=share_classes)
+                   if share_classes is not None and java is not None else None)
         if archive is not None:  # the JVM's class archive (jvm_archive): mapped or written
             extra = spark_conf.get("spark.driver.extraJavaOptions") or ""
             spark_conf.set("spark.driver.extraJavaOptions", f"{extra} {archive.options}")
