@@ -453,6 +453,12 @@ def print_mix(res: Results, out: Callable[[str], None] = print) -> None:
             ratio = (f"{fig[far][2] / fig[local][2]:.1f}x" if fig[local][2] else
                      "- (local CPU below /proc's 10 ms tick: more --mix)")
             out(f"{what} CPU per message, across routers / local-only: {ratio} (target <= 5)")
+            far_m, local_m = res.mix[far], res.mix[local]
+            if local_m.cpu_s:
+                # The kernel's share (system time) stays whatever runs in user space.
+                kernel = (far_m.sys_s / far_m.messages) / (local_m.cpu_s / local_m.messages)
+                out(f"{what} of that the kernel's (system time) across routers / all CPU "
+                    f"local-only: {kernel:.1f}x")
     if BURST_FED in fig and BURST_ONE in fig:
         out(f"burst, local receiver, federated group / group on one router, p50: "
             f"{fig[BURST_FED][0] / fig[BURST_ONE][0]:.2f}x, p99: "
@@ -463,17 +469,18 @@ def print_mix(res: Results, out: Callable[[str], None] = print) -> None:
 def print_split(res: Results, out: Callable[[str], None] = print) -> None:
     """The mix cases' CPU per message by process: the sending router, each receiving router
     (the mean of the two), mosquitto, and all of them."""
-    out(f"{'CPU µs per message, per process':<58} {'sending':>9} {'each rx':>9} "
-        f"{'broker':>9} {'all':>11}")
+    out(f"{'CPU µs per message, per process (of it system)':<58} {'sending':>13} "
+        f"{'each rx':>13} {'broker':>13} {'all':>15}")
     for name, m in res.mix.items():
         per = max(m.messages, 1)
 
         def us(role: str, m: MixOut = m, per: int = per) -> str:
             secs, n = m.cpu_by.get(role, (0.0, 0))
-            return f"{secs / n / per * 1e6:,.1f}" if n else "-"
+            system = m.sys_by.get(role, 0.0)
+            return f"{secs / n / per * 1e6:,.1f} ({system / n / per * 1e6:,.0f})" if n else "-"
 
-        out(f"{name:<58} {us(SENDING):>9} {us(RECEIVING):>9} {us(BROKER):>9} "
-            f"{m.cpu_s / per * 1e6:>11,.1f}")
+        out(f"{name:<58} {us(SENDING):>13} {us(RECEIVING):>13} {us(BROKER):>13} "
+            f"{f'{m.cpu_s / per * 1e6:,.1f} ({m.sys_s / per * 1e6:,.0f})':>15}")
     if res.wake_floor is not None:
         out(f"a wake-up of Python with nothing to do, 1,000/s: trio {res.wake_floor[0]:,.1f} µs "
             f"CPU, a plain epoll loop {res.wake_floor[1]:,.1f} µs (each router's floor per "

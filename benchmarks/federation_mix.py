@@ -31,7 +31,7 @@ import trio
 
 from benchmarks.bench_topics import _recv_frames
 from gossiprouter.protocol import native as wire
-from tests.procs import proc_cpu_seconds
+from tests.procs import proc_cpu_split
 
 BURST_WRITE = 512
 _SEQ = struct.Struct(">Q")
@@ -42,7 +42,8 @@ _PAD = bytes(92)  # 100-byte payloads
 class MixOut:
     """Seconds from write to arrival, by the receivers' label (``run_mix``'s ``rx``); CPU
     seconds of the processes measured, in all and by role (``cpu_by``: role -> (seconds,
-    processes of that role))."""
+    processes of that role)), and of that the kernel's (system time: ``sys_s``, ``sys_by``
+    role -> seconds), which no implementation of the relay in user space removes."""
 
     lat: dict[str, list[float]] = field(default_factory=dict)
     messages: int = 0
@@ -51,6 +52,8 @@ class MixOut:
     cpu_s: float = 0.0
     wall_s: float = 0.0
     cpu_by: dict[str, tuple[float, int]] = field(default_factory=dict)
+    sys_s: float = 0.0
+    sys_by: dict[str, float] = field(default_factory=dict)
 
     def add(self, other: MixOut) -> None:
         for k, v in other.lat.items():
@@ -63,6 +66,9 @@ class MixOut:
         for role, (secs, n) in other.cpu_by.items():
             mine = self.cpu_by.get(role, (0.0, n))
             self.cpu_by[role] = (mine[0] + secs, n)
+        self.sys_s += other.sys_s
+        for role, secs in other.sys_by.items():
+            self.sys_by[role] = self.sys_by.get(role, 0.0) + secs
 
 
 def member(port: int, group: str, addr: bytes) -> socket.socket:
@@ -180,7 +186,7 @@ def run_mix(group: str, tx_port: int, rx: Sequence[tuple[int, str]], messages: i
                 sock.sendall(b"".join(frames[i:due]))
                 i = due
 
-        cpu0 = [proc_cpu_seconds(p) for p in pids]
+        cpu0 = [proc_cpu_split(p) for p in pids]
         t0 = time.perf_counter()
         sender = threading.Thread(target=send, daemon=True)
         sender.start()
@@ -188,11 +194,14 @@ def run_mix(group: str, tx_port: int, rx: Sequence[tuple[int, str]], messages: i
         while out.delivered < expected and time.monotonic() < deadline:
             recv.pump(0.05, sent_at, out)
         out.wall_s = time.perf_counter() - t0
-        spent = [proc_cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)]
-        out.cpu_s = sum(spent)
-        for role, secs in zip(roles or ["all"] * len(pids), spent, strict=True):
+        spent = [(u1 - u0, s1 - s0) for (u0, s0), (u1, s1)
+                 in zip(cpu0, map(proc_cpu_split, pids), strict=True)]
+        out.cpu_s = sum(u + s for u, s in spent)
+        out.sys_s = sum(s for _, s in spent)
+        for role, (user, system) in zip(roles or ["all"] * len(pids), spent, strict=True):
             total, n = out.cpu_by.get(role, (0.0, 0))
-            out.cpu_by[role] = (total + secs, n + 1)
+            out.cpu_by[role] = (total + user + system, n + 1)
+            out.sys_by[role] = out.sys_by.get(role, 0.0) + system
         sender.join(5)
         return out
     finally:

@@ -39,11 +39,17 @@ def wait_listening(port: int, proc: subprocess.Popen[bytes] | None = None,
             time.sleep(0.05)
 
 
-def proc_cpu_seconds(pid: int) -> float:
-    """User + system CPU of a whole process (every thread), from /proc/PID/stat."""
+def proc_cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a whole process (every thread), from /proc/PID/stat."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """User + system CPU of a whole process (every thread), from /proc/PID/stat."""
+    return sum(proc_cpu_split(pid))
 
 
 class RouterProcess:

@@ -44,6 +44,9 @@ def test_every_case_measures_something() -> None:
                       {bench.SENDING: 1, bench.RECEIVING: 2, bench.BROKER: 1})
         assert {r: n for r, (_, n) in m.cpu_by.items()} == want_roles, (name, m.cpu_by)
         assert abs(sum(s for s, _ in m.cpu_by.values()) - m.cpu_s) < 1e-6, (name, m)
+        # ...and the kernel's part of it (system time), by the same roles.
+        assert set(m.sys_by) == set(want_roles), (name, m.sys_by)
+        assert abs(sum(m.sys_by.values()) - m.sys_s) < 1e-6 and m.sys_s <= m.cpu_s, (name, m)
     res.wake_floor = federation_mix.wake_floor(20)
     assert all(v > 0 for v in res.wake_floor)
     assert res.joins_s is not None and res.converge_s is not None
