@@ -61,13 +61,14 @@ class RouterProcess:
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
+    def command(self) -> list[str]:
+        """What :meth:`start` runs: a process listening on 127.0.0.1:``port``."""
+        return [sys.executable, "-m", "gossiprouter", "serve", "--host", "127.0.0.1",
+                "--port", str(self.port), *self.args]
+
     def start(self) -> RouterProcess:
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gossiprouter", "serve", "--host", "127.0.0.1",
-             "--port", str(self.port), *self.args],
-            stdout=out, stderr=out, cwd=REPO,
-        )
+        self.proc = subprocess.Popen(self.command(), stdout=out, stderr=out, cwd=REPO)
         wait_listening(self.port, self.proc)
         return self
 

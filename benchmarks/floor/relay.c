@@ -20,6 +20,17 @@
  * the memory bound below. A frame whose prefix or header cannot be read closes its connection.
  * Back-pressure: a receiver holding more than OUT_HIGH unwritten bytes stops the connection that
  * fed it from being read until it drains below OUT_LOW.
+ *
+ *     floor-relay PORT BROKER_PORT ID    (federated: ID 0 to 31, an MQTT broker on 127.0.0.1)
+ *
+ * The floor of a route across relays (benchmarks/federation_floor.py): the relays share one
+ * broker, each with one connection to it (mqtt.c). A CONNECT is published, retained, to
+ * floor/m/ID/HEX(group 0 addr); every relay subscribes to floor/m/# and notes which relay
+ * carries which member, and which relays have members in a group. What one wake-up routes to
+ * relay R (unicasts to its members, and one copy of each multicast to a group it has members in)
+ * leaves as one QoS 0 PUBLISH to floor/r/R, the frames byte for byte; all of a wake-up's
+ * PUBLISHes in one write. A relay delivers the frames of floor/r/ID to its own members. Nothing
+ * else: no leaves, no signatures, no ordering or loss checks, no bounds on the broker's queue.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -35,11 +46,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "mqtt.h"
+#include "msgpack.h"
+
 #define READ_SIZE (256 * 1024)
 #define MAX_FRAME (8u << 20)
 #define OUT_HIGH (4u << 20)
 #define OUT_LOW (1u << 20)
 #define MAX_EVENTS 256
+#define MAX_RELAYS 32
 
 typedef struct {
     uint8_t *p;
@@ -72,6 +87,7 @@ typedef struct {
     size_t len;
     ref_t *refs;
     size_t n, cap;
+    uint32_t remote; /* the relays (bit per ID) with members in it */
 } group_t;
 
 static conn_t **conns;
@@ -84,6 +100,11 @@ static size_t ngroups;
 static int *flush_list;
 static size_t nflush, flush_cap;
 static int ep;
+/* Federated mode: the broker connection (-1: none), this relay's ID, what each relay is sent
+ * this wake-up, and the bytes read from and waiting for the broker. */
+static int broker = -1, self_id;
+static buf_t routed[MAX_RELAYS], bin, bout;
+static uint32_t routed_dirty;
 
 static void *xrealloc(void *p, size_t n) {
     void *q = realloc(p, n);
@@ -108,60 +129,6 @@ static void reserve(buf_t *b, size_t more) {
 static conn_t *live(ref_t r) {
     if (r.fd < 0 || (size_t)r.fd >= nconns || !conns[r.fd] || conns[r.fd]->gen != r.gen) return NULL;
     return conns[r.fd];
-}
-
-/* ---------------------------------------------------------------- msgpack, just enough */
-
-typedef struct { const uint8_t *p, *end; } cur_t;
-
-static int need(cur_t *c, size_t n) { return (size_t)(c->end - c->p) >= n; }
-
-static uint64_t be(const uint8_t *p, int n) {
-    uint64_t v = 0;
-    for (int i = 0; i < n; i++) v = v << 8 | p[i];
-    return v;
-}
-
-/* An unsigned integer; -1 when the next value is not one. */
-static int read_uint(cur_t *c, uint64_t *v) {
-    if (!need(c, 1)) return -1;
-    uint8_t t = *c->p;
-    int n = t <= 0x7f ? 0 : t == 0xcc ? 1 : t == 0xcd ? 2 : t == 0xce ? 4 : t == 0xcf ? 8 : -1;
-    if (n < 0 || !need(c, 1 + (size_t)n)) return -1;
-    *v = n ? be(c->p + 1, n) : t;
-    c->p += 1 + n;
-    return 0;
-}
-
-/* A str, bin or nil (*len = 0, *s = NULL); -1 when the next value is none of them. */
-static int read_bytes(cur_t *c, const uint8_t **s, size_t *len) {
-    if (!need(c, 1)) return -1;
-    uint8_t t = *c->p;
-    int n;
-    size_t l;
-    if (t == 0xc0) { c->p++; *s = NULL; *len = 0; return 0; }
-    if ((t & 0xe0) == 0xa0) { n = 0; l = t & 0x1f; }
-    else if (t == 0xd9 || t == 0xc4) n = 1;
-    else if (t == 0xda || t == 0xc5) n = 2;
-    else if (t == 0xdb || t == 0xc6) n = 4;
-    else return -1;
-    if (!need(c, 1 + (size_t)n)) return -1;
-    if (n) l = (size_t)be(c->p + 1, n);
-    c->p += 1 + n;
-    if (!need(c, l)) return -1;
-    *s = c->p;
-    *len = l;
-    c->p += l;
-    return 0;
-}
-
-static int read_array(cur_t *c, size_t *n) {
-    if (!need(c, 1)) return -1;
-    uint8_t t = *c->p;
-    if ((t & 0xf0) == 0x90) { *n = t & 0x0f; c->p++; return 0; }
-    if (t == 0xdc && need(c, 3)) { *n = (size_t)be(c->p + 1, 2); c->p += 3; return 0; }
-    if (t == 0xdd && need(c, 5)) { *n = (size_t)be(c->p + 1, 4); c->p += 5; return 0; }
-    return -1;
 }
 
 /* ---------------------------------------------------------------- membership */
@@ -199,11 +166,8 @@ static group_t *group(const uint8_t *name, size_t len, int create) {
     return g;
 }
 
-static void connect_member(conn_t *c, const uint8_t *gname, size_t glen, const uint8_t *a,
-                           size_t alen) {
-    uint8_t k[1024 + 1 + 256];
-    if (glen > 1024 || alen > 255) return;
-    size_t n = make_key(k, gname, glen, a, alen);
+/* The entry of key k (n bytes), made if new; ref is set by the caller. */
+static member_t *entry(const uint8_t *k, size_t n) {
     if ((members_n + 1) * 2 > members_cap) { /* grow and rehash */
         member_t *old = members;
         size_t old_cap = members_cap;
@@ -221,6 +185,14 @@ static void connect_member(conn_t *c, const uint8_t *gname, size_t glen, const u
         m->klen = n;
         members_n++;
     }
+    return m;
+}
+
+static void connect_member(conn_t *c, const uint8_t *gname, size_t glen, const uint8_t *a,
+                           size_t alen) {
+    uint8_t k[1024 + 1 + 256];
+    if (glen > 1024 || alen > 255) return;
+    member_t *m = entry(k, make_key(k, gname, glen, a, alen));
     m->ref = (ref_t){c->fd, c->gen};
     group_t *g = group(gname, glen, 1);
     if (g->n == g->cap) {
@@ -228,6 +200,17 @@ static void connect_member(conn_t *c, const uint8_t *gname, size_t glen, const u
         g->refs = xrealloc(g->refs, g->cap * sizeof *g->refs);
     }
     g->refs[g->n++] = m->ref;
+}
+
+/* A member on relay `relay` (federated mode): its entry names no connection (fd -2 - relay). */
+static void remote_member(const uint8_t *gname, size_t glen, const uint8_t *a, size_t alen,
+                          int relay) {
+    uint8_t k[1024 + 1 + 256];
+    if (glen > 1024 || alen > 255) return;
+    member_t *m = entry(k, make_key(k, gname, glen, a, alen));
+    if (m->ref.fd >= 0 && live(m->ref)) return; /* a local member keeps its entry */
+    m->ref = (ref_t){-2 - relay, 0};
+    group(gname, glen, 1)->remote |= 1u << relay;
 }
 
 /* ---------------------------------------------------------------- output */
@@ -295,6 +278,139 @@ static int flush(conn_t *c) {
     return 0;
 }
 
+/* ---------------------------------------------------------------- routing */
+
+static void to_relay(int relay, const uint8_t *frame, size_t flen) {
+    reserve(&routed[relay], flen);
+    memcpy(routed[relay].p + routed[relay].len, frame, flen);
+    routed[relay].len += flen;
+    routed_dirty |= 1u << relay;
+}
+
+/* The frame (flen bytes, its prefix included) of group g to member d (NULL: the group): to this
+ * relay's members, and, when it came from a member here (from), to the relays of the others. */
+static void deliver(conn_t *from, const uint8_t *g, size_t glen, const uint8_t *d, size_t dlen,
+                    const uint8_t *frame, size_t flen) {
+    if (d) {
+        uint8_t k[1024 + 1 + 256];
+        if (glen > 1024 || dlen > 255 || !members_cap) return;
+        member_t *m = slot(k, make_key(k, g, glen, d, dlen));
+        conn_t *to = m->key ? live(m->ref) : NULL;
+        if (to) {
+            queue_bytes(to, frame, flen);
+            if (from) throttle(from, to);
+        } else if (from && m->key && m->ref.fd <= -2) {
+            to_relay(-2 - m->ref.fd, frame, flen);
+        }
+        return;
+    }
+    group_t *gr = group(g, glen, 0);
+    if (!gr) return;
+    unsigned mark = next_mark++;
+    if (from) from->mark = mark; /* not back to the sender's own connection */
+    for (size_t i = 0; i < gr->n; i++) {
+        conn_t *to = live(gr->refs[i]);
+        if (!to || to->mark == mark) continue;
+        to->mark = mark;
+        queue_bytes(to, frame, flen);
+        if (from) throttle(from, to);
+    }
+    for (uint32_t r = from ? gr->remote : 0; r; r &= r - 1) to_relay(__builtin_ctz(r), frame, flen);
+}
+
+/* ---------------------------------------------------------------- the broker (federated mode) */
+
+static uint32_t broker_events;
+
+static void to_broker(const char *topic, const uint8_t *payload, size_t n, int retain) {
+    size_t tlen = strlen(topic), size = mqtt_publish_size(tlen, n);
+    reserve(&bout, size);
+    bout.len += mqtt_publish(bout.p + bout.len, topic, tlen, payload, n, retain);
+}
+
+/* Write what waits for the broker; watch for output only while a write is blocked. */
+static void flush_broker(void) {
+    while (bout.len > bout.off) {
+        ssize_t n = send(broker, bout.p + bout.off, bout.len - bout.off, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno == EAGAIN) break;
+        if (n <= 0) { perror("floor-relay: the broker connection"); exit(1); }
+        bout.off += (size_t)n;
+    }
+    if (bout.off == bout.len) bout.off = bout.len = 0;
+    uint32_t want = EPOLLIN | (bout.len > bout.off ? EPOLLOUT : 0);
+    if (want != broker_events) {
+        struct epoll_event ev = {.events = want, .data.fd = broker};
+        epoll_ctl(ep, EPOLL_CTL_MOD, broker, &ev);
+        broker_events = want;
+    }
+}
+
+/* A member of this relay, retained on floor/m/ID/HEX(group 0 addr) for the others. */
+static void publish_member(const uint8_t *g, size_t glen, const uint8_t *a, size_t alen) {
+    uint8_t k[1024 + 1 + 256];
+    char topic[32 + 2 * sizeof k];
+    if (glen > 1024 || alen > 255) return;
+    size_t n = make_key(k, g, glen, a, alen);
+    int at = snprintf(topic, 32, "floor/m/%d/", self_id);
+    for (size_t i = 0; i < n; i++) at += sprintf(topic + at, "%02x", k[i]);
+    to_broker(topic, k, n, 1);
+}
+
+/* What this wake-up routed to each relay: one PUBLISH each, all of them in one write. */
+static void publish_routed(void) {
+    char topic[32];
+    for (uint32_t r = routed_dirty; r; r &= r - 1) {
+        int relay = __builtin_ctz(r);
+        snprintf(topic, sizeof topic, "floor/r/%d", relay);
+        to_broker(topic, routed[relay].p, routed[relay].len, 0);
+        routed[relay].len = 0;
+    }
+    routed_dirty = 0;
+    if (bout.len > bout.off) flush_broker();
+}
+
+static void on_publish(const uint8_t *topic, size_t tlen, const uint8_t *p, size_t n) {
+    if (tlen > 8 && !memcmp(topic, "floor/m/", 8)) { /* a member of another relay */
+        int relay = atoi((const char *)topic + 8); /* digits, then '/' */
+        const uint8_t *zero = memchr(p, 0, n);
+        if (relay != self_id && relay >= 0 && relay < MAX_RELAYS && zero)
+            remote_member(p, (size_t)(zero - p), zero + 1, n - (size_t)(zero - p) - 1, relay);
+        return;
+    }
+    while (n >= 4) { /* floor/r/ID: frames for members here */
+        size_t len = (size_t)be(p, 4);
+        if (len > n - 4) return;
+        cur_t cur = {p + 4, p + 4 + len};
+        size_t items, glen, dlen;
+        uint64_t type;
+        const uint8_t *g, *d;
+        if (!read_array(&cur, &items) && items >= 5 && !read_uint(&cur, &type) && type == 6
+            && !read_bytes(&cur, &g, &glen) && !read_bytes(&cur, &d, &dlen))
+            deliver(NULL, g, glen, d, dlen, p, 4 + len);
+        p += 4 + len;
+        n -= 4 + len;
+    }
+}
+
+static void on_broker(void) {
+    reserve(&bin, READ_SIZE);
+    ssize_t got = recv(broker, bin.p + bin.len, bin.cap - bin.len, 0);
+    if (got < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (got <= 0) { fprintf(stderr, "floor-relay: the broker closed the connection\n"); exit(1); }
+    bin.len += (size_t)got;
+    for (;;) {
+        const uint8_t *topic, *payload;
+        size_t tlen, plen;
+        long n = mqtt_next(bin.p + bin.off, bin.len - bin.off, &topic, &tlen, &payload, &plen);
+        if (n < 0) { fprintf(stderr, "floor-relay: a broker packet it cannot read\n"); exit(1); }
+        if (n == 0) break;
+        if (topic) on_publish(topic, tlen, payload, plen);
+        bin.off += (size_t)n;
+    }
+    if (bin.off == bin.len) bin.off = bin.len = 0;
+}
+
 /* ---------------------------------------------------------------- input */
 
 static const uint8_t WELCOME[] = {0, 0, 0, 10, 0x94, 2, 1, 0xa5, 'f', 'l', 'o', 'o', 'r', 0x80};
@@ -315,6 +431,7 @@ static int handle_frame(conn_t *c, const uint8_t *body, size_t len) {
         size_t rlen = (size_t)(cur.p - req);
         if (read_bytes(&cur, &g, &glen) || read_bytes(&cur, &a, &alen) || !a) return -1;
         connect_member(c, g, glen, a, alen);
+        if (broker >= 0) publish_member(g, glen, a, alen);
         uint8_t ok[4 + 3 + 9] = {0, 0, 0, (uint8_t)(3 + rlen), 0x93, 7};
         memcpy(ok + 6, req, rlen);
         ok[6 + rlen] = 0xc0;
@@ -323,26 +440,7 @@ static int handle_frame(conn_t *c, const uint8_t *body, size_t len) {
         const uint8_t *g, *d;
         size_t glen, dlen;
         if (read_bytes(&cur, &g, &glen) || read_bytes(&cur, &d, &dlen)) return -1;
-        const uint8_t *frame = body - 4;
-        size_t flen = len + 4;
-        if (d) {
-            uint8_t k[1024 + 1 + 256];
-            if (glen > 1024 || dlen > 255 || !members_cap) return 0;
-            member_t *m = slot(k, make_key(k, g, glen, d, dlen));
-            conn_t *to = m->key ? live(m->ref) : NULL;
-            if (to) { queue_bytes(to, frame, flen); throttle(c, to); }
-        } else {
-            group_t *gr = group(g, glen, 0);
-            unsigned mark = next_mark++;
-            c->mark = mark; /* not back to the sender's own connection */
-            for (size_t i = 0; gr && i < gr->n; i++) {
-                conn_t *to = live(gr->refs[i]);
-                if (!to || to->mark == mark) continue;
-                to->mark = mark;
-                queue_bytes(to, frame, flen);
-                throttle(c, to);
-            }
-        }
+        deliver(c, g, glen, d, dlen, body - 4, len + 4);
     }
     return 0;
 }
@@ -415,8 +513,11 @@ static void on_accept(int lfd) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2 || atoi(argv[1]) <= 0 || atoi(argv[1]) > 65535) {
-        fprintf(stderr, "usage: floor-relay PORT   (listens on 127.0.0.1:PORT)\n");
+    if ((argc != 2 && argc != 4) || atoi(argv[1]) <= 0 || atoi(argv[1]) > 65535
+        || (argc == 4 && (atoi(argv[2]) <= 0 || atoi(argv[3]) < 0
+                          || atoi(argv[3]) >= MAX_RELAYS))) {
+        fprintf(stderr, "usage: floor-relay PORT [BROKER_PORT ID]   (listens on 127.0.0.1:PORT;"
+                        " federated through an MQTT broker on 127.0.0.1:BROKER_PORT, ID 0-31)\n");
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
@@ -432,6 +533,18 @@ int main(int argc, char **argv) {
     ep = epoll_create1(EPOLL_CLOEXEC);
     struct epoll_event ev = {.events = EPOLLIN, .data.fd = lfd};
     epoll_ctl(ep, EPOLL_CTL_ADD, lfd, &ev);
+    if (argc == 4) {
+        char id[32];
+        self_id = atoi(argv[3]);
+        snprintf(id, sizeof id, "floor-%d", self_id);
+        char mine[32];
+        snprintf(mine, sizeof mine, "floor/r/%d", self_id);
+        const char *filters[] = {mine, "floor/m/#"};
+        if ((broker = mqtt_connect(atoi(argv[2]), id, filters, 2)) < 0) return 1;
+        broker_events = EPOLLIN;
+        struct epoll_event bev = {.events = EPOLLIN, .data.fd = broker};
+        epoll_ctl(ep, EPOLL_CTL_ADD, broker, &bev);
+    }
     struct epoll_event evs[MAX_EVENTS];
     for (;;) {
         int n = epoll_wait(ep, evs, MAX_EVENTS, -1);
@@ -440,6 +553,11 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n; i++) {
             int fd = evs[i].data.fd;
             if (fd == lfd) { on_accept(lfd); continue; }
+            if (fd == broker) {
+                if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) on_broker();
+                if (evs[i].events & EPOLLOUT) flush_broker();
+                continue;
+            }
             conn_t *c = (size_t)fd < nconns ? conns[fd] : NULL;
             if (!c) continue;
             if (c->paused && (evs[i].events & (EPOLLHUP | EPOLLERR))) { close_conn(c); continue; }
@@ -456,5 +574,6 @@ int main(int argc, char **argv) {
             flush(c);
         }
         nflush = 0;
+        if (broker >= 0) publish_routed(); /* one PUBLISH per relay, one write */
     }
 }
