@@ -99,3 +99,16 @@ def test_help_and_other_commands_do_not_import_the_router() -> None:
     assert imported("members", "--help") >= {"trio", "gossiprouter.client.front"}
     assert "gossiprouter.server.listener" not in imported("members", "--help")
     assert "gossiprouter.server.listener" in imported("serve", "--help")
+
+
+def test_a_mistyped_command_is_matched_against_every_command() -> None:
+    """Click suggests only among the commands it has loaded; the group loads them on use, so
+    it suggests among all of them itself (never the hidden ``loadtest-topics``)."""
+    for typed, want in (("serv", "no such command 'serv'. Did you mean 'serve'?"),
+                        ("lisen", "no such command 'lisen'. (Did you mean one of: 'listen', "
+                                  "'send'?)"),
+                        ("loadtst", "no such command 'loadtst'. Did you mean 'loadtest'?"),
+                        ("nothing-like-it", "no such command 'nothing-like-it' ")):
+        r = CliRunner().invoke(main, [typed])
+        assert r.exit_code == 2, r.output
+        assert r.output.startswith(f"gossiprouter: error: {want}"), r.output

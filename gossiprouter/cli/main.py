@@ -12,6 +12,7 @@ other commands (``gossiprouter analyze`` starts Spark without loading the router
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import importlib.util
@@ -100,6 +101,21 @@ class _Group(click.Group):
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*self.commands, *COMMANDS})
+
+    def resolve_command(self, ctx: click.Context, args: list[str]
+                        ) -> tuple[str | None, click.Command | None, list[str]]:
+        # Click suggests only among the commands already loaded: among all of them here.
+        name = click.utils.make_str(args[0]) if args else ""
+        known = self.list_commands(ctx)
+        if name and not name.startswith("-") and name not in known \
+                and not ctx.resilient_parsing:
+            close = difflib.get_close_matches(name, [c for c in known
+                                                     if not COMMANDS[c].hidden])
+            hint = (f" Did you mean {close[0]!r}?" if len(close) == 1 else
+                    f" (Did you mean one of: {', '.join(map(repr, sorted(close)))}?)" if close
+                    else "")
+            raise click.UsageError(f"No such command {name!r}.{hint}", ctx)
+        return super().resolve_command(ctx, args)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in COMMANDS:
