@@ -28,7 +28,7 @@ from gossiprouter.core.cli_errors import PREFIX, CommandError, needs_extra
 @dataclass(frozen=True)
 class LazyCommand:
     """A subcommand by where it lives, and the line the main help shows for it (the first
-    paragraph of its help; tests/test_cli_ux.py checks it against the command's own)."""
+    paragraph of its help; tests/test_cli_help.py checks it against the command's own)."""
 
     module: str
     attribute: str
