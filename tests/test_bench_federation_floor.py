@@ -34,3 +34,12 @@ def test_every_case_delivers_everything_and_the_ratios_are_printed() -> None:
     # not be, and the table says so instead.
     assert any(line.startswith("CPU per message, the C relay across relays / gossiprouter")
                or "below /proc's 10 ms tick" in line for line in lines), lines
+
+
+def test_bad_arguments_are_refused_before_anything_starts(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--mix", "0"], ["--rounds", "0"], ["--rate", "-1"]):
+        with pytest.raises(SystemExit) as e:
+            floor.main(argv)
+        assert e.value.code == 2, argv
+        assert "--rounds must be at least 1" in capsys.readouterr().err, argv
