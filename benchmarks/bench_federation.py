@@ -68,7 +68,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_topics import Loader, _native_member, run_fanout
-from benchmarks.federation_mix import MixOut, run_mix, wake_floor
+from benchmarks.federation_mix import MixOut, percentile, run_mix, wake_floor
 from gossiprouter.protocol import native as wire
 from gossiprouter.stub import Channel, RouterStub
 from tests.procs import BrokerProcess, RouterProcess, proc_cpu_seconds, wait_listening
@@ -126,11 +126,6 @@ class Results:
 
     def row(self, case: str) -> Row:
         return next(r for r in self.rows if r.case == case)
-
-
-def _pct(values: Sequence[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 async def _members_seen(stub: RouterStub, group: str, want: int, wait: float) -> bool:
@@ -383,7 +378,7 @@ async def run(messages: int, group_size: int, count: int, joins: int, wait: floa
                 if lat is None:
                     row.note = unfederated
                 else:
-                    row.p50_us, row.p99_us = _pct(lat, 0.5) * 1e6, _pct(lat, 0.99) * 1e6
+                    row.p50_us, row.p99_us = percentile(lat, 0.5) * 1e6, percentile(lat, 0.99) * 1e6
                     row.samples = len(lat)
                 res.rows.append(row)
         for where, tx, rx, _ in where_:
@@ -439,7 +434,7 @@ def print_mix(res: Results, out: Callable[[str], None] = print) -> None:
         if not lat:
             out(f"{name:<58} {'-':>9} {'-':>9}  {note}")
             continue
-        p50, p99 = _pct(lat, 0.5) * 1e6, _pct(lat, 0.99) * 1e6
+        p50, p99 = percentile(lat, 0.5) * 1e6, percentile(lat, 0.99) * 1e6
         cpu = m.cpu_s / max(m.messages, 1) * 1e6
         fig[name] = (p50, p99, cpu)
         out(f"{name:<58} {p50:>9,.0f} {p99:>9,.0f} {m.messages / m.wall_s:>9,.0f} "
@@ -472,15 +467,8 @@ def print_split(res: Results, out: Callable[[str], None] = print) -> None:
     out(f"{'CPU µs per message, per process (of it system)':<58} {'sending':>13} "
         f"{'each rx':>13} {'broker':>13} {'all':>15}")
     for name, m in res.mix.items():
-        per = max(m.messages, 1)
-
-        def us(role: str, m: MixOut = m, per: int = per) -> str:
-            secs, n = m.cpu_by.get(role, (0.0, 0))
-            system = m.sys_by.get(role, 0.0)
-            return f"{secs / n / per * 1e6:,.1f} ({system / n / per * 1e6:,.0f})" if n else "-"
-
-        out(f"{name:<58} {us(SENDING):>13} {us(RECEIVING):>13} {us(BROKER):>13} "
-            f"{f'{m.cpu_s / per * 1e6:,.1f} ({m.sys_s / per * 1e6:,.0f})':>15}")
+        out(f"{name:<58} {m.per_message_us(SENDING):>13} {m.per_message_us(RECEIVING):>13} "
+            f"{m.per_message_us(BROKER):>13} {m.per_message_us():>15}")
     if res.wake_floor is not None:
         out(f"a wake-up of Python with nothing to do, 1,000/s: trio {res.wake_floor[0]:,.1f} µs "
             f"CPU, a plain epoll loop {res.wake_floor[1]:,.1f} µs (each router's floor per "

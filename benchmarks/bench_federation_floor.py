@@ -33,7 +33,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_federation import BROKER, RECEIVING, ROUTER_ARGS, SENDING  # noqa: E402
-from benchmarks.federation_mix import MixOut, run_mix  # noqa: E402
+from benchmarks.federation_mix import MixOut, percentile, run_mix  # noqa: E402
 from benchmarks.floor.build import built  # noqa: E402
 from tests.procs import BrokerProcess, RouterProcess  # noqa: E402
 
@@ -53,11 +53,6 @@ class FloorRelay(RouterProcess):
 
     def command(self) -> list[str]:
         return [str(self.binary), str(self.port), *self.federated]
-
-
-def _pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 def run(rounds: int, messages: int, rate: float, wait: float,
@@ -116,21 +111,14 @@ def table(res: dict[str, MixOut], out: Callable[[str], None] = print) -> None:
     out(f"{'(CPU µs per message, of it system time)':<44}")
     cpu: dict[str, float] = {}
     for name, m in res.items():
-        per = max(m.messages, 1)
         lat = m.lat.get("remote") or m.lat.get("local", [])
-
-        def us(role: str, m: MixOut = m, per: int = per) -> str:
-            secs, n = m.cpu_by.get(role, (0.0, 0))
-            system = m.sys_by.get(role, 0.0)
-            return f"{secs / n / per * 1e6:,.1f} ({system / n / per * 1e6:,.0f})" if n else "-"
-
-        cpu[name] = m.cpu_s / per * 1e6
+        cpu[name] = m.cpu_s / max(m.messages, 1) * 1e6
         missing = "" if m.delivered == m.expected else \
             f"  ({m.expected - m.delivered} of {m.expected} deliveries missing)"
-        p50, p99 = (f"{_pct(lat, q) * 1e6:,.0f}" if lat else "-" for q in (0.5, 0.99))
-        out(f"{name:<44} {p50:>8} {p99:>8} {us(SENDING):>12} {us(RECEIVING):>12} "
-            f"{us(BROKER):>12} {f'{cpu[name]:,.1f} ({m.sys_s / per * 1e6:,.0f})':>13}"
-            f"{missing}")
+        p50, p99 = (f"{percentile(lat, q) * 1e6:,.0f}" if lat else "-" for q in (0.5, 0.99))
+        out(f"{name:<44} {p50:>8} {p99:>8} {m.per_message_us(SENDING):>12} "
+            f"{m.per_message_us(RECEIVING):>12} {m.per_message_us(BROKER):>12} "
+            f"{m.per_message_us():>13}{missing}")
     base = cpu.get(GR_ONE)
     if not base:
         out("- (gossiprouter alone below /proc's 10 ms tick: more --mix)")

@@ -42,8 +42,9 @@ _PAD = bytes(92)  # 100-byte payloads
 class MixOut:
     """Seconds from write to arrival, by the receivers' label (``run_mix``'s ``rx``); CPU
     seconds of the processes measured, in all and by role (``cpu_by``: role -> (seconds,
-    processes of that role)), and of that the kernel's (system time: ``sys_s``, ``sys_by``
-    role -> seconds), which no implementation of the relay in user space removes."""
+    processes of that role)), and of that the kernel's (system time: ``sys_by``, role ->
+    seconds; ``sys_s`` in all), which no implementation of the relay in user space
+    removes."""
 
     lat: dict[str, list[float]] = field(default_factory=dict)
     messages: int = 0
@@ -52,8 +53,21 @@ class MixOut:
     cpu_s: float = 0.0
     wall_s: float = 0.0
     cpu_by: dict[str, tuple[float, int]] = field(default_factory=dict)
-    sys_s: float = 0.0
     sys_by: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def sys_s(self) -> float:
+        return sum(self.sys_by.values())
+
+    def per_message_us(self, role: str | None = None) -> str:
+        """CPU µs per message of each process of ``role`` (None: of all of them), its system
+        part in parentheses; "-" when no process of ``role`` was measured."""
+        per = max(self.messages, 1) / 1e6
+        if role is None:
+            return f"{self.cpu_s / per:,.1f} ({self.sys_s / per:,.0f})"
+        secs, n = self.cpu_by.get(role, (0.0, 0))
+        system = self.sys_by.get(role, 0.0)
+        return f"{secs / n / per:,.1f} ({system / n / per:,.0f})" if n else "-"
 
     def add(self, other: MixOut) -> None:
         for k, v in other.lat.items():
@@ -66,9 +80,14 @@ class MixOut:
         for role, (secs, n) in other.cpu_by.items():
             mine = self.cpu_by.get(role, (0.0, n))
             self.cpu_by[role] = (mine[0] + secs, n)
-        self.sys_s += other.sys_s
         for role, secs in other.sys_by.items():
             self.sys_by[role] = self.sys_by.get(role, 0.0) + secs
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank ``q`` quantile of ``values`` (not empty)."""
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 def member(port: int, group: str, addr: bytes) -> socket.socket:
@@ -197,7 +216,6 @@ def run_mix(group: str, tx_port: int, rx: Sequence[tuple[int, str]], messages: i
         spent = [(u1 - u0, s1 - s0) for (u0, s0), (u1, s1)
                  in zip(cpu0, map(proc_cpu_split, pids), strict=True)]
         out.cpu_s = sum(u + s for u, s in spent)
-        out.sys_s = sum(s for _, s in spent)
         for role, (user, system) in zip(roles or ["all"] * len(pids), spent, strict=True):
             total, n = out.cpu_by.get(role, (0.0, 0))
             out.cpu_by[role] = (total + user + system, n + 1)

@@ -64,7 +64,11 @@ int mqtt_connect(int port, const char *client_id, const char *const *filters, in
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     uint8_t pkt[1024], body[1024];
     size_t idlen = strlen(client_id), n = 0;
-    if (idlen > 200) return -1;
+    if (idlen > 200) {
+        fprintf(stderr, "floor-relay: client id too long\n");
+        close(fd);
+        return -1;
+    }
     /* CONNECT: "MQTT", level 4, clean session, keepalive 0, the client id */
     const uint8_t head[] = {0, 4, 'M', 'Q', 'T', 'T', 4, 0x02, 0, 0};
     memcpy(body, head, sizeof head);
@@ -87,7 +91,11 @@ int mqtt_connect(int port, const char *client_id, const char *const *filters, in
     body[n++] = 1;
     for (int i = 0; i < nfilters; i++) {
         size_t fl = strlen(filters[i]);
-        if (n + fl + 3 > sizeof body) return -1;
+        if (n + fl + 3 > sizeof body) {
+            fprintf(stderr, "floor-relay: topic filters too long\n");
+            close(fd);
+            return -1;
+        }
         body[n++] = (uint8_t)(fl >> 8);
         body[n++] = (uint8_t)fl;
         memcpy(body + n, filters[i], fl);

@@ -208,7 +208,7 @@ static void remote_member(const uint8_t *gname, size_t glen, const uint8_t *a, s
     uint8_t k[1024 + 1 + 256];
     if (glen > 1024 || alen > 255) return;
     member_t *m = entry(k, make_key(k, gname, glen, a, alen));
-    if (m->ref.fd >= 0 && live(m->ref)) return; /* a local member keeps its entry */
+    if (live(m->ref)) return; /* a local member keeps its entry */
     m->ref = (ref_t){-2 - relay, 0};
     group(gname, glen, 1)->remote |= 1u << relay;
 }

@@ -12,12 +12,11 @@ other commands (``gossiprouter analyze`` starts Spark without loading the router
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib
 import importlib.util
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import click
 
@@ -64,6 +63,8 @@ COMMANDS: dict[str, LazyCommand] = {
     "serve": LazyCommand("gossiprouter.cli.serve", "serve",
                          "Run the router until SIGINT or SIGTERM."),
 }
+# What `gossiprouter --help` lists, and a mistyped command is matched against.
+_VISIBLE: Final = tuple(sorted(name for name, c in COMMANDS.items() if not c.hidden))
 
 
 class _UsageError(click.UsageError):
@@ -104,18 +105,12 @@ class _Group(click.Group):
 
     def resolve_command(self, ctx: click.Context, args: list[str]
                         ) -> tuple[str | None, click.Command | None, list[str]]:
-        # Click suggests only among the commands already loaded: among all of them here.
-        name = click.utils.make_str(args[0]) if args else ""
-        known = self.list_commands(ctx)
-        if name and not name.startswith("-") and name not in known \
-                and not ctx.resilient_parsing:
-            close = difflib.get_close_matches(name, [c for c in known
-                                                     if not COMMANDS[c].hidden])
-            hint = (f" Did you mean {close[0]!r}?" if len(close) == 1 else
-                    f" (Did you mean one of: {', '.join(map(repr, sorted(close)))}?)" if close
-                    else "")
-            raise click.UsageError(f"No such command {name!r}.{hint}", ctx)
-        return super().resolve_command(ctx, args)
+        try:
+            return super().resolve_command(ctx, args)
+        except click.exceptions.NoSuchCommand as e:
+            # Click suggests among the commands loaded so far: among every one shown here.
+            raise click.exceptions.NoSuchCommand(e.command_name, possibilities=_VISIBLE,
+                                                 ctx=ctx) from None
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in COMMANDS:
@@ -123,13 +118,11 @@ class _Group(click.Group):
         return self.commands.get(cmd_name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        """The commands and their lines, from :data:`COMMANDS` (nothing is imported)."""
-        shown = sorted((name, c.summary) for name, c in COMMANDS.items() if not c.hidden)
-        limit = formatter.width - 6 - max(len(name) for name, _ in shown)  # as click's own
-        rows = [(name, click.Command(name, help=summary).get_short_help_str(limit))
-                for name, summary in shown]
-        with formatter.section("Commands"):
-            formatter.write_dl(rows)
+        """Click's own listing, of stand-ins that carry each command's line from
+        :data:`COMMANDS`: nothing is imported."""
+        stand_ins = click.Group(commands=[click.Command(name, help=COMMANDS[name].summary)
+                                          for name in _VISIBLE])
+        stand_ins.format_commands(ctx, formatter)
 
 
 @click.group(cls=_Group,
@@ -145,8 +138,10 @@ def main() -> None:
     """
 
 
+@functools.cache
 def load(name: str) -> click.Command:
-    """The subcommand ``name`` of :data:`COMMANDS`, its module imported now."""
+    """The subcommand ``name`` of :data:`COMMANDS`, its module imported now (once: its
+    optional dependencies' check wraps its callback)."""
     lazy = COMMANDS[name]
     cmd: click.Command = getattr(importlib.import_module(lazy.module), lazy.attribute)
     return cmd if lazy.needs is None else _needs(cmd, *lazy.needs)
