@@ -241,3 +241,35 @@ async def test_snapshots_are_copies_with_a_stable_shape() -> None:
     assert alpha.connections[0].active and (await membership(table)).graced == 1
     assert m.graced == 0
     assert await member_page(table, "nope", 0.0, 0, 10) is None
+
+
+class _Probe(NoHooks):
+    """Hooks whose endpoint, as it starts, tries the router's port."""
+
+    def __init__(self) -> None:
+        self.server: Server | None = None
+        self.port_accepted: bool | None = None
+
+    async def serve(self, view: RouterView, *, task_status: trio.TaskStatus[
+            tuple[str, int] | None] = trio.TASK_STATUS_IGNORED) -> None:
+        assert self.server is not None
+        try:
+            stream = await trio.open_tcp_stream(*_address(self.server))
+        except OSError:
+            self.port_accepted = False
+        else:
+            self.port_accepted = True
+            await stream.aclose()
+        task_status.started(None)
+
+
+async def test_the_port_accepts_only_once_the_hooks_endpoint_is_up(
+        nursery: trio.Nursery) -> None:
+    """Whoever finds the router's port accepting finds its metrics and admin endpoint up
+    too (a load test's admin poll was refused once in CI: the port listened first)."""
+    probe = _Probe()
+    probe.server = Server(Config(host="127.0.0.1", port=0), hooks=probe)
+    await nursery.start(probe.server.serve)
+    assert probe.port_accepted is False  # bound while the endpoint started, not listening
+    c = await NativeClient.open(*_address(probe.server))
+    assert await c.connect("g", b"A") == wire.Ok(1)

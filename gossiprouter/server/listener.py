@@ -227,14 +227,16 @@ class Server(ReadPart):
     ) -> None:
         """Listen, accept and serve until :meth:`shutdown` or cancellation."""
         cfg = self.config
+        # Bound now (a taken port fails at once), listening only once the hooks' endpoint
+        # (metrics, admin) and the bridge are started: whoever finds the port accepting
+        # finds them up too.
         try:
-            listener = await self._listen(cfg.host, cfg.port, cfg.backlog)
+            sock = await self._bind(cfg.host, cfg.port)
         except OSError as e:
             raise ListenError(cfg.host, cfg.port, e) from e
-        sockname = listener.socket.getsockname()
+        sockname = sock.getsockname()
         self.address = (sockname[0], sockname[1])
-        log.info("listening on %s:%d (native, JGroups 2.12 and 5.x on one port); fast path: %s",
-                 *self.address, self._fast_status)
+        listener: trio.SocketListener | None = None
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -248,6 +250,13 @@ class Server(ReadPart):
                 await nursery.start(self.hooks.serve, self.view())
                 if self.bridge is not None:
                     nursery.start_soon(self.bridge.run)
+                try:
+                    sock.listen(cfg.backlog)
+                except OSError as e:
+                    raise ListenError(cfg.host, cfg.port, e) from e
+                listener = trio.SocketListener(sock)
+                log.info("listening on %s:%d (native, JGroups 2.12 and 5.x on one port); "
+                         "fast path: %s", *self.address, self._fast_status)
                 task_status.started(self.address)
                 with self._accept_scope:
                     await self._accept_loop(listener, nursery)
@@ -262,22 +271,25 @@ class Server(ReadPart):
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
-                await listener.aclose()
+                if listener is not None:
+                    await listener.aclose()
+                else:
+                    sock.close()
             self._closed.set()
             log.info("stopped")
 
     @staticmethod
-    async def _listen(host: str, port: int, backlog: int) -> trio.SocketListener:
+    async def _bind(host: str, port: int) -> trio.socket.SocketType:
+        """The router's socket, bound to (host, port) and not yet listening."""
         family = _stdsocket.AF_INET6 if ":" in host else _stdsocket.AF_INET
         sock = trio.socket.socket(family, _stdsocket.SOCK_STREAM)
         try:
             sock.setsockopt(_stdsocket.SOL_SOCKET, _stdsocket.SO_REUSEADDR, 1)
             await sock.bind((host, port))
-            sock.listen(backlog)
         except BaseException:
             sock.close()
             raise
-        return trio.SocketListener(sock)
+        return sock
 
     async def wait_closed(self) -> None:
         await self._closed.wait()
