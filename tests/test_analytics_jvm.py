@@ -207,3 +207,17 @@ def test_each_kind_of_jvm_keeps_its_own_archive(tmp_path: Path) -> None:
         assert again is not None and again.writing is None and again.path == path
     with pytest.raises(ValueError, match="kind"):
         class_archive(java, home, cache, kind="../x")
+
+
+def test_the_local_jvm_runs_the_throughput_collector(spark: SparkSession) -> None:
+    """A local master's driver runs the tasks itself, and on few cores the parallel
+    collector beats G1, Java's default (spark_io.LOCAL_COLLECTOR): the option reaches the
+    JVM (the suite's, like an analysis's)."""
+    jvm: Any = spark._jvm
+    bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
+    assert bean.getVMOption("UseParallelGC").getValue() == "true"
+    assert bean.getVMOption("UseG1GC").getValue() == "false"
+    names = {str(b.getName()) for b in
+             jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()}
+    assert names == {"PS Scavenge", "PS MarkSweep"}, names

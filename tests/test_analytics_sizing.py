@@ -1,8 +1,11 @@
-"""Spark settings sized for the run (gossiprouter.analytics.sizing): no Spark needed."""
+"""Spark settings sized for the run (gossiprouter.analytics.sizing) and the local driver's
+collector (spark_io.session_settings): no Spark needed."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from gossiprouter.analytics.sizing import (
     MIN_RECORDS_PER_PARTITION,
@@ -13,6 +16,7 @@ from gossiprouter.analytics.sizing import (
     partitions,
     start_settings,
 )
+from gossiprouter.analytics.spark_io import LOCAL_COLLECTOR, choose_collector, session_settings
 
 
 def test_input_bytes_counts_the_record_files_only(tmp_path: Path) -> None:
@@ -54,3 +58,25 @@ def test_partitions_follow_the_record_count() -> None:
     assert partitions(MIN_RECORDS_PER_PARTITION * 3, 1) == 2
     # Never more records per partition than RECORDS_PER_PARTITION.
     assert partitions(10_622_267, 2) == -(-10_622_267 // RECORDS_PER_PARTITION) == 54
+
+
+def test_a_local_driver_runs_the_throughput_collector(monkeypatch: pytest.MonkeyPatch) -> None:
+    for v in ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS"):
+        monkeypatch.delenv(v, raising=False)
+    options = "spark.driver.extraJavaOptions"
+    # Added to what a local master's driver is given (a small run's light JVM included) ...
+    assert session_settings("local[2]")[options] == LOCAL_COLLECTOR == "-XX:+UseParallelGC"
+    small = session_settings("local[*]", start_settings(None, 14_400 * 40))
+    assert small[options].split() == [*QUICK_JVM_OPTIONS.split(), LOCAL_COLLECTOR]
+    # ... not to a cluster's driver, which does not run the tasks ...
+    assert options not in session_settings("spark://127.0.0.1:7077")
+    # ... nor where the options choose a collector themselves (two choices stop the JVM),
+    for chosen in ("-XX:+UseG1GC", "-Xss4m -XX:+UseSerialGC", "-XX:+UseZGC -Xlog:gc"):
+        assert session_settings("local[2]", {options: chosen})[options] == chosen
+    assert session_settings("local[2]", {options: "-Xss4m"})[options] == (
+        f"-Xss4m {LOCAL_COLLECTOR}")
+    # ... or the JVM's environment does.
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-Dfoo=1 -XX:+UseShenandoahGC")
+    assert options not in session_settings("local[2]")
+    assert choose_collector("", {"_JAVA_OPTIONS": "-XX:+UseEpsilonGC"})
+    assert not choose_collector("-XX:-UseG1GC -XX:+UseCompressedOops", {})
