@@ -51,9 +51,10 @@ APP_NAME: Final = "gossiprouter-analyze"
 # The garbage collector of a local master's driver JVM, which runs the tasks itself. The
 # throughput collector, not G1 (Java's default): on a machine of few cores G1's concurrent
 # threads and costlier write barriers take the tasks' cores. Measured on 2 cores, whole
-# analyses alternating (docs/performance-spark.md, sixth pass): 1.5 M records 42-52 s
-# against 58-61 s, a 14,400-record run 0.81-0.99 of the time in 4 pairs. Left out when the
-# options or the JVM's environment choose a collector (:func:`choose_collector`).
+# analyses alternating (docs/performance-spark.md, sixth pass): 10.6 M records 0.81 and 0.86
+# of G1's time, 1.5 M records 42-52 s against 58-61 s; a 14,400-record run within the noise.
+# Left out when the options or the JVM's environment choose a collector
+# (:func:`choose_collector`).
 LOCAL_COLLECTOR: Final = "-XX:+UseParallelGC"
 _COLLECTOR: Final = re.compile(r"-XX:\+Use\w+GC\b")
 _JVM_ENVIRONMENT: Final = ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
