@@ -6,6 +6,7 @@ named (IPv6 in brackets)."""
 from __future__ import annotations
 
 import dataclasses
+import socket
 import warnings
 
 import pytest
@@ -16,7 +17,7 @@ from gossiprouter.ops.access import peer_host, peer_ip
 from gossiprouter.protocol import native as wire
 from gossiprouter.routing.table import RoutingTable
 from gossiprouter.server.hooks import HOOK_OPTIONS, ByteStream, NoHooks, ServerHooks, needs_hooks
-from gossiprouter.server.listener import Server
+from gossiprouter.server.listener import ListenError, Server
 from gossiprouter.server.snapshot import RouterView, group_page, member_page, membership
 from gossiprouter.sessions.base import Authority
 from tests.carriers import named
@@ -273,3 +274,40 @@ async def test_the_port_accepts_only_once_the_hooks_endpoint_is_up(
     assert probe.port_accepted is False  # bound while the endpoint started, not listening
     c = await NativeClient.open(*_address(probe.server))
     assert await c.connect("g", b"A") == wire.Ok(1)
+
+
+class _Squatter(NoHooks):
+    """Hooks whose endpoint, as it starts, takes the router's port: another socket that
+    may share its address (SO_REUSEADDR) binds it and listens first."""
+
+    def __init__(self) -> None:
+        self.server: Server | None = None
+        self.taken: socket.socket | None = None
+
+    async def serve(self, view: RouterView, *, task_status: trio.TaskStatus[
+            tuple[str, int] | None] = trio.TASK_STATUS_IGNORED) -> None:
+        assert self.server is not None
+        self.taken = socket.socket()
+        self.taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.taken.bind(_address(self.server))
+        self.taken.listen()
+        task_status.started(None)
+
+
+async def test_a_port_taken_between_bind_and_listen_fails_as_a_taken_port_does() -> None:
+    """listen() comes after the hooks start; if it fails, the error is the bind's kind,
+    bare (Router.run's promise), not wrapped in the nursery's exception group."""
+    squatter = _Squatter()
+    squatter.server = Server(Config(host="127.0.0.1", port=0), hooks=squatter)
+    port = None
+    try:
+        async with trio.open_nursery() as nursery:
+            with pytest.raises(ListenError, match="already in use") as refused:
+                await nursery.start(squatter.server.serve)
+            port = _address(squatter.server)[1]
+        assert port != 0 and f"127.0.0.1:{port}:" in str(refused.value)  # the bound port
+        with trio.fail_after(30):  # a guard against a hang, not a timing
+            await squatter.server.wait_closed()  # the server ended: nothing left running
+    finally:
+        assert squatter.taken is not None
+        squatter.taken.close()

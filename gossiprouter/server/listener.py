@@ -237,6 +237,7 @@ class Server(ReadPart):
         sockname = sock.getsockname()
         self.address = (sockname[0], sockname[1])
         listener: trio.SocketListener | None = None
+        refused: OSError | None = None
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -253,22 +254,15 @@ class Server(ReadPart):
                 try:
                     sock.listen(cfg.backlog)
                 except OSError as e:
-                    raise ListenError(cfg.host, cfg.port, e) from e
-                listener = trio.SocketListener(sock)
-                log.info("listening on %s:%d (native, JGroups 2.12 and 5.x on one port); "
-                         "fast path: %s", *self.address, self._fast_status)
-                task_status.started(self.address)
-                with self._accept_scope:
-                    await self._accept_loop(listener, nursery)
-                await listener.aclose()
-                # Shutdown: wait for connections to flush, then cut what is left; the
-                # bridge's leave (published in shutdown()) within the same time.
-                with trio.move_on_after(cfg.shutdown_timeout + 0.5):
-                    while self.connections:
-                        await trio.sleep(0.02)
-                    if self.bridge is not None:
-                        await self.bridge.left.wait()
-                nursery.cancel_scope.cancel()
+                    # Raised after the nursery, bare as the bind's is: from in here it
+                    # would come out wrapped in the nursery's exception group.
+                    refused = e
+                    nursery.cancel_scope.cancel()
+                else:
+                    listener = trio.SocketListener(sock)
+                    await self._serve_listening(listener, nursery, task_status)
+            if refused is not None:
+                raise ListenError(*self.address, refused) from refused
         finally:
             with trio.CancelScope(shield=True):
                 if listener is not None:
@@ -277,6 +271,27 @@ class Server(ReadPart):
                     sock.close()
             self._closed.set()
             log.info("stopped")
+
+    async def _serve_listening(
+        self, listener: trio.SocketListener, nursery: trio.Nursery,
+        task_status: trio.TaskStatus[tuple[str, int]],
+    ) -> None:
+        """Accept on ``listener`` until :meth:`shutdown`, then let the connections flush."""
+        assert self.address is not None
+        log.info("listening on %s:%d (native, JGroups 2.12 and 5.x on one port); "
+                 "fast path: %s", *self.address, self._fast_status)
+        task_status.started(self.address)
+        with self._accept_scope:
+            await self._accept_loop(listener, nursery)
+        await listener.aclose()
+        # Shutdown: wait for connections to flush, then cut what is left; the bridge's
+        # leave (published in shutdown()) within the same time.
+        with trio.move_on_after(self.config.shutdown_timeout + 0.5):
+            while self.connections:
+                await trio.sleep(0.02)
+            if self.bridge is not None:
+                await self.bridge.left.wait()
+        nursery.cancel_scope.cancel()
 
     @staticmethod
     async def _bind(host: str, port: int) -> trio.socket.SocketType:
