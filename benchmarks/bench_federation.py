@@ -68,7 +68,8 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_topics import Loader, _native_member, run_fanout
-from benchmarks.federation_mix import MixOut, percentile, run_mix, wake_floor
+from benchmarks.federation_mix import MixOut, run_mix, wake_floor
+from benchmarks.figures import percentile
 from gossiprouter.protocol import native as wire
 from gossiprouter.stub import Channel, RouterStub
 from tests.procs import BrokerProcess, RouterProcess, proc_cpu_seconds, wait_listening

@@ -33,7 +33,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_federation import BROKER, RECEIVING, ROUTER_ARGS, SENDING  # noqa: E402
-from benchmarks.federation_mix import MixOut, percentile, run_mix  # noqa: E402
+from benchmarks.federation_mix import MixOut, run_mix  # noqa: E402
+from benchmarks.figures import percentile  # noqa: E402
 from benchmarks.floor.build import built  # noqa: E402
 from tests.procs import BrokerProcess, RouterProcess  # noqa: E402
 

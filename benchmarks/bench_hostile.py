@@ -47,6 +47,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.figures import percentile  # noqa: E402
 from gossiprouter.protocol import jgroups5 as j5  # noqa: E402
 from gossiprouter.protocol import native as wire  # noqa: E402
 from tests.procs import RouterProcess, free_port, wait_listening  # noqa: E402
@@ -143,11 +144,6 @@ class Pinger:
         return [r for t, r in self.samples if t < t1 and t + r > t0]
 
 
-def pct(values: list[float], q: float) -> float:
-    v = sorted(values)
-    return v[min(len(v) - 1, int(q * len(v)))]
-
-
 def ms(v: float) -> str:
     return f"{v * 1e3:.2f} ms" if v < 1 else f"{v:.2f} s"
 
@@ -155,7 +151,7 @@ def ms(v: float) -> str:
 def rtt_summary(rtts: list[float]) -> str:
     if not rtts:
         return "no round trip completed"
-    return (f"p50 {ms(statistics.median(rtts))}, p99 {ms(pct(rtts, 0.99))}, "
+    return (f"p50 {ms(statistics.median(rtts))}, p99 {ms(percentile(rtts, 0.99))}, "
             f"max {ms(max(rtts))} ({len(rtts)} samples)")
 
 

@@ -84,12 +84,6 @@ class MixOut:
             self.sys_by[role] = self.sys_by.get(role, 0.0) + secs
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """The nearest-rank ``q`` quantile of ``values`` (not empty)."""
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
-
 def member(port: int, group: str, addr: bytes) -> socket.socket:
     """A raw native member of ``group`` on 127.0.0.1:``port``."""
     s = socket.create_connection(("127.0.0.1", port))

@@ -16,7 +16,7 @@ from gossiprouter.analytics.sizing import (
     partitions,
     start_settings,
 )
-from gossiprouter.analytics.spark_io import LOCAL_COLLECTOR, choose_collector, session_settings
+from gossiprouter.analytics.spark_io import LOCAL_COLLECTOR, chooses_collector, session_settings
 
 
 def test_input_bytes_counts_the_record_files_only(tmp_path: Path) -> None:
@@ -78,5 +78,5 @@ def test_a_local_driver_runs_the_throughput_collector(monkeypatch: pytest.Monkey
     # ... or the JVM's environment does.
     monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-Dfoo=1 -XX:+UseShenandoahGC")
     assert options not in session_settings("local[2]")
-    assert choose_collector("", {"_JAVA_OPTIONS": "-XX:+UseEpsilonGC"})
-    assert not choose_collector("-XX:-UseG1GC -XX:+UseCompressedOops", {})
+    assert chooses_collector("", {"_JAVA_OPTIONS": "-XX:+UseEpsilonGC"})
+    assert not chooses_collector("-XX:-UseG1GC -XX:+UseCompressedOops", {})

@@ -90,6 +90,8 @@ SMOKE: dict[str, tuple[str, ...] | RunBy] = {
     "benchmarks/vs_jgroups_procs.py": RunBy("a module: bench_vs_jgroups.py runs on it"),
     "benchmarks/profiling.py": RunBy("a module: bench_hotloop.py and bench_jgroups_hotloop.py "
                                      "run on it"),
+    "benchmarks/figures.py": RunBy("a module: bench_federation.py, bench_federation_floor.py "
+                                   "and bench_hostile.py print their percentiles with it"),
 }
 # Run in this process, on the module's local Spark (one JVM start for all of them).
 ON_SPARK = {"scripts/bench-analyze"}

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = ["APP_NAME", "DEFAULT_MASTER", "LOCAL_COLLECTOR", "LOOPBACK", "MASTER_CONNECT_TIMEOUT",
            "AuditInputError", "HadoopFs", "RunStore", "SparkStartError", "check_java",
-           "check_local_dir", "check_run_dir", "choose_collector", "ddl", "driver_address",
+           "check_local_dir", "check_run_dir", "chooses_collector", "ddl", "driver_address",
            "java_binary", "local_frame", "local_path", "loopback_master", "rows",
            "session_settings", "spark_session", "stop_session"]
 
@@ -54,7 +54,7 @@ APP_NAME: Final = "gossiprouter-analyze"
 # analyses alternating (docs/performance-spark.md, sixth pass): 10.6 M records 0.81 and 0.86
 # of G1's time, 1.5 M records 42-52 s against 58-61 s; a 14,400-record run within the noise.
 # Left out when the options or the JVM's environment choose a collector
-# (:func:`choose_collector`).
+# (:func:`chooses_collector`).
 LOCAL_COLLECTOR: Final = "-XX:+UseParallelGC"
 _COLLECTOR: Final = re.compile(r"-XX:\+Use\w+GC\b")
 _JVM_ENVIRONMENT: Final = ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
@@ -403,12 +403,12 @@ def session_settings(master: str, conf: Mapping[str, str] | None = None, *,
     settings.update(conf or {})
     if cores is not None:
         options = settings.get(_DRIVER_JAVA_OPTIONS, "")
-        if not choose_collector(options, os.environ):
+        if not chooses_collector(options, os.environ):
             settings[_DRIVER_JAVA_OPTIONS] = f"{options} {LOCAL_COLLECTOR}".strip()
     return settings
 
 
-def choose_collector(options: str, environ: Mapping[str, str]) -> bool:
+def chooses_collector(options: str, environ: Mapping[str, str]) -> bool:
     """Whether the JVM options ``options``, or those the JVM reads from ``environ``
     (``JAVA_TOOL_OPTIONS``, ``JDK_JAVA_OPTIONS``, ``_JAVA_OPTIONS``), choose a garbage
     collector: :data:`LOCAL_COLLECTOR` is then left out (two choices stop the JVM)."""
