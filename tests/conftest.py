@@ -155,11 +155,11 @@ def spark() -> Iterator[SparkSession]:
     such JVM of a machine writes it, at its stop), not ``gossiprouter analyze``'s, which would
     then hold only the classes the tests load."""
     from gossiprouter.analytics.sizing import QUICK_JVM_OPTIONS
-    from gossiprouter.analytics.spark_io import spark_session, stop_session
+    from gossiprouter.analytics.spark_io import DRIVER_JAVA_OPTIONS, spark_session, stop_session
 
     session = spark_session("local[2]", conf={
         "spark.sql.shuffle.partitions": "2",
-        "spark.driver.extraJavaOptions": QUICK_JVM_OPTIONS,
+        DRIVER_JAVA_OPTIONS: QUICK_JVM_OPTIONS,
     }, share_classes="tests")
     yield session
     stop_session(session)

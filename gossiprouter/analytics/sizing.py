@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from gossiprouter.analytics.spark_io import DEFAULT_MASTER, local_path
+from gossiprouter.analytics.spark_io import DEFAULT_MASTER, DRIVER_JAVA_OPTIONS, local_path
 from gossiprouter.loadtest.records import RECORDS_DIR
 
 __all__ = ["MIN_RECORDS_PER_PARTITION", "QUICK_JVM_OPTIONS", "RECORDS_PER_PARTITION",
@@ -63,7 +63,7 @@ def start_settings(master: str | None, n_bytes: int | None) -> dict[str, str]:
     if n_bytes is None or n_bytes > SMALL_INPUT_BYTES:
         return {}
     return {
-        "spark.driver.extraJavaOptions": QUICK_JVM_OPTIONS,
+        DRIVER_JAVA_OPTIONS: QUICK_JVM_OPTIONS,
         "spark.sql.shuffle.partitions": "1",
         "spark.default.parallelism": "1",
         # Interpreted expressions and operators: compiling generated code (Janino) costs

@@ -39,14 +39,18 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["APP_NAME", "DEFAULT_MASTER", "LOCAL_COLLECTOR", "LOOPBACK", "MASTER_CONNECT_TIMEOUT",
-           "AuditInputError", "HadoopFs", "RunStore", "SparkStartError", "check_java",
-           "check_local_dir", "check_run_dir", "chooses_collector", "ddl", "driver_address",
-           "java_binary", "local_frame", "local_path", "loopback_master", "rows",
-           "session_settings", "spark_session", "stop_session"]
+__all__ = ["APP_NAME", "DEFAULT_MASTER", "DRIVER_JAVA_OPTIONS", "LOCAL_COLLECTOR", "LOOPBACK",
+           "MASTER_CONNECT_TIMEOUT", "AuditInputError", "HadoopFs", "RunStore",
+           "SparkStartError", "check_java", "check_local_dir", "check_run_dir",
+           "chooses_collector", "ddl", "driver_address", "java_binary", "local_frame",
+           "local_path", "loopback_master", "rows", "session_settings", "spark_session",
+           "stop_session"]
 
 DEFAULT_MASTER: Final = "local[*]"
 APP_NAME: Final = "gossiprouter-analyze"
+# The Spark setting that holds the driver JVM's options (the collector, the class archive and a
+# small run's compiler settings all go there).
+DRIVER_JAVA_OPTIONS: Final = "spark.driver.extraJavaOptions"
 
 # The garbage collector of a local master's driver JVM, which runs the tasks itself. The
 # throughput collector, not G1 (Java's default): on a machine of few cores G1's concurrent
@@ -58,7 +62,6 @@ APP_NAME: Final = "gossiprouter-analyze"
 LOCAL_COLLECTOR: Final = "-XX:+UseParallelGC"
 _COLLECTOR: Final = re.compile(r"-XX:\+Use\w+GC\b")
 _JVM_ENVIRONMENT: Final = ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
-_DRIVER_JAVA_OPTIONS: Final = "spark.driver.extraJavaOptions"
 _SPARK_TYPES: Final = {"string": "STRING", "int64": "BIGINT", "int32": "INT"}
 
 
@@ -402,9 +405,9 @@ def session_settings(master: str, conf: Mapping[str, str] | None = None, *,
             settings["spark.driver.memory"] = "3g"
     settings.update(conf or {})
     if cores is not None:
-        options = settings.get(_DRIVER_JAVA_OPTIONS, "")
+        options = settings.get(DRIVER_JAVA_OPTIONS, "")
         if not chooses_collector(options, os.environ):
-            settings[_DRIVER_JAVA_OPTIONS] = f"{options} {LOCAL_COLLECTOR}".strip()
+            settings[DRIVER_JAVA_OPTIONS] = f"{options} {LOCAL_COLLECTOR}".strip()
     return settings
 
 
@@ -431,8 +434,8 @@ def _start_context(master: str, spark_conf: Any, log_path: str | os.PathLike[str
         archive = (class_archive(java, _find_spark_home(), kind=share_classes)
                    if share_classes is not None and java is not None else None)
         if archive is not None:  # the JVM's class archive (jvm_archive): mapped or written
-            extra = spark_conf.get(_DRIVER_JAVA_OPTIONS) or ""
-            spark_conf.set(_DRIVER_JAVA_OPTIONS, f"{extra} {archive.options}")
+            extra = spark_conf.get(DRIVER_JAVA_OPTIONS) or ""
+            spark_conf.set(DRIVER_JAVA_OPTIONS, f"{extra} {archive.options}")
         launch: Any = launch_gateway  # untyped in PySpark
         with contextlib.ExitStack() as stack:
             kwargs = None
