@@ -31,7 +31,6 @@ import multiprocessing as mp
 import os
 import queue
 import socket
-import statistics
 import struct
 import subprocess
 import sys
@@ -151,7 +150,7 @@ def ms(v: float) -> str:
 def rtt_summary(rtts: list[float]) -> str:
     if not rtts:
         return "no round trip completed"
-    return (f"p50 {ms(statistics.median(rtts))}, p99 {ms(percentile(rtts, 0.99))}, "
+    return (f"p50 {ms(percentile(rtts, 0.5))}, p99 {ms(percentile(rtts, 0.99))}, "
             f"max {ms(max(rtts))} ({len(rtts)} samples)")
 
 
