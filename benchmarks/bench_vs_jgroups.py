@@ -22,6 +22,10 @@ and the light-load floor (issue 30), in every run unless ``--routers`` leaves it
   ``gr-native``. What any relay pays per message in wake-ups and system calls: the
   ``gr ... / C floor`` columns are gossiprouter's distance to it. It answers no GET_MEMBERS, so
   its idle-case registrations are checked only by the loaders (each waits for its OK).
+* ``floor-threads``: ``benchmarks/floor/threads.c``, the same frames and the same work per frame
+  as ``floor``, but served as Java 5.x serves them: a blocked reader thread per connection,
+  which sends each frame at once to its receivers. Beside ``floor`` it shows what that
+  threading alone does to latency and CPU at light load (docs/performance.md).
 
 The load generator is ``benchmarks/jgroups/Blaster.java``, compiled on first use into
 ``benchmarks/jgroups/classes``. It is protocol-agnostic: this script pre-encodes every byte
@@ -75,6 +79,7 @@ from benchmarks.vs_jgroups_load import (  # noqa: E402
 )
 from benchmarks.vs_jgroups_procs import (  # noqa: E402
     FLOOR,
+    FLOOR_THREADS,
     JAR,
     JAVA_ROUTER_OPTS,
     LOADER_OPTS,
@@ -84,6 +89,7 @@ from benchmarks.vs_jgroups_procs import (  # noqa: E402
     cleanup_on_exit,
     ensure_compiled,
     ensure_floor_built,
+    ensure_floor_threads_built,
     jgroups5_version,
     machine_busy_seconds,
     machine_info,
@@ -93,11 +99,14 @@ from tests.procs import free_port  # noqa: E402
 ROUTERS = ("java", "gr-2.12", "gr-native")
 # Only with --jgroups5 CLASSPATH: the Java 5.x router and gossiprouter over the 5.x protocol.
 ROUTERS5 = ("java5", "gr-5")
-# The light-load floor (FLOOR, from vs_jgroups_procs): benchmarks/floor/relay.c, native frames.
-ALL_ROUTERS = (*ROUTERS, *ROUTERS5, FLOOR)
+# The light-load floors (from vs_jgroups_procs), native frames: benchmarks/floor/relay.c (FLOOR)
+# and its thread-per-connection twin benchmarks/floor/threads.c (FLOOR_THREADS).
+FLOORS = (FLOOR, FLOOR_THREADS)
+ALL_ROUTERS = (*ROUTERS, *ROUTERS5, *FLOORS)
 ROUTER_TITLES = {
     "java": "Java 2.12", "gr-2.12": "gossiprouter 2.12", "gr-native": "gossiprouter native",
     "java5": "Java 5.x", "gr-5": "gossiprouter 5.x", FLOOR: "C floor",
+    FLOOR_THREADS: "C floor, threads",
 }
 # The Java router each gossiprouter column is compared with (same protocol for gr-5).
 RATIO_BASE = {"gr-2.12": "java", "gr-native": "java", "gr-5": "java5"}
@@ -121,7 +130,7 @@ def proto_for(router: str) -> Proto:
     router = base_kind(router)
     if router in ("java5", "gr-5"):
         return JGroups5()
-    return Native() if router in ("gr-native", FLOOR) else JGroups212()
+    return Native() if router in ("gr-native", *FLOORS) else JGroups212()
 
 
 # --------------------------------------------------------------------------- one run
@@ -253,7 +262,7 @@ def run_one(case: Case, router_kind: str, run: int, seconds: float, warmup: floa
             res.max_us = percentile(m1.hist, 1.0)
         res.rss_mib = router.rss_mib()
         res.router_threads = router.threads()
-        if case.kind == "idle" and router_kind != FLOOR:  # the floor has no GET_MEMBERS
+        if case.kind == "idle" and router_kind not in FLOORS:  # no GET_MEMBERS in a floor
             res.registered = proto.count_members(port)
             res.expected_registered = case.idle + len(layout(case))
         return res
@@ -431,8 +440,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     default=[c.name for c in CASES], metavar="CASE",
                     help="cases to run: " + ", ".join(c.name for c in CASES))
     ap.add_argument("--routers", nargs="+", choices=ALL_ROUTERS, default=None,
-                    help="routers to run (default: all three, the C floor, plus java5 and gr-5 "
-                         "with --jgroups5)")
+                    help="routers to run (default: all three, the two C floors, plus java5 and "
+                         "gr-5 with --jgroups5)")
     ap.add_argument("--gr-args", default="", metavar="ARGS",
                     help="extra options for every gossiprouter router, e.g. '--no-dispatcher'")
     ap.add_argument("--variant", default="", metavar="ARGS",
@@ -464,7 +473,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     else:
         args.variant_tree = REPO
     if args.routers is None:
-        args.routers = [*ROUTERS, *(ROUTERS5 if args.jgroups5 else ()), FLOOR]
+        args.routers = [*ROUTERS, *(ROUTERS5 if args.jgroups5 else ()), *FLOORS]
     if "java5" in args.routers and not args.jgroups5:
         ap.error("the java5 router needs --jgroups5 CLASSPATH (a local JGroups 5.x build)")
     if args.jgroups5:
@@ -531,6 +540,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ensure_compiled()
     if FLOOR in routers:
         print(f"C floor: {ensure_floor_built().relative_to(REPO)}", flush=True)
+    if FLOOR_THREADS in routers:
+        print(f"C floor, threads: {ensure_floor_threads_built().relative_to(REPO)}", flush=True)
     info = machine_info()
     total = len(cases) * args.runs * len(routers)
     print(f"bench-vs-jgroups: {info['cores']} cores ({info['cpu']}), {info['ram']} RAM, "

@@ -28,6 +28,9 @@ CLASSES = REPO / "benchmarks" / "jgroups" / "classes"
 JAVA = "java"
 # The light-load floor's router kind: benchmarks/floor/relay.c, built with cc into build/.
 FLOOR = "floor"
+# The floor with a blocked reader thread per connection (Java 5.x's threading):
+# benchmarks/floor/threads.c, built beside it.
+FLOOR_THREADS = "floor-threads"
 
 # The Java router is thread-per-connection: a small stack per thread keeps 10,000 connections
 # cheap in address space; 512 MiB of heap is plenty for the router's per-connection buffers.
@@ -99,6 +102,8 @@ class Router:
                    "-port", str(port), "-bind_addr", "127.0.0.1"]
         elif kind == FLOOR:
             cmd = [str(ensure_floor_built()), str(port)]
+        elif kind == FLOOR_THREADS:
+            cmd = [str(ensure_floor_threads_built()), str(port)]
         else:
             cmd = [sys.executable, "-m", "gossiprouter", "serve", "--host", "127.0.0.1",
                    "--port", str(port), "--log-level", "warning", *gr_args]
@@ -198,6 +203,11 @@ def ensure_floor_built() -> Path:
     """The C floor's binary, compiled first if relay.c is newer (SystemExit with the cause when
     it cannot be built)."""
     return floor_build.built()
+
+
+def ensure_floor_threads_built() -> Path:
+    """The thread-per-connection floor's binary (threads.c), as :func:`ensure_floor_built`."""
+    return floor_build.built_threads()
 
 
 @contextmanager

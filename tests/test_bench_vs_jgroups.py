@@ -70,12 +70,14 @@ async def test_jgroups5_registration_reply_and_member_count(
             s.close()
 
 
-def test_floor_relays_native_frames_byte_for_byte(tmp_path: Path) -> None:
-    """The floor answers the native handshake the loaders expect (WELCOME skipped, then the exact
-    OK) and forwards ROUTE frames unchanged: unicast to its destination only, multicast to every
-    other member, frames split across writes or several in one write."""
+@pytest.mark.parametrize("kind", [procs.FLOOR, procs.FLOOR_THREADS])
+def test_floor_relays_native_frames_byte_for_byte(tmp_path: Path, kind: str) -> None:
+    """Each floor (the epoll one and the thread-per-connection one) answers the native handshake
+    the loaders expect (WELCOME skipped, then the exact OK) and forwards ROUTE frames unchanged:
+    unicast to its destination only, multicast to every other member, frames split across
+    writes or several in one write."""
     port = free_port()
-    router = procs.Router(procs.FLOOR, port, tmp_path / "floor.log")
+    router = procs.Router(kind, port, tmp_path / "floor.log")
     proto = load.Native()
     socks = _register_all(port, range(3), proto)
     try:
@@ -88,12 +90,15 @@ def test_floor_relays_native_frames_byte_for_byte(tmp_path: Path) -> None:
         socks[2].sendall(multi)
         assert _recv_exact(socks[0], len(multi)) == multi
         assert _recv_exact(socks[1], len(multi)) == multi
-        # The sender got no copy of its multicast (written in the same wake-up as the others):
-        # the next bytes on its connection are a later unicast to it.
+        # The sender got no copy of its multicast (written with the others, or before them by
+        # its own thread): the next bytes on its connection are a later unicast to it.
         back = proto.send_frame(1, 2, b"u" * 100)
         socks[1].sendall(back)
         assert _recv_exact(socks[2], len(back)) == back
         assert router.alive()
+        # The threading each floor stands for: one thread for every connection, or one per
+        # connection beside the accepting one.
+        assert router.threads() == (1 + len(socks) if kind == procs.FLOOR_THREADS else 1)
     finally:
         for s in socks:
             s.close()
@@ -132,12 +137,12 @@ def test_tables_print_the_floor_beside_the_routers(capsys: pytest.CaptureFixture
 
 
 def test_without_jgroups5_the_default_routers_run() -> None:
-    assert bench.parse_args([]).routers == [*bench.ROUTERS, procs.FLOOR]
+    assert bench.parse_args([]).routers == [*bench.ROUTERS, procs.FLOOR, procs.FLOOR_THREADS]
 
 
 def test_jgroups5_adds_the_5x_routers(tmp_path: Path) -> None:
     args = bench.parse_args(["--jgroups5", str(tmp_path)])
-    assert args.routers == [*bench.ROUTERS, *bench.ROUTERS5, procs.FLOOR]
+    assert args.routers == [*bench.ROUTERS, *bench.ROUTERS5, procs.FLOOR, procs.FLOOR_THREADS]
 
 
 def test_java5_without_classpath_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -47,10 +47,9 @@
 #include <unistd.h>
 
 #include "mqtt.h"
-#include "msgpack.h"
+#include "frames.h"
 
 #define READ_SIZE (256 * 1024)
-#define MAX_FRAME (8u << 20)
 #define OUT_HIGH (4u << 20)
 #define OUT_LOW (1u << 20)
 #define MAX_EVENTS 256
@@ -413,34 +412,19 @@ static void on_broker(void) {
 
 /* ---------------------------------------------------------------- input */
 
-static const uint8_t WELCOME[] = {0, 0, 0, 10, 0x94, 2, 1, 0xa5, 'f', 'l', 'o', 'o', 'r', 0x80};
-
 /* One frame (body of len bytes, prefix just before it); -1 closes the connection. */
 static int handle_frame(conn_t *c, const uint8_t *body, size_t len) {
-    cur_t cur = {body, body + len};
-    size_t n;
-    uint64_t type;
-    if (read_array(&cur, &n) || n < 1 || read_uint(&cur, &type)) return -1;
-    if (type == 1) { /* HELLO */
+    frame_t f;
+    if (read_frame(body, len, &f)) return -1;
+    if (f.type == FRAME_HELLO) {
         queue_bytes(c, WELCOME, sizeof WELCOME);
-    } else if (type == 3 && n >= 4) { /* CONNECT req group addr ... */
-        const uint8_t *req = cur.p, *g, *a;
-        size_t glen, alen;
-        uint64_t r;
-        if (read_uint(&cur, &r)) return -1;
-        size_t rlen = (size_t)(cur.p - req);
-        if (read_bytes(&cur, &g, &glen) || read_bytes(&cur, &a, &alen) || !a) return -1;
-        connect_member(c, g, glen, a, alen);
-        if (broker >= 0) publish_member(g, glen, a, alen);
-        uint8_t ok[4 + 3 + 9] = {0, 0, 0, (uint8_t)(3 + rlen), 0x93, 7};
-        memcpy(ok + 6, req, rlen);
-        ok[6 + rlen] = 0xc0;
-        queue_bytes(c, ok, 7 + rlen);
-    } else if (type == 6 && n >= 5) { /* ROUTE group dest sender payload */
-        const uint8_t *g, *d;
-        size_t glen, dlen;
-        if (read_bytes(&cur, &g, &glen) || read_bytes(&cur, &d, &dlen)) return -1;
-        deliver(c, g, glen, d, dlen, body - 4, len + 4);
+    } else if (f.type == FRAME_CONNECT) {
+        connect_member(c, f.group, f.glen, f.addr, f.alen);
+        if (broker >= 0) publish_member(f.group, f.glen, f.addr, f.alen);
+        uint8_t ok[16];
+        queue_bytes(c, ok, make_ok(ok, &f));
+    } else if (f.type == FRAME_ROUTE) {
+        deliver(c, f.group, f.glen, f.addr, f.alen, body - 4, len + 4);
     }
     return 0;
 }
@@ -453,24 +437,17 @@ static int on_readable(conn_t *c) {
     if (got <= 0) { close_conn(c); return -1; }
     c->in.len += (size_t)got;
     for (;;) {
-        size_t have = c->in.len - c->in.off;
-        const uint8_t *p = c->in.p + c->in.off;
-        if (!c->greeted) {
-            if (have < 4) break;
-            if (memcmp(p, "GRTR", 4)) { close_conn(c); return -1; }
-            c->greeted = 1;
-            c->in.off += 4;
-            continue;
-        }
-        if (have < 4) break;
-        size_t len = (size_t)be(p, 4);
-        if (len > MAX_FRAME) { close_conn(c); return -1; }
-        if (have < 4 + len) {
-            reserve(&c->in, 4 + len - have); /* a large frame: room for all of it */
+        size_t have = c->in.len - c->in.off, len = 0;
+        const uint8_t *body;
+        long took = next_frame(c->in.p + c->in.off, have, &c->greeted, &body, &len);
+        if (took < 0) { close_conn(c); return -1; }
+        if (took == 0) {
+            if (c->greeted && have >= 4 && len > have - 4)
+                reserve(&c->in, 4 + len - have); /* a large frame: room for all of it */
             break;
         }
-        if (handle_frame(c, p + 4, len)) { close_conn(c); return -1; }
-        c->in.off += 4 + len;
+        if (body && handle_frame(c, body, len)) { close_conn(c); return -1; }
+        c->in.off += (size_t)took;
         if (c->paused) break; /* the rest waits until the receiver drains */
     }
     if (c->in.off == c->in.len) c->in.off = c->in.len = 0;
