@@ -1,11 +1,13 @@
 """bench-vs-jgroups' protocol side (no Java needed; benchmarks/vs_jgroups_load.py): the 5.x
-registration handshake its loaders rely on, against gossiprouter on 127.0.0.1, the C floor
-(benchmarks/floor/relay.c, a router kind of vs_jgroups_procs.py) relaying the native frames the
-loaders write, its rows in the printed tables, and the option parsing."""
+registration handshake its loaders rely on, against gossiprouter on 127.0.0.1, the C floors
+(benchmarks/floor/relay.c and threads.c, router kinds of vs_jgroups_procs.py) relaying the
+native frames the loaders write, their rows in the printed tables, the CPU latency request the
+benchmark can hold, and the option parsing."""
 
 from __future__ import annotations
 
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -185,3 +187,33 @@ def test_paced_fanout_case_paces_both_senders_and_checks_no_stamp() -> None:
         pay_off = int(words["rlen"]) - case.size
         assert int(words["tsoff"]) == pay_off
         assert len(bytes.fromhex(words["check"])) <= pay_off
+
+
+def _cpu_latency_request() -> int:
+    """The machine's CPU latency request now, in µs (what every holder of the device asks)."""
+    return int.from_bytes(procs.CPU_DMA_LATENCY.read_bytes()[:4], sys.byteorder, signed=True)
+
+
+def test_cpu_latency_is_held_while_the_runs_go_and_let_go_after() -> None:
+    before = _cpu_latency_request()
+    with procs.cpu_latency(3):
+        assert _cpu_latency_request() <= 3
+    assert _cpu_latency_request() == before
+    with procs.cpu_latency(None):  # not asked for: the device is left alone
+        assert _cpu_latency_request() == before
+
+
+def test_cpu_latency_says_why_it_cannot_be_held(tmp_path: Path) -> None:
+    held = procs.cpu_latency(0, tmp_path / "nowhere")
+    with pytest.raises(SystemExit, match=r"cannot open .*nowhere.*needs root"):
+        held.__enter__()
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--cpu-latency-us", "-1"])
+    assert bench.parse_args(["--cpu-latency-us", "0"]).cpu_latency_us == 0
+
+
+def test_the_header_names_the_idle_driver() -> None:
+    info = procs.machine_info()
+    assert info["cpuidle"] == procs.cpu_idle()
+    assert info["cpuidle"] == "n/a" or "/" in info["cpuidle"]
+
