@@ -407,8 +407,14 @@ def session_settings(master: str, conf: Mapping[str, str] | None = None, *,
     if cores is not None:
         options = settings.get(DRIVER_JAVA_OPTIONS, "")
         if not chooses_collector(options, os.environ):
-            settings[DRIVER_JAVA_OPTIONS] = f"{options} {LOCAL_COLLECTOR}".strip()
+            settings[DRIVER_JAVA_OPTIONS] = _more_options(options, LOCAL_COLLECTOR)
     return settings
+
+
+def _more_options(options: str | None, more: str) -> str:
+    """The JVM options ``options`` (None or empty: none) with ``more`` after them: the caller's
+    own come first, and none is lost."""
+    return f"{options or ''} {more}".strip()
 
 
 def chooses_collector(options: str, environ: Mapping[str, str]) -> bool:
@@ -434,8 +440,8 @@ def _start_context(master: str, spark_conf: Any, log_path: str | os.PathLike[str
         archive = (class_archive(java, _find_spark_home(), kind=share_classes)
                    if share_classes is not None and java is not None else None)
         if archive is not None:  # the JVM's class archive (jvm_archive): mapped or written
-            extra = spark_conf.get(DRIVER_JAVA_OPTIONS) or ""
-            spark_conf.set(DRIVER_JAVA_OPTIONS, f"{extra} {archive.options}")
+            spark_conf.set(DRIVER_JAVA_OPTIONS,
+                           _more_options(spark_conf.get(DRIVER_JAVA_OPTIONS), archive.options))
         launch: Any = launch_gateway  # untyped in PySpark
         with contextlib.ExitStack() as stack:
             kwargs = None
