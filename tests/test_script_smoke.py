@@ -80,6 +80,8 @@ SMOKE: dict[str, tuple[str, ...] | RunBy] = {
     "benchmarks/relay_harness.py": RunBy("tests/test_relay_harness.py, and scripts/test's "
                                          "sanitizer jobs"),
     "benchmarks/relay_build.py": RunBy("a module: scripts/sanitize builds with it"),
+    "benchmarks/relay_check.py": RunBy("a module: relay_harness.py runs on it"),
+    "benchmarks/relay_model.py": RunBy("a module: relay_harness.py runs on it"),
     "benchmarks/routers.py": RunBy("a module: bench_fastpath_memory.py, bench_fairness.py and "
                                    "bench_admin_stall.py run on it"),
     "benchmarks/fuzz_inputs.py": RunBy("a module: fuzz_router.py runs on it"),
