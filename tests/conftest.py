@@ -40,7 +40,8 @@ SANS_IO_MODULES = frozenset({
     "test_native_codec", "test_jgroups2_codec", "test_jgroups5_codec", "test_native_scan",
     "test_jgroups_scan", "test_jgroups_common", "test_routing_rules", "test_native_state",
     "test_client_merge", "test_client_registrar", "test_dependencies", "test_docs",
-    "test_hooks", "test_packaging", "test_federation",
+    "test_hooks", "test_packaging", "test_federation", "test_federation_hostile",
+    "test_federation_handover",
 })
 
 # Modules that start no in-process router whose read path they check: the HTML report (read

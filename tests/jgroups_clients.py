@@ -5,8 +5,10 @@ tasks), so tests drive the protocol by hand and see every byte the router sends.
 are the codecs', which the codec tests check against the capture bytes; ``tests/
 test_jgroups_router.py`` also replays the captures themselves through the router.
 
-Also here: addresses for tests, and :func:`replay`, which plays the client side of a capture log
-(``tests/data/jgroups_captures``) against a router and returns what each connection received.
+Also here: addresses for tests; :func:`replay`, which plays the client side of a capture log
+(``tests/data/jgroups_captures``) against a router and returns what each connection received;
+and clients of an in-process router, connected (:func:`j2_client`, :func:`j5_client`) or
+members of a group (:func:`j2_member`, :func:`j5_member`).
 """
 
 from __future__ import annotations
@@ -14,13 +16,17 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Generic, Protocol, Self, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Generic, Protocol, Self, TypeVar
 
 import trio
+import trio.testing
 
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol.jgroups_address import V2, V5, JAddress
+
+if TYPE_CHECKING:
+    from gossiprouter.server.listener import Server
 
 BIG = 64 * 1024 * 1024
 # The group a round trip asks about: no test registers in it, so its reply is empty.
@@ -35,6 +41,11 @@ def uuid(i: int, version: int) -> JAddress:
 
 def ip(port: int, version: int, host: str = "127.0.0.1") -> JAddress:
     return JAddress.from_ip(host, port, version=version)
+
+
+# Three members' addresses of each protocol version, for tests.
+A2, B2, C2 = uuid(1, V2), uuid(2, V2), uuid(3, V2)
+A5, B5, C5 = uuid(1, V5), uuid(2, V5), uuid(3, V5)
 
 
 E = TypeVar("E")
@@ -401,3 +412,38 @@ __all__ = [
     "replay",
     "uuid",
 ]
+
+
+# --------------------------------------------------------------------------- against a router
+
+
+async def j2_client(router: Server) -> J2Client:
+    """A 2.12 client connected to the in-process ``router`` (not registered)."""
+    assert router.address is not None
+    return await J2Client.open(*router.address)
+
+
+async def j5_client(router: Server) -> J5Client:
+    """A 5.x client connected to the in-process ``router`` (not registered)."""
+    assert router.address is not None
+    return await J5Client.open(*router.address)
+
+
+async def settle() -> None:
+    """Let the in-process router handle everything already sent."""
+    await trio.testing.wait_all_tasks_blocked(0.01)
+
+
+async def j5_member(router: Server, group: str, addr: JAddress, name: str) -> J5Client:
+    """A 5.x client registered as ``addr`` (logical name ``name``) in ``group``."""
+    c = await j5_client(router)
+    await c.register(group, addr, name, ip(7800, V5))
+    await c.sync()
+    return c
+
+
+async def j2_member(router: Server, group: str, addr: JAddress, name: str) -> J2Client:
+    """A 2.12 client connected as ``addr`` (logical name ``name``) to ``group``."""
+    c = await j2_client(router)
+    assert (await c.connect(group, addr, name, [ip(7800, V2)])).ok
+    return c

@@ -28,11 +28,11 @@ from gossiprouter.federation.codec import encode_chunk, pack_member
 from gossiprouter.protocol import native as wire
 from gossiprouter.routing.entries import RemoteCarrier
 from gossiprouter.stub import RouterStub
+from tests.federation_routers import FED, G, everywhere, member, routes
 from tests.nclient import NativeClient
 from tests.ops_client import tokens_file
 from tests.stubkit import drain
 from tests.test_bridge import MOSQUITTO, Mosquitto, bridge_of
-from tests.test_federation_sockets import FED, G, everywhere, member, routes
 from tests.test_federation_trust import locked_down, mqtt_client, publication, route_message
 from tests.test_stub import FAST, InProcessRouter, eventually
 

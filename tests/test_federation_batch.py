@@ -14,9 +14,9 @@ import trio
 
 from gossiprouter.federation.batch import ROOM, Batches, decode_batch
 from gossiprouter.protocol import native as wire
+from tests.federation_routers import G, everywhere, federation, member, routes
 from tests.test_bridge import MOSQUITTO, Mosquitto, bridge_of
 from tests.test_bridge import broker as broker  # the fixture: mosquitto on a free port
-from tests.test_federation_sockets import G, everywhere, federation, member, routes
 from tests.test_stub import eventually
 
 

@@ -18,10 +18,10 @@ import trio
 
 from gossiprouter.ops.metrics import federation_metrics
 from gossiprouter.protocol import native as wire
+from tests.federation_routers import G, carriers, everywhere, federation, member
 from tests.nclient import NativeClient
 from tests.test_bridge import Mosquitto, bridge_of
 from tests.test_bridge import broker as broker  # the fixture: mosquitto on a free port
-from tests.test_federation_sockets import G, carriers, everywhere, federation, member
 from tests.test_stub import InProcessRouter, eventually
 
 N = 2_000  # frames sent, half unicasts, half multicasts

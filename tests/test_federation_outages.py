@@ -16,11 +16,11 @@ import trio
 from gossiprouter.loadtest.processes import MOSQUITTO
 from gossiprouter.ops.metrics import peer_metrics
 from gossiprouter.protocol import native as wire
+from tests.federation_routers import G, everywhere, federation, member, table_members
 from tests.nclient import NativeClient
 from tests.procs import BrokerProcess, wait_bridged
 from tests.test_bridge import Mosquitto, bridge_of
 from tests.test_bridge import broker as broker  # the fixture: mosquitto on a free port
-from tests.test_federation_sockets import G, everywhere, federation, member, table_members
 from tests.test_stub import InProcessRouter, eventually
 
 # The default grace (tens of seconds): far longer than any outage below.

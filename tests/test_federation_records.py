@@ -22,9 +22,9 @@ from gossiprouter.federation.state import Federation
 from gossiprouter.protocol import native as wire
 from gossiprouter.sessions.base import Hub
 from tests.carriers import Named
+from tests.federation_routers import FED, table_members
 from tests.nclient import NativeClient
 from tests.test_bridge import MOSQUITTO, Mosquitto, bridge_of
-from tests.test_federation_sockets import FED, table_members
 from tests.test_stub import InProcessRouter, eventually
 
 G = "fed"

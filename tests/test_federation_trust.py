@@ -30,10 +30,7 @@ from gossiprouter.ops.metrics import federation_metrics
 from gossiprouter.protocol import native as wire
 from gossiprouter.sessions.base import Hub
 from gossiprouter.stub import RouterStub
-from tests.stubkit import drain
-from tests.test_bridge import Mosquitto, bridge_of
-from tests.test_bridge import broker as broker  # the fixture: mosquitto on a free port
-from tests.test_federation_sockets import (
+from tests.federation_routers import (
     FED,
     G,
     everywhere,
@@ -42,6 +39,9 @@ from tests.test_federation_sockets import (
     routes,
     table_members,
 )
+from tests.stubkit import drain
+from tests.test_bridge import Mosquitto, bridge_of
+from tests.test_bridge import broker as broker  # the fixture: mosquitto on a free port
 from tests.test_stub import FAST, InProcessRouter, eventually
 
 
