@@ -1,11 +1,11 @@
 """Harness for the interop tests: real JGroups JVMs talking through a router under test.
 
 The Java side is ``java/InteropNode.java``: one JChannel per JVM, driven over stdin/stdout with a
-line protocol (see the class comment there). This module compiles it when needed, starts and stops
-node JVMs and routers, collects what the nodes print, and waits for conditions with bounded
-deadlines. Processes are plain ``subprocess.Popen`` objects with one reader thread each, so the
-collected output never depends on the test's event loop; waits are async (they poll) so the tests
-can run in pytest-trio's trio_mode.
+line protocol (see the class comment there). This module (with toolchain.py, which compiles it
+when needed) starts and stops node JVMs and routers, collects what the nodes print, and waits
+for conditions with bounded deadlines. Processes are plain ``subprocess.Popen`` objects with one
+reader thread each, so the collected output never depends on the test's event loop; waits are
+async (they poll) so the tests can run in pytest-trio's trio_mode.
 
 The router under test comes from ``INTEROP_ROUTER``: ``gossiprouter`` (default, this project's CLI)
 or ``java212`` (the real JGroups 2.12 GossipRouter from the Debian jar).
@@ -14,9 +14,7 @@ or ``java212`` (the real JGroups 2.12 GossipRouter from the Debian jar).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -30,11 +28,19 @@ from typing import IO
 
 import trio
 
+from .toolchain import (
+    JGROUPS_JAR,
+    HarnessError,
+    classpath,
+    ensure_compiled,
+    java_executable,
+    require_jar,
+)
+
+__all__ = ["HarnessError", "ensure_compiled"]  # (re-exported for the interop conftest)
+
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
-JAVA_SRC_DIR = HERE / "java"
-CLASSES_DIR = JAVA_SRC_DIR / "classes"
-JGROUPS_JAR = Path(os.environ.get("INTEROP_JGROUPS_JAR", "/usr/share/java/jgroups.jar"))
 LOOPBACK = "127.0.0.1"
 
 ROUTER_ENV = "INTEROP_ROUTER"
@@ -53,88 +59,6 @@ JVM_FLAGS = (
 )
 
 POLL_INTERVAL = 0.05
-
-
-class HarnessError(AssertionError):
-    """The environment or a process did not behave; the message says what and shows the logs."""
-
-
-# --------------------------------------------------------------------------------------------
-# Java toolchain
-
-
-def _tool(name: str) -> str:
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home:
-        candidate = Path(java_home) / "bin" / name
-        if candidate.is_file():
-            return str(candidate)
-    found = shutil.which(name)
-    if found is None:
-        raise HarnessError(
-            f"'{name}' not found (PATH or JAVA_HOME). The interop tests need a JDK 11+ "
-            "(Debian: apt-get install openjdk-17-jdk-headless)."
-        )
-    return found
-
-
-def java_executable() -> str:
-    return _tool("java")
-
-
-def _require_jar() -> None:
-    if not JGROUPS_JAR.is_file():
-        raise HarnessError(
-            f"JGroups jar not found at {JGROUPS_JAR}. Install Debian's libjgroups-java (2.12.2) "
-            "or point INTEROP_JGROUPS_JAR at a JGroups 2.12 jar."
-        )
-
-
-def _stale(sources: Sequence[Path]) -> bool:
-    for src in sources:
-        cls = CLASSES_DIR / (src.stem + ".class")
-        if not cls.is_file() or cls.stat().st_mtime < src.stat().st_mtime:
-            return True
-    return False
-
-
-def ensure_compiled() -> Path:
-    """Compile ``java/*.java`` into ``java/classes`` unless every class file is up to date.
-
-    Returns the classes directory. Raises HarnessError when javac or the jar is missing or the
-    compile fails (never a skip: a missing toolchain must not look like a passing suite).
-    """
-    _require_jar()
-    sources = sorted(JAVA_SRC_DIR.glob("*.java"))
-    if not sources:
-        raise HarnessError(f"no Java sources in {JAVA_SRC_DIR}")
-    CLASSES_DIR.mkdir(parents=True, exist_ok=True)
-    # A file lock, in case several pytest processes (xdist) start at once.
-    with (CLASSES_DIR / ".compile.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if _stale(sources):
-            cmd = [
-                _tool("javac"),
-                "-encoding",
-                "UTF-8",
-                "-nowarn",
-                "-cp",
-                str(JGROUPS_JAR),
-                "-d",
-                str(CLASSES_DIR),
-                *map(str, sources),
-            ]
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False)
-            if done.returncode != 0:
-                raise HarnessError(
-                    f"javac failed ({done.returncode}):\n{' '.join(cmd)}\n"
-                    f"{done.stdout}{done.stderr}"
-                )
-    return CLASSES_DIR
-
-
-def classpath() -> str:
-    return os.pathsep.join([str(JGROUPS_JAR), str(CLASSES_DIR)])
 
 
 # --------------------------------------------------------------------------------------------
@@ -213,7 +137,7 @@ def router_kind() -> str:
 
 def router_command(kind: str, port: int) -> list[str]:
     if kind == ROUTER_JAVA212:
-        _require_jar()
+        require_jar()
         return [
             java_executable(),
             *JVM_FLAGS,
