@@ -99,8 +99,12 @@ def test_floor_relays_native_frames_byte_for_byte(tmp_path: Path, kind: str) -> 
         assert _recv_exact(socks[2], len(back)) == back
         assert router.alive()
         # The threading each floor stands for: one thread for every connection, or one per
-        # connection beside the accepting one.
-        assert router.threads() == (1 + len(socks) if kind == procs.FLOOR_THREADS else 1)
+        # connection beside the accepting one (at least: the thread of wait_listening's probe
+        # connection may not have seen its end yet).
+        if kind == procs.FLOOR_THREADS:
+            assert router.threads() >= 1 + len(socks)
+        else:
+            assert router.threads() == 1
     finally:
         for s in socks:
             s.close()
