@@ -66,6 +66,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.machine import cpu_latency  # noqa: E402
 from benchmarks.vs_jgroups_load import (  # noqa: E402
     CASES,
     Case,
@@ -86,7 +87,6 @@ from benchmarks.vs_jgroups_procs import (  # noqa: E402
     Router,
     background_load,
     cleanup_on_exit,
-    cpu_latency,
     ensure_compiled,
     ensure_floor_built,
     ensure_floor_threads_built,

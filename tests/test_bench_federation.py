@@ -62,3 +62,11 @@ def test_every_case_measures_something() -> None:
         assert any(line.startswith(start) for line in lines), (start, lines)
     assert any(re.match(r"convergence, 20 joins on each of 3 routers: \d+\.\d{3} s", line)
                for line in lines), lines
+
+
+def test_cpu_latency_option_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    """--cpu-latency-us (bench_vs_jgroups' option, here too) refuses a negative value before
+    anything starts."""
+    with pytest.raises(SystemExit):
+        bench.main(["--cpu-latency-us", "-1", "--only-mix"])
+    assert "--cpu-latency-us: expected 0 or more" in capsys.readouterr().err

@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from benchmarks import bench_vs_jgroups as bench
+from benchmarks import machine
 from benchmarks import vs_jgroups_load as load
 from benchmarks import vs_jgroups_procs as procs
 from tests.conftest import RouterFactory
@@ -195,7 +196,7 @@ def test_paced_fanout_case_paces_both_senders_and_checks_no_stamp() -> None:
 
 def _cpu_latency_request() -> int:
     """The machine's CPU latency request now, in µs (what every holder of the device asks)."""
-    return int.from_bytes(procs.CPU_DMA_LATENCY.read_bytes()[:4], sys.byteorder, signed=True)
+    return int.from_bytes(machine.CPU_DMA_LATENCY.read_bytes()[:4], sys.byteorder, signed=True)
 
 
 # The request is the machine's: scripts/test's two passes run side by side, and this test in
@@ -203,15 +204,15 @@ def _cpu_latency_request() -> int:
 @pytest.mark.one_pass
 def test_cpu_latency_is_held_while_the_runs_go_and_let_go_after() -> None:
     before = _cpu_latency_request()
-    with procs.cpu_latency(3):
+    with machine.cpu_latency(3):
         assert _cpu_latency_request() <= 3
     assert _cpu_latency_request() == before
-    with procs.cpu_latency(None):  # not asked for: the device is left alone
+    with machine.cpu_latency(None):  # not asked for: the device is left alone
         assert _cpu_latency_request() == before
 
 
 def test_cpu_latency_says_why_it_cannot_be_held(tmp_path: Path) -> None:
-    held = procs.cpu_latency(0, tmp_path / "nowhere")
+    held = machine.cpu_latency(0, tmp_path / "nowhere")
     with pytest.raises(SystemExit, match=r"cannot open .*nowhere.*needs root"):
         held.__enter__()
     with pytest.raises(SystemExit):
@@ -221,6 +222,6 @@ def test_cpu_latency_says_why_it_cannot_be_held(tmp_path: Path) -> None:
 
 def test_the_header_names_the_idle_driver() -> None:
     info = procs.machine_info()
-    assert info["cpuidle"] == procs.cpu_idle()
+    assert info["cpuidle"] == machine.cpu_idle()
     assert info["cpuidle"] == "n/a" or "/" in info["cpuidle"]
 

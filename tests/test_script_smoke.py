@@ -91,6 +91,8 @@ SMOKE: dict[str, tuple[str, ...] | RunBy] = {
                                            "run on it"),
     "benchmarks/vs_jgroups_procs.py": RunBy("a module: bench_vs_jgroups.py runs on it"),
     "benchmarks/vs_jgroups_tables.py": RunBy("a module: bench_vs_jgroups.py prints with it"),
+    "benchmarks/machine.py": RunBy("a module: bench_vs_jgroups.py and bench_federation.py hold "
+                                   "the CPU latency request with it"),
     "benchmarks/profiling.py": RunBy("a module: bench_hotloop.py and bench_jgroups_hotloop.py "
                                      "run on it"),
     "benchmarks/figures.py": RunBy("a module: bench_federation.py, bench_federation_floor.py "
