@@ -70,7 +70,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench_topics import Loader, _native_member, run_fanout
 from benchmarks.federation_mix import MixOut, run_mix, wake_floor
 from benchmarks.figures import percentile
-from benchmarks.machine import cpu_latency
+from benchmarks.machine import add_cpu_latency_option, cpu_latency
 from gossiprouter.protocol import native as wire
 from gossiprouter.stub import Channel, RouterStub
 from tests.procs import BrokerProcess, RouterProcess, proc_cpu_seconds, wait_listening
@@ -533,9 +533,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                          "main's, for a before/after: alternate runs with and without it")
     ap.add_argument("--wait", type=float, default=5.0,
                     help="seconds to wait for a remote member to be listed (default 5)")
-    ap.add_argument("--cpu-latency-us", type=int, default=None, metavar="US",
-                    help="hold the machine's CPU latency request (/dev/cpu_dma_latency, root) at "
-                         "US while running: 0 keeps idle CPUs polling instead of halting")
+    add_cpu_latency_option(ap)
     args = ap.parse_args(argv)
     for name in ("messages", "throughput", "joins", "rounds"):
         if getattr(args, name) < 1:
@@ -546,8 +544,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         ap.error(f"--code {args.code}: no .venv/bin/python there")
     if args.mix < 0 or args.burst < 0 or args.mix_rate <= 0:
         ap.error("--mix and --burst: expected 0 or more; --mix-rate: more than 0")
-    if args.cpu_latency_us is not None and args.cpu_latency_us < 0:
-        ap.error("--cpu-latency-us: expected 0 or more")
     with cpu_latency(args.cpu_latency_us):
         res = trio.run(run, args.messages, args.group, args.throughput, args.joins, args.wait,
                        lambda s: print(s, file=sys.stderr), args.rounds, args.mix,

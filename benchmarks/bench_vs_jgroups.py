@@ -66,7 +66,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.machine import cpu_latency  # noqa: E402
+from benchmarks.machine import add_cpu_latency_option, cpu_latency  # noqa: E402
 from benchmarks.vs_jgroups_load import (  # noqa: E402
     CASES,
     Case,
@@ -310,10 +310,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 1 run, 1 s per case, idle cases with a tenth of the "
                          "connections")
-    ap.add_argument("--cpu-latency-us", type=int, default=None, metavar="US",
-                    help="hold the machine's CPU latency request (/dev/cpu_dma_latency, root) at "
-                         "US while running: 0 keeps idle CPUs polling instead of halting, which "
-                         "takes their wake-up out of every latency (docs/performance.md)")
+    add_cpu_latency_option(ap)
     ap.add_argument("--json", type=Path, help="also write the runs and medians here")
     ap.add_argument("--logs", type=Path,
                     help="keep router and loader logs and loader configs in this directory")
@@ -322,8 +319,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.runs, args.seconds, args.warmup = 1, 1.0, 0.5
     if args.runs < 1 or args.seconds <= 0 or args.loaders < 1 or args.warmup < 0:
         ap.error("--runs and --loaders must be >= 1, --seconds > 0, --warmup >= 0")
-    if args.cpu_latency_us is not None and args.cpu_latency_us < 0:
-        ap.error("--cpu-latency-us must be >= 0")
     if args.variant_tree is not None:
         if not (args.variant_tree / "gossiprouter" / "__main__.py").is_file():
             ap.error(f"--variant-tree: no gossiprouter package in {args.variant_tree}")

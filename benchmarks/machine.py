@@ -5,6 +5,7 @@ docs/operations.md, "Latency at light load")."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Iterator
@@ -48,3 +49,22 @@ def cpu_latency(us: int | None, device: Path = CPU_DMA_LATENCY) -> Iterator[None
         yield
     finally:
         os.close(fd)  # the request ends with its file
+
+
+def add_cpu_latency_option(ap: argparse.ArgumentParser) -> None:
+    """``--cpu-latency-us US`` on a benchmark's command line (``args.cpu_latency_us``: None when
+    not given), for :func:`cpu_latency`."""
+    ap.add_argument("--cpu-latency-us", type=_microseconds, default=None, metavar="US",
+                    help="hold the machine's CPU latency request (/dev/cpu_dma_latency, root) at "
+                         "US while running: 0 keeps idle CPUs polling instead of halting, which "
+                         "takes their wake-up out of every latency (docs/performance.md)")
+
+
+def _microseconds(text: str) -> int:
+    try:
+        us = int(text)
+    except ValueError:
+        us = -1
+    if us < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more microseconds, got {text!r}")
+    return us

@@ -26,11 +26,11 @@ HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "relay.c"
 # Compiled with relay.c; the headers only count for the rebuild.
 SOURCES = (SOURCE, HERE / "mqtt.c")
-HEADERS = (HERE / "mqtt.h", HERE / "msgpack.h", HERE / "frames.h")
+HEADERS = (HERE / "mqtt.h", HERE / "msgpack.h", HERE / "frames.h", HERE / "listen.h")
 DEFAULT_OUT = ROOT / "build" / "floor-relay"
 # The floor with a blocked reader thread per connection (Java 5.x's threading).
 THREADS_SOURCES = (HERE / "threads.c",)
-THREADS_HEADERS = (HERE / "msgpack.h", HERE / "frames.h")
+THREADS_HEADERS = (HERE / "msgpack.h", HERE / "frames.h", HERE / "listen.h")
 THREADS_OUT = ROOT / "build" / "floor-threads"
 CFLAGS = ("-O2", "-std=c11", "-Wall", "-Wextra", "-Werror")
 

@@ -48,6 +48,7 @@
 
 #include "mqtt.h"
 #include "frames.h"
+#include "listen.h"
 
 #define READ_SIZE (256 * 1024)
 #define OUT_HIGH (4u << 20)
@@ -438,12 +439,11 @@ static int on_readable(conn_t *c) {
     c->in.len += (size_t)got;
     for (;;) {
         size_t have = c->in.len - c->in.off, len = 0;
-        const uint8_t *body;
+        const uint8_t *body = NULL;
         long took = next_frame(c->in.p + c->in.off, have, &c->greeted, &body, &len);
         if (took < 0) { close_conn(c); return -1; }
         if (took == 0) {
-            if (c->greeted && have >= 4 && len > have - 4)
-                reserve(&c->in, 4 + len - have); /* a large frame: room for all of it */
+            if (len) reserve(&c->in, 4 + len - have); /* a frame's rest: room for all of it */
             break;
         }
         if (body && handle_frame(c, body, len)) { close_conn(c); return -1; }
@@ -498,12 +498,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
-    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    int one = 1;
-    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[1]))};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(lfd, (struct sockaddr *)&sa, sizeof sa) || listen(lfd, 4096)) {
+    int lfd = listen_loopback(atoi(argv[1]), SOCK_NONBLOCK);
+    if (lfd < 0) {
         perror("floor-relay: bind 127.0.0.1");
         return 1;
     }

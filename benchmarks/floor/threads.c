@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "frames.h"
+#include "listen.h"
 
 #define MAX_MEMBERS 4096 /* registrations kept (a run registers a few dozen) */
 #define MAX_FANOUT 1024  /* receivers of one frame */
@@ -131,7 +132,7 @@ static int handle_frame(conn_t *c, const uint8_t *body, size_t len) {
 static int on_bytes(conn_t *c) {
     for (;;) {
         size_t len = 0;
-        const uint8_t *body;
+        const uint8_t *body = NULL;
         long took = next_frame(c->in + c->off, c->len - c->off, &c->greeted, &body, &len);
         if (took < 0) return -1;
         if (took == 0) break;
@@ -185,15 +186,12 @@ int main(int argc, char **argv) {
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
-    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int one = 1;
-    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[1]))};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(lfd, (struct sockaddr *)&sa, sizeof sa) || listen(lfd, 4096)) {
+    int lfd = listen_loopback(atoi(argv[1]), 0);
+    if (lfd < 0) {
         perror("floor-threads: bind 127.0.0.1");
         return 1;
     }
+    int one = 1;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, 256 * 1024); /* as the Java router's -Xss256k */
