@@ -26,9 +26,10 @@ ENV = "GOSSIPROUTER_RELAY_SANITIZE"
 # both ship in the sdist and the wheel (pyproject.toml, package-data).
 RELAY_DIR = "gossiprouter/server/relay"
 RELAY_SOURCES = [f"{RELAY_DIR}/{name}.c" for name in ("module", "conns", "loop", "framing",
-                                                      "routes")]
+                                                      "routes", "broker", "link", "inbound",
+                                                      "sha256")]
 RELAY_HEADERS = [f"{RELAY_DIR}/{name}.h" for name in ("relay", "conns", "loop", "framing",
-                                                      "routes")]
+                                                      "routes", "broker", "inbound", "sha256")]
 
 # mode -> (compile flags, link flags)
 SANITIZE = {

@@ -49,7 +49,7 @@ SANS_IO_MODULES = frozenset({
 # for what the docs say) and the benchmarks' harnesses.
 NO_READ_PATH_MODULES = frozenset({
     "test_report", "test_report_reading", "test_scripts", "test_doc_snippets",
-    "test_bench_federation", "test_bench_stub_loops",
+    "test_bench_federation", "test_bench_stub_loops", "test_broker_link",
 })
 
 # Fixtures that start a router: a test using fake_router (a scripted peer, tests/stubkit.py)

@@ -114,7 +114,7 @@ async def test_churn_in_another_group_keeps_the_learned_routes(start_router: Sta
     await a.send_raw(frames[0])
     assert await read_exactly(b, len(frames[0])) == frames[0]
     # A group in another slot (groups that share one forget each other's routes too).
-    other = next(f"churn{i}" for i in range(100) if fast._slot(f"churn{i}") != fast._slot("g"))
+    other = next(f"churn{i}" for i in range(100) if fast.slot(f"churn{i}") != fast.slot("g"))
     router.hub.sync()
     relayed, learned = router.hub.counters.fast_relayed, fast.learned
     for i in range(1, 40):

@@ -121,21 +121,26 @@ async def test_a_batch_never_exceeds_the_brokers_maximum_packet_size(
     assert ba.federation.stats.not_forwarded == 0
 
 
+@pytest.mark.parametrize("qos", [0, 1])
 async def test_a_federated_groups_local_copies_stay_on_the_fast_path(
-        nursery: trio.Nursery, broker: Mosquitto) -> None:
+        nursery: trio.Nursery, broker: Mosquitto, qos: int) -> None:
     """A group with a member on another router: the relay thread relays the local copies of
-    its multicasts (and unicasts) itself and hands only the remote share to Python, which
-    sends it on; every frame reaches every receiver once, in order. Counted by the fast
-    path's own counters: without the remote share the thread relays none of these."""
-    ra, rb = await federation(nursery, broker, 2, fast_path="on")
+    its multicasts (and unicasts) itself; their remote share it publishes itself through its
+    broker link (routed messages at QoS 0), or hands up to Python, which sends it on (QoS 1:
+    paho's). Every frame reaches every receiver once, in order. Counted by the fast path's
+    and the link's own counters: without them the thread relays none of these."""
+    ra, rb = await federation(nursery, broker, 2, fast_path="on", bridge_qos=qos)
     s, near = await member(ra, b"s"), await member(ra, b"near")
     far = await member(rb, b"far")
     await everywhere([ra, rb], {b"s", b"near", b"far"})
     assert ra.server is not None and ra.server.fast is not None
     hub, fast = ra.server.hub, ra.server.fast
+    ba = bridge_of(ra)
+    assert fast.link.routing == (qos == 0)
     hub.sync()
     relayed, remote = hub.counters.fast_relayed, fast.remote.frames
-    wakeups, flushes = bridge_of(ra).route_wakeups, fast.remote.flushes
+    wakeups, flushes = ba.route_wakeups, fast.remote.flushes
+    published = ba.batches.stats.payloads_out
     sent: list[bytes] = []
     # Ten writes of 30 frames (multicast, to far, to near, in turn), each read on its own (a
     # PING's PONG between them): the first teaches the thread, the others it repeats.
@@ -154,10 +159,23 @@ async def test_a_federated_groups_local_copies_stay_on_the_fast_path(
                                                        if i % 3 != 1]
     hub.sync()
     # At least the nine repeated writes: 270 frames relayed by the thread, the 180 of them
-    # with a remote share handed up and sent on by Python.
+    # with a remote share.
     assert hub.counters.fast_relayed - relayed >= 270
+    if qos == 0:
+        # Published by the thread: Python neither saw them nor woke for them. Each write's
+        # runs (multicast, far, near...) are route payloads, one message per write.
+        assert fast.remote.frames == remote
+        assert ba.batches.stats.payloads_out - published >= 9 * 20
+        # ... and read by the receiving router's thread, which delivered them to far.
+        assert rb.server is not None and rb.server.fast is not None
+        rb.server.hub.sync()
+        assert rb.server.fast.link.read_in >= 8
+        assert ba.federation.stats.routed_out >= 180
+        assert ba.route_wakeups - wakeups < 9
+        return
+    # Handed up and sent on by Python, at the end of each batch of upcalls, without waking
+    # the bridge's end-of-tick task (which only Python's own routing of the first write
+    # needs).
     assert fast.remote.frames - remote >= 180
-    # Their remote share left at the end of each batch of upcalls, without waking the
-    # bridge's end-of-tick task (which only Python's own routing of the first write needs).
     assert fast.remote.flushes - flushes >= 9
-    assert bridge_of(ra).route_wakeups - wakeups < 9
+    assert ba.route_wakeups - wakeups < 9

@@ -38,7 +38,10 @@ def bridged_brokers(tmp_path_factory: pytest.TempPathFactory
 
 
 def bridge_of(r: InProcessRouter) -> Bridge:
+    """``r``'s bridge, its counters up to date with what the relay thread published for it
+    (Hub.sync, as the operations layer reads them)."""
     assert r.server is not None and r.server.bridge is not None
+    r.server.hub.sync()
     return r.server.bridge
 
 

@@ -69,6 +69,7 @@ class Bridge(Peers, Publications):
 
     def view(self) -> dict[str, Any]:
         """The bridge state for /groups and logs."""
+        self.hub.sync()  # what the relay thread published, in the counters
         s = self.stats
         f = self.federation
         return {"broker": f"{self.scheme}://{self.host}:{self.port}", "state": self.state,

@@ -29,8 +29,10 @@ carries is the layers' above: the topic publications
 
 from __future__ import annotations
 
+import errno
 import logging
 import random
+import socket
 import ssl
 import uuid
 from dataclasses import dataclass
@@ -45,6 +47,7 @@ from gossiprouter.core.config import Config, ConfigError
 from gossiprouter.core.options import parse_bridge_url
 from gossiprouter.core.ratelog import RateLimitedLog
 from gossiprouter.core.topics import TopicId
+from gossiprouter.federation.link import Link
 from gossiprouter.federation.mqtt_topics import mqtt_filter
 
 if TYPE_CHECKING:
@@ -153,6 +156,11 @@ class BrokerSession:
         self.queue_limit = config.bridge_queue_bytes
         self._queued = 0
         self._queued_stale = False
+        # The relay thread's broker link (federation/link.py), when the server runs the fast
+        # path: a plain TCP session's writes go through it, and its reads (attach_link).
+        self._link: Link | None = None
+        self._fed_event = trio.Event()  # the thread handed something up
+        self._fed_paused = False  # ... and reads no more until told
         self.keepalive = config.bridge_keepalive
         # The router's federation identity (docs/federation.md, "Identity"): configured, and
         # by default its MQTT user name, so the broker's ACL can confine it to its subtree.
@@ -239,12 +247,19 @@ class BrokerSession:
 
     def queued_bytes(self) -> int:
         """Bytes waiting in paho for the broker (measured again after the writer's progress;
-        paho keeps what is left of each packet in ``to_process``)."""
+        paho keeps what is left of each packet in ``to_process``), and in the relay thread's
+        link while it writes the socket."""
         if self._queued_stale:
             self._queued_stale = False
             q = getattr(self._client, "_out_packet", ())
             self._queued = sum(p.get("to_process", 0) for p in q)
-        return self._queued
+        link = self._client.link
+        return self._queued if link is None else self._queued + link.pending()
+
+    def attach_link(self, link: Link) -> None:
+        """The server runs the fast path: broker sessions on plain TCP write through ``link``
+        (federation/link.py)."""
+        self._link = link
 
     def _queued_more(self, size: int) -> None:
         """A publication of ``size`` bytes was handed to paho."""
@@ -355,6 +370,7 @@ class BrokerSession:
             log.info("bridge: left the federation")
             self.left.set()
         self.state = "disconnected"
+        self._link_off()
         if self._session_scope is not None:
             self._session_scope.cancel()
 
@@ -440,6 +456,21 @@ class BrokerSession:
         sock = c.socket()
         if sock is None:
             return
+        link = self._link
+        if link is not None and type(sock) is socket.socket and c.fast:  # (TLS: paho's own)
+            self._fed_event = trio.Event()
+            self._fed_paused = False
+            if link.open(sock.fileno(), self._on_fed):
+                c.fed, c.fed_end = bytearray(), False  # the thread reads it too
+            c.link = link
+        try:
+            await self._session_run(c, sock)
+        finally:
+            if link is not None and c.link is not None:  # (else paho closed the socket)
+                c.link = None
+                link.close()
+
+    async def _session_run(self, c: Any, sock: Any) -> None:
         with trio.CancelScope() as scope:
             self._session_scope = scope
             try:
@@ -468,7 +499,17 @@ class BrokerSession:
                 if c.socket() is None or sock.fileno() < 0:
                     self._end("connection lost")
                     return
-                await trio.lowlevel.wait_readable(sock)
+                if c.fed is None:
+                    await trio.lowlevel.wait_readable(sock)
+                elif c.fed_end is False:
+                    # All the relay thread handed up is read: it reads on (the next read
+                    # goes up whole while paho holds the start of a packet), and hands up
+                    # what it does not handle itself.
+                    if self._fed_paused and self._link is not None:
+                        self._fed_paused = False
+                        self._link.resume(c.mid_packet())
+                    await self._fed_event.wait()
+                    self._fed_event = trio.Event()
             # paho handles one packet a loop_read (at QoS 0): every whole packet of the read
             # before waiting again (paho_fast.BufferedClient reads them in one recv).
             for _ in range(READ_PACKETS):
@@ -524,6 +565,25 @@ class BrokerSession:
         or its Last Will goes out after all."""
         return self.state == "connecting" and now >= connack_by
 
+    def _on_fed(self, kind: str, data: bytes) -> None:
+        """What the relay thread read from the broker and hands up (``kind``: "data", or how
+        the stream ended: "eof", "error"): paho reads it next."""
+        c = self._client
+        if c.fed is None:
+            return
+        if kind == "data":
+            c.fed += data
+            self._fed_paused = True  # the thread reads no more until told (_reader)
+        else:
+            c.fed_end = True if kind == "eof" else OSError(errno.ECONNRESET,
+                                                            "connection reset by peer")
+        self._fed_event.set()
+
+    def _link_off(self) -> None:
+        """The session is not up: the relay thread publishes no remote share any more."""
+        if self._link is not None:
+            self._link.disable()
+
     def _kick_writer(self) -> None:
         self._wake_writer.set()
 
@@ -532,5 +592,6 @@ class BrokerSession:
             self.last_error = why
             self._failed("lost the broker", why)
         self.state = "disconnected"
+        self._link_off()
         if self._session_scope is not None:
             self._session_scope.cancel()

@@ -65,6 +65,12 @@ def _check_native(group: str, frames: bytes, count: int, max_frame: int,
     return None
 
 
+def route_header(frames: bytes, max_frame: int) -> bytes | None:
+    """The exact ROUTE header of the native ``frames`` :func:`check_routed` just accepted (the
+    relay thread's key for the next ones: server/broker_link.py), or None."""
+    return _scanner(max_frame).header(frames, 4)
+
+
 @lru_cache(maxsize=4)
 def _scanner(max_frame: int) -> NativeScanner:
     """The relaying scanner of routed native frames within ``max_frame`` (one per bound:

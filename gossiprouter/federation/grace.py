@@ -11,6 +11,7 @@ that revive it, and nothing changed for them. Sans-IO, like the state it is part
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from gossiprouter.routing.entries import Notice
@@ -33,6 +34,7 @@ class Graces:
     epoch: int
     stats: Any  # FederationStats
     hub: Any  # Hub
+    routing_changed: Callable[[], None]  # (state.Federation: the relay thread's link)
 
     def _drop_router(self, r: Any, suspect: bool = True) -> list[Notice]:
         raise NotImplementedError
@@ -68,6 +70,7 @@ class Graces:
         if self.grace <= 0 or not r.alive:
             return self._drop_router(r)
         if r.grace_until is None:
+            self.routing_changed()
             r.grace_until = now + self.grace
             self.stats.routers_graced += 1
             log.info("federation: router %s is out of reach: its members are held for %gs",
@@ -88,6 +91,7 @@ class Graces:
         if r is None or not r.alive:
             return False
         if r.grace_until is not None:
+            self.routing_changed()
             r.grace_until = None
             self.stats.routers_revived += 1
             log.info("federation: router %s is reachable again within its grace", r.label)

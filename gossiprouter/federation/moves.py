@@ -28,7 +28,7 @@ from gossiprouter.federation.remote import FederationStats, RemoteMember, Remote
 from gossiprouter.routing.entries import Entry, Group, RemoteCarrier
 
 if TYPE_CHECKING:
-    from collections.abc import Collection
+    from collections.abc import Callable, Collection
 
     from gossiprouter.federation.codec import Route
     from gossiprouter.federation.remote import Published
@@ -149,6 +149,9 @@ class Moves:
         # The fan-out number of what this router routes first, and the frames it was last
         # given: one fan-out pushes the same frames to every router.
         self.seq = 0
+        # Where the numbers come from when the relay thread numbers fan-outs too (its link:
+        # one sequence); None: counted here.
+        self.take: Callable[[], int] | None = None
         self._last_frames: bytes | None = None
         # group -> (rev, the members carried here then): what changed between multicasts
         self._carried: dict[str, tuple[int, frozenset[bytes]]] = {}
@@ -173,9 +176,15 @@ class Moves:
         """The fan-out number of ``frames`` routed first here (the same object: the same
         fan-out, pushed to the next router)."""
         if frames is not self._last_frames:
-            self.seq += 1
+            take = self.take
+            self.seq = self.seq + 1 if take is None else take()
             self._last_frames = frames
         return self.seq
+
+    def quiet(self, group: str) -> bool:
+        """No move of ``group`` is watched now: its multicasts need no bookkeeping here (the
+        relay thread may deliver them: server/broker_link.py)."""
+        return group not in self._recent and group not in self._moved and group not in self._left
 
     def held_frames(self) -> int:
         return sum(len(lf.frames) for left in self._left.values() for lf in left.values())

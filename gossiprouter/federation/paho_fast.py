@@ -56,6 +56,8 @@ from paho.mqtt.exception import MalformedPacket, MQTTException
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties, VariableByteIntegers
 
+from gossiprouter.federation.link import Link
+
 # One recv's bound: what the socket has, up to this, is read at once.
 RECV_CHUNK = 256 * 1024
 # One gathered send's bound (bytes): a longer queue goes out in several.
@@ -226,6 +228,12 @@ def user_properties(pairs: list[tuple[str, str]] | tuple[tuple[str, str], ...]) 
     return b"".join(b"\x26" + _utf(k) + _utf(v) for k, v in pairs)
 
 
+def property_key(name: str) -> bytes:
+    """A user property's identifier and key, as :func:`user_properties` packs them (its value
+    follows)."""
+    return b"\x26" + _utf(name)
+
+
 def _vbi(n: int) -> bytes:
     """An MQTT Variable Byte Integer."""
     if n < 128:
@@ -305,7 +313,13 @@ class BufferedClient(Client):
         # (topic, payload, user properties) of a received QoS 0 PUBLISH with no other
         # property: True when handled, False for paho's own handling (on_message).
         self.fast_publish: Callable[[str, bytes, list[tuple[str, str]]], bool] | None = None
-
+        # The relay thread's broker link (federation/link.py), while it writes the socket:
+        # every byte for the broker goes through it, in order with the thread's own.
+        self.link: Link | None = None
+        # While the thread also reads the socket: what it handed up, not read by paho yet
+        # (None: paho reads the socket itself), and how the stream ended (True: EOF).
+        self.fed: bytearray | None = None
+        self.fed_end: OSError | bool = False
     @contextmanager
     def corked(self) -> Iterator[None]:
         """paho writes nothing inline meanwhile (its packets queue); at the end, what was
@@ -348,8 +362,8 @@ class BufferedClient(Client):
             if p["info"] is not _NO_WAIT or p["pos"]:
                 return False
         try:
-            n = sock.send(q[0]["packet"] if len(q) == 1 else
-                          b"".join([p["packet"] for p in q]))
+            n = self._raw_send(q[0]["packet"] if len(q) == 1 else
+                               b"".join([p["packet"] for p in q]))
         except BlockingIOError:
             n = 0
         except OSError:
@@ -423,7 +437,7 @@ class BufferedClient(Client):
                 size += p["to_process"]
             if len(parts) > 1:
                 try:
-                    self._sent_ahead = super()._sock_send(b"".join(parts))
+                    self._sent_ahead = self._raw_send(b"".join(parts))
                     self.gathered_sends += 1
                 except OSError:  # (BlockingIOError too): paho's own send meets it again
                     self._sent_ahead = 0
@@ -436,17 +450,40 @@ class BufferedClient(Client):
             n = min(ahead, len(buf))
             self._sent_ahead = ahead - n
             return n
+        return self._raw_send(buf)
+
+    def _raw_send(self, buf: bytes | bytearray) -> int:
+        """Bytes to the socket: through the relay thread's link while it has one (it takes
+        them all, or raises the OSError that broke it), else paho's own ``send``."""
+        link = self.link
+        if link is not None:
+            return link.write(buf)
         sent: int = super()._sock_send(buf)
         return sent
 
+    def _sock_close(self) -> None:
+        # The link lets the socket go first (the relay thread writes it no more).
+        link = self.link
+        if link is not None and self._sock is not None:
+            self.link = None
+            link.close()
+        super()._sock_close()
+
     def buffered(self) -> int:
-        """Bytes read from the socket that paho has not taken yet."""
-        return len(self._rbuf) - self._rpos
+        """Bytes read from the socket (or handed up by the relay thread) that paho has not
+        taken yet."""
+        fed = self.fed
+        return len(self._rbuf) - self._rpos + (0 if fed is None else len(fed))
+
+    def mid_packet(self) -> bool:
+        """paho holds the start of a packet whose rest has not been read."""
+        return bool(self._in_packet.get("command"))
 
     def drop_buffer(self) -> None:
         """Forget what was read (a new connection begins)."""
         self._rbuf, self._rpos = b"", 0
         self._sent_ahead = 0
+        self.fed, self.fed_end = None, False
 
     def _sock_recv(self, bufsize: int) -> bytes:
         if not self.fast:
@@ -465,7 +502,20 @@ class BufferedClient(Client):
     def _recv_chunk(self, bufsize: int) -> bytes:
         """What the socket has, up to :data:`RECV_CHUNK` (at least ``bufsize``): read into
         the connection's buffer on a plain socket (paho's ``recv`` otherwise: TLS and
-        WebSockets keep their own error handling)."""
+        WebSockets keep their own error handling); while the relay thread reads the socket,
+        what it handed up."""
+        fed = self.fed
+        if fed is not None:
+            if fed:
+                chunk = bytes(fed)
+                fed.clear()
+                return chunk
+            end = self.fed_end
+            if isinstance(end, OSError):
+                raise end
+            if end:
+                return b""
+            raise BlockingIOError
         sock = self._sock
         if type(sock) is not socket.socket or bufsize > RECV_CHUNK:
             data: bytes = super()._sock_recv(max(bufsize, RECV_CHUNK))

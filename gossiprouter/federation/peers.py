@@ -28,6 +28,13 @@ import trio
 from gossiprouter.core.config import Config, ConfigError
 from gossiprouter.federation.batch import BATCH_PROPERTY, FORMAT, Batches, decode_batch
 from gossiprouter.federation.broker import BrokerSession
+from gossiprouter.federation.link import Link
+from gossiprouter.federation.link_side import (
+    BEAT_PROPERTY,
+    FROM_PROPERTY,
+    SENT_PROPERTY,
+    LinkSide,
+)
 from gossiprouter.federation.liveness import Liveness
 from gossiprouter.federation.mqtt_topics import (
     escape_level,
@@ -64,10 +71,7 @@ FLUSH_DELAY = 0.005
 # How often the graces and the ghost checks are looked at (seconds).
 TICK = 0.5
 # User properties on the route topic: a heartbeat (its value: the sender's origin), and a
-# routed message's sender origin and wall-clock send time in ms (liveness.py).
-BEAT_PROPERTY = "gossiprouter-beat"
-FROM_PROPERTY = "gossiprouter-from"
-SENT_PROPERTY = "gossiprouter-sent"
+# routed message's sender origin and wall-clock send time in ms (liveness.py; link_side.py).
 # Route topics kept built (_Route), one per other router; cleared when this many.
 ROUTES_CACHE = 1024
 
@@ -146,6 +150,7 @@ class Peers(BrokerSession):
         self.federation.flush_routes = self._flush_routes
         self.route_wakeups = 0  # of the end-of-tick task (tests, profiles)
         self._routes: dict[str, _Route] = {}
+        self.link_side = LinkSide(self)  # (for the relay thread's link: attach_link)
 
     def _route(self, origin: str) -> _Route:
         """Router ``origin``'s route topic, built once per router (was twice a message)."""
@@ -314,6 +319,7 @@ class Peers(BrokerSession):
         from paho.mqtt.properties import Properties
 
         self.state = "leaving"  # routed frames and publications from now: not forwarded
+        self._link_off()
         self._publish_records(records)
         props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
         props.UserProperty = [(LEFT_PROPERTY, "1")]
@@ -362,6 +368,24 @@ class Peers(BrokerSession):
         self._publish_records(fed.snapshot())
         client.publish(self._sync_topic, b"", qos=1,
                        properties=self._signed(self._sync_topic, b"", "sync"))
+        link = self._link
+        if link is not None and self._client.link is not None and self.qos == 0:
+            # The relay thread publishes the remote share of the routes it learns from now
+            # (server/broker_link.py): after everything above, on the same stream.
+            link.enable(self.link_side)
+
+    # ------------------------------------------------------------------ the relay thread's link
+
+    def attach_link(self, link: Link) -> None:
+        super().attach_link(link)
+        moves = self.federation.moves
+        link.seed(moves.seq)
+        moves.take = link.fanout  # one sequence of fan-out numbers with the thread's
+        self.federation.routing_changed = link.invalidate
+        self.federation.learned_in = link.learn_in
+        if self._verifier is not None:
+            self._verifier.link = link
+
 
     def _on_federation(self, topic: str, payload: bytes, props: object) -> None:
         # (props: paho's Properties, or bridge._Users: only what getattr finds is read)

@@ -30,6 +30,8 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
+from gossiprouter.federation.link import Link
+
 MAC_PROPERTY = "gossiprouter-mac"
 MAX_SKEW = 60_000  # ms: a live message's clock may differ from the reader's by this much
 # Runs of other routers remembered for their sequence numbers, and retained topics for their
@@ -90,6 +92,9 @@ class Verifier:
         self._runs: OrderedDict[str, int] = OrderedDict()  # run -> last seq
         self._topics: OrderedDict[str, int] = OrderedDict()  # retained topic -> last ts
         self._current: dict[str, str] = {}  # writer -> run of its current presence
+        # The relay thread's broker link, which checks route messages too (one sequence of
+        # accepted numbers per run with it: federation/link.py); None: no link.
+        self.link: Link | None = None
 
     def check(self, topic: str, payload: bytes, value: str | None, *, writer: str,
               kind: str, last_will: bool = False) -> str | None:
@@ -117,9 +122,15 @@ class Verifier:
         if abs(_now_ms() - ts) > MAX_SKEW:
             return "too old or from the future (clocks more than 60 s apart?)"
         key = f"{run}/{kind}"
-        if seq <= self._runs.get(key, 0):
+        last = self._runs.get(key, 0)
+        link = self.link if kind == "route" else None
+        if link is not None:  # the relay thread accepts route messages of its own
+            last = max(last, link.floor(run))
+        if seq <= last:
             return "replayed"
         self._remember(self._runs, key, seq, MAX_RUNS)
+        if link is not None:
+            link.seen(run, seq)
         if retained:  # a deletion: what was retained before it cannot come back
             self._remember(self._topics, topic, ts, MAX_TOPICS)
         return None

@@ -113,6 +113,16 @@ class Federation(Graces):
         # set by the I/O side: sends what waits.
         self.holding = False
         self.flush_routes: Callable[[], None] = _nothing
+        # Called when what the remote share of a route depends on changes other than through
+        # the routing table (a router's liveness or grace, a member's live mark): the relay
+        # thread's link forgets the routes it learned (server/broker_link.py).
+        self.routing_changed: Callable[[], None] = _nothing
+        # Called with (writer, group, member or None, frames, local receivers) after routed
+        # frames of a native group were delivered here as received, nothing else to do for
+        # them (no grace, no move watched): the relay thread's link learns to deliver the
+        # next ones itself (server/broker_link.py). None: no link.
+        self.learned_in: Callable[[str, str, bytes | None, bytes, list[Carrier]], None] | None \
+            = None
 
     # ------------------------------------------------------------------ views
 
@@ -298,6 +308,8 @@ class Federation(Graces):
         if expiry is not None and ttl and ttl > 0:
             ttl = min(ttl, expiry)
         r.expires = None if not ttl or ttl <= 0 else now + ttl
+        if not r.alive or r.grace_until is not None:
+            self.routing_changed()
         r.alive = True
         r.epoch = self.epoch
         if r.grace_until is not None:
@@ -410,6 +422,8 @@ class Federation(Graces):
             if known is not None and known.data == m:
                 continue
             rm = known if known is not None else RemoteMember(self, r, group, addr)
+            if rm.live_there != bool(m[5]):
+                self.routing_changed()
             rm.live = bool(m[5])
             rm.data = m
             try:
@@ -465,6 +479,7 @@ class Federation(Graces):
         r.groups.clear()
         r.streams.clear()
         r.alive = False
+        self.routing_changed()
         return notices
 
     def tick(self, now: float) -> None:
@@ -536,6 +551,8 @@ class Federation(Graces):
             if c is not None and not isinstance(c, RemoteCarrier):
                 c.push(frames, count)
                 self.stats.delivered_in += count
+                if self.learned_in is not None and not (rt.handed or g.graced):
+                    self.learned_in(origin, group, dest, frames, [c])
             elif entry is not None and not entry.carriers:
                 table.hold(entry, frames)
             elif rt.handed or not self.moves.unicast(g, dest, c, rt):
@@ -558,6 +575,9 @@ class Federation(Graces):
         for e in g.graced:
             table.hold(e, frames)
         self.moves.multicast(g, origin, rt.seq, frames, count, cached[3])
+        if (self.learned_in is not None and targets and not (rt.handed or g.graced)
+                and self.moves.quiet(group)):
+            self.learned_in(origin, group, None, frames, targets)
 
     def receivers(self, g: Group, origin: str) -> list[Carrier]:
         """The local connections that get a multicast ``origin`` sent to group ``g``: one per

@@ -68,7 +68,9 @@ from typing import TYPE_CHECKING, TypeVar
 import trio
 
 from gossiprouter.core.config import Config, ConfigError
+from gossiprouter.server.broker_link import BrokerLink
 from gossiprouter.server.dispatch import END, READ, Feed, Parked, current_task, wait_in
+from gossiprouter.server.fast_direct import Direct, no_bytes
 from gossiprouter.server.remote_share import RemoteShare, split
 
 if TYPE_CHECKING:
@@ -175,49 +177,6 @@ class _Slot:
         self.outcome: int | BaseException = READ
 
 
-class _Direct:
-    """A plain-TCP connection's direct send with the fast path (FastPath.open): through the
-    relay thread while it writes the connection too, else the socket's own send; counted."""
-
-    __slots__ = ("cid", "counters", "fast", "raw_send", "relay_send", "session")
-
-    def __init__(self, fast: FastPath, session: Session, cid: int,
-                 raw_send: Callable[[bytes], int], counters: Counters) -> None:
-        self.fast = fast
-        self.session = session
-        self.cid = cid
-        self.raw_send = raw_send
-        self.relay_send = fast.relay_send  # one bound method of the relay for all
-        self.counters = counters
-
-    def send(self, data: bytes) -> int:
-        # One method, as the server's own direct send (not a wrapper around it).
-        session = self.session
-        if not session.fast_attached:
-            n: int = self.raw_send(data)
-        else:
-            try:
-                n = self.relay_send(self.cid, data)
-            except OSError:
-                session.fast_attached = False  # detached; the writer meets the error
-                session.outbox.reclaim = _no_bytes
-                raise
-            if n == -1:  # the thread holds bytes for it: they go first, then ``data``
-                self.fast._reclaim(session)
-                return 0
-            if n == -2:  # not attached after all (cannot happen: kept in step)
-                session.fast_attached = False
-                session.outbox.reclaim = _no_bytes
-                n = self.raw_send(data)
-            elif n < len(data):  # the socket is full: the outbox's writer takes over
-                session.fast_attached = False
-                session.outbox.reclaim = _no_bytes
-        counters = self.counters
-        counters.bytes_out += n
-        counters.writes += 1
-        return n
-
-
 class FastPath:
     """The relay thread and what the server and the sessions ask of it."""
 
@@ -227,6 +186,8 @@ class FastPath:
         self.relay = _relay.Relay(hub.config.fast_path_max_bytes)
         self.relay_send = self.relay.send
         self.hub = hub
+        # The federation broker's connection on the thread, when the server has a bridge.
+        self.link = BrokerLink(self.relay, self.mod, hub, self.ids, self.slot)
         # Connections the thread knows (open .. close), by id.
         self._sessions: dict[int, Session] = {}
         # Connections it reads now for their task, parked in serve().
@@ -251,13 +212,13 @@ class FastPath:
     def __len__(self) -> int:
         return len(self._slots)
 
-    def _slot(self, group: str) -> int:
+    def slot(self, group: str) -> int:
         """The thread's invalidation slot of table group ``group`` (groups that share one
         only forget each other's decisions more often)."""
         return hash(group) % self._slots_n
 
     def _changed(self, group: str) -> None:
-        self.relay.invalidate(self._slot(group))
+        self.relay.invalidate(self.slot(group))
 
     # ------------------------------------------------------------------ the task
 
@@ -304,9 +265,13 @@ class FastPath:
     def _handle(self, items: list[tuple[int, int, bytes]]) -> None:
         mod = self.mod
         slots = self._slots
+        link = self.link
         for cid, kind, data in items:
             self.upcalls += 1
             self.by_kind[kind] += 1
+            if cid == link.in_cid:  # the federation broker's connection
+                link.upcall(kind, data)
+                continue
             if kind == mod.REMOTE:  # a federated group's frames: their remote share
                 self.remote.send(data)
                 continue
@@ -366,6 +331,8 @@ class FastPath:
         # keeps the frame, under its own budget (and the next chunk comes up whole).
         held = session.hand_back(min(self.max_hold, self.relay.room())) if session.holding \
             else None
+        if self.link.routing:  # what Python batched of its frames is published first
+            self.link.before_read()
         if held is None:
             self.relay.read(cid, session.holding)
         else:
@@ -401,7 +368,7 @@ class FastPath:
         # pay one mutex per send (relay.send).
         self.attach(session)
         # A bound method of one small object per connection, not a closure (issue 24).
-        return _Direct(self, session, cid, sock.send, counters).send
+        return Direct(self.relay_send, self._reclaim, session, cid, sock.send, counters).send
 
     def attach(self, session: Session) -> bool:
         """Let the thread write ``session``'s connection, if its outbox is idle."""
@@ -420,7 +387,7 @@ class FastPath:
     def take(self, session: Session) -> bytes:
         """The bytes the thread holds for ``session`` (which it stops writing)."""
         session.fast_attached = False
-        session.outbox.reclaim = _no_bytes
+        session.outbox.reclaim = no_bytes
         cid = session.fast_id
         if cid is None:
             return b""
@@ -444,7 +411,7 @@ class FastPath:
         self.collect()
         session.fast_id = None
         session.fast_attached = False
-        session.outbox.reclaim = _no_bytes
+        session.outbox.reclaim = no_bytes
         self._sessions.pop(cid, None)
         self.relay.close(cid)
 
@@ -481,7 +448,7 @@ class FastPath:
 
     # ------------------------------------------------------------------ learning
 
-    def _ids(self, targets: tuple[Carrier, ...] | list[Carrier]) -> list[int] | None:
+    def ids(self, targets: tuple[Carrier, ...] | list[Carrier]) -> list[int] | None:
         ids = []
         for t in targets:
             s: Session = t  # type: ignore[assignment]  # carriers here are sessions
@@ -513,11 +480,13 @@ class FastPath:
         # Receivers on other routers (the federation's carriers) are Python's share: the
         # thread relays to the local ones and hands each frame up (REMOTE, _remote).
         local, remote = split(targets)
-        ids = self._ids(local)
+        ids = self.ids(local)
+        # ... and published by the thread too while the broker link is up (broker_link.py).
+        fed = self.link.targets(group, dest) if remote else None
         if ids is not None and self.relay.learn(
                 session.fast_id, key, b"", 0,
-                session.scanner.max_frame, ids, self._slot(group),  # type: ignore[attr-defined]
-                remote):
+                session.scanner.max_frame, ids, self.slot(group),  # type: ignore[attr-defined]
+                remote, fed):
             self.learned += 1
 
     def learn_jgroups(self, session: Session, group: str, dest: bytes | None, key: bytes,
@@ -536,10 +505,10 @@ class FastPath:
             if e is None or not e.carriers:
                 return
             targets = (e.carriers[-1],)
-        ids = self._ids(targets)
+        ids = self.ids(targets)
         if ids is not None and self.relay.learn(
                 session.fast_id, key, out, skip,
-                session.scanner.max_frame, ids, self._slot(group)):  # type: ignore[attr-defined]
+                session.scanner.max_frame, ids, self.slot(group)):  # type: ignore[attr-defined]
             self.learned += 1
 
     # ------------------------------------------------------------------ counters
@@ -549,6 +518,7 @@ class FastPath:
         sessions' ``last_recv`` (the idle timeout's clock), and what it holds now into the
         gauges."""
         rows, now_ns, partial, pending = self.relay.collect()
+        self.link.collect()
         counters = self.hub.counters
         counters.fast_partial_bytes = partial
         counters.fast_pending_bytes = pending
@@ -585,10 +555,6 @@ def _trio_now() -> float | None:
         return trio.current_time()
     except RuntimeError:  # outside trio (a test folding counters by hand)
         return None
-
-
-def _no_bytes() -> bytes:
-    return b""
 
 
 def _unchanged(group: str) -> None:

@@ -201,6 +201,9 @@ class Server(ReadPart):
         self.fast = FastPath(self.hub) if fast else None
         # The MQTT federation bridge (docs/topics.md), checked here so a bad option fails start.
         self.bridge = Bridge(self.hub, config) if config.bridge else None
+        if self.fast is not None and self.bridge is not None:
+            # The remote share of learned routes published by the relay thread itself.
+            self.bridge.attach_link(self.fast.link)
 
     @property
     def ops(self) -> ServerHooks:

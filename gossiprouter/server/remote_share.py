@@ -17,7 +17,21 @@ from gossiprouter.protocol.native_scan import RUN, NativeScanner
 
 if TYPE_CHECKING:
     from gossiprouter.routing.entries import Carrier
+    from gossiprouter.routing.table import RoutingTable
     from gossiprouter.sessions.base import Hub
+
+
+def remote_targets(table: RoutingTable, group: str, dest: bytes | None
+                   ) -> list[RemoteGroup | RemoteMember]:
+    """The other routers a frame of the relay thread's to ``dest`` of ``group`` (None: the
+    group, from a local sender) goes to now, as Python's own routing of it would send it
+    (:meth:`Session.forward`): the routers carrying members of the group, or the router
+    carrying the member (none when a local connection carries it)."""
+    if dest is None:  # the sender is local: no remote target is its own carrier
+        return [t for t in table.resolve_multicast(group, None) if isinstance(t, RemoteGroup)]
+    e = table.resolve_unicast(group, dest)
+    c = None if e is None else e.carrier
+    return [c] if isinstance(c, RemoteMember) else []
 
 
 def split(targets: Sequence[Carrier]) -> tuple[list[Carrier], bool]:
@@ -60,14 +74,7 @@ class RemoteShare:
                 continue
             assert isinstance(head, tuple)
             group, dest, _sender = head
-            targets: list[RemoteGroup | RemoteMember]
-            if dest is None:  # the sender is local: no remote target is its own carrier
-                targets = [t for t in table.resolve_multicast(group, None)
-                           if isinstance(t, RemoteGroup)]
-            else:
-                e = table.resolve_unicast(group, dest)
-                c = None if e is None else e.carrier
-                targets = [c] if isinstance(c, RemoteMember) else []
+            targets = remote_targets(table, group, dest)
             frames = data[start:stop]
             for t in targets:
                 fed = t.fed

@@ -25,6 +25,32 @@ void free_conn(conn_t *c) {
     free(c);
 }
 
+int64_t *read_cids(PyObject *dests, Py_ssize_t min, Py_ssize_t *n, const char *what) {
+    PyObject *seq = PySequence_Fast(dests, "dests must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t nd = PySequence_Fast_GET_SIZE(seq);
+    int64_t *ids = NULL;
+    if (nd < min || nd > (Py_ssize_t)IDX_MASK + 1) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd dests (%zd to as many as connections)", what, nd,
+                     min);
+    } else if ((ids = malloc(sizeof(int64_t) * (size_t)(nd ? nd : 1))) == NULL) {
+        PyErr_NoMemory();
+    } else {
+        for (Py_ssize_t i = 0; i < nd; i++) {
+            long long d = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+            if ((d == -1 && PyErr_Occurred()) || check_cid(d) < 0) {
+                free(ids);
+                ids = NULL;
+                break;
+            }
+            ids[i] = d;
+        }
+    }
+    Py_DECREF(seq);
+    *n = nd;
+    return ids;
+}
+
 /* open(fd, kind, max_hold=MAX_HOLD) -> cid: a connection the relay may later read / write.
  * ``max_hold``: the largest frame the thread holds across reads (a larger one cut by a read
  * goes to Python, which charges it to its router-wide budget for partial frames: the thread's
@@ -39,7 +65,7 @@ PyObject *Relay_open(Relay *self, PyObject *args) {
                      fd, max_hold, MAX_HOLD);
         return NULL;
     }
-    if (kind != 0 && kind != NATIVE && kind != JG2 && kind != JG5) {
+    if (kind != 0 && kind != NATIVE && kind != JG2 && kind != JG5 && kind != MQTT) {
         PyErr_SetString(PyExc_ValueError, "unknown framing");
         return NULL;
     }

@@ -17,6 +17,10 @@ static inline int check_cid(long long cid) {
     return 0;
 }
 
+/* The connection ids of ``dests`` (a sequence), in a new array (*n of them, at least ``min``):
+ * NULL with an exception set when it is not one (what: the caller's name for errors). */
+RELAY_INTERNAL int64_t *read_cids(PyObject *dests, Py_ssize_t min, Py_ssize_t *n,
+                                  const char *what);
 RELAY_INTERNAL void free_conn(conn_t *c);
 RELAY_INTERNAL PyObject *Relay_open(Relay *self, PyObject *args);
 RELAY_INTERNAL PyObject *Relay_read(Relay *self, PyObject *args);

@@ -19,7 +19,7 @@ static uint32_t be32(const uint8_t *p) {
 
 /* The payload of a whole length-prefixed frame (``p[q:end]``, after a learned header) makes it
  * a plain routed frame: NATIVE, one msgpack bin ending the frame; JG5, a u32 length ending it. */
-static int payload_ends_frame(int kind, const uint8_t *p, size_t q, size_t end) {
+int payload_ends_frame(int kind, const uint8_t *p, size_t q, size_t end) {
     if (kind == JG5) return q + 4 + (size_t)be32(p + q) == end;
     uint8_t m = p[q];
     if (m == 0xc4) return q + 2 <= end && q + 2 + p[q + 1] == end;

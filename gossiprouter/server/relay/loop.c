@@ -7,7 +7,9 @@
  */
 #include "loop.h"
 
+#include "broker.h"
 #include "framing.h"
+#include "inbound.h"
 #include "routes.h"
 
 #include <errno.h>
@@ -278,8 +280,8 @@ static void flush_stage(Relay *r, conn_t *d, stage_t *s) {
  * in the read buffer), staged until the read is done (flush_dirty). Nothing is copied unless
  * ``d`` is evicted while this read is relayed (then its socket did not take an earlier send:
  * the frame waits behind it, pending). */
-static void deliver(Relay *r, conn_t *d, int64_t cid, const uint8_t *a, size_t alen,
-                    const uint8_t *b, size_t blen) {
+void deliver(Relay *r, conn_t *d, int64_t cid, const uint8_t *a, size_t alen,
+             const uint8_t *b, size_t blen) {
     struct iovec frame[2] = {{(void *)a, alen}, {(void *)b, blen}};
     d->delivered++;
     d->touched = 1;
@@ -328,11 +330,67 @@ static void flush_dirty(Relay *r) {
 
 /* ------------------------------------------------------------------ reading (mutex held) */
 
+/* A read is relayed up to ``pos``: the rest is kept (the start of a frame), or goes to Python
+ * with everything after it (``up``), and the thread reads no more until Python says so. */
+static void end_read(Relay *r, conn_t *c, int64_t cid, const uint8_t *buf, size_t pos,
+                     size_t len, int up) {
+    if (!up && pos < len && keep_rest(r, c, buf, pos, len) < 0) up = 1;
+    if (up) {
+        c->raw = 0;
+        stop_reading(r, c);
+        upcall(r, cid, UP_DATA, buf + pos, len - pos);
+        drop_hold(r, c);
+        return;
+    }
+    if (pos == len) drop_hold(r, c);
+}
+
+/* The broker connection's read (MQTT, inbound.c): the whole QoS 0 PUBLISH packets the thread
+ * delivers itself; from the first other packet on, the read goes to Python (a PUBLISH cut by
+ * the read's end is held for the next, within max_hold). */
+static void mqtt_frames(Relay *r, conn_t *c, int64_t cid, const uint8_t *buf, size_t len) {
+    size_t pos = 0;
+    int up = c->raw;
+    while (!up && pos < len) {
+        size_t i = 1, rem = 0;
+        int done = 0;
+        while (i <= 4 && pos + i < len) {
+            uint8_t b = buf[pos + i];
+            rem |= (size_t)(b & 127) << (7 * (i - 1));
+            i++;
+            if (!(b & 128)) {
+                done = 1;
+                break;
+            }
+        }
+        if (!done) { /* cut in its length, or not MQTT: Python's */
+            up = i > 4 || buf[pos] != 0x30;
+            break;
+        }
+        size_t need = i + rem;
+        if (len - pos < need) { /* cut: held if it may be the thread's */
+            up = buf[pos] != 0x30 || need > c->max_hold;
+            break;
+        }
+        if (buf[pos] != 0x30 || !inbound(r, buf + pos + i, rem)) {
+            up = 1;
+            break;
+        }
+        pos += need;
+    }
+    flush_dirty(r);
+    end_read(r, c, cid, buf, pos, len, up);
+}
+
 /* Relay the frames of ``buf`` (``len`` bytes read from ``c``: its held partial frame, if any,
  * and what was just received). */
 static void relay_frames(Relay *r, conn_t *c, int64_t cid, const uint8_t *buf, size_t len) {
     size_t pos = 0, rstart = 0, rlen = 0; /* rstart, rlen: the remote share not yet up */
     int up = 0;
+    if (c->kind == MQTT) {
+        mqtt_frames(r, c, cid, buf, len);
+        return;
+    }
     forget_stale(r, c);
     if (c->raw || c->kind == 0) {
         up = 1;
@@ -366,13 +424,18 @@ static void relay_frames(Relay *r, conn_t *c, int64_t cid, const uint8_t *buf, s
             size_t held = r->held_partial + r->held_pending;
             if (held + r->staged + fan > r->max_bytes && r->staged) flush_dirty(r);
             held = r->held_partial + r->held_pending;
+            /* The remote share: published here (broker.c, within the link's own bounds) or
+             * handed to Python (within max_bytes). */
+            int fed = rt->remote && rt->nfed && fed_usable(r);
             if (held + fan > r->max_bytes ||
-                (rt->remote && r->held_remote + rlen + (size_t)flen > r->max_bytes)) {
+                (rt->remote && !fed && r->held_remote + rlen + (size_t)flen > r->max_bytes)) {
                 r->over_cap++;
                 up = 1;
                 break;
             }
-            if (rt->remote) { /* contiguous frames go up as one upcall */
+            if (fed) {
+                fed_frame(r, rt, buf + pos, (size_t)flen);
+            } else if (rt->remote) { /* contiguous frames go up as one upcall */
                 if (rlen && rstart + rlen != pos) {
                     remote_up(r, cid, buf + rstart, rlen);
                     rlen = 0;
@@ -407,15 +470,8 @@ static void relay_frames(Relay *r, conn_t *c, int64_t cid, const uint8_t *buf, s
      * share goes up before any DATA of the same read (Python sends them in that order). */
     flush_dirty(r);
     remote_up(r, cid, buf + rstart, rlen);
-    if (!up && pos < len && keep_rest(r, c, buf, pos, len) < 0) up = 1;
-    if (up) {
-        c->raw = 0;
-        stop_reading(r, c);
-        upcall(r, cid, UP_DATA, buf + pos, len - pos);
-        drop_hold(r, c);
-        return;
-    }
-    if (pos == len) drop_hold(r, c);
+    fed_end_read(r); /* (copied out of the read buffer before it changes) */
+    end_read(r, c, cid, buf, pos, len, up);
 }
 
 /* Read ``c``: into the thread's buffer, or behind the partial frame it holds. */
@@ -492,6 +548,10 @@ void *thread_main(void *arg) {
         }
         r->rounds++;
         for (int i = 0; i < n; i++) {
+            if (evs[i].data.u64 == FED_EVENT) { /* the broker socket takes bytes again */
+                fed_writable(r);
+                continue;
+            }
             int64_t cid = (int64_t)evs[i].data.u64;
             if (cid < 0) continue; /* the stop fd */
             conn_t *c = get_conn(r, cid);
@@ -509,6 +569,7 @@ void *thread_main(void *arg) {
              * it has the mutex: a plain unlock and lock would mostly take the mutex back
              * before the caller wakes up. */
             if (atomic_load_explicit(&r->py_waiting, memory_order_relaxed)) {
+                fed_flush(r); /* the thread's messages to the broker go before Python's */
                 r->handoffs++;
                 pthread_mutex_unlock(&r->mu);
                 pthread_mutex_lock(&r->turn);
@@ -517,6 +578,7 @@ void *thread_main(void *arg) {
                 if (r->stopping) break;
             }
         }
+        fed_flush(r); /* what the round routed to other routers, one message per router */
         int due = r->signal_due;
         r->signal_due = 0;
         pthread_mutex_unlock(&r->mu);

@@ -22,5 +22,8 @@ static inline void py_lock(Relay *r) {
 RELAY_INTERNAL void *thread_main(void *arg);
 RELAY_INTERNAL void signal_python(Relay *r);
 RELAY_INTERNAL void stop_reading(Relay *r, conn_t *c);
+/* Route one frame to ``d`` (``a`` then ``b``), staged until the read is done (loop.c). */
+RELAY_INTERNAL void deliver(Relay *r, conn_t *d, int64_t cid, const uint8_t *a, size_t alen,
+                            const uint8_t *b, size_t blen);
 
 #endif

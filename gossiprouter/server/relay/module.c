@@ -4,11 +4,14 @@
  * invalidate: routes.c keeps them), and what Python collects from it (upcalls, counters).
  * Its methods on one connection are in conns.c.
  */
+#include "broker.h"
 #include "conns.h"
+#include "inbound.h"
 #include "loop.h"
 #include "routes.h"
 
 #include <stdlib.h>
+#include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -55,6 +58,7 @@ static PyObject *Relay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     Relay *self = (Relay *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
     self->ep = self->efd = self->stopfd = -1;
+    self->fed.fd = -1;
     return (PyObject *)self;
 }
 
@@ -74,6 +78,8 @@ static void stop_thread(Relay *self) {
 
 static void Relay_dealloc(Relay *self) {
     stop_thread(self);
+    inbound_free(self);
+    fed_free(self);
     for (size_t i = 0; i < self->nconns; i++)
         if (self->conns[i]) free_conn(self->conns[i]);
     free(self->conns);
@@ -120,22 +126,76 @@ static PyObject *Relay_stop(Relay *self, PyObject *unused) {
 
 static PyObject *Relay_fileno(Relay *self, PyObject *unused) { return PyLong_FromLong(self->efd); }
 
-/* learn(cid, key, out, skip, max_frame, dests, slot=0, remote=False) -> bool: False when it
- * cannot be repeated now (a connection unknown, or a receiver not attached); ValueError for
- * arguments no caller may pass (they would make the thread read or write out of bounds).
- * ``remote``: the frames also go to other routers (UP_REMOTE upcalls, as received). */
+/* The fed targets of learn(): a sequence of (dst, prefix) (broker.c), or NULL and *n = -1 with
+ * an exception set. None: no targets. */
+static ftarget_t *fed_targets(PyObject *fed, int *n) {
+    *n = 0;
+    if (fed == NULL || fed == Py_None) return NULL;
+    PyObject *seq = PySequence_Fast(fed, "fed must be a sequence of (dst, prefix)");
+    if (seq == NULL) goto bad;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
+    if (k > 65536) {
+        PyErr_SetString(PyExc_ValueError, "learn: too many fed targets");
+        Py_DECREF(seq);
+        goto bad;
+    }
+    ftarget_t *t = k ? calloc((size_t)k, sizeof(ftarget_t)) : NULL;
+    if (k && t == NULL) {
+        PyErr_NoMemory();
+        Py_DECREF(seq);
+        goto bad;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        unsigned int dst;
+        const char *prefix;
+        Py_ssize_t plen;
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "Iy#", &dst, &prefix, &plen) ||
+            plen < 1 || plen > 1024) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "learn: a fed target is (dst, 1 to 1024 bytes)");
+            free_targets(t, (int)i);
+            Py_DECREF(seq);
+            goto bad;
+        }
+        t[i].dst = dst;
+        t[i].plen = (uint32_t)plen;
+        t[i].prefix = malloc((size_t)plen);
+        if (t[i].prefix == NULL) {
+            PyErr_NoMemory();
+            free_targets(t, (int)i);
+            Py_DECREF(seq);
+            goto bad;
+        }
+        memcpy(t[i].prefix, prefix, (size_t)plen);
+    }
+    Py_DECREF(seq);
+    *n = (int)k;
+    return t;
+bad:
+    *n = -1;
+    return NULL;
+}
+
+/* learn(cid, key, out, skip, max_frame, dests, slot=0, remote=False, fed=None) -> bool: False
+ * when it cannot be repeated now (a connection unknown, or a receiver not attached);
+ * ValueError for arguments no caller may pass (they would make the thread read or write out of
+ * bounds). ``remote``: the frames also go to other routers (UP_REMOTE upcalls, as received);
+ * ``fed``: ... published by the thread to these (dst, header start) while the broker link
+ * routes (broker.c); UP_REMOTE when it does not. */
 static PyObject *Relay_learn(Relay *self, PyObject *args) {
     long long cid, slot = 0;
     Py_buffer key, out;
     Py_ssize_t skip, max_frame;
-    PyObject *dests;
+    PyObject *dests, *fedarg = NULL;
     int remote = 0;
-    if (!PyArg_ParseTuple(args, "Ly*y*nnO|Lp", &cid, &key, &out, &skip, &max_frame, &dests,
-                          &slot, &remote))
+    if (!PyArg_ParseTuple(args, "Ly*y*nnO|LpO", &cid, &key, &out, &skip, &max_frame, &dests,
+                          &slot, &remote, &fedarg))
         return NULL;
     int64_t *ids = NULL;
-    PyObject *seq = NULL;
     const char *bad = NULL;
+    int nfed = 0;
+    ftarget_t *fed = NULL;
     if (check_cid(cid) < 0) goto fail;
     if (key.len < 1 || key.len > MAX_HOLD) bad = "learn: key must be 1 to MAX_HOLD bytes";
     else if (out.len > MAX_HOLD) bad = "learn: out must be at most MAX_HOLD bytes";
@@ -143,28 +203,17 @@ static PyObject *Relay_learn(Relay *self, PyObject *args) {
     else if (max_frame < 1) bad = "learn: max_frame must be positive";
     else if (slot < 0 || slot >= GROUP_SLOTS) bad = "learn: slot must be 0 to GROUP_SLOTS - 1";
     else if (remote && out.len) bad = "learn: a remote share only for frames sent as received";
+    else if (fedarg != NULL && fedarg != Py_None && !remote)
+        bad = "learn: fed targets only with remote";
     if (bad != NULL) {
         PyErr_SetString(PyExc_ValueError, bad);
         goto fail;
     }
-    seq = PySequence_Fast(dests, "dests must be a sequence");
-    if (seq == NULL) goto fail;
-    Py_ssize_t nd = PySequence_Fast_GET_SIZE(seq);
-    if (nd > (Py_ssize_t)IDX_MASK + 1) {
-        PyErr_SetString(PyExc_ValueError, "learn: more dests than connections");
-        goto fail;
-    }
-    ids = malloc(sizeof(int64_t) * (size_t)(nd ? nd : 1));
-    if (ids == NULL) {
-        PyErr_NoMemory();
-        goto fail;
-    }
-    for (Py_ssize_t i = 0; i < nd; i++) {
-        long long d = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
-        if ((d == -1 && PyErr_Occurred()) || check_cid(d) < 0) goto fail;
-        ids[i] = d;
-    }
-    Py_CLEAR(seq);
+    Py_ssize_t nd;
+    ids = read_cids(dests, 0, &nd, "learn");
+    if (ids == NULL) goto fail;
+    fed = fed_targets(fedarg, &nfed);
+    if (nfed < 0) goto fail;
     route_t want = {
         .key = key.buf,
         .klen = (uint32_t)key.len,
@@ -176,13 +225,23 @@ static PyObject *Relay_learn(Relay *self, PyObject *args) {
         .dests = ids,
         .slot = (uint32_t)slot,
         .remote = remote,
+        .nfed = nfed,
+        .fed = fed,
     };
     int dup;
     py_lock(self);
+    for (int i = 0; i < nfed; i++)
+        if (fed[i].dst >= self->fed.ndst) { /* not a destination: none of them */
+            free_targets(want.fed, want.nfed);
+            want.fed = NULL;
+            want.nfed = 0;
+            break;
+        }
     int ok = learn(self, cid, &want, &dup);
     ids = want.dests; /* NULL: learned, the route has them */
     pthread_mutex_unlock(&self->mu);
     free(ids);
+    free_targets(want.fed, want.nfed); /* (NULL when learned: the route has them) */
     PyBuffer_Release(&key);
     PyBuffer_Release(&out);
     if (dup) {
@@ -191,8 +250,8 @@ static PyObject *Relay_learn(Relay *self, PyObject *args) {
     }
     return PyBool_FromLong(ok);
 fail:
-    Py_XDECREF(seq);
     free(ids);
+    free_targets(fed, nfed > 0 ? nfed : 0);
     PyBuffer_Release(&key);
     PyBuffer_Release(&out);
     return NULL;
@@ -396,7 +455,35 @@ static PyMethodDef Relay_methods[] = {
     {"close", (PyCFunction)Relay_close, METH_VARARGS, "close(cid) -> pending bytes."},
     {"send", (PyCFunction)(void (*)(void))Relay_send, METH_FASTCALL, "send(cid, data) -> int"},
     {"learn", (PyCFunction)Relay_learn, METH_VARARGS,
-     "learn(cid, key, out, skip, max_frame, dests, slot=0) -> bool"},
+     "learn(cid, key, out, skip, max_frame, dests, slot=0, remote=False, fed=None) -> bool"},
+    {"link_open", (PyCFunction)Relay_link_open, METH_VARARGS,
+     "link_open(fd): the broker socket's writes go through the thread."},
+    {"link_enable", (PyCFunction)Relay_link_enable, METH_VARARGS,
+     "link_enable(key, run, props, from_len, sent_len, batch_len, mac_len, limit, max_packet, "
+     "queue_limit): the thread publishes learned remote shares."},
+    {"link_disable", (PyCFunction)Relay_link_disable, METH_NOARGS,
+     "link_disable(): remote shares are Python's again."},
+    {"link_close", (PyCFunction)Relay_link_close, METH_VARARGS,
+     "link_close(timeout=0.0): the broker socket is Python's again."},
+    {"link_invalidate", (PyCFunction)Relay_link_invalidate, METH_NOARGS,
+     "link_invalidate(): routes with fed targets are Python's again until learned anew."},
+    {"link_write", (PyCFunction)Relay_link_write, METH_O, "link_write(data) -> len(data)"},
+    {"link_dst", (PyCFunction)Relay_link_dst, METH_VARARGS, "link_dst(topic, bound) -> int"},
+    {"link_collect", (PyCFunction)Relay_link_collect, METH_NOARGS,
+     "link_collect() -> (out, in, oversized, queue_full, write_errors, dropped, replayed)"},
+    {"link_pending", (PyCFunction)Relay_link_pending, METH_NOARGS,
+     "link_pending() -> bytes for the broker not written yet"},
+    {"fanout", (PyCFunction)(void (*)(void))Relay_fanout, METH_FASTCALL,
+     "fanout(n=None) -> the next fan-out number (n: go on after n at least)"},
+    {"link_inbound", (PyCFunction)Relay_link_inbound, METH_VARARGS,
+     "link_inbound((from, sent, batch, mac, beat)): the thread reads routed messages."},
+    {"link_writer", (PyCFunction)Relay_link_writer, METH_VARARGS,
+     "link_writer(topic, origin, age_ms) -> int"},
+    {"link_learn_in", (PyCFunction)Relay_link_learn_in, METH_VARARGS,
+     "link_learn_in(writer, gd, key, max_frame, dests, slot) -> bool"},
+    {"link_seen", (PyCFunction)Relay_link_seen, METH_VARARGS, "link_seen(run, seq)"},
+    {"link_floor", (PyCFunction)Relay_link_floor, METH_VARARGS, "link_floor(run) -> int"},
+    {"_hmac", (PyCFunction)Relay_hmac, METH_VARARGS, "_hmac(key, data) -> hex (tests only)."},
     {"invalidate", (PyCFunction)(void (*)(void))Relay_invalidate, METH_FASTCALL,
      "invalidate(slot=-1): forget the routes of a group slot (-1: every route)."},
     {"upcalls", (PyCFunction)Relay_upcalls, METH_NOARGS, "upcalls() -> [(cid, kind, data)]"},
@@ -438,6 +525,7 @@ PyMODINIT_FUNC PyInit__relay(void) {
     PyModule_AddIntConstant(m, "NATIVE", NATIVE);
     PyModule_AddIntConstant(m, "JG2", JG2);
     PyModule_AddIntConstant(m, "JG5", JG5);
+    PyModule_AddIntConstant(m, "MQTT", MQTT);
     PyModule_AddIntConstant(m, "DATA", UP_DATA);
     PyModule_AddIntConstant(m, "EOF", UP_EOF);
     PyModule_AddIntConstant(m, "ERROR", UP_ERROR);

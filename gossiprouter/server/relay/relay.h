@@ -55,6 +55,11 @@
  *   routes.c    the learned routes per connection: match, learn, forget (per group slot)
  *   loop.c      the thread: epoll, reads, staged sends, eviction, upcalls
  *   conns.c     Python's methods on one connection: open, read, attach, send, take, close
+ *   broker.c    the federation broker's connection: the remote share of learned routes
+ *               published by the thread, and every write to the broker (Python's too)
+ *   link.c      Python's methods on that connection: open, enable, write, close, counters
+ *   inbound.c   routed messages read from the broker: checked and delivered by the thread
+ *   sha256.c    SHA-256 and HMAC-SHA256, for the federation key's signatures
  *   module.c    the Python type Relay (its other methods) and the module
  */
 #ifndef GOSSIPROUTER_RELAY_H
@@ -75,6 +80,7 @@
 #define NATIVE 1
 #define JG2 2
 #define JG5 3
+#define MQTT 4 /* the federation broker's connection, read for routed messages (inbound.c) */
 
 /* upcall kinds */
 #define UP_DATA 0  /* bytes Python must handle (the thread stopped reading the connection) */
@@ -94,6 +100,15 @@
 #define CID_LIMIT ((int64_t)1 << (IDX_BITS + GEN_BITS)) /* every cid is below */
 #define GROUP_SLOTS 4096 /* invalidation slots (a power of two) */
 
+/* One other router a learned route's remote share goes to (broker.c): the broker link's
+ * destination ``dst`` and the start of the routed message's header for it (msgpack: an array of
+ * 6, this router's origin, the group, the destination member or nil). */
+typedef struct {
+    uint32_t dst;
+    uint32_t plen;
+    uint8_t *prefix;
+} ftarget_t;
+
 typedef struct {
     uint8_t *key;
     uint32_t klen;
@@ -106,6 +121,9 @@ typedef struct {
     uint32_t slot; /* the group's invalidation slot */
     uint64_t gen;  /* its generation when learned */
     int remote;    /* the frames also go to other routers: up to Python (UP_REMOTE) */
+    int nfed;      /* ... or published by the thread to these (broker.c), while it may */
+    ftarget_t *fed;
+    uint64_t fgen; /* the broker link's generation when learned (0: no fed targets) */
 } route_t;
 
 typedef struct conn_s {
@@ -163,6 +181,96 @@ typedef struct up_s {
     uint8_t data[];
 } up_t;
 
+/* A route of routed messages from another router (inbound.c): the payloads router ``writer``
+ * sends for ``gd`` (the group and the member, msgpack, as in the message's header) whose frames
+ * start with ``key`` (their ROUTE header: group, member, sender) go to the local ``dests``. */
+typedef struct inroute_s {
+    struct inroute_s *next;
+    uint32_t writer, gdlen, klen, max_frame, slot;
+    uint8_t *gd, *key;
+    int ndest;
+    int64_t *dests;
+    uint64_t gen, fgen;
+} inroute_t;
+
+/* Another router, as the thread reads routed messages from it (inbound.c). */
+typedef struct {
+    uint8_t *topic; /* its route topic to this router */
+    uint32_t tlen, olen;
+    uint8_t *origin; /* its origin as a routed message's header has it (a msgpack str) */
+    int64_t age_ms;  /* frames older than this on arrival are dropped (0: no limit) */
+    /* since the last link_collect() */
+    uint64_t messages, payloads, frames, delivered, expired;
+} fwriter_t;
+
+/* The last sequence number of a run of another router's signatures (route messages). */
+typedef struct {
+    char run[64];
+    size_t len;
+    uint64_t last;
+} frun_t;
+
+#define IN_BUCKETS 1024
+
+/* One other router, as the broker link publishes to it (broker.c). */
+typedef struct {
+    uint8_t *topic; /* its route topic */
+    uint32_t tlen;
+    uint32_t bound; /* a PUBLISH's bytes beyond its payload on that topic, at most */
+    uint8_t *buf;   /* this round's route payloads, each behind its length (4 bytes) */
+    size_t len, cap;
+    uint32_t npay, ccap;
+    uint32_t *counts; /* the frames in each of them */
+    int queued;     /* on the round's list */
+    /* since the last link_collect() */
+    uint64_t messages, payloads, frames, lost, lost_frames, delivered;
+} fdst_t;
+
+/* The federation broker's connection, while Python has handed it over (broker.c). */
+typedef struct {
+    int fd;         /* the thread's duplicate of the socket, -1: none */
+    int routing;    /* the thread publishes learned remote shares (link_enable) */
+    int broken;     /* a write failed (errno ``err``): nothing more is written */
+    int err;
+    int armed;      /* registered for EPOLLOUT: the socket did not take ``out`` */
+    uint64_t gen;   /* bumped by every change: routes learned before are Python's again */
+    uint8_t *out;   /* bytes for the broker the socket has not taken, from ``off`` */
+    size_t off, len, cap;
+    size_t queue_limit, max_packet, limit; /* bridge_queue_bytes; 0: none; an envelope's */
+    size_t round_bytes;                    /* route payloads waiting for the round's end */
+    int keyed;
+    void *key;      /* hmac_key_t */
+    char run[64];
+    size_t runlen;
+    uint64_t sign_seq;
+    uint8_t *props; /* FROM property, SENT key, BATCH property, MAC key (link_enable) */
+    size_t from_len, sent_len, batch_len, mac_len;
+    fdst_t *dsts;
+    uint32_t ndst, capdst;
+    uint32_t *round; /* dsts with payloads this round */
+    uint32_t nround, capround;
+    /* The run of frames of one route not published yet (contiguous in the read buffer): its
+     * route's fed targets (the route itself may move in its table, its targets do not). */
+    ftarget_t *run_fed;
+    int run_nfed;
+    const uint8_t *run_p;
+    size_t run_len;
+    uint32_t run_count;
+    atomic_ullong fanout; /* Moves' fan-out numbers: the thread's and Python's, one sequence */
+    uint64_t oversized, queue_full, write_errors, dropped;
+    /* Reading (inbound.c): the user properties' names (from, sent, batch, mac, beat). */
+    int inbound;
+    char names[5][40];
+    size_t nlen[5];
+    fwriter_t *writers;
+    uint32_t nwriter, capwriter;
+    inroute_t *ib[IN_BUCKETS];
+    uint32_t ninroutes;
+    frun_t *runs; /* a ring of MAX_RUNS, the oldest replaced */
+    uint32_t nruns, runpos;
+    uint64_t unauthenticated; /* replays the thread dropped */
+} fed_t;
+
 typedef struct {
     PyObject_HEAD
     pthread_mutex_t mu;
@@ -209,6 +317,7 @@ typedef struct {
     uint64_t lost;     /* how many, in all */
     uint64_t handoffs; /* times the thread gave the mutex to a waiting Python call */
     int fail_upcalls;  /* tests: this many upcalls fail as if out of memory */
+    fed_t fed;         /* the federation broker's connection (broker.c) */
 } Relay;
 
 static inline int64_t now_ns(void) {

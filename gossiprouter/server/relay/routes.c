@@ -9,10 +9,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+void free_targets(ftarget_t *fed, int n) {
+    if (fed == NULL) return;
+    for (int i = 0; i < n; i++) free(fed[i].prefix);
+    free(fed);
+}
+
 static void free_route(route_t *rt) {
     free(rt->key);
     free(rt->out);
     free(rt->dests);
+    free_targets(rt->fed, rt->nfed);
 }
 
 void free_routes(conn_t *c) {
@@ -93,8 +100,8 @@ int starts_route(Relay *r, conn_t *c, const uint8_t *p, size_t avail) {
 }
 
 /* learn(): the decision ``want`` for the frames of ``cid`` (its key and out are Python's
- * buffers, copied here; its dests, allocated by the caller, are taken: want->dests is NULL
- * then). 1: learned; 0: it cannot be repeated now (a connection unknown or lost, a receiver
+ * buffers, copied here; its dests and fed targets, allocated by the caller, are taken:
+ * want->dests and want->fed are NULL then; fed targets only while the broker link routes). 1: learned; 0: it cannot be repeated now (a connection unknown or lost, a receiver
  * not attached or evicting, or no memory: Python routes these frames). ``*dup``: a connection
  * is twice among the dests. */
 int learn(Relay *r, int64_t cid, route_t *want, int *dup) {
@@ -116,6 +123,11 @@ int learn(Relay *r, int64_t cid, route_t *want, int *dup) {
         if (d != NULL) d->mark = 0;
     }
     if (!ok) return 0;
+    if (want->nfed && !r->fed.routing) {
+        free_targets(want->fed, want->nfed); /* the link stopped meanwhile: Python's share */
+        want->fed = NULL;
+        want->nfed = 0;
+    }
     if (c->epoch != r->epoch) {
         free_routes(c);
         c->epoch = r->epoch;
@@ -155,7 +167,12 @@ int learn(Relay *r, int64_t cid, route_t *want, int *dup) {
     rt->slot = want->slot;
     rt->gen = r->ggen[want->slot];
     rt->remote = want->remote;
+    rt->nfed = want->nfed;
+    rt->fed = want->fed;
+    rt->fgen = want->nfed ? r->fed.gen : 0;
     want->dests = NULL;
+    want->fed = NULL;
+    want->nfed = 0;
     c->last_hit = c->nroutes;
     c->nroutes++;
     return 1;

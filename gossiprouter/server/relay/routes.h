@@ -10,9 +10,13 @@
 #define MAX_ROUTES 64
 
 /* A route is used only while no change of its group (or of everything) came after it. */
-static inline int route_valid(Relay *r, const route_t *rt) { return rt->gen == r->ggen[rt->slot]; }
+/* A route with fed targets also only while the broker link is as it was (broker.c). */
+static inline int route_valid(Relay *r, const route_t *rt) {
+    return rt->gen == r->ggen[rt->slot] && (rt->nfed == 0 || rt->fgen == r->fed.gen);
+}
 
 RELAY_INTERNAL void free_routes(conn_t *c);
+RELAY_INTERNAL void free_targets(ftarget_t *fed, int n);
 RELAY_INTERNAL void forget_stale(Relay *r, conn_t *c);
 RELAY_INTERNAL void prune(Relay *r, conn_t *c);
 RELAY_INTERNAL route_t *match(Relay *r, conn_t *c, const uint8_t *p, size_t avail);
