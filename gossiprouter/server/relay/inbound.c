@@ -384,7 +384,7 @@ int inbound(Relay *r, const uint8_t *p, size_t n) {
         item_t it;
         parse_item(w, ip, in, &it);
         inroute_t *x = in_match(r, wi, it.gd, it.gdlen, it.frames, it.flen);
-        for (int i = 0; i < x->ndest; i++)
+        for (int i = 0; i < x->ndest; i++) /* (counted as Python counts them: delivered_in) */
             deliver(r, get_conn(r, x->dests[i]), x->dests[i], NULL, 0, it.frames, it.flen);
         w->frames += it.count;
         w->delivered += it.count * (uint64_t)x->ndest;

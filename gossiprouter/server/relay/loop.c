@@ -277,13 +277,12 @@ static void flush_stage(Relay *r, conn_t *d, stage_t *s) {
 }
 
 /* Route one frame to ``d``: ``a`` (the learned output header) then ``b`` (the frame's bytes,
- * in the read buffer), staged until the read is done (flush_dirty). Nothing is copied unless
- * ``d`` is evicted while this read is relayed (then its socket did not take an earlier send:
- * the frame waits behind it, pending). */
+ * in the read buffer), staged until the read is done (flush_dirty); the caller counts it.
+ * Nothing is copied unless ``d`` is evicted while this read is relayed (then its socket did
+ * not take an earlier send: the frame waits behind it, pending). */
 void deliver(Relay *r, conn_t *d, int64_t cid, const uint8_t *a, size_t alen,
              const uint8_t *b, size_t blen) {
     struct iovec frame[2] = {{(void *)a, alen}, {(void *)b, blen}};
-    d->delivered++;
     d->touched = 1;
     if (d->evicting) {
         keep_pending(r, d, cid, frame, 2, 0);
@@ -459,8 +458,11 @@ static void relay_frames(Relay *r, conn_t *c, int64_t cid, const uint8_t *buf, s
                 head = NULL;
                 hlen = 0;
             }
-            for (int i = 0; i < rt->ndest; i++)
-                deliver(r, get_conn(r, rt->dests[i]), rt->dests[i], head, hlen, tail, tlen);
+            for (int i = 0; i < rt->ndest; i++) {
+                conn_t *d = get_conn(r, rt->dests[i]);
+                d->delivered++;
+                deliver(r, d, rt->dests[i], head, hlen, tail, tlen);
+            }
             c->frames++;
             c->bytes_in += (uint64_t)flen; /* what goes up is counted by Python */
             pos += (size_t)flen;
