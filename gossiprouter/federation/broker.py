@@ -460,9 +460,16 @@ class BrokerSession:
         if link is not None and type(sock) is socket.socket and c.fast:  # (TLS: paho's own)
             self._fed_event = trio.Event()
             self._fed_paused = False
-            if link.open(sock.fileno(), self._on_fed):
-                c.fed, c.fed_end = bytearray(), False  # the thread reads it too
-            c.link = link
+            try:
+                reads = link.open(sock.fileno(), self._on_fed)
+            except OSError as e:  # (no descriptor left to share it): paho's own I/O
+                log.warning("bridge: the relay thread cannot take the broker connection "
+                            "(%s): Python reads and writes it", e)
+                link = None
+            else:
+                if reads:
+                    c.fed, c.fed_end = bytearray(), False  # the thread reads it too
+                c.link = link
         try:
             await self._session_run(c, sock)
         finally:

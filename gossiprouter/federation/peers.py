@@ -70,8 +70,8 @@ LEFT_PROPERTY = "gossiprouter-left"
 FLUSH_DELAY = 0.005
 # How often the graces and the ghost checks are looked at (seconds).
 TICK = 0.5
-# User properties on the route topic: a heartbeat (its value: the sender's origin), and a
-# routed message's sender origin and wall-clock send time in ms (liveness.py; link_side.py).
+# The user properties on the route topic (a heartbeat's, a routed message's origin and send
+# time) are named in link_side.py, which the relay thread's link shares.
 # Route topics kept built (_Route), one per other router; cleared when this many.
 ROUTES_CACHE = 1024
 

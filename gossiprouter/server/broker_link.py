@@ -77,12 +77,16 @@ class BrokerLink:
     # ------------------------------------------------------------------ the federation's side
 
     def open(self, fd: int, feed: Callable[[str, bytes], None]) -> bool:
-        self.relay.link_open(fd)
-        self.opened += 1
-        mod = self.mod
+        relay, mod = self.relay, self.mod
+        relay.link_open(fd)
+        try:
+            self.in_cid = relay.open(fd, mod.MQTT, mod.MAX_HOLD)
+            relay.read(self.in_cid, False)
+        except OSError:
+            self.close()  # (nothing half taken: Python keeps the socket whole)
+            raise
         self._feed = feed
-        self.in_cid = self.relay.open(fd, mod.MQTT, mod.MAX_HOLD)
-        self.relay.read(self.in_cid, False)
+        self.opened += 1
         return True
 
     def resume(self, raw: bool) -> None:
