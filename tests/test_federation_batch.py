@@ -137,6 +137,7 @@ async def test_a_federated_groups_local_copies_stay_on_the_fast_path(
     hub, fast = ra.server.hub, ra.server.fast
     ba = bridge_of(ra)
     assert fast.link.routing == (qos == 0)
+    assert ba.view()["relay_thread_routes"] == (qos == 0)
     hub.sync()
     relayed, remote = hub.counters.fast_relayed, fast.remote.frames
     wakeups, flushes = ba.route_wakeups, fast.remote.flushes

@@ -88,7 +88,10 @@ class Bridge(Peers, Publications):
                 "queue_full": s.queue_full,
                 "brokers": [f"{sc}://{h}:{p}" for sc, h, p in self.endpoints],
                 "oversized": s.oversized, "max_packet": self.max_packet,
-                "refused_filters": s.refused_filters}
+                "refused_filters": s.refused_filters,
+                # The compiled fast path's thread carries the routed messages both ways
+                # (docs/federation.md, "The routed path on the relay thread").
+                "relay_thread_routes": self._link is not None and self._link.routing}
 
     async def run(self) -> None:
         """Connect, serve, reconnect with backoff and jitter, until cancelled."""

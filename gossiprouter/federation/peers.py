@@ -151,6 +151,7 @@ class Peers(BrokerSession):
         self.route_wakeups = 0  # of the end-of-tick task (tests, profiles)
         self._routes: dict[str, _Route] = {}
         self.link_side = LinkSide(self)  # (for the relay thread's link: attach_link)
+        self._link_said = False  # (its start, logged once)
 
     def _route(self, origin: str) -> _Route:
         """Router ``origin``'s route topic, built once per router (was twice a message)."""
@@ -373,6 +374,10 @@ class Peers(BrokerSession):
             # The relay thread publishes the remote share of the routes it learns from now
             # (server/broker_link.py): after everything above, on the same stream.
             link.enable(self.link_side)
+            if not self._link_said:
+                self._link_said = True
+                log.info("bridge: routed messages of native groups are published and read by "
+                         "the compiled fast path's thread")
 
     # ------------------------------------------------------------------ the relay thread's link
 

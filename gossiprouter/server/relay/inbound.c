@@ -367,11 +367,17 @@ int inbound(Relay *r, const uint8_t *p, size_t n) {
         return 0;
     }
     if (f->keyed) {
-        if (seq <= run_floor(f, run, rn)) { /* a replay: Python could not tell it now */
+        /* The writer's run is found at once where it was last (else searched, newest first). */
+        frun_t *x = f->runs != NULL && w->run_at < MAX_RUNS ? &f->runs[w->run_at] : NULL;
+        if (x == NULL || x->len != rn || memcmp(x->run, run, rn) != 0) x = find_run(f, run, rn);
+        if (x != NULL && seq <= x->last) { /* a replay: Python could not tell it now */
             f->unauthenticated++;
             return 1;
         }
-        run_seen(f, run, rn, seq);
+        if (x != NULL) x->last = seq;
+        else run_seen(f, run, rn, seq);
+        x = x != NULL ? x : find_run(f, run, rn);
+        if (x != NULL) w->run_at = (uint32_t)(x - f->runs);
     }
     if (w->age_ms > 0 && wall_ms() - (int64_t)sent_ms > w->age_ms) {
         w->expired++; /* (Peers._on_path: Liveness.too_old) */

@@ -199,6 +199,7 @@ typedef struct {
     uint32_t tlen, olen;
     uint8_t *origin; /* its origin as a routed message's header has it (a msgpack str) */
     int64_t age_ms;  /* frames older than this on arrival are dropped (0: no limit) */
+    uint32_t run_at; /* where its last run's sequence number was found (a hint) */
     /* since the last link_collect() */
     uint64_t messages, payloads, frames, delivered, expired;
 } fwriter_t;
