@@ -50,6 +50,7 @@ SANS_IO_MODULES = frozenset({
 NO_READ_PATH_MODULES = frozenset({
     "test_report", "test_report_reading", "test_scripts", "test_doc_snippets",
     "test_bench_federation", "test_bench_stub_loops", "test_broker_link",
+    "test_broker_link_inbound",
 })
 
 # Fixtures that start a router: a test using fake_router (a scripted peer, tests/stubkit.py)

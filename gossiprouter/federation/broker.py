@@ -29,10 +29,8 @@ carries is the layers' above: the topic publications
 
 from __future__ import annotations
 
-import errno
 import logging
 import random
-import socket
 import ssl
 import uuid
 from dataclasses import dataclass
@@ -49,6 +47,7 @@ from gossiprouter.core.ratelog import RateLimitedLog
 from gossiprouter.core.topics import TopicId
 from gossiprouter.federation.link import Link
 from gossiprouter.federation.mqtt_topics import mqtt_filter
+from gossiprouter.federation.session_link import SessionLink
 
 if TYPE_CHECKING:
     from paho.mqtt.client import Client, ConnectFlags, DisconnectFlags
@@ -158,9 +157,7 @@ class BrokerSession:
         self._queued_stale = False
         # The relay thread's broker link (federation/link.py), when the server runs the fast
         # path: a plain TCP session's writes go through it, and its reads (attach_link).
-        self._link: Link | None = None
-        self._fed_event = trio.Event()  # the thread handed something up
-        self._fed_paused = False  # ... and reads no more until told
+        self._sl = SessionLink()
         self.keepalive = config.bridge_keepalive
         # The router's federation identity (docs/federation.md, "Identity"): configured, and
         # by default its MQTT user name, so the broker's ACL can confine it to its subtree.
@@ -256,10 +253,14 @@ class BrokerSession:
         link = self._client.link
         return self._queued if link is None else self._queued + link.pending()
 
+    @property
+    def _link(self) -> Link | None:
+        return self._sl.link
+
     def attach_link(self, link: Link) -> None:
         """The server runs the fast path: broker sessions on plain TCP write through ``link``
-        (federation/link.py)."""
-        self._link = link
+        (federation/link.py), and it reads them."""
+        self._sl.link = link
 
     def _queued_more(self, size: int) -> None:
         """A publication of ``size`` bytes was handed to paho."""
@@ -456,26 +457,11 @@ class BrokerSession:
         sock = c.socket()
         if sock is None:
             return
-        link = self._link
-        if link is not None and type(sock) is socket.socket and c.fast:  # (TLS: paho's own)
-            self._fed_event = trio.Event()
-            self._fed_paused = False
-            try:
-                reads = link.open(sock.fileno(), self._on_fed)
-            except OSError as e:  # (no descriptor left to share it): paho's own I/O
-                log.warning("bridge: the relay thread cannot take the broker connection "
-                            "(%s): Python reads and writes it", e)
-                link = None
-            else:
-                if reads:
-                    c.fed, c.fed_end = bytearray(), False  # the thread reads it too
-                c.link = link
+        self._sl.open(c, sock)
         try:
             await self._session_run(c, sock)
         finally:
-            if link is not None and c.link is not None:  # (else paho closed the socket)
-                c.link = None
-                link.close()
+            self._sl.close(c)
 
     async def _session_run(self, c: Any, sock: Any) -> None:
         with trio.CancelScope() as scope:
@@ -508,15 +494,8 @@ class BrokerSession:
                     return
                 if c.fed is None:
                     await trio.lowlevel.wait_readable(sock)
-                elif c.fed_end is False:
-                    # All the relay thread handed up is read: it reads on (the next read
-                    # goes up whole while paho holds the start of a packet), and hands up
-                    # what it does not handle itself.
-                    if self._fed_paused and self._link is not None:
-                        self._fed_paused = False
-                        self._link.resume(c.mid_packet())
-                    await self._fed_event.wait()
-                    self._fed_event = trio.Event()
+                else:  # the relay thread reads it: what it hands up
+                    await self._sl.wait(c)
             # paho handles one packet a loop_read (at QoS 0): every whole packet of the read
             # before waiting again (paho_fast.BufferedClient reads them in one recv).
             for _ in range(READ_PACKETS):
@@ -572,24 +551,8 @@ class BrokerSession:
         or its Last Will goes out after all."""
         return self.state == "connecting" and now >= connack_by
 
-    def _on_fed(self, kind: str, data: bytes) -> None:
-        """What the relay thread read from the broker and hands up (``kind``: "data", or how
-        the stream ended: "eof", "error"): paho reads it next."""
-        c = self._client
-        if c.fed is None:
-            return
-        if kind == "data":
-            c.fed += data
-            self._fed_paused = True  # the thread reads no more until told (_reader)
-        else:
-            c.fed_end = True if kind == "eof" else OSError(errno.ECONNRESET,
-                                                            "connection reset by peer")
-        self._fed_event.set()
-
     def _link_off(self) -> None:
-        """The session is not up: the relay thread publishes no remote share any more."""
-        if self._link is not None:
-            self._link.disable()
+        self._sl.off()
 
     def _kick_writer(self) -> None:
         self._wake_writer.set()
