@@ -76,7 +76,7 @@ def test_a_run_of_frames_is_one_signed_route_payload_as_python_encodes_it(rig: R
     assert decode_route(payload2).seq == python_number + 1 == rt.seq + 2
     assert dict(users2)[MAC_PROPERTY].startswith("run1t:2:")
     info = rig.relay.link_collect()
-    assert info[0] == [(rig.dst, 2, 2, 6, 0, 0, 6)] and info[1] == []
+    assert info[0] == [(rig.dst, 2, 2, 6, 0, 0)] and info[1] == []
 
 
 def test_one_read_of_several_routes_is_one_envelope_per_router(rig: Rig) -> None:
@@ -133,7 +133,7 @@ def test_the_bounds_drop_and_count_as_python_does() -> None:
         r.send([frame] * 3)
         r.local_bytes(3 * len(frame))
         rows, _, oversized, queue_full, _, _, _ = r.collect()
-        assert rows == [(r.dst, 0, 0, 0, 1, 3, 0)] and (oversized, queue_full) == (0, 1)
+        assert rows == [(r.dst, 0, 0, 0, 1, 3)] and (oversized, queue_full) == (0, 1)
     finally:
         r.close()
     # The broker's Maximum Packet Size below one message with the topic's bound (200).
@@ -143,7 +143,7 @@ def test_the_bounds_drop_and_count_as_python_does() -> None:
         r.send([frame])
         r.local_bytes(len(frame))
         rows, _, oversized, queue_full, _, _, _ = r.collect()
-        assert rows == [(r.dst, 0, 0, 0, 1, 1, 0)] and (oversized, queue_full) == (1, 0)
+        assert rows == [(r.dst, 0, 0, 0, 1, 1)] and (oversized, queue_full) == (1, 0)
     finally:
         r.close()
     # An envelope's bound: one read of alternating routes makes 10 payloads, cut into

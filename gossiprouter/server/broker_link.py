@@ -63,7 +63,8 @@ class BrokerLink:
         self.in_cid: int | None = None
         self._feed: Callable[[str, bytes], None] | None = None
         self._writers: dict[str, int] = {}  # other router -> the thread's reader index
-        self._readers: list[str] = []  # index -> router
+        # index -> (router, its route topic here, its origin as a header has it)
+        self._readers: list[tuple[str, bytes, bytes]] = []
         self.owner: LinkSide | None = None
         self.routing = False
         self._dsts: dict[str, int] = {}  # other router -> the thread's destination index
@@ -121,10 +122,11 @@ class BrokerLink:
             return
         w = self._writers.get(writer)
         if w is None:
-            w = self._writers[writer] = self.relay.link_writer(
-                owner.in_topic(writer), msgpack.packb(writer), owner.age_ms(writer))
+            topic, origin = owner.in_topic(writer), msgpack.packb(writer)
+            w = self._writers[writer] = self.relay.link_writer(topic, origin,
+                                                               owner.age_ms(writer))
             if w >= 0:
-                self._readers.append(writer)
+                self._readers.append((writer, topic, origin))
         if w >= 0:
             self.relay.link_learn_in(w, msgpack.packb(group) + msgpack.packb(dest), key,
                                      max_frame, ids, self._slot(group))
@@ -210,6 +212,8 @@ class BrokerLink:
     def collect(self) -> None:
         """Fold what the thread published or dropped since the last call into the bridge's
         counters (as Python counts its own: Peers._send_route, _flush_routes)."""
+        if not self.opened:  # (no bridge, or no session yet: nothing to fold)
+            return
         (rows, got, oversized, queue_full, errors, dropped,
          replayed) = self.relay.link_collect()
         self.write_errors += errors
@@ -217,19 +221,17 @@ class BrokerLink:
         owner = self.owner
         if owner is None:
             return
-        delivered = 0
-        for dst, messages, payloads, frames, lost, lost_frames, dv in rows:
+        for dst, messages, payloads, frames, lost, lost_frames in rows:
             owner.counted(self._origins[dst], messages, payloads, frames, lost, lost_frames)
-            delivered += dv
-        self.hub.counters.delivered += delivered
+            # A frame sent on to a router counts as one delivery, as RemoteShare.send counts.
+            self.hub.counters.delivered += frames
         owner.refused(oversized, queue_full, replayed)
         for w, messages, payloads, frames, dv, expired in got:
             self.read_in += messages + expired
-            owner.received(self._readers[w], messages, payloads, frames, dv, expired)
+            owner.received(self._readers[w][0], messages, payloads, frames, dv, expired)
         # The frame-age limits follow each link's clock offset (heartbeats move it).
-        for writer in self._readers:
-            self.relay.link_writer(owner.in_topic(writer), msgpack.packb(writer),
-                                   owner.age_ms(writer))
+        for writer, topic, origin in self._readers:
+            self.relay.link_writer(topic, origin, owner.age_ms(writer))
 
     def _dst(self, owner: LinkSide, origin: str) -> int:
         dst = self._dsts.get(origin)

@@ -139,8 +139,11 @@ static void put_be(uint8_t *p, uint64_t v, int n) {
     for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * (n - 1 - i)));
 }
 
-static uint64_t get_be32(const uint8_t *p) {
-    return (uint64_t)p[0] << 24 | (uint64_t)p[1] << 16 | (uint64_t)p[2] << 8 | p[3];
+
+/* A routed message for ``d`` of ``count`` frames is dropped (counted as Python counts it). */
+static void lost(fdst_t *d, uint64_t count) {
+    d->lost++;
+    d->lost_frames += count;
 }
 
 /* One route payload (encode_route: the header's length, the header, the frames) for each fed
@@ -161,22 +164,19 @@ static void emit(Relay *r) {
         size_t waiting = f->len - f->off + f->round_bytes;
         if (waiting + plen + 4 > f->queue_limit) {
             f->queue_full++;
-            d->lost++;
-            d->lost_frames += f->run_count;
+            lost(d, f->run_count);
             continue;
         }
         if (f->max_packet && plen + d->bound > f->max_packet) {
             f->oversized++;
-            d->lost++;
-            d->lost_frames += f->run_count;
+            lost(d, f->run_count);
             continue;
         }
         if (d->npay == d->ccap) {
             uint32_t cap = d->ccap ? d->ccap * 2 : 8;
             uint32_t *c = realloc(d->counts, sizeof(uint32_t) * cap);
             if (c == NULL) {
-                d->lost++;
-                d->lost_frames += f->run_count;
+                lost(d, f->run_count);
                 continue;
             }
             d->counts = c;
@@ -187,8 +187,7 @@ static void emit(Relay *r) {
             while (cap < d->len + plen + 4) cap *= 2;
             uint8_t *p = realloc(d->buf, cap);
             if (p == NULL) {
-                d->lost++;
-                d->lost_frames += f->run_count;
+                lost(d, f->run_count);
                 continue;
             }
             d->buf = p;
@@ -199,8 +198,7 @@ static void emit(Relay *r) {
                 uint32_t cap = f->capround ? f->capround * 2 : 8;
                 uint32_t *q = realloc(f->round, sizeof(uint32_t) * cap);
                 if (q == NULL) { /* it could not be published */
-                    d->lost++;
-                    d->lost_frames += f->run_count;
+                    lost(d, f->run_count);
                     continue;
                 }
                 f->round = q;
@@ -224,13 +222,13 @@ static void emit(Relay *r) {
     f->run_fed = NULL;
 }
 
-int fed_frame(Relay *r, route_t *rt, const uint8_t *p, size_t n) {
+void fed_frame(Relay *r, route_t *rt, const uint8_t *p, size_t n) {
     fed_t *f = &r->fed;
     if (f->run_count && f->run_fed == rt->fed && f->run_p + f->run_len == p &&
         f->run_count < 0x7fffffff) {
         f->run_len += n;
         f->run_count++;
-        return 0;
+        return;
     }
     fed_end_read(r);
     f->run_fed = rt->fed;
@@ -238,7 +236,6 @@ int fed_frame(Relay *r, route_t *rt, const uint8_t *p, size_t n) {
     f->run_p = p;
     f->run_len = n;
     f->run_count = 1;
-    return 0;
 }
 
 void fed_end_read(Relay *r) {
@@ -257,12 +254,6 @@ static size_t put_vbi(uint8_t *p, size_t n) {
         p[i++] = n ? b | 128 : b;
     } while (n);
     return i;
-}
-
-static int64_t wall_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* One PUBLISH (QoS 0) of ``payload`` on ``d``'s topic, at the end of ``out``: 0, or -1 (no
@@ -340,7 +331,7 @@ static void publish_dst(fed_t *f, fdst_t *d, const char *sent, size_t slen) {
         uint32_t items = 0;
         uint64_t frames = 0;
         while (pos < d->len) {
-            size_t n = (size_t)get_be32(d->buf + pos) + 4;
+            size_t n = (size_t)be32(d->buf + pos) + 4;
             if (items && size + n > f->limit) break;
             pos += n;
             size += n;
@@ -360,7 +351,6 @@ static void publish_dst(fed_t *f, fdst_t *d, const char *sent, size_t slen) {
             d->messages++;
             d->payloads += items;
             d->frames += frames;
-            d->delivered += frames;
         } else {
             d->lost += items;
             d->lost_frames += frames;

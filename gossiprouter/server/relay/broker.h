@@ -18,9 +18,9 @@ static inline int fed_usable(const Relay *r) {
 }
 
 /* A frame of route ``rt`` (with fed targets) at ``p``: published with the frames of the same
- * route that follow it in the read (one route payload, ``count`` frames). 0, or -1: it is
- * beyond what the link may hold (the caller hands it to Python). */
-RELAY_INTERNAL int fed_frame(Relay *r, route_t *rt, const uint8_t *p, size_t n);
+ * route that follow it in the read (one route payload; what is beyond the link's bounds is
+ * dropped and counted when the payload is made, as Python drops it). */
+RELAY_INTERNAL void fed_frame(Relay *r, route_t *rt, const uint8_t *p, size_t n);
 /* The read's frames are all seen: the run of frames pending becomes a route payload. */
 RELAY_INTERNAL void fed_end_read(Relay *r);
 /* Publish what this round routed to other routers (one message per router, more beyond the

@@ -13,10 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint32_t be32(const uint8_t *p) {
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
-}
-
 /* The payload of a whole length-prefixed frame (``p[q:end]``, after a learned header) makes it
  * a plain routed frame: NATIVE, one msgpack bin ending the frame; JG5, a u32 length ending it. */
 int payload_ends_frame(int kind, const uint8_t *p, size_t q, size_t end) {

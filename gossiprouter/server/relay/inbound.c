@@ -42,17 +42,6 @@
 #define NAME_MAC 3
 #define NAME_BEAT 4
 
-static size_t be16(const uint8_t *p) { return (size_t)p[0] << 8 | p[1]; }
-
-static size_t be32(const uint8_t *p) {
-    return (size_t)p[0] << 24 | (size_t)p[1] << 16 | (size_t)p[2] << 8 | p[3];
-}
-
-static int64_t wall_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* ------------------------------------------------------------------ learned routes */
 

@@ -244,7 +244,7 @@ static int append(PyObject *list, PyObject *t) {
 
 /* link_collect() -> (out, in, oversized, queue_full, write_errors, dropped_bytes, replayed):
  * since the last call, what the thread published per destination router, ``out``: list[(dst,
- * messages, payloads, frames, lost, lost_frames, delivered)], and what it read per other router,
+ * messages, payloads, frames, lost, lost_frames)], and what it read per other router,
  * ``in``: list[(writer, messages, payloads, frames, delivered, expired)]. */
 PyObject *Relay_link_collect(Relay *self, PyObject *unused) {
     PyObject *out = PyList_New(0), *in = PyList_New(0);
@@ -254,13 +254,12 @@ PyObject *Relay_link_collect(Relay *self, PyObject *unused) {
     for (uint32_t i = 0; i < f->ndst; i++) {
         fdst_t *d = &f->dsts[i];
         if (!(d->messages | d->lost | d->frames)) continue;
-        if (append(out, Py_BuildValue("(IKKKKKK)", i, (unsigned long long)d->messages,
+        if (append(out, Py_BuildValue("(IKKKKK)", i, (unsigned long long)d->messages,
                                       (unsigned long long)d->payloads,
                                       (unsigned long long)d->frames, (unsigned long long)d->lost,
-                                      (unsigned long long)d->lost_frames,
-                                      (unsigned long long)d->delivered)) < 0)
+                                      (unsigned long long)d->lost_frames)) < 0)
             goto unlock;
-        d->messages = d->payloads = d->frames = d->lost = d->lost_frames = d->delivered = 0;
+        d->messages = d->payloads = d->frames = d->lost = d->lost_frames = 0;
     }
     for (uint32_t i = 0; i < f->nwriter; i++) {
         fwriter_t *w = &f->writers[i];

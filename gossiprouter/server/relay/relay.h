@@ -224,7 +224,7 @@ typedef struct {
     uint32_t *counts; /* the frames in each of them */
     int queued;     /* on the round's list */
     /* since the last link_collect() */
-    uint64_t messages, payloads, frames, lost, lost_frames, delivered;
+    uint64_t messages, payloads, frames, lost, lost_frames;
 } fdst_t;
 
 /* The federation broker's connection, while Python has handed it over (broker.c). */
@@ -325,6 +325,20 @@ static inline int64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* The wall clock in ms (routed messages' send times and signatures: the routers' clocks). */
+static inline int64_t wall_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Big-endian integers of the wire formats. */
+static inline uint32_t be16(const uint8_t *p) { return (uint32_t)p[0] << 8 | p[1]; }
+
+static inline uint32_t be32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
 }
 
 static inline int64_t make_cid(uint32_t idx, uint32_t gen) {
