@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -21,6 +23,17 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+@contextlib.contextmanager
+def refused_port() -> Iterator[int]:
+    """A port on 127.0.0.1 where a connection is refused for as long as the block runs: the
+    port stays bound (not listening, no SO_REUSEADDR), so no other process of the run (a
+    sanitizer job's router, a broker) can take it meanwhile, as it could take a port that
+    `free_port` has let go."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
 
 
 def wait_listening(port: int, proc: subprocess.Popen[bytes] | None = None,

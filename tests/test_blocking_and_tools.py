@@ -29,7 +29,8 @@ from gossiprouter.core.addresses import parse_addr
 from gossiprouter.routing.entries import Kind
 from gossiprouter.server.listener import Server
 from tests.carriers import named
-from tests.test_stub import FAST, drain, eventually, free_port
+from tests.procs import refused_port
+from tests.test_stub import FAST, drain, eventually
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "gossiprouter"]
@@ -292,11 +293,11 @@ async def test_jgroups_namespace_members_and_listen_watch_only(router: Server) -
 
 
 async def test_commands_fail_with_one_clear_line() -> None:
-    port = free_port()
-    where = f"127.0.0.1:{port}"
-    for args in (["members", where, "demo"], ["send", where, "demo", "hi"],
-                 ["listen", where, "demo"]):
-        r = await cli(*args)
+    with refused_port() as port:
+        where = f"127.0.0.1:{port}"
+        runs = [(args, await cli(*args)) for args in (
+            ["members", where, "demo"], ["send", where, "demo", "hi"], ["listen", where, "demo"])]
+    for args, r in runs:
         assert r.returncode == 1, args
         assert r.stderr.decode() == (
             f"gossiprouter: error: cannot reach router at {where}: connection refused\n")

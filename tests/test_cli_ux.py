@@ -39,8 +39,9 @@ from gossiprouter.core.cli_errors import install_hint
 from gossiprouter.core.config import ConfigError, load_file
 from gossiprouter.protocol.native_frames import MAX_ADDR, MAX_GROUP
 from gossiprouter.server.listener import Server
+from tests.procs import refused_port
 from tests.test_blocking_and_tools import CLI, REPO, cli, hostport
-from tests.test_stub import FAST, drain, free_port
+from tests.test_stub import FAST, drain
 
 PREFIX = "gossiprouter: error: "
 
@@ -285,8 +286,8 @@ async def test_a_peer_that_is_no_router_is_named(nursery: trio.Nursery) -> None:
         rf"{PREFIX}the peer at 127\.0\.0\.1:{silent} does not speak the gossiprouter "
         r"protocol \(got no reply to HELLO in \d+\.\ds\)\n", r.stderr.decode()), r.stderr
 
-    refused = free_port()
-    r = await cli("members", f"127.0.0.1:{refused}", "demo")
+    with refused_port() as refused:
+        r = await cli("members", f"127.0.0.1:{refused}", "demo")
     assert r.stderr.decode() == (
         f"{PREFIX}cannot reach router at 127.0.0.1:{refused}: connection refused\n")
 
@@ -316,13 +317,17 @@ OPTIONAL = ("paho", "pyarrow", "pyspark", "prometheus_client", "gossiprouter.ser
 # modules of argv[1] hidden (an import of them raises ImportError, find_spec finds none),
 # and prints [exit status, stderr] for each. A traceback is printed into that stderr.
 _HIDDEN_RUNNER = """
-import contextlib, io, json, sys, traceback
+import contextlib, faulthandler, io, json, sys, traceback
 for name in json.loads(sys.argv[1]):
     sys.modules[name] = None
 from gossiprouter.cli.main import main
 from gossiprouter.core.cli_errors import install_hint
 out = []
 for argv in json.loads(sys.argv[2]):
+    # A command that does not end in 90 s (each ends in a few): the runner exits with every
+    # thread's stack, after the command's name.
+    print('running', argv, file=sys.__stderr__, flush=True)
+    faulthandler.dump_traceback_later(90, exit=True, file=sys.__stderr__)
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
@@ -333,6 +338,7 @@ for argv in json.loads(sys.argv[2]):
         except BaseException:
             traceback.print_exc()
             code = None
+    faulthandler.cancel_dump_traceback_later()
     out.append([code, err.getvalue()])
 print(json.dumps(out))
 """
@@ -391,10 +397,10 @@ def test_every_subcommand_without_each_optional_part_fails_in_one_line(
     """Every subcommand, with one optional dependency missing (or none), ends in one
     `gossiprouter: error:` line and exit status 1 or 2, never a traceback; a command that
     needs the missing part names it."""
-    with socket.socket() as taken:
+    with socket.socket() as taken, refused_port() as refused:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        runs = _every_subcommand(tmp_path, taken.getsockname()[1], free_port())
+        runs = _every_subcommand(tmp_path, taken.getsockname()[1], refused)
         env = {k: v for k, v in os.environ.items() if k != "GOSSIPROUTER_FAST_PATH"}
         r = subprocess.run([sys.executable, "-c", _HIDDEN_RUNNER,
                             json.dumps([hidden] if hidden else []),

@@ -26,7 +26,7 @@ from gossiprouter import (
     StubTaskError,
     open_router_stub,
 )
-from tests.procs import REPO, RouterProcess
+from tests.procs import REPO, RouterProcess, refused_port
 from tests.stubkit import (
     FAST,
     Opener,
@@ -34,7 +34,6 @@ from tests.stubkit import (
     break_delivery,
     caused_by_boom,
     eventually,
-    free_port,
     router,
 )
 
@@ -92,10 +91,11 @@ async def test_a_plain_task_runs_the_stub(router: RouterThread) -> None:
 
 
 async def test_task_group_start_raises_not_connected() -> None:
-    stub = RouterStub([("127.0.0.1", free_port())], **{**FAST, "send_timeout": 0.3})
-    async with anyio.create_task_group() as tg:
-        with pytest.raises(NotConnectedError, match="connection refused"):
-            await tg.start(stub.run)
+    with refused_port() as port:
+        stub = RouterStub([("127.0.0.1", port)], **{**FAST, "send_timeout": 0.3})
+        async with anyio.create_task_group() as tg:
+            with pytest.raises(NotConnectedError, match="connection refused"):
+                await tg.start(stub.run)
     assert stub.closed
 
 

@@ -23,8 +23,9 @@ from gossiprouter.protocol import native as wire
 from gossiprouter.router import Router, open_router
 from gossiprouter.server.listener import ListenError, Server
 from tests.nclient import NativeClient
+from tests.procs import refused_port
 from tests.stubkit import Opener, break_delivery, caused_by_boom
-from tests.test_stub import FAST, free_port
+from tests.test_stub import FAST
 
 OPENERS: list[Opener] = [RouterStub, open_router_stub]
 
@@ -46,10 +47,12 @@ async def test_nursery_start_returns_the_stub_once_connected(router: Server) -> 
 
 
 async def test_nursery_start_raises_not_connected_when_no_router_answers() -> None:
-    stub = RouterStub([("127.0.0.1", free_port())], **{**FAST, "send_timeout": 0.5})
-    async with trio.open_nursery() as nursery:
-        with trio.fail_after(5), pytest.raises(NotConnectedError, match="connection refused"):
-            await nursery.start(stub.run)
+    with refused_port() as port:
+        stub = RouterStub([("127.0.0.1", port)], **{**FAST, "send_timeout": 0.5})
+        async with trio.open_nursery() as nursery:
+            with trio.fail_after(5), pytest.raises(NotConnectedError,
+                                                   match="connection refused"):
+                await nursery.start(stub.run)
     assert stub.closed
 
 
