@@ -17,6 +17,7 @@ from typing import Any
 from benchmarks.relay_model import (
     KIND_CODE,
     KINDS,
+    REMOTE_KINDS,
     SMALL_HOLD,
     Frames,
     PurePath,
@@ -150,7 +151,7 @@ class Harness:
             for r in self.dests(s.kind, run.dest):
                 for f in run.frames:
                     r.expect(s.name, f)
-            if s.kind == "native" and run.dest is None:
+            if s.kind in REMOTE_KINDS and run.dest is None:
                 s.remote.extend(run.frames)
         s.pending = data
         s.pos = 0
@@ -193,11 +194,13 @@ class Harness:
                             self._reclaim(r)
                 continue
             s = self._sender(cid)
-            if kind == mod.REMOTE:
+            if kind in (mod.REMOTE, mod.REMOTE_J5):
                 if s is None or not s.reading:
                     raise Violation(f"REMOTE upcall of {len(data)} bytes for connection {cid}, "
                                     "not a sender the thread reads")
-                self.stats["remote share frames"] += self._remote(s, data)
+                if (kind == mod.REMOTE_J5) != (s.kind == "jgroups5"):
+                    raise Violation(f"{s.name}: a remote share upcall of kind {kind}")
+                self.stats[f"remote share frames ({s.kind})"] += self._remote(s, data)
                 continue
             if s is None:
                 if self._receiver(cid) is not None and kind == mod.DATA and data:
@@ -246,7 +249,7 @@ class Harness:
             blob = b"".join(run.frames)
             for r in targets:
                 self._push(r, blob)
-            remote = s.kind == "native" and run.dest is None
+            remote = s.kind in REMOTE_KINDS and run.dest is None
             if remote and self._remote(s, blob) != n:
                 raise Violation(f"{s.name}: Python's remote share is not whole frames")
             if run.key is not None and targets and self.rng.random() < 0.9:

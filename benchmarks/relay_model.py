@@ -38,6 +38,9 @@ from gossiprouter.protocol.errors import ProtocolError  # noqa: E402
 from gossiprouter.protocol.jgroups_address import JAddress  # noqa: E402
 
 KINDS = ("native", "jgroups2", "jgroups5")
+# The framings whose routes the router learns with a remote share (fastpath.learn_*): 2.12's
+# frames are re-wrapped per route, so a federated 2.12 group stays in Python.
+REMOTE_KINDS = ("native", "jgroups5")
 MAX_FRAME = 1 << 20
 SMALL_HOLD = 512  # some senders' max_hold: their cut frames above it go to Python
 U32 = struct.Struct(">I")

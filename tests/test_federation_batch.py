@@ -13,8 +13,10 @@ import pytest
 import trio
 
 from gossiprouter.federation.batch import ROOM, Batches, decode_batch
+from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
 from tests.federation_routers import G, everywhere, federation, member, routes
+from tests.jgroups_clients import V5, J5Client, ip, uuid
 from tests.test_bridge import MOSQUITTO, Mosquitto, bridge_of
 from tests.test_bridge import broker as broker  # the fixture: mosquitto on a free port
 from tests.test_stub import eventually
@@ -198,3 +200,55 @@ async def test_a_federated_groups_local_copies_stay_on_the_fast_path(
     assert fast.remote.frames - remote >= 180
     assert fast.remote.flushes - flushes >= 9
     assert ba.route_wakeups - wakeups < 9
+
+
+async def test_a_federated_jgroups5_groups_local_copies_stay_on_the_fast_path(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    """The same for a JGroups 5.x group: the relay thread relays the local copies (the
+    sender's own multicast copy included) and hands the remote share up (REMOTE_J5), which
+    Python sends on as it sends its own routing's. Every frame reaches every receiver once, in
+    order, as sent. Without it, a 5.x group with a member on another router stays in Python
+    whole: the thread relays none of these."""
+    ra, rb = await federation(nursery, broker, 2, fast_path="on")
+    assert ra.server is not None and ra.server.fast is not None and rb.server is not None
+    a, n, f = uuid(1, V5), uuid(2, V5), uuid(3, V5)
+    s = await J5Client.open(*ra.server.address)  # type: ignore[misc]
+    near = await J5Client.open(*ra.server.address)  # type: ignore[misc]
+    far = await J5Client.open(*rb.server.address)  # type: ignore[misc]
+    for c, addr, port in ((s, a, 7800), (near, n, 7801), (far, f, 7802)):
+        await c.register("demo", addr, addr.key.hex(), ip(port, V5))
+    await everywhere([ra, rb], {a.key, n.key, f.key}, "jgroups5:demo")
+    hub, fast = ra.server.hub, ra.server.fast
+    hub.sync()
+    relayed, remote = hub.counters.fast_relayed, fast.remote.frames
+    # Ten writes of 30 MESSAGEs (multicast, to far, to near, in turn), each read on its own
+    # (a HEARTBEAT's echo between them): the first teaches the thread, the others it repeats.
+    sent: list[bytes] = []
+    own: list[bytes] = []  # the sender's copies of its multicasts, read before each echo
+    for k in range(10):
+        frames = [j5.message("demo", [None, f, n][i % 3], a, b"%d-%02d" % (k, i))
+                  for i in range(30)]
+        await s.send_raw(b"".join(frames))
+        own += [ev.raw for ev in await s.round_trip() if isinstance(ev, j5.Message)]
+        sent += frames
+    fb = bridge_of(rb).federation
+    await eventually(lambda: fb.stats.routed_in == 200)
+
+    async def received(c: J5Client, count: int) -> list[bytes]:
+        got: list[bytes] = []
+        while len(got) < count:
+            ev = await c.recv()
+            if isinstance(ev, j5.Message):
+                got.append(ev.raw)
+        return got
+
+    assert await received(far, 200) == [m for i, m in enumerate(sent) if i % 3 != 2]
+    assert await received(near, 200) == [m for i, m in enumerate(sent) if i % 3 != 1]
+    own += await received(s, 100 - len(own))
+    assert own == [m for i, m in enumerate(sent) if i % 3 == 0]
+    hub.sync()
+    # The nine repeated writes: 270 frames relayed by the thread, the 180 multicasts and
+    # unicasts to far with a remote share that Python sent on.
+    assert hub.counters.fast_relayed - relayed >= 270
+    assert fast.remote.frames - remote >= 180
+    assert fast.by_kind[fast.mod.REMOTE_J5] >= 9

@@ -196,7 +196,7 @@ class FastPath:
         # For tests and profiles: upcalls handled, routes learned, connections handed back to
         # their task for a wait (a spent turn or control budget, back-pressure).
         self.upcalls = 0
-        self.by_kind = [0] * 6  # upcalls by kind: DATA, EOF, ERROR, EVICT, LOST, REMOTE
+        self.by_kind = [0] * 7  # upcalls by kind: DATA, EOF, ERROR, EVICT, LOST, REMOTE(_J5)
         # Frames whose remote share Python sent on (relayed locally by the thread), and the
         # scanner that cuts them (one, so that its ROUTE header cache lasts across upcalls).
         self.remote = RemoteShare(hub)
@@ -274,6 +274,9 @@ class FastPath:
                 continue
             if kind == mod.REMOTE:  # a federated group's frames: their remote share
                 self.remote.send(data)
+                continue
+            if kind == mod.REMOTE_J5:  # the same, from a JGroups 5.x connection
+                self.remote.send_j5(data)
                 continue
             if kind == mod.EVICT:
                 s = self._sessions.get(cid)
@@ -505,10 +508,17 @@ class FastPath:
             if e is None or not e.carriers:
                 return
             targets = (e.carriers[-1],)
-        ids = self.ids(targets)
+        # As for native frames, receivers on other routers are Python's share (REMOTE_J5
+        # upcalls, remote_share.py), for 5.x frames, which every receiver gets as received.
+        # 2.12's are re-wrapped per route: a federated 2.12 group stays in Python.
+        local, remote = split(targets)
+        if remote and session.protocol != "jgroups5":
+            return
+        ids = self.ids(local)
         if ids is not None and self.relay.learn(
                 session.fast_id, key, out, skip,
-                session.scanner.max_frame, ids, self.slot(group)):  # type: ignore[attr-defined]
+                session.scanner.max_frame, ids, self.slot(group),  # type: ignore[attr-defined]
+                remote):
             self.learned += 1
 
     # ------------------------------------------------------------------ counters

@@ -1,10 +1,11 @@
 """The remote share of the compiled fast path's frames (issue 30): a federated group's local
 copies stay on the relay thread, and Python sends only what goes to other routers.
 
-:meth:`gossiprouter.server.fastpath.FastPath.learn_native` teaches the thread a native route
-whose receivers include other routers' carriers (:func:`split`) with its local receivers and a
-*remote* mark; the thread relays each such frame to them and hands it up as a REMOTE upcall,
-which :class:`RemoteShare` sends on through the federation (batched per router there).
+:meth:`gossiprouter.server.fastpath.FastPath.learn_native` (and ``learn_jgroups`` for 5.x
+frames) teaches the thread a route whose receivers include other routers' carriers
+(:func:`split`) with its local receivers and a *remote* mark; the thread relays each such frame
+to them and hands it up as a REMOTE upcall (REMOTE_J5 for a 5.x connection's), which
+:class:`RemoteShare` sends on through the federation (batched per router there).
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from gossiprouter.federation.remote import RemoteGroup, RemoteMember, Sender
+from gossiprouter.protocol.jgroups5_scan import Route as J5Route
+from gossiprouter.protocol.jgroups5_scan import Scanner as J5Scanner
 from gossiprouter.protocol.native_scan import RUN, NativeScanner
+from gossiprouter.sessions.jgroups5 import JGroups5Session
 
 if TYPE_CHECKING:
     from gossiprouter.routing.entries import Carrier
@@ -48,44 +52,64 @@ class RemoteShare:
         self.hub = hub
         self.frames = 0  # frames whose remote share was sent on (tests, profiles)
         self.flushes = 0  # batches of upcalls whose remote share was sent at their end
-        # The scanner that cuts them (one, so that its ROUTE header cache lasts).
+        # The scanners that cut them (one each, so that their header caches last).
         self._scanner: NativeScanner | None = None
+        self._j5: J5Scanner | None = None
         # The federations on hold since the last flush (empty: nothing to flush).
         self.held: set[Sender] = set()
 
     def send(self, data: bytes) -> int:
-        """Native ROUTE frames the thread relayed to their local receivers: sent on to the
-        other routers, per run, to whom the table resolves now (as Python's own routing of
-        them would, :meth:`Session.forward`), and counted delivered as Python counts them
+        """Native ROUTE frames the thread relayed to their local receivers (REMOTE): sent on
+        to the other routers, per run, to whom the table resolves now (as Python's own routing
+        of them would, :meth:`Session.forward`), and counted delivered as Python counts them
         (the thread counted them routed). The number of frames.
 
         Each federation sent through is put on hold: what it batched leaves at
         :meth:`flush`, once the caller has handled all the thread's upcalls, instead of
         waking the federation's end-of-tick task for it (one wake-up less per tick)."""
-        hub = self.hub
-        sc, max_frame = self._scanner, hub.config.max_frame
+        max_frame = self.hub.config.max_frame
+        sc = self._scanner
         if sc is None or sc.max_frame != max_frame:
             sc = self._scanner = NativeScanner(max_frame, relay=True)
         n = 0
-        table = hub.table
-        held = self.held
         for kind, start, stop, k, head in sc.scan(data):
             if kind != RUN:  # the thread hands up whole frames of learned headers only
                 continue
             assert isinstance(head, tuple)
-            group, dest, _sender = head
-            targets = remote_targets(table, group, dest)
-            frames = data[start:stop]
-            for t in targets:
-                fed = t.fed
-                if not fed.holding:
-                    fed.holding = True
-                    held.add(fed)
-                t.push(frames, k)
-            hub.counters.delivered += k * len(targets)
-            n += k
+            n += self._push(head[0], head[1], data[start:stop], k)
         self.frames += n
         return n
+
+    def send_j5(self, data: bytes) -> int:
+        """The same for MESSAGE frames of a JGroups 5.x connection (REMOTE_J5), as received:
+        the other routers get them as :meth:`JGroupsSession.route` sends them there."""
+        max_frame = max(self.hub.config.max_frame, self.hub.config.jgroups_max_frame)
+        sc = self._j5
+        if sc is None or sc.max_frame != max_frame:
+            sc = self._j5 = J5Scanner(JGroups5Session.prefix, max_frame)
+        n = 0
+
+        def run(head: J5Route, frames: bytes, count: int) -> bool:
+            nonlocal n
+            n += self._push(head[1], head[2], frames, count)
+            return False
+
+        for _item in sc.scan(data, run):  # the thread hands up whole MESSAGE runs only
+            pass
+        self.frames += n
+        return n
+
+    def _push(self, group: str, dest: bytes | None, frames: bytes, k: int) -> int:
+        targets = remote_targets(self.hub.table, group, dest)
+        held = self.held
+        for t in targets:
+            fed = t.fed
+            if not fed.holding:
+                fed.holding = True
+                held.add(fed)
+            t.push(frames, k)
+        self.hub.counters.delivered += k * len(targets)
+        return k
 
     def flush(self) -> None:
         """Send what the federations on hold batched (one broker message per destination

@@ -101,9 +101,12 @@ static int upcall(Relay *r, int64_t cid, int kind, const uint8_t *data, size_t l
     return 0;
 }
 
-/* The remote share of frames relayed to their local receivers: up to Python (UP_REMOTE). */
-static void remote_up(Relay *r, int64_t cid, const uint8_t *p, size_t n) {
-    if (n && upcall(r, cid, UP_REMOTE, p, n) == 0) r->held_remote += n;
+/* The remote share of frames relayed to their local receivers: up to Python (UP_REMOTE, or
+ * UP_REMOTE_J5 for a 5.x connection's: Python cuts them by the upcall's kind, which outlives
+ * the connection). */
+static void remote_up(Relay *r, const conn_t *c, int64_t cid, const uint8_t *p, size_t n) {
+    int kind = c->kind == JG5 ? UP_REMOTE_J5 : UP_REMOTE;
+    if (n && upcall(r, cid, kind, p, n) == 0) r->held_remote += n;
 }
 
 void stop_reading(Relay *r, conn_t *c) {
@@ -436,7 +439,7 @@ static void relay_frames(Relay *r, conn_t *c, int64_t cid, const uint8_t *buf, s
                 fed_frame(r, rt, buf + pos, (size_t)flen);
             } else if (rt->remote) { /* contiguous frames go up as one upcall */
                 if (rlen && rstart + rlen != pos) {
-                    remote_up(r, cid, buf + rstart, rlen);
+                    remote_up(r, c, cid, buf + rstart, rlen);
                     rlen = 0;
                 }
                 if (!rlen) rstart = pos;
@@ -471,7 +474,7 @@ static void relay_frames(Relay *r, conn_t *c, int64_t cid, const uint8_t *buf, s
     /* What this read routed goes out before anything it points into changes; its remote
      * share goes up before any DATA of the same read (Python sends them in that order). */
     flush_dirty(r);
-    remote_up(r, cid, buf + rstart, rlen);
+    remote_up(r, c, cid, buf + rstart, rlen);
     fed_end_read(r); /* (copied out of the read buffer before it changes) */
     end_read(r, c, cid, buf, pos, len, up);
 }

@@ -180,7 +180,8 @@ bad:
 /* learn(cid, key, out, skip, max_frame, dests, slot=0, remote=False, fed=None) -> bool: False
  * when it cannot be repeated now (a connection unknown, or a receiver not attached);
  * ValueError for arguments no caller may pass (they would make the thread read or write out of
- * bounds). ``remote``: the frames also go to other routers (UP_REMOTE upcalls, as received);
+ * bounds). ``remote``: the frames also go to other routers (UP_REMOTE upcalls, as received;
+ * UP_REMOTE_J5 from a 5.x connection);
  * ``fed``: ... published by the thread to these (dst, header start) while the broker link
  * routes (broker.c); UP_REMOTE when it does not. */
 static PyObject *Relay_learn(Relay *self, PyObject *args) {
@@ -282,12 +283,12 @@ static PyObject *Relay_invalidate(Relay *self, PyObject *const *args, Py_ssize_t
 /* Put the upcalls ``u`` (a chain, not yet handed to Python) back in front of the queue. */
 static void requeue(Relay *self, up_t *u) {
     if (u == NULL) return;
-    size_t n = 1, remote = u->kind == UP_REMOTE ? u->len : 0;
+    size_t n = 1, remote = IS_REMOTE(u->kind) ? u->len : 0;
     up_t *last = u;
     while (last->next) {
         last = last->next;
         n++;
-        if (last->kind == UP_REMOTE) remote += last->len;
+        if (IS_REMOTE(last->kind)) remote += last->len;
     }
     py_lock(self);
     self->held_remote += remote;
@@ -314,7 +315,7 @@ static PyObject *Relay_upcalls(Relay *self, PyObject *unused) {
     self->up_count = 0;
     self->signalled = 0;
     for (up_t *x = u; x != NULL; x = x->next) /* taken: no longer held by the thread */
-        if (x->kind == UP_REMOTE) self->held_remote -= x->len;
+        if (IS_REMOTE(x->kind)) self->held_remote -= x->len;
     pthread_mutex_unlock(&self->mu);
     while (u) {
         PyObject *t = Py_BuildValue("(Liy#)", (long long)u->cid, u->kind, (const char *)u->data,
@@ -532,6 +533,7 @@ PyMODINIT_FUNC PyInit__relay(void) {
     PyModule_AddIntConstant(m, "EVICT", UP_EVICT);
     PyModule_AddIntConstant(m, "LOST", UP_LOST);
     PyModule_AddIntConstant(m, "REMOTE", UP_REMOTE);
+    PyModule_AddIntConstant(m, "REMOTE_J5", UP_REMOTE_J5);
     PyModule_AddIntConstant(m, "GROUP_SLOTS", GROUP_SLOTS);
     PyModule_AddIntConstant(m, "MAX_HOLD", MAX_HOLD);
     return m;
