@@ -29,7 +29,8 @@ one router. It prints:
   router, mosquitto). Once one message a tick (1,000 ticks/s), once bundled as JGroups
   bundles them: 6 a tick (a multicast and a unicast to each receiver) in one write;
 * **burst**: ``--burst`` such messages at once; the latency at the receiver on the sender's
-  router, for the federated group and for a group with every member on that router;
+  router, for the federated group and for a group with every member on that router.
+  ``--members jgroups5``: these two cases with JGroups 5.x members (REGISTER, MESSAGEs);
 * **wake-up floor**: the CPU of a trio task's wake-up with nothing to do (and a plain epoll
   loop's), at 1,000/s: what every wake-up of a router's Python costs at least.
 
@@ -68,7 +69,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_topics import Loader, _native_member, run_fanout
-from benchmarks.federation_mix import MixOut, run_mix, wake_floor
+from benchmarks.federation_mix import JGROUPS5, NATIVE, Framing, MixOut, run_mix, wake_floor
 from benchmarks.figures import percentile
 from benchmarks.machine import add_cpu_latency_option, cpu_latency
 from gossiprouter.protocol import native as wire
@@ -276,7 +277,7 @@ SENDING, RECEIVING, BROKER = "sending router", "receiving router", "mosquitto"
 
 def mix_round(res: Results, plain: RouterProcess, fed: Sequence[RouterProcess], broker: int,
               messages: int, rate: float, burst: int, wait: float,
-              say: Callable[[str], None]) -> None:
+              say: Callable[[str], None], framing: Framing = NATIVE) -> None:
     """One round of the interleaved and burst cases (added to ``res.mix``)."""
     a, b, c = (r.port for r in fed)
     spread = [(a, "local"), (b, "remote"), (b, "remote"), (c, "remote"), (c, "remote")]
@@ -298,7 +299,7 @@ def mix_round(res: Results, plain: RouterProcess, fed: Sequence[RouterProcess], 
         gc.disable()
         try:
             out = run_mix(f"mix-{next(_group_ids)}", tx, rx, n, r, pids, wait, per_tick,
-                          roles)
+                          roles, framing)
         finally:
             gc.enable()
         if out is not None:
@@ -308,7 +309,7 @@ def mix_round(res: Results, plain: RouterProcess, fed: Sequence[RouterProcess], 
 async def run(messages: int, group_size: int, count: int, joins: int, wait: float,
               say: Callable[[str], None] = print, rounds: int = 1, mix: int = 0,
               mix_rate: float = 1000.0, burst: int = 0, only_mix: bool = False,
-              code: Path | None = None) -> Results:
+              code: Path | None = None, framing: Framing = NATIVE) -> Results:
     """Start the broker and the routers (of checkout ``code``; None: this one), measure
     every case, stop them; the figures."""
     res = Results()
@@ -372,7 +373,8 @@ async def run(messages: int, group_size: int, count: int, joins: int, wait: floa
                     for i, v in enumerate((*out, proc_cpu_seconds(broker.pid) - broker_cpu)):
                         acc[i] += v
             if mix and res.federated:
-                mix_round(res, plain, fed, broker.pid, mix, mix_rate, burst, wait, say)
+                mix_round(res, plain, fed, broker.pid, mix, mix_rate, burst, wait, say,
+                          framing)
         for what, _, _ in cases:
             for where, *_ in where_:
                 row = Row(f"{what}: {where}")
@@ -528,6 +530,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                     help="messages per round of the burst cases (default 40000)")
     ap.add_argument("--only-mix", action="store_true",
                     help="only the interleaved and burst cases (and the probe)")
+    ap.add_argument("--members", choices=("native", "jgroups5"), default="native",
+                    help="who sends and receives in the interleaved and burst cases: raw "
+                         "native members (default) or JGroups 5.x RouterStubs' frames")
     ap.add_argument("--code", type=Path, default=None,
                     help="run the routers of another checkout DIR (with its .venv), e.g. "
                          "main's, for a before/after: alternate runs with and without it")
@@ -547,7 +552,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     with cpu_latency(args.cpu_latency_us):
         res = trio.run(run, args.messages, args.group, args.throughput, args.joins, args.wait,
                        lambda s: print(s, file=sys.stderr), args.rounds, args.mix,
-                       args.mix_rate, args.burst, args.only_mix, args.code)
+                       args.mix_rate, args.burst, args.only_mix, args.code,
+                       JGROUPS5 if args.members == "jgroups5" else NATIVE)
         if res.mix:
             res.wake_floor = wake_floor()
     print_table(res, args.joins)

@@ -30,12 +30,16 @@ from dataclasses import dataclass, field
 import trio
 
 from benchmarks.bench_topics import _recv_frames
+from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
+from gossiprouter.protocol.jgroups_address import V5, JAddress
 from tests.procs import proc_cpu_split
 
 BURST_WRITE = 512
 _SEQ = struct.Struct(">Q")
-_PAD = bytes(92)  # 100-byte payloads
+_LEN = struct.Struct(">I")
+_PAYLOAD = 100
+_PAD = bytes(_PAYLOAD - _SEQ.size)  # 100-byte payloads
 
 
 @dataclass
@@ -97,15 +101,92 @@ def member(port: int, group: str, addr: bytes) -> socket.socket:
     return s
 
 
-class _Receivers:
+class _NativeSeqs:
+    """The sequence numbers of the ROUTE frames of a native member's stream."""
+
     def __init__(self) -> None:
+        self.dec = wire.Decoder()
+
+    def feed(self, data: bytes) -> list[int]:
+        self.dec.feed(data)
+        out = []
+        while (f := self.dec.next_frame()) is not None:
+            if isinstance(f, wire.Route):
+                out.append(_SEQ.unpack_from(f.payload)[0])
+        return out
+
+
+class _J5Seqs:
+    """The same for a JGroups 5.x member's stream: every frame is length-prefixed, and a
+    MESSAGE of this benchmark ends with its 100-byte payload."""
+
+    def __init__(self) -> None:
+        self.buf = b""
+
+    def feed(self, data: bytes) -> list[int]:
+        buf = self.buf + data
+        out, pos = [], 0
+        while len(buf) - pos >= 4:
+            (n,) = _LEN.unpack_from(buf, pos)
+            if len(buf) - pos - 4 < n:
+                break
+            if buf[pos + 4] == j5.MESSAGE and n >= _PAYLOAD:
+                out.append(_SEQ.unpack_from(buf, pos + 4 + n - _PAYLOAD)[0])
+            pos += 4 + n
+        self.buf = buf[pos:]
+        return out
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How the members of a case speak: native (raw ROUTE frames) or JGroups 5.x (a
+    RouterStub's REGISTER and MESSAGEs, as a real 5.x member writes them)."""
+
+    name: str
+
+    def member(self, port: int, group: str, i: int) -> socket.socket:
+        if self.name == "native":
+            return member(port, group, _name(i))
+        s = socket.create_connection(("127.0.0.1", port))
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.sendall(j5.register(group, _j5addr(i), f"m{i}",
+                              JAddress.from_ip("127.0.0.1", 7800 + i, version=V5)))
+        s.setblocking(False)
+        return s
+
+    def frame(self, group: str, dest: int | None, seq: int) -> bytes:
+        """Message ``seq`` from member 0 to member ``dest`` (None: the group)."""
+        payload = _SEQ.pack(seq) + _PAD
+        if self.name == "native":
+            return wire.encode_route(group, None if dest is None else _name(dest), _name(0),
+                                     payload)
+        return j5.message(group, None if dest is None else _j5addr(dest), _j5addr(0), payload)
+
+    def seqs(self) -> _NativeSeqs | _J5Seqs:
+        return _NativeSeqs() if self.name == "native" else _J5Seqs()
+
+
+NATIVE, JGROUPS5 = Framing("native"), Framing("jgroups5")
+
+
+def _name(i: int) -> bytes:
+    return b"tx" if i == 0 else b"rx%d" % (i - 1)
+
+
+def _j5addr(i: int) -> JAddress:
+    return JAddress.from_uuid(0x0B0B0B0B00000000 + i, 0x0C0C0C0C00000000 + i, version=V5)
+
+
+class _Receivers:
+    def __init__(self, framing: Framing) -> None:
         self.sel = selectors.DefaultSelector()
-        self.decs: dict[socket.socket, tuple[wire.Decoder, str | None]] = {}
+        self.framing = framing
+        self.decs: dict[socket.socket, tuple[_NativeSeqs | _J5Seqs, str | None]] = {}
 
     def add(self, s: socket.socket, label: str | None) -> None:
         """``label``: None for the sender (what it gets is read and dropped)."""
         self.sel.register(s, selectors.EVENT_READ)
-        self.decs[s] = (wire.Decoder(), label)
+        self.decs[s] = (self.framing.seqs(), label)
 
     def pump(self, timeout: float, sent_at: list[float], out: MixOut | None,
              seen: set[int] | None = None) -> None:
@@ -113,21 +194,21 @@ class _Receivers:
             s = key.fileobj
             assert isinstance(s, socket.socket)
             dec, label = self.decs[s]
+            seqs: list[int] = []
             try:
                 while True:
                     data = s.recv(1 << 20)
                     if not data:
                         raise RuntimeError("a router closed a member's connection")
-                    dec.feed(data)
+                    seqs += dec.feed(data)
                     if len(data) < 1 << 20:
                         break
             except BlockingIOError:
                 pass
             now = time.perf_counter()
-            while (f := dec.next_frame()) is not None:
-                if label is None or not isinstance(f, wire.Route):
-                    continue
-                (seq,) = _SEQ.unpack_from(f.payload)
+            if label is None:
+                continue
+            for seq in seqs:
                 if seen is not None:
                     seen.add(id(s))
                 if out is not None and seq < len(sent_at):
@@ -143,22 +224,21 @@ class _Receivers:
 
 def run_mix(group: str, tx_port: int, rx: Sequence[tuple[int, str]], messages: int,
             rate: float, pids: Sequence[int], wait: float, per_tick: int = 1,
-            roles: Sequence[str] = ()) -> MixOut | None:
+            roles: Sequence[str] = (), framing: Framing = NATIVE) -> MixOut | None:
     """``messages`` interleaved messages from a member on ``tx_port`` to receivers ``rx``
     (port, label: the latencies are kept by label); ``rate`` messages per second, in ticks
     of ``per_tick`` messages written at once (0: a burst). ``roles``: the role of each of
     ``pids`` (the CPU is kept per role too; empty: "all").
     None when some receiver is not reachable within ``wait`` seconds (no federated
-    membership)."""
-    names = [b"rx%d" % i for i in range(len(rx))]
-    recv = _Receivers()
+    membership). ``framing``: how the members speak (native or JGroups 5.x)."""
+    recv = _Receivers(framing)
     try:
-        for (port, label), name in zip(rx, names, strict=True):
-            recv.add(member(port, group, name), label)
-        tx = member(tx_port, group, b"tx")
+        for i, (port, label) in enumerate(rx, 1):
+            recv.add(framing.member(port, group, i), label)
+        tx = framing.member(tx_port, group, 0)
         recv.add(tx, None)
         # Every receiver reachable? (A multicast probe until each one has one.)
-        probe = wire.encode_route(group, None, b"tx", _SEQ.pack(1 << 62) + _PAD)
+        probe = framing.frame(group, None, 1 << 62)
         seen: set[int] = set()
         deadline = time.monotonic() + wait
         while len(seen) < len(rx):
@@ -171,9 +251,8 @@ def run_mix(group: str, tx_port: int, rx: Sequence[tuple[int, str]], messages: i
         end = time.monotonic() + 0.1
         while time.monotonic() < end:
             recv.pump(0.05, [], None)
-        dests: list[bytes | None] = [None, *names]
-        frames = [wire.encode_route(group, dests[i % len(dests)], b"tx", _SEQ.pack(i) + _PAD)
-                  for i in range(messages)]
+        dests: list[int | None] = [None, *range(1, len(rx) + 1)]
+        frames = [framing.frame(group, dests[i % len(dests)], i) for i in range(messages)]
         expected = sum(len(rx) if dests[i % len(dests)] is None else 1
                        for i in range(messages))
         out = MixOut(messages=messages, expected=expected)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from functools import partial
 
 import pytest
 import trio
@@ -62,6 +63,21 @@ def test_every_case_measures_something() -> None:
         assert any(line.startswith(start) for line in lines), (start, lines)
     assert any(re.match(r"convergence, 20 joins on each of 3 routers: \d+\.\d{3} s", line)
                for line in lines), lines
+
+
+@pytest.mark.slow
+def test_the_mix_cases_with_jgroups5_members_deliver_everything() -> None:
+    """``--members jgroups5``: the interleaved and burst cases with 5.x members (REGISTER,
+    MESSAGEs; the sender's own multicast copies are not counted), every delivery arrived."""
+    if not shutil.which(MOSQUITTO):
+        pytest.fail("mosquitto is not installed (scripts/setup installs it)")
+    res = trio.run(partial(bench.run, 5, 4, 100, 20, 10.0, lambda _: None, 1, 30, 1000.0, 120,
+                           only_mix=True, framing=federation_mix.JGROUPS5))
+    assert res.federated and res.only_mix
+    assert len(res.mix) == 6
+    for name, m in res.mix.items():
+        n = 120 if name.startswith("burst") else 30
+        assert m.messages == n and m.expected == m.delivered == n // 6 * 10, (name, m)
 
 
 def test_cpu_latency_option_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
