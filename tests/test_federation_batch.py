@@ -202,14 +202,15 @@ async def test_a_federated_groups_local_copies_stay_on_the_fast_path(
     assert ba.route_wakeups - wakeups < 9
 
 
+@pytest.mark.parametrize("qos", [0, 1])
 async def test_a_federated_jgroups5_groups_local_copies_stay_on_the_fast_path(
-        nursery: trio.Nursery, broker: Mosquitto) -> None:
+        nursery: trio.Nursery, broker: Mosquitto, qos: int) -> None:
     """The same for a JGroups 5.x group: the relay thread relays the local copies (the
-    sender's own multicast copy included) and hands the remote share up (REMOTE_J5), which
-    Python sends on as it sends its own routing's. Every frame reaches every receiver once, in
-    order, as sent. Without it, a 5.x group with a member on another router stays in Python
-    whole: the thread relays none of these."""
-    ra, rb = await federation(nursery, broker, 2, fast_path="on")
+    sender's own multicast copy included); the remote share it publishes itself (QoS 0), or
+    hands up (REMOTE_J5) for Python to send on as it sends its own routing's (QoS 1). Every
+    frame reaches every receiver once, in order, as sent. Without it, a 5.x group with a
+    member on another router stays in Python whole: the thread relays none of these."""
+    ra, rb = await federation(nursery, broker, 2, fast_path="on", bridge_qos=qos)
     assert ra.server is not None and ra.server.fast is not None and rb.server is not None
     a, n, f = uuid(1, V5), uuid(2, V5), uuid(3, V5)
     s = await J5Client.open(*ra.server.address)  # type: ignore[misc]
@@ -219,8 +220,10 @@ async def test_a_federated_jgroups5_groups_local_copies_stay_on_the_fast_path(
         await c.register("demo", addr, addr.key.hex(), ip(port, V5))
     await everywhere([ra, rb], {a.key, n.key, f.key}, "jgroups5:demo")
     hub, fast = ra.server.hub, ra.server.fast
+    ba = bridge_of(ra)
     hub.sync()
     relayed, remote = hub.counters.fast_relayed, fast.remote.frames
+    published = ba.batches.stats.payloads_out
     # Ten writes of 30 MESSAGEs (multicast, to far, to near, in turn), each read on its own
     # (a HEARTBEAT's echo between them): the first teaches the thread, the others it repeats.
     sent: list[bytes] = []
@@ -248,7 +251,11 @@ async def test_a_federated_jgroups5_groups_local_copies_stay_on_the_fast_path(
     assert own == [m for i, m in enumerate(sent) if i % 3 == 0]
     hub.sync()
     # The nine repeated writes: 270 frames relayed by the thread, the 180 multicasts and
-    # unicasts to far with a remote share that Python sent on.
+    # unicasts to far with a remote share...
     assert hub.counters.fast_relayed - relayed >= 270
-    assert fast.remote.frames - remote >= 180
-    assert fast.by_kind[fast.mod.REMOTE_J5] >= 9
+    if qos == 0:  # ... published by the thread (Python never saw them): 20 payloads a write
+        assert fast.remote.frames == remote and fast.by_kind[fast.mod.REMOTE_J5] == 0
+        assert ba.batches.stats.payloads_out - published >= 9 * 20
+    else:  # ... sent on by Python
+        assert fast.remote.frames - remote >= 180
+        assert fast.by_kind[fast.mod.REMOTE_J5] >= 9

@@ -508,17 +508,20 @@ class FastPath:
             if e is None or not e.carriers:
                 return
             targets = (e.carriers[-1],)
-        # As for native frames, receivers on other routers are Python's share (REMOTE_J5
-        # upcalls, remote_share.py), for 5.x frames, which every receiver gets as received.
-        # 2.12's are re-wrapped per route: a federated 2.12 group stays in Python.
+        # As for native frames, receivers on other routers are the remote share, for 5.x
+        # frames (every receiver gets them as received): published by the thread while the
+        # broker link routes (a routed message carries any frames), else handed up
+        # (REMOTE_J5, remote_share.py). 2.12's frames are re-wrapped per route: a federated
+        # 2.12 group stays in Python.
         local, remote = split(targets)
         if remote and session.protocol != "jgroups5":
             return
         ids = self.ids(local)
+        fed = self.link.targets(group, dest) if remote else None
         if ids is not None and self.relay.learn(
                 session.fast_id, key, out, skip,
                 session.scanner.max_frame, ids, self.slot(group),  # type: ignore[attr-defined]
-                remote):
+                remote, fed):
             self.learned += 1
 
     # ------------------------------------------------------------------ counters
