@@ -14,10 +14,13 @@ import msgpack
 
 from gossiprouter.federation.batch import BATCH_PROPERTY, FORMAT
 from gossiprouter.federation.codec import encode_route
+from gossiprouter.federation.frames import j5_header
 from gossiprouter.federation.link_side import FROM_PROPERTY, SENT_PROPERTY
 from gossiprouter.federation.paho_fast import property_key, read_publish, user_properties
 from gossiprouter.federation.signing import MAC_PROPERTY, Signer
+from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
+from gossiprouter.protocol.jgroups_address import V5, JAddress
 from gossiprouter.protocol.native_scan import NativeScanner
 from gossiprouter.server import fastpath
 
@@ -161,11 +164,18 @@ def vbi(n: int) -> bytes:
             return bytes(out)
 
 
-class Reader(Rig):
-    """A Rig whose thread also reads the broker end: routed messages from router "far"."""
+# The JGroups 5.x group of a Reader(jgroups5=True), and its sender on router "far".
+G5 = "jgroups5:g5"
+SENDER5 = JAddress.from_uuid(0x0A, 0x0B, version=V5)
 
-    def __init__(self, key: bytes = KEY, age_ms: int = 0) -> None:
+
+class Reader(Rig):
+    """A Rig whose thread also reads the broker end: routed messages from router "far" (native
+    frames of group G, or with ``jgroups5`` 5.x MESSAGEs of group G5, multicasts)."""
+
+    def __init__(self, key: bytes = KEY, age_ms: int = 0, jgroups5: bool = False) -> None:
         super().__init__(key)
+        self.group = G5 if jgroups5 else G
         self.relay.link_inbound(NAMES)
         self.in_cid = self.relay.open(self.broker.fileno(), self.mod.MQTT, self.mod.MAX_HOLD)
         self.relay.read(self.in_cid, False)
@@ -174,12 +184,19 @@ class Reader(Rig):
         self.n = 0
 
     def learn_in(self, dest: bytes | None, sender: bytes = b"s") -> None:
-        frame = wire.encode(wire.Route(G, dest, sender, b"x"))
-        list(self.scanner.scan(frame))
-        key = self.scanner.header(frame, 4)
+        kind = self.mod.NATIVE
+        if self.group == G5:
+            assert dest is None
+            key = j5_header(j5.message(G5[9:], None, SENDER5, b"x"), 65536)
+            kind = self.mod.JG5
+        else:
+            frame = wire.encode(wire.Route(G, dest, sender, b"x"))
+            list(self.scanner.scan(frame))
+            key = self.scanner.header(frame, 4)
         assert key is not None
-        assert self.relay.link_learn_in(self.writer, msgpack.packb(G) + msgpack.packb(dest),
-                                        key, 65536, [self.local], 1)
+        assert self.relay.link_learn_in(self.writer, msgpack.packb(self.group)
+                                        + msgpack.packb(dest), key, 65536, [self.local], 1,
+                                        kind)
 
     def message(self, payloads: list[bytes], sent_ms: int | None = None,
                 extra: list[tuple[str, str]] | None = None, sign: bool = True) -> bytes:
@@ -194,11 +211,15 @@ class Reader(Rig):
         return publish_packet(PEER_TOPIC, payload, users)
 
     def route(self, dest: bytes | None, n: int) -> tuple[bytes, bytes]:
-        """A route payload of ``n`` frames (from sender s) and the frames."""
-        frames = b"".join(wire.encode(wire.Route(G, dest, b"s", b"m%d" % (self.n + i)))
-                          for i in range(n))
+        """A route payload of ``n`` frames (from sender s, or SENDER5) and the frames."""
+        if self.group == G5:
+            frames = b"".join(j5.message(G5[9:], None, SENDER5, b"m%d" % (self.n + i))
+                              for i in range(n))
+        else:
+            frames = b"".join(wire.encode(wire.Route(G, dest, b"s", b"m%d" % (self.n + i)))
+                              for i in range(n))
         self.n += n
-        return encode_route("far", G, dest, n, frames, seq=self.n), frames
+        return encode_route("far", self.group, dest, n, frames, seq=self.n), frames
 
     def up(self) -> bytes:
         """What the thread handed up about the broker connection (DATA), within 10 s."""

@@ -22,8 +22,10 @@ from gossiprouter.federation.link_side import FROM_PROPERTY, SENT_PROPERTY
 from gossiprouter.federation.paho_fast import read_publish
 from gossiprouter.federation.signing import MAC_PROPERTY, Verifier
 from tests.broker_link_rig import (
+    G5,
     KEY,
     PEER_TOPIC,
+    SENDER5,
     G,
     Reader,
     Rig,
@@ -186,9 +188,9 @@ def test_a_stale_inbound_route_goes_back_to_python(reader: Reader) -> None:
     assert reader.up() == packet
 
 
-def _python_delivers(packet: bytes, key: bytes) -> bytes | None:
+def _python_delivers(packet: bytes, key: bytes, group: str = G) -> bytes | None:
     """The frames the receiving router's Python delivers of ``packet`` (to the learned
-    multicast route of group G from sender s), or None when it refuses or would not deliver
+    multicast route of ``group`` from its sender), or None when it refuses or would not deliver
     all of it: peers.Peers._on_federation and _on_path, signing.Verifier, batch.decode_batch,
     codec.decode_route, frames.check_routed, each as the receiving side calls it."""
     read = read_publish(packet[1 + vbi_size(packet[1:]):])
@@ -210,10 +212,11 @@ def _python_delivers(packet: bytes, key: bytes) -> bytes | None:
         out = b""
         for item in items:
             rt = decode_route(item)
-            if (rt.origin, rt.group, rt.dest, rt.handed, rt.src) != ("far", G, None, False,
-                                                                     None):
+            if (rt.origin, rt.group, rt.dest, rt.handed, rt.src) != ("far", group, None,
+                                                                     False, None):
                 return None
-            if check_routed(G, rt.frames, rt.frame_count, 65536, {b"s"}) is not None:
+            senders = {SENDER5.key} if group == G5 else {b"s"}
+            if check_routed(group, rt.frames, rt.frame_count, 65536, senders) is not None:
                 return None
             out += rt.frames
         return out
@@ -221,9 +224,10 @@ def _python_delivers(packet: bytes, key: bytes) -> bytes | None:
         return None
 
 
+@pytest.mark.parametrize("jgroups5", [False, True], ids=["native", "jgroups5"])
 @pytest.mark.parametrize("key", [KEY, b""])
 def test_mutated_messages_are_delivered_only_as_python_would_deliver_them(
-        key: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+        key: bytes, jgroups5: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """A bounded differential fuzz of the read side (run under ASAN and TSAN by
     scripts/sanitize): valid routed messages with bytes changed after the fixed header, each
     followed by a valid one. The thread either delivers a message exactly as Python's checks
@@ -232,7 +236,7 @@ def test_mutated_messages_are_delivered_only_as_python_would_deliver_them(
     same seed makes the same messages, mutations and outcomes in every run."""
     now = int(time_ms())
     monkeypatch.setattr(signing, "_now_ms", lambda: now)
-    r = Reader(key=key)
+    r = Reader(key=key, jgroups5=jgroups5)
     rng = random.Random(25)
     try:
         r.learn_in(None)
@@ -271,7 +275,7 @@ def test_mutated_messages_are_delivered_only_as_python_would_deliver_them(
                 r.relay.read(r.in_cid, False)
                 handed += 1
                 continue
-            python = _python_delivers(bytes(mutant), key)
+            python = _python_delivers(bytes(mutant), key, r.group)
             if got != sentinel:  # the thread delivered the mutant: Python would have too
                 assert python is not None and got == python + sentinel, f"iteration {i}"
                 delivered += 1

@@ -256,6 +256,19 @@ async def test_a_federated_jgroups5_groups_local_copies_stay_on_the_fast_path(
     if qos == 0:  # ... published by the thread (Python never saw them): 20 payloads a write
         assert fast.remote.frames == remote and fast.by_kind[fast.mod.REMOTE_J5] == 0
         assert ba.batches.stats.payloads_out - published >= 9 * 20
+        # ... and read by the receiving router's thread: unicasts to far, each write on its
+        # own (a multicast's route waits in Python while Moves watches the group: far is new
+        # on rb), byte-exact.
+        link_b = rb.server.fast.link if rb.server.fast is not None else None
+        assert link_b is not None
+        before = link_b.read_in
+        for k in range(50):
+            frame = await s.message("demo", f, a, b"u%d" % k)
+            assert await received(far, 1) == [frame]
+            rb.server.hub.sync()
+            if link_b.read_in - before >= 3:
+                break
+        assert link_b.read_in - before >= 3
     else:  # ... sent on by Python
         assert fast.remote.frames - remote >= 180
         assert fast.by_kind[fast.mod.REMOTE_J5] >= 9

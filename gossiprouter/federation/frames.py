@@ -28,6 +28,8 @@ from functools import lru_cache
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol.errors import ProtocolError
+from gossiprouter.protocol.jgroups5_scan import Route as J5Route
+from gossiprouter.protocol.jgroups5_scan import Scanner as J5Scanner
 from gossiprouter.protocol.native_scan import RUN, NativeScanner
 
 
@@ -69,6 +71,28 @@ def route_header(frames: bytes, max_frame: int) -> bytes | None:
     """The exact ROUTE header of the native ``frames`` :func:`check_routed` just accepted (the
     relay thread's key for the next ones: server/broker_link.py), or None."""
     return _scanner(max_frame).header(frames, 4)
+
+
+def j5_header(frames: bytes, max_frame: int) -> bytes | None:
+    """The exact MESSAGE header (after the length prefix, up to the payload's length) of the
+    5.x ``frames`` :func:`check_routed` just accepted, when every frame has it (the relay
+    thread's key for the next ones), or None."""
+    runs: list[tuple[bytes, int]] = []
+
+    def run(head: J5Route, data: bytes, count: int) -> bool:
+        runs.append((head[4], len(data)))
+        return False
+
+    for _other in _j5_scanner(max_frame).scan(frames, run):
+        return None
+    return runs[0][0] if len(runs) == 1 and runs[0][1] == len(frames) else None
+
+
+@lru_cache(maxsize=4)
+def _j5_scanner(max_frame: int) -> J5Scanner:
+    """A 5.x scanner for :func:`j5_header` (its header cache lasts; the prefix names no table
+    group here)."""
+    return J5Scanner("", max_frame)
 
 
 @lru_cache(maxsize=4)

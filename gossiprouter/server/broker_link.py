@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from gossiprouter.federation.frames import route_header
+from gossiprouter.federation.frames import j5_header, route_header
 from gossiprouter.federation.remote import RemoteMember
 from gossiprouter.server.remote_share import remote_targets
 
@@ -112,11 +112,15 @@ class BrokerLink:
     def learn_in(self, writer: str, group: str, dest: bytes | None, frames: bytes,
                  targets: list[Carrier]) -> None:
         owner = self.owner
+        # 2.12 frames carry no sender the thread could match (nor a length it could check).
         if not self.routing or owner is None or self.in_cid is None or group.startswith(
-                ("jgroups5:", "jgroups2:")):
+                "jgroups2:"):
             return
-        max_frame = self.hub.config.max_frame
-        key = route_header(frames, max_frame)
+        max_frame = self.hub.config.max_frame  # (what check_routed allows, any group)
+        if group.startswith("jgroups5:"):
+            kind, key = self.mod.JG5, j5_header(frames, max_frame)
+        else:
+            kind, key = self.mod.NATIVE, route_header(frames, max_frame)
         ids = self._ids(targets)
         if key is None or not ids:
             return
@@ -129,7 +133,7 @@ class BrokerLink:
                 self._readers.append((writer, topic, origin))
         if w >= 0:
             self.relay.link_learn_in(w, msgpack.packb(group) + msgpack.packb(dest), key,
-                                     max_frame, ids, self._slot(group))
+                                     max_frame, ids, self._slot(group), kind)
 
     def write(self, data: bytes | bytearray) -> int:
         n: int = self.relay.link_write(data)

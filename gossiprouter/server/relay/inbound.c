@@ -7,8 +7,9 @@
  * Python checks it (peers.py Peers._on_federation and _on_path, signing.Verifier, batch.py,
  * codec.decode_route, frames.check_routed, state.Federation.on_route), and delivered to the
  * local receivers Python taught for it: the payloads writer W sends for (group, member) whose
- * frames start with a learned ROUTE header (so: of that group, to that member, from a sender W
- * carries, as Python found when it delivered the first of them). Everything else (a heartbeat,
+ * frames start with a learned header, a native ROUTE's or a 5.x MESSAGE's (so: of that group,
+ * to that member, from a sender W carries, as Python found when it delivered the first of
+ * them). Everything else (a heartbeat,
  * a record, a header not learned, a receiver not attached, a handed-on message, a property or
  * a form this file does not read) goes to Python as it came, with the rest of the read, and
  * the thread reads the connection again only when Python says so: Python sees the stream in
@@ -84,18 +85,19 @@ static inroute_t *in_match(Relay *r, uint32_t w, const uint8_t *gd, size_t gdlen
     return NULL;
 }
 
-/* Whole native frames of ``x``'s header, ``count`` of them and nothing after, each within its
- * max_frame (frames.check_routed, as the fast path checks a client's frames: framing.c). */
+/* Whole frames of ``x``'s header (native, or 5.x), ``count`` of them and nothing after, each
+ * within its max_frame (frames.check_routed, as the fast path checks a client's frames:
+ * framing.c). */
 static int frames_ok(const inroute_t *x, const uint8_t *p, size_t n, uint64_t count) {
-    size_t pos = 0;
+    size_t pos = 0, need = x->kind == JG5 ? 4 : 1; /* the payload's own header, at least */
     uint64_t k = 0;
     while (pos < n) {
         if (n - pos < 4) return 0;
         size_t len = be32(p + pos);
         if (len >= 0x80000000u || len > x->max_frame || len > n - pos - 4) return 0;
         size_t q = 4 + (size_t)x->klen;
-        if (q + 1 > 4 + len || memcmp(p + pos + 4, x->key, x->klen) != 0) return 0;
-        if (!payload_ends_frame(NATIVE, p + pos, q, 4 + len)) return 0;
+        if (q + need > 4 + len || memcmp(p + pos + 4, x->key, x->klen) != 0) return 0;
+        if (!payload_ends_frame(x->kind, p + pos, q, 4 + len)) return 0;
         pos += 4 + len;
         k++;
     }
@@ -525,16 +527,19 @@ PyObject *Relay_link_writer(Relay *self, PyObject *args) {
     return PyLong_FromLong(idx);
 }
 
-/* link_learn_in(writer, gd, key, max_frame, dests, slot) -> bool: the payloads ``writer``
- * sends for ``gd`` whose frames start with ``key`` go to ``dests`` (connection ids, attached),
- * until group slot ``slot`` or the link changes. */
+/* link_learn_in(writer, gd, key, max_frame, dests, slot, kind=NATIVE) -> bool: the payloads
+ * ``writer`` sends for ``gd`` whose frames (of framing ``kind``: NATIVE or JG5) start with
+ * ``key`` go to ``dests`` (connection ids, attached), until group slot ``slot`` or the link
+ * changes. */
 PyObject *Relay_link_learn_in(Relay *self, PyObject *args) {
     unsigned int writer;
     Py_buffer gd, key;
     Py_ssize_t max_frame;
     PyObject *dests;
     long long slot;
-    if (!PyArg_ParseTuple(args, "Iy*y*nOL", &writer, &gd, &key, &max_frame, &dests, &slot))
+    int kind = NATIVE;
+    if (!PyArg_ParseTuple(args, "Iy*y*nOL|i", &writer, &gd, &key, &max_frame, &dests, &slot,
+                          &kind))
         return NULL;
     inroute_t want = {0};
     const char *bad = NULL;
@@ -542,6 +547,8 @@ PyObject *Relay_link_learn_in(Relay *self, PyObject *args) {
         bad = "link_learn_in: gd of 2 to 65535 bytes, key of 1 to MAX_HOLD";
     else if (max_frame < 1 || slot < 0 || slot >= GROUP_SLOTS)
         bad = "link_learn_in: max_frame > 0, slot 0 to GROUP_SLOTS - 1";
+    else if (kind != NATIVE && kind != JG5)
+        bad = "link_learn_in: kind NATIVE or JG5";
     if (bad != NULL) {
         PyErr_SetString(PyExc_ValueError, bad);
         goto fail;
@@ -562,6 +569,7 @@ PyObject *Relay_link_learn_in(Relay *self, PyObject *args) {
     want.klen = (uint32_t)key.len;
     want.max_frame = max_frame > 0x7fffffff ? 0x7fffffff : (uint32_t)max_frame;
     want.slot = (uint32_t)slot;
+    want.kind = kind;
     want.ndest = (int)nd;
     py_lock(self);
     int ok = learn_in(self, &want);

@@ -185,10 +185,12 @@ typedef struct up_s {
 
 /* A route of routed messages from another router (inbound.c): the payloads router ``writer``
  * sends for ``gd`` (the group and the member, msgpack, as in the message's header) whose frames
- * start with ``key`` (their ROUTE header: group, member, sender) go to the local ``dests``. */
+ * start with ``key`` (their header: group, member, sender; a native ROUTE's, or a 5.x
+ * MESSAGE's for ``kind`` JG5) go to the local ``dests``. */
 typedef struct inroute_s {
     struct inroute_s *next;
     uint32_t writer, gdlen, klen, max_frame, slot;
+    int kind; /* NATIVE or JG5: the frames' framing */
     uint8_t *gd, *key;
     int ndest;
     int64_t *dests;
