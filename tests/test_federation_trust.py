@@ -484,6 +484,9 @@ def test_routed_frames_are_read_as_the_receivers_protocol() -> None:
     for bad, count in ((ok5, 2), (ok5[:-1], 1), (ok5 + b"\x00", 1), (j5.heartbeat(), 1),
                        (j5.message("g", None, other, b"spoof"), 1)):
         assert check_routed("jgroups5:g", bad, count, 1 << 20, senders) is not None
+    # A member of g, on its router, with a MESSAGE of another cluster: not g's members' to get.
+    assert check_routed("jgroups5:g", j5.message("h", None, src, b"x"), 1, 1 << 20,
+                        senders) == "a MESSAGE of group 'h'"
     assert check_routed("jgroups5:g", ok5, 1, len(ok5) - 5, senders) is not None
     ok2 = j2.message_to_client(None, b"hello")
     assert check_routed("jgroups2:g", ok2, 1, 1 << 20, ()) is None

@@ -9,7 +9,8 @@ read here as the receiver's protocol would read it, as a local connection's fram
 
 * whole frames only, exactly ``count`` of them, and nothing after the last one;
 * each within ``max_frame``;
-* each a message (native ROUTE of this group, JGroups MESSAGE), no control frame;
+* each a message (native ROUTE of this group, 5.x MESSAGE of this group, 2.12 MESSAGE), no
+  control frame;
 * sent by a member that the sending router carries in the group (``senders``). JGroups 2.12
   messages as re-wrapped for receivers carry no sender (it is inside the JGroups message),
   so for them only the first three checks apply.
@@ -39,7 +40,7 @@ def check_routed(group: str, frames: bytes, count: int, max_frame: int,
     None when they are whole, valid frames of the group's protocol from ``senders``."""
     try:
         if group.startswith("jgroups5:"):
-            return _check_j5(frames, count, max_frame, senders)
+            return _check_j5(group, frames, count, max_frame, senders)
         if group.startswith("jgroups2:"):
             return _check_j2(frames, count, max_frame)
         return _check_native(group, frames, count, max_frame, senders)
@@ -102,31 +103,37 @@ def _scanner(max_frame: int) -> NativeScanner:
     return NativeScanner(max_frame, relay=True)
 
 
-def _check_j5(frames: bytes, count: int, max_frame: int,
+def _check_j5(group: str, frames: bytes, count: int, max_frame: int,
               senders: Container[bytes]) -> str | None:
-    def sender_ok(ev: object) -> bool:
-        s = getattr(ev, "sender", None)
-        return s is not None and s.key in senders
+    name = group[len("jgroups5:"):]
 
-    return _check_stream(j5.Decoder(max_frame), j5.Message, frames, count, sender_ok)
+    def why(ev: object) -> str | None:
+        if getattr(ev, "group", None) != name:  # (its cluster name, which members check)
+            return f"a MESSAGE of group {getattr(ev, 'group', None)!r}"
+        s = getattr(ev, "sender", None)
+        return None if s is not None and s.key in senders else (
+            "sender not carried by the sending router")
+
+    return _check_stream(j5.Decoder(max_frame), j5.Message, frames, count, why)
 
 
 def _check_j2(frames: bytes, count: int, max_frame: int) -> str | None:
     return _check_stream(j2.ClientDecoder(max_frame), j2.Message, frames, count,
-                         lambda ev: True)
+                         lambda ev: None)
 
 
 def _check_stream(dec: j5.Decoder | j2.ClientDecoder, message: type, frames: bytes,
-                  count: int, sender_ok: Callable[[object], bool]) -> str | None:
-    """``count`` whole messages of ``dec``'s protocol, from accepted senders, and nothing
-    after them."""
+                  count: int, why: Callable[[object], str | None]) -> str | None:
+    """``count`` whole messages of ``dec``'s protocol that ``why`` finds nothing against, and
+    nothing after them."""
     dec.feed(frames)
     n = 0
     while (ev := dec.next_event()) is not None:
         if not isinstance(ev, message):
             return f"a {type(ev).__name__}, not a MESSAGE"
-        if not sender_ok(ev):
-            return "sender not carried by the sending router"
+        bad = why(ev)
+        if bad is not None:
+            return bad
         n += 1
     if dec.buffered or n != count:
         return f"{n} whole frames, {dec.buffered} bytes left, {count} announced"
