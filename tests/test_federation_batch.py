@@ -13,10 +13,11 @@ import pytest
 import trio
 
 from gossiprouter.federation.batch import ROOM, Batches, decode_batch
+from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
 from tests.federation_routers import G, everywhere, federation, member, routes
-from tests.jgroups_clients import V5, J5Client, ip, uuid
+from tests.jgroups_clients import V2, V5, J2Client, J5Client, ip, uuid
 from tests.test_bridge import MOSQUITTO, Mosquitto, bridge_of
 from tests.test_bridge import broker as broker  # the fixture: mosquitto on a free port
 from tests.test_stub import eventually
@@ -272,3 +273,54 @@ async def test_a_federated_jgroups5_groups_local_copies_stay_on_the_fast_path(
     else:  # ... sent on by Python
         assert fast.remote.frames - remote >= 180
         assert fast.by_kind[fast.mod.REMOTE_J5] >= 9
+
+
+async def test_a_federated_jgroups2_groups_local_copies_stay_on_the_fast_path(
+        nursery: trio.Nursery, broker: Mosquitto) -> None:
+    """The same for a JGroups 2.12 group, whose frames every receiver gets re-wrapped: the
+    thread relays the local copies, and hands each frame up as received (REMOTE_J2) for
+    Python to re-wrap and send on. Every message reaches every receiver once, in order, as
+    the router re-wraps it. Without it, a 2.12 group with a member on another router stays in
+    Python whole: the thread relays none of these."""
+    ra, rb = await federation(nursery, broker, 2, fast_path="on")
+    assert ra.server is not None and ra.server.fast is not None and rb.server is not None
+    a, n, f = uuid(1, V2), uuid(2, V2), uuid(3, V2)
+    s = await J2Client.open(*ra.server.address)  # type: ignore[misc]
+    near = await J2Client.open(*ra.server.address)  # type: ignore[misc]
+    far = await J2Client.open(*rb.server.address)  # type: ignore[misc]
+    for c, addr, port in ((s, a, 7800), (near, n, 7801), (far, f, 7802)):
+        assert (await c.connect("demo", addr, addr.key.hex(), [ip(port, V2)])).ok
+    await everywhere([ra, rb], {a.key, n.key, f.key}, "jgroups2:demo")
+    hub, fast = ra.server.hub, ra.server.fast
+    hub.sync()
+    relayed, remote = hub.counters.fast_relayed, fast.remote.frames
+
+    async def received(c: J2Client, count: int) -> list[bytes]:
+        got: list[bytes] = []
+        while len(got) < count:
+            ev = await c.recv()
+            if isinstance(ev, j2.Message):
+                got.append(ev.payload)
+        return got
+
+    # Each write read on its own: the next goes once near has this one's 20 messages (a
+    # 2.12 client cannot tell a GOSSIP_GET reply from messages around it: no round trip).
+    sent: list[bytes] = []
+    at_near: list[bytes] = []
+    for k in range(10):
+        payloads = [b"%d-%02d" % (k, i) for i in range(30)]
+        await s.send_raw(b"".join(j2.message("demo", [None, f, n][i % 3], p)
+                                  for i, p in enumerate(payloads)))
+        at_near += await received(near, 20)
+        sent += payloads
+    fb = bridge_of(rb).federation
+    await eventually(lambda: fb.stats.routed_in == 200)
+    assert await received(far, 200) == [m for i, m in enumerate(sent) if i % 3 != 2]
+    assert at_near == [m for i, m in enumerate(sent) if i % 3 != 1]
+    assert await received(s, 100) == [m for i, m in enumerate(sent) if i % 3 == 0]
+    hub.sync()
+    # The nine repeated writes: 270 frames relayed by the thread, the 180 with a remote share
+    # that Python re-wrapped and sent on.
+    assert hub.counters.fast_relayed - relayed >= 270
+    assert fast.remote.frames - remote >= 180
+    assert fast.by_kind[fast.mod.REMOTE_J2] >= 9

@@ -196,7 +196,7 @@ class FastPath:
         # For tests and profiles: upcalls handled, routes learned, connections handed back to
         # their task for a wait (a spent turn or control budget, back-pressure).
         self.upcalls = 0
-        self.by_kind = [0] * 7  # upcalls by kind: DATA, EOF, ERROR, EVICT, LOST, REMOTE(_J5)
+        self.by_kind = [0] * 8  # by kind: DATA, EOF, ERROR, EVICT, LOST, REMOTE(_J5, _J2)
         # Frames whose remote share Python sent on (relayed locally by the thread), and the
         # scanner that cuts them (one, so that its ROUTE header cache lasts across upcalls).
         self.remote = RemoteShare(hub)
@@ -277,6 +277,9 @@ class FastPath:
                 continue
             if kind == mod.REMOTE_J5:  # the same, from a JGroups 5.x connection
                 self.remote.send_j5(data)
+                continue
+            if kind == mod.REMOTE_J2:  # ... and from a 2.12 one
+                self.remote.send_j2(data)
                 continue
             if kind == mod.EVICT:
                 s = self._sessions.get(cid)
@@ -508,16 +511,15 @@ class FastPath:
             if e is None or not e.carriers:
                 return
             targets = (e.carriers[-1],)
-        # As for native frames, receivers on other routers are the remote share, for 5.x
-        # frames (every receiver gets them as received): published by the thread while the
+        # As for native frames, receivers on other routers are the remote share: for 5.x
+        # frames (every receiver gets them as received) published by the thread while the
         # broker link routes (a routed message carries any frames), else handed up
-        # (REMOTE_J5, remote_share.py). 2.12's frames are re-wrapped per route: a federated
-        # 2.12 group stays in Python.
+        # (REMOTE_J5, remote_share.py); 2.12 frames, re-wrapped for their receivers, are
+        # handed up as received (REMOTE_J2), and Python re-wraps their remote share.
         local, remote = split(targets)
-        if remote and session.protocol != "jgroups5":
-            return
         ids = self.ids(local)
-        fed = self.link.targets(group, dest) if remote else None
+        fed = (self.link.targets(group, dest) if remote and session.protocol == "jgroups5"
+               else None)
         if ids is not None and self.relay.learn(
                 session.fast_id, key, out, skip,
                 session.scanner.max_frame, ids, self.slot(group),  # type: ignore[attr-defined]

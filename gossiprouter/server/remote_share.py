@@ -1,11 +1,12 @@
 """The remote share of the compiled fast path's frames (issue 30): a federated group's local
 copies stay on the relay thread, and Python sends only what goes to other routers.
 
-:meth:`gossiprouter.server.fastpath.FastPath.learn_native` (and ``learn_jgroups`` for 5.x
-frames) teaches the thread a route whose receivers include other routers' carriers
-(:func:`split`) with its local receivers and a *remote* mark; the thread relays each such frame
-to them and hands it up as a REMOTE upcall (REMOTE_J5 for a 5.x connection's), which
-:class:`RemoteShare` sends on through the federation (batched per router there).
+:meth:`gossiprouter.server.fastpath.FastPath.learn_native` (and ``learn_jgroups``) teaches the
+thread a route whose receivers include other routers' carriers (:func:`split`) with its local
+receivers and a *remote* mark; the thread relays each such frame to them and hands it up as
+received, as a REMOTE upcall (REMOTE_J5 for a 5.x connection's, REMOTE_J2 for a 2.12
+connection's), which :class:`RemoteShare` sends on through the federation (batched per router
+there; 2.12 frames re-wrapped first, as every receiver gets them).
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from gossiprouter.federation.remote import RemoteGroup, RemoteMember, Sender
+from gossiprouter.protocol.jgroups2_scan import Route as J2Route
+from gossiprouter.protocol.jgroups2_scan import Scanner as J2Scanner
 from gossiprouter.protocol.jgroups5_scan import Route as J5Route
 from gossiprouter.protocol.jgroups5_scan import Scanner as J5Scanner
 from gossiprouter.protocol.native_scan import RUN, NativeScanner
+from gossiprouter.sessions.jgroups2 import JGroups2Session
 from gossiprouter.sessions.jgroups5 import JGroups5Session
 
 if TYPE_CHECKING:
@@ -55,6 +59,7 @@ class RemoteShare:
         # The scanners that cut them (one each, so that their header caches last).
         self._scanner: NativeScanner | None = None
         self._j5: J5Scanner | None = None
+        self._j2: J2Scanner | None = None
         # The federations on hold since the last flush (empty: nothing to flush).
         self.held: set[Sender] = set()
 
@@ -83,13 +88,27 @@ class RemoteShare:
     def send_j5(self, data: bytes) -> int:
         """The same for MESSAGE frames of a JGroups 5.x connection (REMOTE_J5), as received:
         the other routers get them as :meth:`JGroupsSession.route` sends them there."""
-        max_frame = max(self.hub.config.max_frame, self.hub.config.jgroups_max_frame)
         sc = self._j5
-        if sc is None or sc.max_frame != max_frame:
-            sc = self._j5 = J5Scanner(JGroups5Session.prefix, max_frame)
+        if sc is None or sc.max_frame != self._jgroups_max_frame():
+            sc = self._j5 = J5Scanner(JGroups5Session.prefix, self._jgroups_max_frame())
+        return self._send_runs(sc, data)
+
+    def send_j2(self, data: bytes) -> int:
+        """The same for MESSAGEs of a JGroups 2.12 connection (REMOTE_J2), as received: cut
+        and re-wrapped by the 2.12 scanner, as the session re-wraps them for every receiver."""
+        sc = self._j2
+        if sc is None or sc.max_frame != self._jgroups_max_frame():
+            sc = self._j2 = J2Scanner(JGroups2Session.prefix, self._jgroups_max_frame())
+        return self._send_runs(sc, data)
+
+    def _jgroups_max_frame(self) -> int:
+        config = self.hub.config  # (the frames passed the connection's own limit)
+        return max(config.max_frame, config.jgroups_max_frame)
+
+    def _send_runs(self, sc: J5Scanner | J2Scanner, data: bytes) -> int:
         n = 0
 
-        def run(head: J5Route, frames: bytes, count: int) -> bool:
+        def run(head: J5Route | J2Route, frames: bytes, count: int) -> bool:
             nonlocal n
             n += self._push(head[1], head[2], frames, count)
             return False

@@ -101,11 +101,11 @@ static int upcall(Relay *r, int64_t cid, int kind, const uint8_t *data, size_t l
     return 0;
 }
 
-/* The remote share of frames relayed to their local receivers: up to Python (UP_REMOTE, or
- * UP_REMOTE_J5 for a 5.x connection's: Python cuts them by the upcall's kind, which outlives
- * the connection). */
+/* The remote share of frames relayed to their local receivers, as received: up to Python
+ * (UP_REMOTE, UP_REMOTE_J5 for a 5.x connection's, UP_REMOTE_J2 for a 2.12 connection's:
+ * Python cuts them by the upcall's kind, which outlives the connection). */
 static void remote_up(Relay *r, const conn_t *c, int64_t cid, const uint8_t *p, size_t n) {
-    int kind = c->kind == JG5 ? UP_REMOTE_J5 : UP_REMOTE;
+    int kind = c->kind == JG5 ? UP_REMOTE_J5 : c->kind == JG2 ? UP_REMOTE_J2 : UP_REMOTE;
     if (n && upcall(r, cid, kind, p, n) == 0) r->held_remote += n;
 }
 

@@ -181,9 +181,10 @@ bad:
  * when it cannot be repeated now (a connection unknown, or a receiver not attached);
  * ValueError for arguments no caller may pass (they would make the thread read or write out of
  * bounds). ``remote``: the frames also go to other routers (UP_REMOTE upcalls, as received;
- * UP_REMOTE_J5 from a 5.x connection);
- * ``fed``: ... published by the thread to these (dst, header start) while the broker link
- * routes (broker.c); UP_REMOTE when it does not. */
+ * UP_REMOTE_J5 from a 5.x connection, UP_REMOTE_J2 from a 2.12 one, whose receivers get them
+ * re-wrapped: Python re-wraps the remote share); ``fed``: ... published by the thread to these
+ * (dst, header start) while the broker link routes (broker.c; frames sent as received only);
+ * the upcall when it does not. */
 static PyObject *Relay_learn(Relay *self, PyObject *args) {
     long long cid, slot = 0;
     Py_buffer key, out;
@@ -203,9 +204,10 @@ static PyObject *Relay_learn(Relay *self, PyObject *args) {
     else if (skip < 0 || skip > key.len) bad = "learn: skip must be 0 to len(key)";
     else if (max_frame < 1) bad = "learn: max_frame must be positive";
     else if (slot < 0 || slot >= GROUP_SLOTS) bad = "learn: slot must be 0 to GROUP_SLOTS - 1";
-    else if (remote && out.len) bad = "learn: a remote share only for frames sent as received";
     else if (fedarg != NULL && fedarg != Py_None && !remote)
         bad = "learn: fed targets only with remote";
+    else if (fedarg != NULL && fedarg != Py_None && out.len)
+        bad = "learn: fed targets only for frames sent as received";
     if (bad != NULL) {
         PyErr_SetString(PyExc_ValueError, bad);
         goto fail;
@@ -534,6 +536,7 @@ PyMODINIT_FUNC PyInit__relay(void) {
     PyModule_AddIntConstant(m, "LOST", UP_LOST);
     PyModule_AddIntConstant(m, "REMOTE", UP_REMOTE);
     PyModule_AddIntConstant(m, "REMOTE_J5", UP_REMOTE_J5);
+    PyModule_AddIntConstant(m, "REMOTE_J2", UP_REMOTE_J2);
     PyModule_AddIntConstant(m, "GROUP_SLOTS", GROUP_SLOTS);
     PyModule_AddIntConstant(m, "MAX_HOLD", MAX_HOLD);
     return m;

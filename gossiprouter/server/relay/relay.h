@@ -91,7 +91,8 @@
 #define UP_REMOTE 5 /* frames of routes learned with a remote share: relayed to their local
                      * receivers already; Python sends them on to the other routers */
 #define UP_REMOTE_J5 6 /* the same, from a JGroups 5.x connection (its frames as received) */
-#define IS_REMOTE(kind) ((kind) == UP_REMOTE || (kind) == UP_REMOTE_J5)
+#define UP_REMOTE_J2 7 /* the same, from a JGroups 2.12 connection (as received, not re-wrapped) */
+#define IS_REMOTE(kind) ((kind) == UP_REMOTE || (kind) == UP_REMOTE_J5 || (kind) == UP_REMOTE_J2)
 
 #define MAX_HOLD (256 * 1024)
 #define RECV_SIZE (64 * 1024)
