@@ -8,10 +8,13 @@ then against this project's router (the default). Each test starts its own route
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
 import trio
+
+from tests.jgroups_clients import J2Client
 
 from .exchange import assert_ring_traffic_exact, send_ring_traffic, wait_ring_traffic
 from .harness import (
@@ -229,22 +232,78 @@ async def test_tunnel_two_routers_one_stopped(
     router: Router, nodes: NodeFactory, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """Scenario 9 (TUNNEL_Test2): members use two routers; with one stopped, traffic keeps
-    flowing through the other; restarted, it is used again (the other is stopped then)."""
+    flowing through the other; restarted, it is used again (the other is stopped then).
+
+    The 2.12 client can lose one of its two router stubs by itself (:func:`_stubs_lost`): a
+    run where a member did is run once more with new members, and must pass then."""
     second = Router(router.kind, free_port(), tmp_path_factory.mktemp("second-router"))
     second.start()
     try:
-        members = nodes.start(NAMES, "interop-two", "tunnel", routers=[router, second])
-        await wait_for_view(members, NAMES, JOIN_TIMEOUT, router)
-        assert await _multicast_round(members, "both", 5, 20)
-        await second.astop()
-        assert await _multicast_round(members, "first-only", 5, 30), summarize_counts(
-            members, [f"first-only{n.name}" for n in members])
-        await second.astart()
-        await trio.sleep(4.0)  # reconnect_interval is 1 s: the members re-register with it
-        await router.astop()
-        assert await _multicast_round(members, "second-only", 5, 30), summarize_counts(
-            members, [f"second-only{n.name}" for n in members])
-        await wait_for_view(members, NAMES, 10, second)
-        await router.astart()
+        for attempt in (1, 2):
+            members = nodes.start(NAMES, f"interop-two-{attempt}", "tunnel",
+                                  routers=[router, second])
+            failed = await _two_routers_one_stopped(members, router, second,
+                                                    f"interop-two-{attempt}")
+            if failed is None:
+                return
+            lost = _stubs_lost(members)
+            assert lost and attempt == 1, failed + (
+                f"\n(the 2.12 clients lost a stub themselves: {lost})" if lost else "")
+            for n in members:
+                n.close()
+            for r in (router, second):
+                if r.proc is None or r.proc.poll() is not None:
+                    await r.astart()
     finally:
         second.stop()
+
+
+async def _two_routers_one_stopped(members: list[JavaNode], router: Router, second: Router,
+                                   cluster: str) -> str | None:
+    """The scenario; None, or what did not arrive (``router`` or ``second`` then stopped)."""
+    await wait_for_view(members, NAMES, JOIN_TIMEOUT, router)
+    if not await _multicast_round(members, "both", 5, 20):
+        return "round both: " + summarize_counts(members, [f"both{n.name}" for n in members])
+    await second.astop()
+    if not await _multicast_round(members, "first-only", 5, 30):
+        return "round first-only: " + summarize_counts(
+            members, [f"first-only{n.name}" for n in members])
+    await second.astart()
+    # Every member registered with it again (its stub reconnects every reconnect_interval).
+    await _registered(second, cluster, len(members))
+    await router.astop()
+    if not await _multicast_round(members, "second-only", 5, 30):
+        return "round second-only: " + summarize_counts(
+            members, [f"second-only{n.name}" for n in members])
+    await wait_for_view(members, NAMES, 10, second)
+    await router.astart()
+    return None
+
+
+async def _registered(r: Router, cluster: str, n: int) -> None:
+    """Wait (bounded) until router ``r``'s GOSSIP_GET lists ``n`` members of ``cluster``."""
+    listed = 0
+    for _ in range(300):
+        client = await J2Client.open(LOOPBACK, r.port)
+        try:
+            listed = len(await client.gossip_get(cluster))
+        finally:
+            await client.aclose()
+        if listed >= n:
+            return
+        await trio.sleep(0.1)
+    raise AssertionError(f"{r.address} lists {listed} of {n} members of {cluster!r}")
+
+
+# A 2.12 TUNNEL's send policy shuffles its list of router stubs, a CopyOnWriteArrayList, in
+# place from whichever thread sends (Collections.shuffle; TUNNEL.DefaultTUNNELPolicy, 2.12.2).
+# Two sends at once can leave one stub in it twice and the other gone, for good: the member
+# then logs "None of the available stubs [X, X] accepted ...", X the same stub twice. The
+# router under test plays no part in it (it happens against the Java router as well).
+_LOST_STUB = re.compile(r"None of the available stubs \[(RouterStub\[[^\]]*\]), \1\]")
+
+
+def _stubs_lost(members: list[JavaNode]) -> list[str]:
+    """The members whose log shows that race (above)."""
+    return [n.name for n in members
+            if n.err_path.exists() and _LOST_STUB.search(n.err_path.read_text(errors="replace"))]
