@@ -30,7 +30,8 @@ one router. It prints:
   bundles them: 6 a tick (a multicast and a unicast to each receiver) in one write;
 * **burst**: ``--burst`` such messages at once; the latency at the receiver on the sender's
   router, for the federated group and for a group with every member on that router.
-  ``--members jgroups5``: these two cases with JGroups 5.x members (REGISTER, MESSAGEs);
+  ``--members jgroups5`` / ``jgroups2``: the interleaved and burst cases with JGroups 5.x
+  or 2.12 members;
 * **wake-up floor**: the CPU of a trio task's wake-up with nothing to do (and a plain epoll
   loop's), at 1,000/s: what every wake-up of a router's Python costs at least.
 
@@ -69,7 +70,15 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_topics import Loader, _native_member, run_fanout
-from benchmarks.federation_mix import JGROUPS5, NATIVE, Framing, MixOut, run_mix, wake_floor
+from benchmarks.federation_mix import (
+    JGROUPS2,
+    JGROUPS5,
+    NATIVE,
+    Framing,
+    MixOut,
+    run_mix,
+    wake_floor,
+)
 from benchmarks.figures import percentile
 from benchmarks.machine import add_cpu_latency_option, cpu_latency
 from gossiprouter.protocol import native as wire
@@ -530,9 +539,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                     help="messages per round of the burst cases (default 40000)")
     ap.add_argument("--only-mix", action="store_true",
                     help="only the interleaved and burst cases (and the probe)")
-    ap.add_argument("--members", choices=("native", "jgroups5"), default="native",
+    ap.add_argument("--members", choices=("native", "jgroups5", "jgroups2"), default="native",
                     help="who sends and receives in the interleaved and burst cases: raw "
-                         "native members (default) or JGroups 5.x RouterStubs' frames")
+                         "native members (default), or JGroups 5.x or 2.12 RouterStubs' frames")
     ap.add_argument("--code", type=Path, default=None,
                     help="run the routers of another checkout DIR (with its .venv), e.g. "
                          "main's, for a before/after: alternate runs with and without it")
@@ -553,7 +562,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         res = trio.run(run, args.messages, args.group, args.throughput, args.joins, args.wait,
                        lambda s: print(s, file=sys.stderr), args.rounds, args.mix,
                        args.mix_rate, args.burst, args.only_mix, args.code,
-                       JGROUPS5 if args.members == "jgroups5" else NATIVE)
+                       {"native": NATIVE, "jgroups5": JGROUPS5, "jgroups2": JGROUPS2}[
+                           args.members])
         if res.mix:
             res.wake_floor = wake_floor()
     print_table(res, args.joins)

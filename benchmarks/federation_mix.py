@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 import trio
 
 from benchmarks.bench_topics import _recv_frames
+from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
-from gossiprouter.protocol.jgroups_address import V5, JAddress
+from gossiprouter.protocol.jgroups_address import V2, V5, JAddress
 from tests.procs import proc_cpu_split
 
 BURST_WRITE = 512
@@ -137,10 +138,27 @@ class _J5Seqs:
         return out
 
 
+class _J2Seqs:
+    """The same for a JGroups 2.12 member's stream, after its CONNECT's reply: every object
+    is a MESSAGE (2.12 objects have no length prefix: the client decoder cuts them)."""
+
+    def __init__(self) -> None:
+        self.dec = j2.ClientDecoder(max_frame=1 << 24)
+
+    def feed(self, data: bytes) -> list[int]:
+        self.dec.feed(data)
+        out = []
+        while (ev := self.dec.next_event()) is not None:
+            if isinstance(ev, j2.Message) and len(ev.payload) == _PAYLOAD:
+                out.append(_SEQ.unpack_from(ev.payload)[0])
+        return out
+
+
 @dataclass(frozen=True)
 class Framing:
-    """How the members of a case speak: native (raw ROUTE frames) or JGroups 5.x (a
-    RouterStub's REGISTER and MESSAGEs, as a real 5.x member writes them)."""
+    """How the members of a case speak: native (raw ROUTE frames), JGroups 5.x (a RouterStub's
+    REGISTER and MESSAGEs, as a real 5.x member writes them) or JGroups 2.12 (CONNECT, then
+    MESSAGEs)."""
 
     name: str
 
@@ -149,8 +167,15 @@ class Framing:
             return member(port, group, _name(i))
         s = socket.create_connection(("127.0.0.1", port))
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        s.sendall(j5.register(group, _j5addr(i), f"m{i}",
-                              JAddress.from_ip("127.0.0.1", 7800 + i, version=V5)))
+        if self.name == "jgroups5":
+            s.sendall(j5.register(group, _jaddr(i, V5), f"m{i}",
+                                  JAddress.from_ip("127.0.0.1", 7800 + i, version=V5)))
+        else:
+            s.sendall(j2.connect(group, _jaddr(i, V2), f"m{i}",
+                                 [JAddress.from_ip("127.0.0.1", 7800 + i, version=V2)]))
+            s.settimeout(10)
+            if s.recv(1) != j2.connect_ok():  # CONNECT's one-byte reply, before any message
+                raise RuntimeError("router refused a 2.12 CONNECT")
         s.setblocking(False)
         return s
 
@@ -160,28 +185,33 @@ class Framing:
         if self.name == "native":
             return wire.encode_route(group, None if dest is None else _name(dest), _name(0),
                                      payload)
-        return j5.message(group, None if dest is None else _j5addr(dest), _j5addr(0), payload)
+        if self.name == "jgroups2":
+            return j2.message(group, None if dest is None else _jaddr(dest, V2), payload)
+        return j5.message(group, None if dest is None else _jaddr(dest, V5), _jaddr(0, V5),
+                          payload)
 
-    def seqs(self) -> _NativeSeqs | _J5Seqs:
-        return _NativeSeqs() if self.name == "native" else _J5Seqs()
+    def seqs(self) -> _NativeSeqs | _J5Seqs | _J2Seqs:
+        if self.name == "native":
+            return _NativeSeqs()
+        return _J5Seqs() if self.name == "jgroups5" else _J2Seqs()
 
 
-NATIVE, JGROUPS5 = Framing("native"), Framing("jgroups5")
+NATIVE, JGROUPS5, JGROUPS2 = Framing("native"), Framing("jgroups5"), Framing("jgroups2")
 
 
 def _name(i: int) -> bytes:
     return b"tx" if i == 0 else b"rx%d" % (i - 1)
 
 
-def _j5addr(i: int) -> JAddress:
-    return JAddress.from_uuid(0x0B0B0B0B00000000 + i, 0x0C0C0C0C00000000 + i, version=V5)
+def _jaddr(i: int, version: int) -> JAddress:
+    return JAddress.from_uuid(0x0B0B0B0B00000000 + i, 0x0C0C0C0C00000000 + i, version=version)
 
 
 class _Receivers:
     def __init__(self, framing: Framing) -> None:
         self.sel = selectors.DefaultSelector()
         self.framing = framing
-        self.decs: dict[socket.socket, tuple[_NativeSeqs | _J5Seqs, str | None]] = {}
+        self.decs: dict[socket.socket, tuple[_NativeSeqs | _J5Seqs | _J2Seqs, str | None]] = {}
 
     def add(self, s: socket.socket, label: str | None) -> None:
         """``label``: None for the sender (what it gets is read and dropped)."""

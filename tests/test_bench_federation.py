@@ -66,13 +66,16 @@ def test_every_case_measures_something() -> None:
 
 
 @pytest.mark.slow
-def test_the_mix_cases_with_jgroups5_members_deliver_everything() -> None:
-    """``--members jgroups5``: the interleaved and burst cases with 5.x members (REGISTER,
-    MESSAGEs; the sender's own multicast copies are not counted), every delivery arrived."""
+@pytest.mark.parametrize("framing", [federation_mix.JGROUPS5, federation_mix.JGROUPS2],
+                         ids=lambda f: f.name)
+def test_the_mix_cases_with_jgroups_members_deliver_everything(
+        framing: federation_mix.Framing) -> None:
+    """``--members jgroups5`` and ``jgroups2``: the interleaved and burst cases with JGroups
+    members (the sender's own multicast copies are not counted), every delivery arrived."""
     if not shutil.which(MOSQUITTO):
         pytest.fail("mosquitto is not installed (scripts/setup installs it)")
     res = trio.run(partial(bench.run, 5, 4, 100, 20, 10.0, lambda _: None, 1, 30, 1000.0, 120,
-                           only_mix=True, framing=federation_mix.JGROUPS5))
+                           only_mix=True, framing=framing))
     assert res.federated and res.only_mix
     assert len(res.mix) == 6
     for name, m in res.mix.items():
