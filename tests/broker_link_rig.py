@@ -8,7 +8,7 @@ from __future__ import annotations
 import select
 import socket
 import time
-from typing import Any
+from typing import Any, Self
 
 import msgpack
 
@@ -128,6 +128,12 @@ class Rig:
                 return tuple(got)
             select.select([], [], [], 0.01)
         raise AssertionError("nothing counted")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         self.relay.stop()

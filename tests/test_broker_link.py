@@ -127,29 +127,22 @@ def test_a_stale_route_goes_back_to_python(rig: Rig) -> None:
 def test_the_bounds_drop_and_count_as_python_does() -> None:
     frame = wire.encode(wire.Route(G, b"far", b"s", b"y" * 400))
     # bridge_queue_bytes below one routed message: none leaves, each counted lost.
-    r = Rig(queue_limit=300)
-    try:
+    with Rig(queue_limit=300) as r:
         r.learn(b"far")
         r.send([frame] * 3)
         r.local_bytes(3 * len(frame))
         rows, _, oversized, queue_full, _, _, _ = r.collect()
         assert rows == [(r.dst, 0, 0, 0, 1, 3)] and (oversized, queue_full) == (0, 1)
-    finally:
-        r.close()
     # The broker's Maximum Packet Size below one message with the topic's bound (200).
-    r = Rig(max_packet=500)
-    try:
+    with Rig(max_packet=500) as r:
         r.learn(b"far")
         r.send([frame])
         r.local_bytes(len(frame))
         rows, _, oversized, queue_full, _, _, _ = r.collect()
         assert rows == [(r.dst, 0, 0, 0, 1, 1)] and (oversized, queue_full) == (1, 0)
-    finally:
-        r.close()
     # An envelope's bound: one read of alternating routes makes 10 payloads, cut into
     # messages within ``limit``.
-    r = Rig(limit=1000)
-    try:
+    with Rig(limit=1000) as r:
         r.learn(b"far")
         r.learn(None)
         frames = [wire.encode(wire.Route(G, [b"far", None][i % 2], b"s", b"w" * 300))
@@ -161,19 +154,14 @@ def test_the_bounds_drop_and_count_as_python_does() -> None:
             got.append(len(decode_batch(payload)) if BATCH_PROPERTY in dict(users) else 1)
             assert len(payload) <= 1000
         assert len(got) >= 4
-    finally:
-        r.close()
 
 
 def test_without_a_key_nothing_is_signed() -> None:
-    r = Rig(key=b"")
-    try:
+    with Rig(key=b"") as r:
         r.learn(b"far")
         r.send([wire.encode(wire.Route(G, b"far", b"s", b"u"))])
         [(_, _, users)] = r.publishes(1)
         assert [k for k, _ in users] == [FROM_PROPERTY, SENT_PROPERTY]
-    finally:
-        r.close()
 
 
 def test_a_broken_link_raises_for_python_and_routes_through_it_no_more(rig: Rig) -> None:

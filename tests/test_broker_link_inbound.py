@@ -165,8 +165,7 @@ def test_a_message_cut_between_reads_is_delivered_when_whole(reader: Reader) -> 
 
 
 def test_frames_older_than_the_limit_are_dropped_and_counted() -> None:
-    r = Reader(age_ms=1000)
-    try:
+    with Reader(age_ms=1000) as r:
         r.learn_in(None)
         payload, _ = r.route(None, 2)
         r.broker_peer.sendall(r.message([payload], sent_ms=int(time_ms()) - 5000))
@@ -175,8 +174,6 @@ def test_frames_older_than_the_limit_are_dropped_and_counted() -> None:
         assert r.local_bytes(len(frames)) == frames  # only the fresh one
         got, _ = _read_counts(r)
         assert got == [(r.writer, 1, 1, 1, 1, 1)]
-    finally:
-        r.close()
 
 
 def test_a_stale_inbound_route_goes_back_to_python(reader: Reader) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import trio
@@ -16,11 +17,12 @@ from gossiprouter.federation.batch import ROOM, Batches, decode_batch
 from gossiprouter.protocol import jgroups2 as j2
 from gossiprouter.protocol import jgroups5 as j5
 from gossiprouter.protocol import native as wire
+from gossiprouter.protocol.jgroups_address import JAddress
 from tests.federation_routers import G, everywhere, federation, member, routes
 from tests.jgroups_clients import V2, V5, J2Client, J5Client, ip, uuid
 from tests.test_bridge import MOSQUITTO, Mosquitto, bridge_of
 from tests.test_bridge import broker as broker  # the fixture: mosquitto on a free port
-from tests.test_stub import eventually
+from tests.test_stub import InProcessRouter, eventually
 
 
 def test_a_batch_is_its_payloads_in_order_each_whole_within_the_limit() -> None:
@@ -213,13 +215,7 @@ async def test_a_federated_jgroups5_groups_local_copies_stay_on_the_fast_path(
     member on another router stays in Python whole: the thread relays none of these."""
     ra, rb = await federation(nursery, broker, 2, fast_path="on", bridge_qos=qos)
     assert ra.server is not None and ra.server.fast is not None and rb.server is not None
-    a, n, f = uuid(1, V5), uuid(2, V5), uuid(3, V5)
-    s = await J5Client.open(*ra.server.address)  # type: ignore[misc]
-    near = await J5Client.open(*ra.server.address)  # type: ignore[misc]
-    far = await J5Client.open(*rb.server.address)  # type: ignore[misc]
-    for c, addr, port in ((s, a, 7800), (near, n, 7801), (far, f, 7802)):
-        await c.register("demo", addr, addr.key.hex(), ip(port, V5))
-    await everywhere([ra, rb], {a.key, n.key, f.key}, "jgroups5:demo")
+    (s, near, far), (a, n, f) = await _jgroups_members(ra, rb, J5Client)
     hub, fast = ra.server.hub, ra.server.fast
     ba = bridge_of(ra)
     hub.sync()
@@ -276,13 +272,7 @@ async def test_a_federated_jgroups2_groups_local_copies_stay_on_the_fast_path(
     Python whole: the thread relays none of these."""
     ra, rb = await federation(nursery, broker, 2, fast_path="on")
     assert ra.server is not None and ra.server.fast is not None and rb.server is not None
-    a, n, f = uuid(1, V2), uuid(2, V2), uuid(3, V2)
-    s = await J2Client.open(*ra.server.address)  # type: ignore[misc]
-    near = await J2Client.open(*ra.server.address)  # type: ignore[misc]
-    far = await J2Client.open(*rb.server.address)  # type: ignore[misc]
-    for c, addr, port in ((s, a, 7800), (near, n, 7801), (far, f, 7802)):
-        assert (await c.connect("demo", addr, addr.key.hex(), [ip(port, V2)])).ok
-    await everywhere([ra, rb], {a.key, n.key, f.key}, "jgroups2:demo")
+    (s, near, far), (_, n, f) = await _jgroups_members(ra, rb, J2Client)
     hub, fast = ra.server.hub, ra.server.fast
     hub.sync()
     relayed, remote = hub.counters.fast_relayed, fast.remote.frames
@@ -321,3 +311,25 @@ async def _messages(c: J2Client | J5Client, count: int) -> list[bytes]:
         elif isinstance(ev, j2.Message):
             got.append(ev.payload)
     return got
+
+
+C = TypeVar("C", J2Client, J5Client)
+
+
+async def _jgroups_members(ra: InProcessRouter, rb: InProcessRouter, client: type[C]
+                           ) -> tuple[tuple[C, C, C], tuple[JAddress, JAddress, JAddress]]:
+    """Members s and near of JGroups group "demo" on router ``ra``, far on ``rb`` (clients of
+    ``client``'s version), listed on both: their clients and addresses."""
+    assert ra.server is not None and rb.server is not None
+    v = client.version
+    addrs = (uuid(1, v), uuid(2, v), uuid(3, v))
+    clients = (await client.open(*ra.server.address),  # type: ignore[misc]
+               await client.open(*ra.server.address),  # type: ignore[misc]
+               await client.open(*rb.server.address))  # type: ignore[misc]
+    for c, addr, port in zip(clients, addrs, (7800, 7801, 7802), strict=True):
+        if isinstance(c, J2Client):
+            assert (await c.connect("demo", addr, addr.key.hex(), [ip(port, V2)])).ok
+        else:
+            await c.register("demo", addr, addr.key.hex(), ip(port, V5))
+    await everywhere([ra, rb], {x.key for x in addrs}, f"jgroups{2 if v == V2 else 5}:demo")
+    return clients, addrs

@@ -197,9 +197,12 @@ class FastPath:
         # their task for a wait (a spent turn or control budget, back-pressure).
         self.upcalls = 0
         self.by_kind = [0] * 8  # by kind: DATA, EOF, ERROR, EVICT, LOST, REMOTE(_J5, _J2)
-        # Frames whose remote share Python sent on (relayed locally by the thread), and the
-        # scanner that cuts them (one, so that its ROUTE header cache lasts across upcalls).
+        # What Python sends on of the frames the thread relayed locally (remote_share.py),
+        # by upcall kind: each framing's frames cut by its own scanner.
         self.remote = RemoteShare(hub)
+        self._remote_share: dict[int, Callable[[bytes], int]] = {
+            self.mod.REMOTE: self.remote.send, self.mod.REMOTE_J5: self.remote.send_j5,
+            self.mod.REMOTE_J2: self.remote.send_j2}
         self.learned = 0
         self.handbacks = 0
         # The largest frame the thread holds across reads: what Python holds without charging
@@ -266,20 +269,16 @@ class FastPath:
         mod = self.mod
         slots = self._slots
         link = self.link
+        remote_share = self._remote_share
         for cid, kind, data in items:
             self.upcalls += 1
             self.by_kind[kind] += 1
             if cid == link.in_cid:  # the federation broker's connection
                 link.upcall(kind, data)
                 continue
-            if kind == mod.REMOTE:  # a federated group's frames: their remote share
-                self.remote.send(data)
-                continue
-            if kind == mod.REMOTE_J5:  # the same, from a JGroups 5.x connection
-                self.remote.send_j5(data)
-                continue
-            if kind == mod.REMOTE_J2:  # ... and from a 2.12 one
-                self.remote.send_j2(data)
+            share = remote_share.get(kind)
+            if share is not None:  # a federated group's frames: their remote share
+                share(data)
                 continue
             if kind == mod.EVICT:
                 s = self._sessions.get(cid)

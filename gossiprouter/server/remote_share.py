@@ -58,8 +58,7 @@ class RemoteShare:
         self.flushes = 0  # batches of upcalls whose remote share was sent at their end
         # The scanners that cut them (one each, so that their header caches last).
         self._scanner: NativeScanner | None = None
-        self._j5: J5Scanner | None = None
-        self._j2: J2Scanner | None = None
+        self._jgroups: dict[str, J5Scanner | J2Scanner] = {}  # by group prefix
         # The federations on hold since the last flush (empty: nothing to flush).
         self.held: set[Sender] = set()
 
@@ -88,22 +87,23 @@ class RemoteShare:
     def send_j5(self, data: bytes) -> int:
         """The same for MESSAGE frames of a JGroups 5.x connection (REMOTE_J5), as received:
         the other routers get them as :meth:`JGroupsSession.route` sends them there."""
-        sc = self._j5
-        if sc is None or sc.max_frame != self._jgroups_max_frame():
-            sc = self._j5 = J5Scanner(JGroups5Session.prefix, self._jgroups_max_frame())
-        return self._send_runs(sc, data)
+        return self._send_runs(self._scanner_of(J5Scanner, JGroups5Session.prefix), data)
 
     def send_j2(self, data: bytes) -> int:
         """The same for MESSAGEs of a JGroups 2.12 connection (REMOTE_J2), as received: cut
         and re-wrapped by the 2.12 scanner, as the session re-wraps them for every receiver."""
-        sc = self._j2
-        if sc is None or sc.max_frame != self._jgroups_max_frame():
-            sc = self._j2 = J2Scanner(JGroups2Session.prefix, self._jgroups_max_frame())
-        return self._send_runs(sc, data)
+        return self._send_runs(self._scanner_of(J2Scanner, JGroups2Session.prefix), data)
 
-    def _jgroups_max_frame(self) -> int:
-        config = self.hub.config  # (the frames passed the connection's own limit)
-        return max(config.max_frame, config.jgroups_max_frame)
+    def _scanner_of(self, cls: type[J5Scanner] | type[J2Scanner], prefix: str
+                    ) -> J5Scanner | J2Scanner:
+        """The scanner of a JGroups family (one each, so that its header cache lasts), within
+        the larger bound of a frame: the frames passed their connection's own."""
+        config = self.hub.config
+        max_frame = max(config.max_frame, config.jgroups_max_frame)
+        sc = self._jgroups.get(prefix)
+        if sc is None or sc.max_frame != max_frame:
+            sc = self._jgroups[prefix] = cls(prefix, max_frame)
+        return sc
 
     def _send_runs(self, sc: J5Scanner | J2Scanner, data: bytes) -> int:
         n = 0

@@ -172,16 +172,12 @@ static void emit(Relay *r) {
             lost(d, f->run_count);
             continue;
         }
-        if (d->npay == d->ccap) {
-            uint32_t cap = d->ccap ? d->ccap * 2 : 8;
-            uint32_t *c = realloc(d->counts, sizeof(uint32_t) * cap);
-            if (c == NULL) {
-                lost(d, f->run_count);
-                continue;
-            }
-            d->counts = c;
-            d->ccap = cap;
+        uint32_t *c = grow(d->counts, &d->ccap, d->npay, sizeof *d->counts);
+        if (c == NULL) {
+            lost(d, f->run_count);
+            continue;
         }
+        d->counts = c;
         if (d->len + plen + 4 > d->cap) {
             size_t cap = d->cap ? d->cap : 4096;
             while (cap < d->len + plen + 4) cap *= 2;
@@ -194,16 +190,12 @@ static void emit(Relay *r) {
             d->cap = cap;
         }
         if (!d->queued) {
-            if (f->nround == f->capround) {
-                uint32_t cap = f->capround ? f->capround * 2 : 8;
-                uint32_t *q = realloc(f->round, sizeof(uint32_t) * cap);
-                if (q == NULL) { /* it could not be published */
-                    lost(d, f->run_count);
-                    continue;
-                }
-                f->round = q;
-                f->capround = cap;
+            uint32_t *q = grow(f->round, &f->capround, f->nround, sizeof *f->round);
+            if (q == NULL) { /* it could not be published */
+                lost(d, f->run_count);
+                continue;
             }
+            f->round = q;
             f->round[f->nround++] = t->dst;
             d->queued = 1;
         }

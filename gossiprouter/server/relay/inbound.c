@@ -495,14 +495,8 @@ PyObject *Relay_link_writer(Relay *self, PyObject *args) {
             idx = (long)i;
         }
     if (idx < 0 && f->nwriter < 4096) {
-        if (f->nwriter == f->capwriter) {
-            uint32_t cap = f->capwriter ? f->capwriter * 2 : 8;
-            fwriter_t *p = realloc(f->writers, sizeof(fwriter_t) * cap);
-            if (p != NULL) {
-                f->writers = p;
-                f->capwriter = cap;
-            }
-        }
+        fwriter_t *p = grow(f->writers, &f->capwriter, f->nwriter, sizeof *f->writers);
+        if (p != NULL) f->writers = p;
         t = malloc((size_t)topic.len);
         o = malloc((size_t)origin.len);
         if (f->nwriter < f->capwriter && t != NULL && o != NULL) {

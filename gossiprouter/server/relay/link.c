@@ -211,14 +211,8 @@ PyObject *Relay_link_dst(Relay *self, PyObject *args) {
     py_lock(self);
     fed_t *f = &self->fed;
     if (f->ndst < MAX_DSTS) {
-        if (f->ndst == f->capdst) {
-            uint32_t cap = f->capdst ? f->capdst * 2 : 8;
-            fdst_t *p = realloc(f->dsts, sizeof(fdst_t) * cap);
-            if (p != NULL) {
-                f->dsts = p;
-                f->capdst = cap;
-            }
-        }
+        fdst_t *p = grow(f->dsts, &f->capdst, f->ndst, sizeof *f->dsts);
+        if (p != NULL) f->dsts = p;
         if (f->ndst < f->capdst) {
             fdst_t *d = &f->dsts[f->ndst];
             memset(d, 0, sizeof *d);

@@ -71,6 +71,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <sys/uio.h>
 #include <time.h>
 
@@ -325,6 +326,17 @@ typedef struct {
     int fail_upcalls;  /* tests: this many upcalls fail as if out of memory */
     fed_t fed;         /* the federation broker's connection (broker.c) */
 } Relay;
+
+/* The array ``arr`` (``*cap`` elements of ``elem`` bytes, ``n`` of them in use) with room for
+ * one more: itself, or a larger one (doubled, from 8; *cap updated); NULL without memory (arr
+ * unchanged, still the caller's). */
+static inline void *grow(void *arr, uint32_t *cap, uint32_t n, size_t elem) {
+    if (n < *cap) return arr;
+    uint32_t c = *cap ? *cap * 2 : 8;
+    void *p = realloc(arr, elem * c);
+    if (p != NULL) *cap = c;
+    return p;
+}
 
 static inline int64_t now_ns(void) {
     struct timespec ts;
