@@ -27,9 +27,10 @@ ENV = "GOSSIPROUTER_RELAY_SANITIZE"
 RELAY_DIR = "gossiprouter/server/relay"
 RELAY_SOURCES = [f"{RELAY_DIR}/{name}.c" for name in ("module", "conns", "loop", "framing",
                                                       "routes", "broker", "link", "inbound",
-                                                      "sha256")]
+                                                      "sha256", "workers")]
 RELAY_HEADERS = [f"{RELAY_DIR}/{name}.h" for name in ("relay", "conns", "loop", "framing",
-                                                      "routes", "broker", "inbound", "sha256")]
+                                                      "routes", "broker", "inbound", "sha256",
+                                                      "workers")]
 
 # mode -> (compile flags, link flags)
 SANITIZE = {

@@ -37,7 +37,8 @@ STALL_WAITS = 30_000
 
 
 class Harness:
-    def __init__(self, seed: int, mod: ModuleType | None = None, twins: bool = True) -> None:
+    def __init__(self, seed: int, mod: ModuleType | None = None, twins: bool = True,
+                 threads: int | None = None, promote_reads: int | None = None) -> None:
         self.rng = random.Random(seed)
         self.twins = twins
         self.seed = seed
@@ -45,7 +46,14 @@ class Harness:
         if mod is None:
             raise SystemExit("relay_harness: the fast path is not built (scripts/setup)")
         self.mod = mod
-        self.relay = mod.Relay()
+        # Worker threads (workers.c) or none; promoted at once or after a few reads, and given
+        # back soon: every connection moves between threads while the checks run.
+        # (Drawn whatever is given, so that a seed replays the same run.)
+        drawn = self.rng.choice((0, 1, 4)), self.rng.choice((1, 3)), self.rng.choice((5, 50))
+        self.threads = drawn[0] if threads is None else threads
+        self.relay = mod.Relay(threads=self.threads,
+                               promote_reads=drawn[1] if promote_reads is None else promote_reads,
+                               idle_ms=drawn[2])
         self.senders: list[Sender] = []
         self.receivers: list[Receiver] = []
         self.bytes_in: collections.Counter[int] = collections.Counter()

@@ -207,10 +207,13 @@ class Harness(relay_check.Harness):
 
 
 def run(seed: int, steps: int, seconds: float, sweep: bool = True,
-        say: Callable[[str], None] = print, twins: bool = True) -> collections.Counter[str]:
+        say: Callable[[str], None] = print, twins: bool = True,
+        threads: int | None = None, promote_reads: int | None = None
+        ) -> collections.Counter[str]:
     """A run of at most ``steps`` steps and about ``seconds`` (the sweeps first); its
-    counters. Raises Violation."""
-    h = Harness(seed, twins=twins)
+    counters. ``threads``, ``promote_reads``: the relay's worker threads and when a connection
+    gets one (Relay's arguments; default: drawn from the seed). Raises Violation."""
+    h = Harness(seed, twins=twins, threads=threads, promote_reads=promote_reads)
     h.start()
     deadline = time.monotonic() + seconds
     try:
@@ -231,6 +234,10 @@ def run(seed: int, steps: int, seconds: float, sweep: bool = True,
             except Violation as e:
                 raise Violation(f"step {h.step}: {e}") from None
         h.stats["steps"] = h.step
+        info = h.relay.info()
+        h.stats["worker threads"] = info["threads"]
+        h.stats["promotions to a worker"] = info["promotions"]
+        h.stats["demotions from a worker"] = info["demotions"]
         return h.stats
     finally:
         h.close()
@@ -242,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=1_000_000, help="at most this many steps")
     ap.add_argument("--seconds", type=float, default=20.0, help="about this long at most")
     ap.add_argument("--no-sweep", action="store_true", help="skip the every-offset sweeps")
+    ap.add_argument("--threads", type=int, default=None, choices=range(0, 257), metavar="N",
+                    help="the relay's worker threads for busy connections, 0 to 256 (default: "
+                         "0, 1 or 4, drawn from the seed)")
     ap.add_argument("--no-twins", action="store_true",
                     help="no sender receives its group's multicasts on its own connection")
     args = ap.parse_args(argv)
@@ -251,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"relay harness: seed {seed}, module {where}", flush=True)
     try:
         stats = run(seed, args.steps, args.seconds, sweep=not args.no_sweep,
-                    twins=not args.no_twins)
+                    twins=not args.no_twins, threads=args.threads)
     except Violation as e:
         print(f"relay harness: FAILED (seed {seed}): {e}", flush=True)
         return 1
@@ -260,7 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     if not stats["frames relayed by the thread"]:
         print("relay harness: FAILED: the thread relayed nothing", flush=True)
         return 1
-    print(f"relay harness: OK (seed {seed}, {stats['steps']} steps)", flush=True)
+    print(f"relay harness: OK (seed {seed}, {stats['steps']} steps, "
+          f"{stats['worker threads']} worker threads, {stats['promotions to a worker']} "
+          f"promotions)", flush=True)
     return 0
 
 

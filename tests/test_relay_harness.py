@@ -29,6 +29,19 @@ def test_the_relay_and_the_pure_path_agree_on_every_stream() -> None:
     assert stats["evictions"] > 0
 
 
+def test_the_relay_agrees_while_connections_move_between_threads() -> None:
+    """The same checks with four worker threads (relay/workers.c): connections promoted to a
+    thread of their own at their first read, and given back when quiet (after 5 ms), while
+    frames are checked."""
+    assert fastpath._relay is not None, "the compiled extension is not built (scripts/setup)"
+    stats = rh.run(seed=24, steps=200, seconds=60, say=lambda s: None, threads=4,
+                   promote_reads=1)
+    assert stats["worker threads"] == 4
+    assert stats["promotions to a worker"] > 10
+    assert stats["frames relayed by the thread"] > 0
+    assert stats["frames checked at receivers"] > 1000
+
+
 def test_a_violation_is_reported_with_its_seed() -> None:
     """The check bites: a receiver that is sent a frame nobody routed fails the step."""
     h = rh.Harness(1)

@@ -153,6 +153,13 @@ class Config:
         "(counted in the partial_frame_bytes and outbound_queued_bytes gauges). A frame whose "
         "copies could take it over goes through Python instead, under Python's own bounds.",
         minimum=0, unit="bytes")
+    fast_path_threads: int = option(16, "Threads of their own for the fast path's busiest "
+        "connections, at most: a connection that reads often (about 200 reads/s or more) is "
+        "read by a thread that waits on it alone and is woken straight by its sender, as Java's "
+        "GossipRouter reads every connection (lower latency at light load on machines whose "
+        "idle CPUs sleep); it goes back to the one relay thread after 2 s without a read. The "
+        "idle connections stay on the relay thread. 0: one relay thread reads every "
+        "connection. See docs/performance.md.", minimum=0, maximum=256)
     router_id: str = option("", "Name announced in WELCOME (default: gossiprouter@HOST:PORT).")
     log_level: str = option("info", "Log level.", choices=("debug", "info", "warning", "error"))
     # --- operations and security (gossiprouter.ops; see docs/operations.md)
@@ -322,6 +329,8 @@ def check(o: Option, value: Any) -> None:
         raise ConfigError(f"{o.name} = {value!r}: expected a finite number")
     if o.minimum is not None and value < o.minimum:
         raise ConfigError(f"{o.name} = {value!r}: expected a value >= {o.minimum:g}")
+    if o.maximum is not None and value > o.maximum:
+        raise ConfigError(f"{o.name} = {value!r}: expected a value <= {o.maximum:g}")
     if o.name == "port" and value > 65535:
         raise ConfigError(f"port = {value!r}: expected a TCP port, 0 to 65535")
     if o.parse is not None and value != "":

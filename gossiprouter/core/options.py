@@ -32,6 +32,7 @@ class Option:
     help: str
     choices: tuple[str, ...] | None = None
     minimum: float | None = None
+    maximum: float | None = None
     unit: str = ""
     # Checks a non-empty str value, or each item of a list (type tuple) option;
     # raises ValueError saying what was expected.
@@ -68,7 +69,8 @@ _SECTION_OF = {
                      "control_burst", "control_grace", "write_timeout"), LIMITS),
     **dict.fromkeys(("tokens_file", "auth_backoff", "admin_token"), TLS_AUTH),
     **dict.fromkeys(("log_level", "log_format", "metrics", "direct_send", "dispatcher",
-                     "coalesce_writes", "fast_path", "fast_path_max_bytes"), OPERATIONS),
+                     "coalesce_writes", "fast_path", "fast_path_max_bytes",
+                     "fast_path_threads"), OPERATIONS),
 }
 # Then by name: the families the option names already make.
 _SECTION_BY_PREFIX = (("jgroups", JGROUPS), ("tls_", TLS_AUTH), ("allow_", TLS_AUTH),
@@ -87,12 +89,13 @@ def section_of(name: str) -> str:
 
 
 def option(default: T, help: str, *, choices: tuple[str, ...] | None = None,
-           minimum: float | None = None, unit: str = "",
+           minimum: float | None = None, maximum: float | None = None, unit: str = "",
            parse: Callable[[str], object] | None = None, metavar: str = "") -> T:
     """Declare one router option as a field of :class:`~gossiprouter.core.config.Config`, with
     ``default``; the rest is what its :class:`Option` says (the field's name and type are the
     option's own)."""
-    about = {"help": help, "choices": choices, "minimum": minimum, "unit": unit,
+    about = {"help": help, "choices": choices, "minimum": minimum, "maximum": maximum,
+             "unit": unit,
              "parse": parse, "metavar": metavar}
     return field(default=default, metadata={"option": about})
 

@@ -251,6 +251,10 @@ class RouterCollector(Collector):
         yield GaugeMetricFamily("gossiprouter_outbound_queued_bytes_max",
                                 "Bytes queued for the most backed-up connection.",
                                 value=conns.queued_max)
+        yield GaugeMetricFamily("gossiprouter_fast_path_threads",
+                                "Busy connections the compiled fast path reads on a thread of "
+                                "their own now (fast_path_threads at most; 0 when off).",
+                                value=c.fast_threads)
         yield GaugeMetricFamily("gossiprouter_partial_frame_bytes",
                                 "Bytes reserved by incomplete frames, router-wide (bounded by "
                                 "partial_frames_budget beyond preauth_max_frame each; the fast "

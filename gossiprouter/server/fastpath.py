@@ -183,7 +183,8 @@ class FastPath:
     def __init__(self, hub: Hub) -> None:
         assert _relay is not None, "check available() first"
         self.mod = _relay
-        self.relay = _relay.Relay(hub.config.fast_path_max_bytes)
+        self.relay = _relay.Relay(hub.config.fast_path_max_bytes,
+                                  threads=hub.config.fast_path_threads)
         self.relay_send = self.relay.send
         self.hub = hub
         # The federation broker's connection on the thread, when the server has a bridge.
@@ -531,11 +532,12 @@ class FastPath:
         """Fold what the thread relayed since the last call into the hub's counters and the
         sessions' ``last_recv`` (the idle timeout's clock), and what it holds now into the
         gauges."""
-        rows, now_ns, partial, pending = self.relay.collect()
+        rows, now_ns, partial, pending, workers = self.relay.collect()
         self.link.collect()
         counters = self.hub.counters
         counters.fast_partial_bytes = partial
         counters.fast_pending_bytes = pending
+        counters.fast_threads = workers
         if not rows:
             return
         # The thread's clock is CLOCK_MONOTONIC, trio's is time.perf_counter() plus an offset

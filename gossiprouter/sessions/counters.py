@@ -45,6 +45,8 @@ class Counters:
     # Config.fast_path_max_bytes together.
     fast_partial_bytes: int = 0
     fast_pending_bytes: int = 0
+    # Its connections read by threads of their own now (Config.fast_path_threads at most).
+    fast_threads: int = 0
     # Fairness (issue 12): turns a reader ended early to let others run (its share of the
     # loop used up), turns it waited because its connection's control budget was spent, and
     # connections closed for staying over that budget (ERROR rate_limited).

@@ -10,6 +10,7 @@
 #include "framing.h"
 #include "loop.h"
 #include "routes.h"
+#include "workers.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -155,7 +156,7 @@ PyObject *Relay_read(Relay *self, PyObject *args) {
         c->raw = raw;
         if (!c->reading) {
             struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint64_t)cid};
-            if (epoll_ctl(self->ep, EPOLL_CTL_ADD, c->fd, &ev) == 0) c->reading = 1;
+            if (epoll_ctl(conn_ep(self, c), EPOLL_CTL_ADD, c->fd, &ev) == 0) c->reading = 1;
             else ok = errno;
         }
     }
@@ -242,6 +243,7 @@ PyObject *Relay_take(Relay *self, PyObject *args) {
 
 static PyObject *close_locked(Relay *self, conn_t *c) {
     stop_reading(self, c);
+    release_worker(self, c);
     PyObject *out = take_pending_locked(self, c);
     drop_hold(self, c);
     size_t idx = (size_t)(c->cid & IDX_MASK);

@@ -11,6 +11,7 @@
 #include "framing.h"
 #include "inbound.h"
 #include "routes.h"
+#include "workers.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -75,6 +76,11 @@ static void lose(Relay *r, conn_t *c) {
     signal_later(r);
 }
 
+void lose_conn(Relay *r, conn_t *c) {
+    lose(r, c);
+    signal_now(r);
+}
+
 /* Queue an upcall (mutex held); on allocation failure the connection is lost (above).
  * 0: queued. */
 static int upcall(Relay *r, int64_t cid, int kind, const uint8_t *data, size_t len) {
@@ -111,7 +117,7 @@ static void remote_up(Relay *r, const conn_t *c, int64_t cid, const uint8_t *p, 
 
 void stop_reading(Relay *r, conn_t *c) {
     if (c->reading) {
-        epoll_ctl(r->ep, EPOLL_CTL_DEL, c->fd, NULL);
+        epoll_ctl(conn_ep(r, c), EPOLL_CTL_DEL, c->fd, NULL);
         c->reading = 0;
     }
 }
@@ -512,6 +518,7 @@ static void on_readable(Relay *r, conn_t *c, int64_t cid) {
         return;
     }
     c->last_ns = now_ns();
+    c->last_read = (size_t)n;
     c->touched = 1;
 #ifdef RELAY_EXACT_READ_BUFFER
     /* The proof's ASAN build (setup.py): no slack after the bytes received, so that ASAN
@@ -537,6 +544,53 @@ static void on_readable(Relay *r, conn_t *c, int64_t cid) {
 #endif
 }
 
+int relay_round(Relay *r, const struct epoll_event *evs, int n, worker_t *w) {
+    pthread_mutex_lock(&r->mu);
+    if (r->stopping) {
+        pthread_mutex_unlock(&r->mu);
+        return -1;
+    }
+    r->rounds++;
+    for (int i = 0; i < n; i++) {
+        if (evs[i].data.u64 == FED_EVENT) { /* the broker socket takes bytes again */
+            fed_writable(r);
+            continue;
+        }
+        int64_t cid = (int64_t)evs[i].data.u64;
+        if (cid < 0) continue; /* the stop fd */
+        conn_t *c = get_conn(r, cid);
+        if (c == NULL || !c->reading) continue;
+        on_readable(r, c, cid);
+        /* One connection's chunk is done: what it routed goes out now (latency). */
+        if (r->ndirty) flush_dirty(r);
+        after_read(r, cid, w); /* a thread of its own for it, or no longer */
+        /* More connections to read in this round, or a Python call waiting for the mutex
+         * (it may be upcalls()): Python is told now, as before; else when the round ends. */
+        if (i + 1 < n || atomic_load_explicit(&r->py_waiting, memory_order_relaxed))
+            signal_now(r);
+        /* A Python call waits for the mutex, holding the GIL: it goes first, so the hold is
+         * one connection's read and sends at most, not a round's (up to MAX_EVENTS
+         * connections). The thread sleeps on the turnstile, which the caller holds until
+         * it has the mutex: a plain unlock and lock would mostly take the mutex back
+         * before the caller wakes up. */
+        if (atomic_load_explicit(&r->py_waiting, memory_order_relaxed)) {
+            fed_flush(r); /* the thread's messages to the broker go before Python's */
+            r->handoffs++;
+            pthread_mutex_unlock(&r->mu);
+            pthread_mutex_lock(&r->turn);
+            pthread_mutex_lock(&r->mu);
+            pthread_mutex_unlock(&r->turn);
+            if (r->stopping) break;
+        }
+    }
+    fed_flush(r); /* what the round routed to other routers, one message per router */
+    int due = r->signal_due;
+    r->signal_due = 0;
+    pthread_mutex_unlock(&r->mu);
+    if (due) write_signal(r);
+    return 0;
+}
+
 void *thread_main(void *arg) {
     Relay *r = arg;
     struct epoll_event evs[MAX_EVENTS];
@@ -546,48 +600,7 @@ void *thread_main(void *arg) {
             if (errno == EINTR) continue;
             break;
         }
-        pthread_mutex_lock(&r->mu);
-        if (r->stopping) {
-            pthread_mutex_unlock(&r->mu);
-            break;
-        }
-        r->rounds++;
-        for (int i = 0; i < n; i++) {
-            if (evs[i].data.u64 == FED_EVENT) { /* the broker socket takes bytes again */
-                fed_writable(r);
-                continue;
-            }
-            int64_t cid = (int64_t)evs[i].data.u64;
-            if (cid < 0) continue; /* the stop fd */
-            conn_t *c = get_conn(r, cid);
-            if (c == NULL || !c->reading) continue;
-            on_readable(r, c, cid);
-            /* One connection's chunk is done: what it routed goes out now (latency). */
-            if (r->ndirty) flush_dirty(r);
-            /* More connections to read in this round, or a Python call waiting for the mutex
-             * (it may be upcalls()): Python is told now, as before; else when the round ends. */
-            if (i + 1 < n || atomic_load_explicit(&r->py_waiting, memory_order_relaxed))
-                signal_now(r);
-            /* A Python call waits for the mutex, holding the GIL: it goes first, so the hold is
-             * one connection's read and sends at most, not a round's (up to MAX_EVENTS
-             * connections). The thread sleeps on the turnstile, which the caller holds until
-             * it has the mutex: a plain unlock and lock would mostly take the mutex back
-             * before the caller wakes up. */
-            if (atomic_load_explicit(&r->py_waiting, memory_order_relaxed)) {
-                fed_flush(r); /* the thread's messages to the broker go before Python's */
-                r->handoffs++;
-                pthread_mutex_unlock(&r->mu);
-                pthread_mutex_lock(&r->turn);
-                pthread_mutex_lock(&r->mu);
-                pthread_mutex_unlock(&r->turn);
-                if (r->stopping) break;
-            }
-        }
-        fed_flush(r); /* what the round routed to other routers, one message per router */
-        int due = r->signal_due;
-        r->signal_due = 0;
-        pthread_mutex_unlock(&r->mu);
-        if (due) write_signal(r);
+        if (relay_round(r, evs, n, NULL) < 0) break;
     }
     return NULL;
 }

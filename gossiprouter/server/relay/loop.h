@@ -20,8 +20,14 @@ static inline void py_lock(Relay *r) {
 }
 
 RELAY_INTERNAL void *thread_main(void *arg);
+/* One round of a thread (the relay's, ``w`` NULL, or worker ``w``'s): the mutex taken, the
+ * ``n`` events of one epoll_wait served, the mutex let go. 0, or -1: the relay stops. */
+struct epoll_event;
+RELAY_INTERNAL int relay_round(Relay *r, const struct epoll_event *evs, int n, worker_t *w);
 RELAY_INTERNAL void signal_python(Relay *r);
 RELAY_INTERNAL void stop_reading(Relay *r, conn_t *c);
+/* Mutex held: ``c`` cannot go on (Python closes it: UP_LOST), and Python is told now. */
+RELAY_INTERNAL void lose_conn(Relay *r, conn_t *c);
 /* Route one frame to ``d`` (``a`` then ``b``), staged until the read is done (loop.c). */
 RELAY_INTERNAL void deliver(Relay *r, conn_t *d, int64_t cid, const uint8_t *a, size_t alen,
                             const uint8_t *b, size_t blen);

@@ -9,6 +9,7 @@
 #include "inbound.h"
 #include "loop.h"
 #include "routes.h"
+#include "workers.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -18,14 +19,32 @@
 
 #define MAX_BYTES_DEFAULT (64 * 1024 * 1024)
 
-/* Relay(max_bytes=MAX_BYTES_DEFAULT): ``max_bytes`` bounds what the thread holds between reads,
- * router-wide (relay.h). */
+/* Relay(max_bytes=MAX_BYTES_DEFAULT, threads=0, promote_reads=20, idle_ms=2000): ``max_bytes``
+ * bounds what the thread holds between reads, router-wide (relay.h); ``threads``: the busy
+ * connections' threads at most (workers.c; 0: the relay thread reads every connection), given
+ * to a connection that reads ``promote_reads`` times within 100 ms, and taken back after
+ * ``idle_ms`` without a read (tests set them: promotion after a count of reads alone). */
 static int Relay_init(Relay *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"max_bytes", NULL};
+    static char *kwlist[] = {"max_bytes", "threads", "promote_reads", "idle_ms", NULL};
     Py_ssize_t max_bytes = MAX_BYTES_DEFAULT;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|n", kwlist, &max_bytes)) return -1;
+    int threads = 0, promote_reads = 20, idle_ms = 2000;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|niii", kwlist, &max_bytes, &threads,
+                                     &promote_reads, &idle_ms))
+        return -1;
+    if (promote_reads < 1 || idle_ms < 1) {
+        PyErr_SetString(PyExc_ValueError, "promote_reads and idle_ms must be at least 1");
+        return -1;
+    }
     if (max_bytes < 0) {
         PyErr_SetString(PyExc_ValueError, "max_bytes must not be negative");
+        return -1;
+    }
+    if (threads < 0 || threads > MAX_WORKERS) {
+        PyErr_Format(PyExc_ValueError, "threads must be 0..%d", MAX_WORKERS);
+        return -1;
+    }
+    if (self->thread_started) {
+        PyErr_SetString(PyExc_RuntimeError, "the relay is running");
         return -1;
     }
     if (self->scratch == NULL) self->scratch = malloc(RECV_SIZE);
@@ -51,6 +70,12 @@ static int Relay_init(Relay *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     self->next_gen = 1;
+    self->promote_reads = (uint32_t)promote_reads;
+    self->idle_ms = idle_ms;
+    if (workers_init(self, threads) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
     return 0;
 }
 
@@ -64,6 +89,7 @@ static PyObject *Relay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 
 static void stop_thread(Relay *self) {
     if (!self->thread_started) return;
+
     py_lock(self);
     self->stopping = 1;
     pthread_mutex_unlock(&self->mu);
@@ -72,12 +98,14 @@ static void stop_thread(Relay *self) {
     (void)w;
     Py_BEGIN_ALLOW_THREADS
     pthread_join(self->thread, NULL);
+    workers_stop(self);
     Py_END_ALLOW_THREADS
     self->thread_started = 0;
 }
 
 static void Relay_dealloc(Relay *self) {
     stop_thread(self);
+    workers_free(self);
     inbound_free(self);
     fed_free(self);
     for (size_t i = 0; i < self->nconns; i++)
@@ -360,8 +388,9 @@ static PyObject *Relay_upcalls(Relay *self, PyObject *unused) {
 }
 
 /* collect() -> (list[(cid, bytes_in, frames, delivered, bytes_out, writes, last_ns)], now_ns,
- * held_partial, held_pending): what the thread did since the last call, per connection
- * touched, and the bytes it holds now (partial frames, what sockets did not take). */
+ * held_partial, held_pending, workers): what the thread did since the last call, per
+ * connection touched, the bytes it holds now (partial frames, what sockets did not take), and
+ * the connections on threads of their own now (workers.c). */
 static PyObject *Relay_collect(Relay *self, PyObject *unused) {
     PyObject *list = PyList_New(0);
     if (list == NULL) return NULL;
@@ -385,9 +414,10 @@ static PyObject *Relay_collect(Relay *self, PyObject *unused) {
         c->touched = 0;
     }
     size_t partial = self->held_partial, pending = self->held_pending;
+    int workers = workers_busy(self);
     pthread_mutex_unlock(&self->mu);
-    PyObject *out = Py_BuildValue("(NLnn)", list, (long long)now_ns(), (Py_ssize_t)partial,
-                                  (Py_ssize_t)pending);
+    PyObject *out = Py_BuildValue("(NLnni)", list, (long long)now_ns(), (Py_ssize_t)partial,
+                                  (Py_ssize_t)pending, workers);
     return out;
 }
 
@@ -417,7 +447,8 @@ static PyObject *Relay_info(Relay *self, PyObject *unused) {
         tables += c->routes != NULL;
     }
     PyObject *d = Py_BuildValue(
-        "{s:K,s:K,s:K,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:K}", "rounds",
+        "{s:K,s:K,s:K,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:i,s:i,s:K,s:K}",
+        "rounds",
         (unsigned long long)self->rounds, "upcalls", (unsigned long long)self->upcalls,
         "invalidations", (unsigned long long)self->invalidations, "connections",
         (Py_ssize_t)live, "reading", (Py_ssize_t)reading, "attached", (Py_ssize_t)attached,
@@ -427,7 +458,9 @@ static PyObject *Relay_info(Relay *self, PyObject *unused) {
         (Py_ssize_t)tables, "max_bytes",
         (Py_ssize_t)self->max_bytes, "over_cap", (unsigned long long)self->over_cap, "broken",
         (unsigned long long)self->broken, "lost", (unsigned long long)self->lost, "handoffs",
-        (unsigned long long)self->handoffs);
+        (unsigned long long)self->handoffs, "threads", self->nworkers, "workers",
+        workers_busy(self), "promotions", (unsigned long long)self->promotions, "demotions",
+        (unsigned long long)self->demotions);
     pthread_mutex_unlock(&self->mu);
     return d;
 }

@@ -54,6 +54,7 @@
  *   framing.c   the three framings: where a frame ends, and the start of one cut by a read
  *   routes.c    the learned routes per connection: match, learn, forget (per group slot)
  *   loop.c      the thread: epoll, reads, staged sends, eviction, upcalls
+ *   workers.c   threads of their own for the busy connections (light-load latency)
  *   conns.c     Python's methods on one connection: open, read, attach, send, take, close
  *   broker.c    the federation broker's connection: the remote share of learned routes
  *               published by the thread, and every write to the broker (Python's too)
@@ -103,6 +104,7 @@
 #define GEN_BITS 30
 #define CID_LIMIT ((int64_t)1 << (IDX_BITS + GEN_BITS)) /* every cid is below */
 #define GROUP_SLOTS 4096 /* invalidation slots (a power of two) */
+#define MAX_WORKERS 256  /* Relay(threads=N): N at most */
 
 /* One other router a learned route's remote share goes to (broker.c): the broker link's
  * destination ``dst`` and the start of the routed message's header for it (msgpack: an array of
@@ -158,7 +160,22 @@ typedef struct conn_s {
     int64_t cid;
     struct conn_s *lost_next;
     int mark;                /* learn(): seen among the dests */
+    int worker;              /* 1 + the busy-connection thread that reads it (workers.c), 0: none */
+    uint32_t burst;          /* its sparse reads since burst_ns (promotion to a worker) */
+    int64_t burst_ns;
+    uint32_t full;           /* its full reads in a row on a worker (demotion) */
+    size_t last_read;        /* the bytes its last read received */
 } conn_t;
+
+/* A thread of its own for one busy connection (workers.c): it waits on its own epoll, which
+ * holds that connection only, and serves it as the relay thread would, under the same mutex. */
+typedef struct {
+    struct Relay_s *r;
+    int ep;          /* -1 until first used; the stop fd and the connection it serves */
+    pthread_t thread;
+    int started;
+    int64_t cid;     /* the connection it serves, -1: none (the thread waits, parked) */
+} worker_t;
 
 /* What one read routes to one receiver: pointers into the read buffer and the learned output
  * headers, sent with one sendmsg when the read is done. */
@@ -278,7 +295,7 @@ typedef struct {
     uint64_t unauthenticated; /* replays the thread dropped */
 } fed_t;
 
-typedef struct {
+typedef struct Relay_s {
     PyObject_HEAD
     pthread_mutex_t mu;
     pthread_mutex_t turn; /* the turnstile of Python's callers (py_lock) */
@@ -325,6 +342,11 @@ typedef struct {
     uint64_t handoffs; /* times the thread gave the mutex to a waiting Python call */
     int fail_upcalls;  /* tests: this many upcalls fail as if out of memory */
     fed_t fed;         /* the federation broker's connection (broker.c) */
+    worker_t *workers; /* threads for busy connections (workers.c), nworkers of them at most */
+    int nworkers;
+    uint32_t promote_reads; /* a connection with this many reads within BURST_NS gets one */
+    int idle_ms;            /* ... and gives it back after this long without a read */
+    uint64_t promotions, demotions;
 } Relay;
 
 /* The array ``arr`` (``*cap`` elements of ``elem`` bytes, ``n`` of them in use) with room for
@@ -342,6 +364,11 @@ static inline int64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* The epoll ``c`` is read from: its worker's (workers.c), or the relay thread's. */
+static inline int conn_ep(const Relay *r, const conn_t *c) {
+    return c->worker ? r->workers[c->worker - 1].ep : r->ep;
 }
 
 /* The wall clock in ms (routed messages' send times and signatures: the routers' clocks). */
