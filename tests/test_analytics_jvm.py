@@ -174,7 +174,11 @@ def test_building_a_column_takes_few_round_trips_to_the_jvm(
     send = py4j.clientserver.ClientServerConnection.send_command
 
     def counted(self: Any, command: str) -> Any:
-        calls.append(command)
+        # Not Py4J's "forget this object" messages (m, d): any earlier JavaObject (another
+        # test's) that the garbage collector happens to finalize during the block sends one.
+        # A CI run of ad93d81 counted 14 here once, in the pure-Python pass only.
+        if not command.startswith("m\nd\n"):
+            calls.append(command)
         return send(self, command)
 
     monkeypatch.setattr(py4j.clientserver.ClientServerConnection, "send_command", counted)
