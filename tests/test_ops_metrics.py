@@ -100,7 +100,8 @@ async def test_metrics_move_with_traffic(start_router: RouterFactory) -> None:
         "fast_path": "off" if server.fast is None else "on", "dispatcher": "on",
         "direct_send": "on", "coalesce_writes": "off", "slow_consumer_policy": "disconnect",
         "jgroups_slow_consumer_policy": "drop",
-        "outbound_queue_bytes": str(server.config.outbound_queue_bytes), "write_timeout": "10"}
+        "outbound_queue_bytes": str(server.config.outbound_queue_bytes), "write_timeout": "10",
+        "fast_path_threads": "16"}
 
 
 def closes(samples: Samples) -> dict[str, float]:

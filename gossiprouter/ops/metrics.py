@@ -416,7 +416,8 @@ def peer_metrics(bridge: Bridge) -> Iterator[Metric]:
 # The settings that change how the router performs: a load test's report shows them
 # beside its latency (gossiprouter.loadtest.resources scrapes them).
 _SETTINGS: Final = ("dispatcher", "direct_send", "coalesce_writes", "slow_consumer_policy",
-                    "jgroups_slow_consumer_policy", "outbound_queue_bytes", "write_timeout")
+                    "jgroups_slow_consumer_policy", "outbound_queue_bytes", "write_timeout",
+                    "fast_path_threads")
 
 
 def _settings(config: Config) -> GaugeMetricFamily:

@@ -164,7 +164,9 @@ def status(config: Config) -> tuple[bool, str]:
                 f"fast_path on: the compiled extension gossiprouter.server._relay is not built "
                 f"({BUILD_HINT}; or set fast-path auto to run without it)")
         return False, f"off (gossiprouter.server._relay is not built: {BUILD_HINT})"
-    return True, "on (compiled relay thread)"
+    extra = config.fast_path_threads
+    return True, ("on (compiled relay thread" + (f", and up to {extra} for busy connections)"
+                                                  if extra else ")"))
 
 
 class _Slot:
