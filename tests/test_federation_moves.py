@@ -100,10 +100,18 @@ class Move:
         unless ``held``, nothing is held (for a member that left for no router known)."""
         await self.s.round_trip()  # A has routed every frame s sent
         feds = (self.fa, self.fb, self.fc)
-        await eventually(lambda: sum(f.stats.routed_in for f in feds)
-                         == sum(f.stats.routed_out for f in feds)
-                         and (held or not any(f.moves.held_frames() for f in feds)),
-                         30, what="every routed frame arrived")
+
+        def arrived() -> bool:
+            # The counters are Python's plus what the relay threads published and delivered,
+            # folded in by a sync (bridge_of). Unfolded, both sides could lag alike and agree
+            # while frames were still on their way: a CI run saw 3 multicasts of the gap
+            # reach C after t was there, and delivered to it.
+            for r in (self.ra, self.rb, self.rc):
+                bridge_of(r)
+            return (sum(f.stats.routed_in for f in feds) == sum(f.stats.routed_out for f in feds)
+                    and (held or not any(f.moves.held_frames() for f in feds)))
+
+        await eventually(arrived, 30, what="every routed frame arrived")
 
     async def received(self) -> tuple[list[int], dict[bytes, int]]:
         """(the frames t never got, those it got more than once), once settled."""
