@@ -155,8 +155,7 @@ PyObject *Relay_read(Relay *self, PyObject *args) {
     if (c != NULL && !ok && bad == NULL) {
         c->raw = raw;
         if (!c->reading) {
-            struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint64_t)cid};
-            if (epoll_ctl(conn_ep(self, c), EPOLL_CTL_ADD, c->fd, &ev) == 0) c->reading = 1;
+            if (watch_in(conn_ep(self, c), c->fd, (uint64_t)cid) == 0) c->reading = 1;
             else ok = errno;
         }
     }

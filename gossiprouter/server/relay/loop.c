@@ -563,7 +563,8 @@ int relay_round(Relay *r, const struct epoll_event *evs, int n, worker_t *w) {
         on_readable(r, c, cid);
         /* One connection's chunk is done: what it routed goes out now (latency). */
         if (r->ndirty) flush_dirty(r);
-        after_read(r, cid, w); /* a thread of its own for it, or no longer */
+        after_read(r, c, cid, w); /* a thread of its own for it, or no longer (a read never
+                                    * frees its connection: only Python's close does) */
         /* More connections to read in this round, or a Python call waiting for the mutex
          * (it may be upcalls()): Python is told now, as before; else when the round ends. */
         if (i + 1 < n || atomic_load_explicit(&r->py_waiting, memory_order_relaxed))

@@ -64,8 +64,7 @@ static int Relay_init(Relay *self, PyObject *args, PyObject *kwds) {
         PyErr_SetFromErrno(PyExc_OSError);
         return -1;
     }
-    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint64_t)-1};
-    if (epoll_ctl(self->ep, EPOLL_CTL_ADD, self->stopfd, &ev) < 0) {
+    if (watch_in(self->ep, self->stopfd, (uint64_t)-1) < 0) {
         PyErr_SetFromErrno(PyExc_OSError);
         return -1;
     }

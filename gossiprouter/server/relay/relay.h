@@ -73,6 +73,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/epoll.h>
 #include <sys/uio.h>
 #include <time.h>
 
@@ -369,6 +370,13 @@ static inline int64_t now_ns(void) {
 /* The epoll ``c`` is read from: its worker's (workers.c), or the relay thread's. */
 static inline int conn_ep(const Relay *r, const conn_t *c) {
     return c->worker ? r->workers[c->worker - 1].ep : r->ep;
+}
+
+/* Watch ``fd`` for reading in epoll ``ep``, its events tagged ``tag`` (a cid, or -1 for the
+ * stop fd). 0, or -1 with errno. */
+static inline int watch_in(int ep, int fd, uint64_t tag) {
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = tag};
+    return epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
 }
 
 /* The wall clock in ms (routed messages' send times and signatures: the routers' clocks). */

@@ -73,8 +73,7 @@ int workers_busy(const Relay *r) {
 /* Move ``c``'s reading from epoll ``from`` to ``to`` (if it is being read). 0, or -1: it stays. */
 static int move_conn(conn_t *c, int64_t cid, int from, int to) {
     if (!c->reading) return 0;
-    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint64_t)cid};
-    if (epoll_ctl(to, EPOLL_CTL_ADD, c->fd, &ev) < 0) return -1;
+    if (watch_in(to, c->fd, (uint64_t)cid) < 0) return -1;
     epoll_ctl(from, EPOLL_CTL_DEL, c->fd, NULL);
     return 0;
 }
@@ -100,8 +99,8 @@ static int idle_check(Relay *r, worker_t *w) {
     int64_t cid = w->cid;
     if (!stop && cid >= 0) {
         conn_t *c = get_conn(r, cid);
-        int64_t quiet = c == NULL ? 0 : now_ns() - c->last_ns;
-        if (c == NULL || quiet >= (int64_t)r->idle_ms * 1000000) demote(r, w, c, cid);
+        if (c == NULL || now_ns() - c->last_ns >= (int64_t)r->idle_ms * 1000000)
+            demote(r, w, c, cid);
     }
     pthread_mutex_unlock(&r->mu);
     return stop ? -1 : 0;
@@ -132,9 +131,8 @@ static worker_t *free_worker(Relay *r) {
         if (w->started) return w;
         if (w->ep < 0) {
             int ep = epoll_create1(EPOLL_CLOEXEC);
-            struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint64_t)-1};
             if (ep < 0) return NULL;
-            if (epoll_ctl(ep, EPOLL_CTL_ADD, r->stopfd, &ev) < 0) {
+            if (watch_in(ep, r->stopfd, (uint64_t)-1) < 0) {
                 close(ep);
                 return NULL;
             }
@@ -147,10 +145,10 @@ static worker_t *free_worker(Relay *r) {
     return NULL;
 }
 
-/* Mutex held, after a read of ``cid`` by the relay thread (``w`` NULL) or by worker ``w``. */
-void after_read(Relay *r, int64_t cid, worker_t *w) {
-    conn_t *c = get_conn(r, cid);
-    if (c == NULL || r->nworkers == 0) return;
+/* Mutex held, after a read of ``c`` (``cid``) by the relay thread (``w`` NULL) or by worker
+ * ``w``. */
+void after_read(Relay *r, conn_t *c, int64_t cid, worker_t *w) {
+    if (r->nworkers == 0) return;
     if (w != NULL) {
         c->full = c->last_read >= FULL_READ ? c->full + 1 : 0;
         if (c->full >= FULL_READS && c->worker) {

@@ -11,7 +11,7 @@
 RELAY_INTERNAL int workers_init(Relay *r, int n);
 /* Mutex held, after a read of the connection by the relay thread (``w`` NULL: counted, and
  * moved to a worker of its own once it is busy) or by worker ``w`` (given back if it floods). */
-RELAY_INTERNAL void after_read(Relay *r, int64_t cid, worker_t *w);
+RELAY_INTERNAL void after_read(Relay *r, conn_t *c, int64_t cid, worker_t *w);
 /* Mutex held: ``c`` is closed; its worker (if any) is parked. */
 RELAY_INTERNAL void release_worker(Relay *r, conn_t *c);
 /* The relay is stopping (``stopping`` set, the stop fd written, the mutex not held): the
