@@ -164,9 +164,9 @@ def status(config: Config) -> tuple[bool, str]:
                 f"fast_path on: the compiled extension gossiprouter.server._relay is not built "
                 f"({BUILD_HINT}; or set fast-path auto to run without it)")
         return False, f"off (gossiprouter.server._relay is not built: {BUILD_HINT})"
-    extra = config.fast_path_threads
-    return True, ("on (compiled relay thread" + (f", and up to {extra} for busy connections)"
-                                                  if extra else ")"))
+    n = config.fast_path_threads
+    busy = f", and up to {n} for busy connections" if n else ""
+    return True, f"on (compiled relay thread{busy})"
 
 
 class _Slot:
