@@ -440,13 +440,14 @@ async def test_the_start_up_line_says_whether_it_is_on(
         monkeypatch: pytest.MonkeyPatch) -> None:
     caplog.set_level("INFO", logger="gossiprouter")
     await start_router(fast_path="on")
-    await start_router(fast_path="on", fast_path_threads=0)
+    await start_router(fast_path="on", fast_path_threads=0, fast_path_sched="normal")
     monkeypatch.setenv(fastpath.ENV, "off")
     await start_router()
     lines = [r.getMessage() for r in caplog.records if "listening on" in r.getMessage()]
     assert lines[0].endswith(
-        "fast path: on (compiled relay thread, and up to 16 for busy connections)"), lines
-    assert lines[1].endswith("fast path: on (compiled relay thread)"), lines
+        "fast path: on (compiled relay thread, and up to 16 for busy connections; scheduled "
+        "batch)"), lines
+    assert lines[1].endswith("fast path: on (compiled relay thread; scheduled normal)"), lines
     assert lines[2].endswith("fast path: off (GOSSIPROUTER_FAST_PATH=off)"), lines
 
 

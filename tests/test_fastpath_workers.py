@@ -38,11 +38,13 @@ def os_threads() -> int:
 class Net:
     """A started Relay, a local receiver, and senders whose ROUTE frames it relays there."""
 
-    def __init__(self, threads: int, promote_reads: int = 1, idle_ms: int = 600_000) -> None:
+    def __init__(self, threads: int, promote_reads: int = 1, idle_ms: int = 600_000,
+                 batch: bool = False) -> None:
         mod = fastpath._relay
         assert mod is not None, "the compiled extension is not built (scripts/setup)"
         self.mod = mod
-        self.relay = mod.Relay(threads=threads, promote_reads=promote_reads, idle_ms=idle_ms)
+        self.relay = mod.Relay(threads=threads, promote_reads=promote_reads, idle_ms=idle_ms,
+                               batch=batch)
         self.socks: list[socket.socket] = []
         self.rx, self.rx_peer = self._pair()
         self.rx_peer.settimeout(10)

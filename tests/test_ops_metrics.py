@@ -101,7 +101,7 @@ async def test_metrics_move_with_traffic(start_router: RouterFactory) -> None:
         "direct_send": "on", "coalesce_writes": "off", "slow_consumer_policy": "disconnect",
         "jgroups_slow_consumer_policy": "drop",
         "outbound_queue_bytes": str(server.config.outbound_queue_bytes), "write_timeout": "10",
-        "fast_path_threads": "16"}
+        "fast_path_threads": "16", "fast_path_sched": "batch"}
 
 
 def closes(samples: Samples) -> dict[str, float]:

@@ -70,7 +70,7 @@ _SECTION_OF = {
     **dict.fromkeys(("tokens_file", "auth_backoff", "admin_token"), TLS_AUTH),
     **dict.fromkeys(("log_level", "log_format", "metrics", "direct_send", "dispatcher",
                      "coalesce_writes", "fast_path", "fast_path_max_bytes",
-                     "fast_path_threads"), OPERATIONS),
+                     "fast_path_threads", "fast_path_sched"), OPERATIONS),
 }
 # Then by name: the families the option names already make.
 _SECTION_BY_PREFIX = (("jgroups", JGROUPS), ("tls_", TLS_AUTH), ("allow_", TLS_AUTH),

@@ -417,7 +417,7 @@ def peer_metrics(bridge: Bridge) -> Iterator[Metric]:
 # beside its latency (gossiprouter.loadtest.resources scrapes them).
 _SETTINGS: Final = ("dispatcher", "direct_send", "coalesce_writes", "slow_consumer_policy",
                     "jgroups_slow_consumer_policy", "outbound_queue_bytes", "write_timeout",
-                    "fast_path_threads")
+                    "fast_path_threads", "fast_path_sched")
 
 
 def _settings(config: Config) -> GaugeMetricFamily:

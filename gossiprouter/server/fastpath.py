@@ -166,7 +166,7 @@ def status(config: Config) -> tuple[bool, str]:
         return False, f"off (gossiprouter.server._relay is not built: {BUILD_HINT})"
     n = config.fast_path_threads
     busy = f", and up to {n} for busy connections" if n else ""
-    return True, f"on (compiled relay thread{busy})"
+    return True, f"on (compiled relay thread{busy}; scheduled {config.fast_path_sched})"
 
 
 class _Slot:
@@ -186,7 +186,8 @@ class FastPath:
         assert _relay is not None, "check available() first"
         self.mod = _relay
         self.relay = _relay.Relay(hub.config.fast_path_max_bytes,
-                                  threads=hub.config.fast_path_threads)
+                                  threads=hub.config.fast_path_threads,
+                                  batch=hub.config.fast_path_sched == "batch")
         self.relay_send = self.relay.send
         self.hub = hub
         # The federation broker's connection on the thread, when the server has a bridge.
@@ -233,6 +234,10 @@ class FastPath:
         relay = self.relay
         fd = relay.fileno()
         relay.start()
+        refused = relay.info()["sched_refused"]
+        if refused:  # the kernel said no: the threads run as they were, and the router on
+            log.warning("fast path: fast_path_sched = batch refused by the kernel (%s): its "
+                        "threads run with the default policy", os.strerror(refused))
         self._running = True
         task_status.started()
         try:

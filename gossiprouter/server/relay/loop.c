@@ -595,6 +595,8 @@ int relay_round(Relay *r, const struct epoll_event *evs, int n, worker_t *w) {
 void *thread_main(void *arg) {
     Relay *r = arg;
     struct epoll_event evs[MAX_EVENTS];
+    relay_sched(r);
+    sem_post(&r->ready);
     for (;;) {
         int n = epoll_wait(r->ep, evs, MAX_EVENTS, -1);
         if (n < 0) {

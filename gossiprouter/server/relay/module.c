@@ -11,6 +11,7 @@
 #include "routes.h"
 #include "workers.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -19,17 +20,18 @@
 
 #define MAX_BYTES_DEFAULT (64 * 1024 * 1024)
 
-/* Relay(max_bytes=MAX_BYTES_DEFAULT, threads=0, promote_reads=20, idle_ms=2000): ``max_bytes``
- * bounds what the thread holds between reads, router-wide (relay.h); ``threads``: the busy
- * connections' threads at most (workers.c; 0: the relay thread reads every connection), given
- * to a connection that reads ``promote_reads`` times within 100 ms, and taken back after
- * ``idle_ms`` without a read (tests set them: promotion after a count of reads alone). */
+/* Relay(max_bytes=MAX_BYTES_DEFAULT, threads=0, promote_reads=20, idle_ms=2000, batch=False):
+ * ``max_bytes`` bounds what the thread holds between reads, router-wide (relay.h);
+ * ``threads``: the busy connections' threads at most (workers.c; 0: the relay thread reads
+ * every connection), given to a connection that reads ``promote_reads`` times within 100 ms,
+ * and taken back after ``idle_ms`` without a read (tests set them: promotion after a count of
+ * reads alone); ``batch``: those threads run as SCHED_BATCH (workers.c, relay_sched). */
 static int Relay_init(Relay *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"max_bytes", "threads", "promote_reads", "idle_ms", NULL};
+    static char *kwlist[] = {"max_bytes", "threads", "promote_reads", "idle_ms", "batch", NULL};
     Py_ssize_t max_bytes = MAX_BYTES_DEFAULT;
-    int threads = 0, promote_reads = 20, idle_ms = 2000;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|niii", kwlist, &max_bytes, &threads,
-                                     &promote_reads, &idle_ms))
+    int threads = 0, promote_reads = 20, idle_ms = 2000, batch = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|niiip", kwlist, &max_bytes, &threads,
+                                     &promote_reads, &idle_ms, &batch))
         return -1;
     if (promote_reads < 1 || idle_ms < 1) {
         PyErr_SetString(PyExc_ValueError, "promote_reads and idle_ms must be at least 1");
@@ -53,8 +55,9 @@ static int Relay_init(Relay *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     self->max_bytes = (size_t)max_bytes;
-    if (pthread_mutex_init(&self->mu, NULL) != 0 || pthread_mutex_init(&self->turn, NULL) != 0) {
-        PyErr_SetString(PyExc_OSError, "pthread_mutex_init failed");
+    if (pthread_mutex_init(&self->mu, NULL) != 0 || pthread_mutex_init(&self->turn, NULL) != 0 ||
+        sem_init(&self->ready, 0, 0) != 0) {
+        PyErr_SetString(PyExc_OSError, "pthread_mutex_init or sem_init failed");
         return -1;
     }
     self->ep = epoll_create1(EPOLL_CLOEXEC);
@@ -71,6 +74,7 @@ static int Relay_init(Relay *self, PyObject *args, PyObject *kwds) {
     self->next_gen = 1;
     self->promote_reads = (uint32_t)promote_reads;
     self->idle_ms = idle_ms;
+    self->batch = batch;
     if (workers_init(self, threads) < 0) {
         PyErr_NoMemory();
         return -1;
@@ -129,6 +133,7 @@ static void Relay_dealloc(Relay *self) {
     if (self->stopfd >= 0) close(self->stopfd);
     pthread_mutex_destroy(&self->mu);
     pthread_mutex_destroy(&self->turn);
+    sem_destroy(&self->ready);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -143,6 +148,12 @@ static PyObject *Relay_start(Relay *self, PyObject *unused) {
         return NULL;
     }
     self->thread_started = 1;
+    /* Its scheduling is set when start() returns: info()["sched_refused"] says if it was not. */
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    do rc = sem_wait(&self->ready);
+    while (rc != 0 && errno == EINTR);
+    Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
 
@@ -446,7 +457,8 @@ static PyObject *Relay_info(Relay *self, PyObject *unused) {
         tables += c->routes != NULL;
     }
     PyObject *d = Py_BuildValue(
-        "{s:K,s:K,s:K,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:i,s:i,s:K,s:K}",
+        "{s:K,s:K,s:K,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:i,s:i,s:K,s:K,s:i,"
+        "s:i}",
         "rounds",
         (unsigned long long)self->rounds, "upcalls", (unsigned long long)self->upcalls,
         "invalidations", (unsigned long long)self->invalidations, "connections",
@@ -459,7 +471,8 @@ static PyObject *Relay_info(Relay *self, PyObject *unused) {
         (unsigned long long)self->broken, "lost", (unsigned long long)self->lost, "handoffs",
         (unsigned long long)self->handoffs, "threads", self->nworkers, "workers",
         workers_busy(self), "promotions", (unsigned long long)self->promotions, "demotions",
-        (unsigned long long)self->demotions);
+        (unsigned long long)self->demotions, "batch", self->batch, "sched_refused",
+        atomic_load(&self->sched_refused));
     pthread_mutex_unlock(&self->mu);
     return d;
 }

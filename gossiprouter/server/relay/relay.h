@@ -70,6 +70,7 @@
 #include <Python.h>
 
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -348,6 +349,11 @@ typedef struct Relay_s {
     uint32_t promote_reads; /* a connection with this many reads within BURST_NS gets one */
     int idle_ms;            /* ... and gives it back after this long without a read */
     uint64_t promotions, demotions;
+    /* The relay's threads ask for SCHED_BATCH (Relay(batch=True), workers.c: relay_sched).
+     * sched_refused: the errno of the first thread the kernel refused it, 0: none. */
+    int batch;
+    atomic_int sched_refused;
+    sem_t ready; /* posted by a new relay thread once its scheduling is set (start() waits) */
 } Relay;
 
 /* The array ``arr`` (``*cap`` elements of ``elem`` bytes, ``n`` of them in use) with room for

@@ -27,6 +27,7 @@
 #include "loop.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <sys/epoll.h>
 #include <unistd.h>
@@ -106,10 +107,22 @@ static int idle_check(Relay *r, worker_t *w) {
     return stop ? -1 : 0;
 }
 
+void relay_sched(Relay *r) {
+    if (!r->batch) return;
+    struct sched_param sp = {0};
+    /* pid 0: this thread alone (Linux). Any thread may take SCHED_BATCH from SCHED_OTHER, but
+     * a seccomp filter or an earlier SCHED_IDLE may refuse it. */
+    if (sched_setscheduler(0, SCHED_BATCH, &sp) != 0) {
+        int none = 0;
+        atomic_compare_exchange_strong(&r->sched_refused, &none, errno ? errno : EPERM);
+    }
+}
+
 static void *worker_main(void *arg) {
     worker_t *w = arg;
     Relay *r = w->r;
     struct epoll_event evs[WORKER_EVENTS];
+    relay_sched(r);
     for (;;) {
         /* Parked or not, it looks every idle_ms: a connection promoted to it that never reads
          * again must not hold it (idle_ms is set before the thread starts). */

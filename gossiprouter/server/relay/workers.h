@@ -18,6 +18,9 @@ RELAY_INTERNAL void release_worker(Relay *r, conn_t *c);
  * workers end, and their connections go back to the relay thread's epoll. */
 RELAY_INTERNAL void workers_stop(Relay *r);
 RELAY_INTERNAL void workers_free(Relay *r);
+/* The calling thread (the relay's or a worker) takes the relay's scheduling policy:
+ * SCHED_BATCH if Relay.batch (a refusal is kept in Relay.sched_refused), else as it is. */
+RELAY_INTERNAL void relay_sched(Relay *r);
 /* How many workers serve a connection now (mutex held). */
 RELAY_INTERNAL int workers_busy(const Relay *r);
 
