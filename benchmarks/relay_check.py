@@ -51,9 +51,12 @@ class Harness:
         # (Drawn whatever is given, so that a seed replays the same run.)
         drawn = self.rng.choice((0, 1, 4)), self.rng.choice((1, 3)), self.rng.choice((5, 50))
         self.threads = drawn[0] if threads is None else threads
+        # Its threads as SCHED_BATCH or not (fast_path_sched): the policy changes no result,
+        # but the sanitizers see its start-up handshake.
+        self.sched_batch = self.rng.random() < 0.5
         self.relay = mod.Relay(threads=self.threads,
                                promote_reads=drawn[1] if promote_reads is None else promote_reads,
-                               idle_ms=drawn[2])
+                               idle_ms=drawn[2], batch=self.sched_batch)
         self.senders: list[Sender] = []
         self.receivers: list[Receiver] = []
         self.bytes_in: collections.Counter[int] = collections.Counter()

@@ -238,6 +238,9 @@ def run(seed: int, steps: int, seconds: float, sweep: bool = True,
         h.stats["worker threads"] = info["threads"]
         h.stats["promotions to a worker"] = info["promotions"]
         h.stats["demotions from a worker"] = info["demotions"]
+        h.stats["batch"] = info["batch"]
+        if info["sched_refused"]:
+            raise Violation(f"SCHED_BATCH refused: errno {info['sched_refused']}")
         return h.stats
     finally:
         h.close()
@@ -272,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"relay harness: OK (seed {seed}, {stats['steps']} steps, "
           f"{stats['worker threads']} worker threads, {stats['promotions to a worker']} "
-          f"promotions)", flush=True)
+          f"promotions, threads scheduled {'batch' if stats['batch'] else 'normal'})",
+          flush=True)
     return 0
 
 

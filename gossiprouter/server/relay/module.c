@@ -457,8 +457,8 @@ static PyObject *Relay_info(Relay *self, PyObject *unused) {
         tables += c->routes != NULL;
     }
     PyObject *d = Py_BuildValue(
-        "{s:K,s:K,s:K,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:i,s:i,s:K,s:K,s:i,"
-        "s:i}",
+        "{s:K,s:K,s:K,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:K,s:K,s:K,s:K,s:i,s:i,s:K,"
+        "s:K,s:i,s:i}",
         "rounds",
         (unsigned long long)self->rounds, "upcalls", (unsigned long long)self->upcalls,
         "invalidations", (unsigned long long)self->invalidations, "connections",
