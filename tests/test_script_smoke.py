@@ -71,6 +71,7 @@ SMOKE: dict[str, tuple[str, ...] | RunBy] = {
     "benchmarks/bench_fastpath_churn.py": RunBy("tests/test_bench_fastpath_churn.py"),
     "benchmarks/bench_federation.py": RunBy("tests/test_bench_federation.py"),
     "benchmarks/bench_federation_membership.py": ("--members", "30", "--rate", "300"),
+    "benchmarks/bench_idle.py": ("--seconds", "0.5", "--settle", "0.5", "--routers", "2"),
     "benchmarks/bench_federation_floor.py": RunBy("tests/test_bench_federation_floor.py"),
     "benchmarks/bench_stub_loops.py": RunBy("tests/test_bench_stub_loops.py"),
     "benchmarks/bench_stalled_member.py": RunBy("nothing: it needs a JGroups 5.x build, which "

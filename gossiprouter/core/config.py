@@ -265,7 +265,8 @@ class Config:
         "beyond, they are dropped and counted (gossiprouter_bridge_queue_full).", minimum=65536,
         unit="bytes")
     federation_heartbeat: float = option(2.0, "Interval of the heartbeats each router sends every "
-        "other router on the path its routed frames take (docs/federation.md); 0 sends none.",
+        "other router on the path its routed frames take (docs/federation.md), on its multiples "
+        "on the wall clock, so routers whose clocks agree beat together; 0 sends none.",
         minimum=0, unit="seconds")
     federation_peer_timeout: float = option(10.0, "Another router whose heartbeats stop for this "
         "long is unreachable (a cut between bridged brokers): its members are held for "

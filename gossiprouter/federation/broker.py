@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from gossiprouter.core.addresses import format_hostport
+from gossiprouter.core.cadence import HOUSEKEEPING, until_beat
 from gossiprouter.core.cli_errors import needs_extra
 from gossiprouter.core.config import Config, ConfigError
 from gossiprouter.core.options import parse_bridge_url
@@ -533,7 +534,8 @@ class BrokerSession:
         # cover the handshake, so the session gives up itself and the backoff takes over.
         connack_by = trio.current_time() + CONNACK_TIMEOUT
         while True:
-            await trio.sleep(min(1.0, CONNACK_TIMEOUT))
+            # On the housekeeping grid, with the router's other chores (core/cadence.py).
+            await trio.sleep(until_beat(min(HOUSEKEEPING, CONNACK_TIMEOUT)))
             if self.connack_overdue(connack_by, trio.current_time()):
                 self.last_error = f"no CONNACK within {CONNACK_TIMEOUT:g}s"
                 self._failed("cannot connect to", self.last_error)

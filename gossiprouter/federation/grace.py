@@ -6,15 +6,22 @@ cut off from the broker, or by its heartbeats stopping (:mod:`gossiprouter.feder
 With a grace (``federation_grace``) its members stay in the table until the grace runs out
 (:meth:`Graces.tick`: then they are suspected); its presence or heartbeats coming back before
 that revive it, and nothing changed for them. Sans-IO, like the state it is part of.
+
+The federation's timed work is here too: :meth:`Graces.next_due` says when :meth:`Graces.tick`
+has something to do (the I/O side's ticker sleeps until then, woken by ``wake`` when a new
+deadline is set), and a tick also ends the holds of :mod:`gossiprouter.federation.moves`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gossiprouter.routing.entries import Notice
+
+if TYPE_CHECKING:
+    from gossiprouter.federation.moves import Moves
 
 log = logging.getLogger("gossiprouter.federation.state")
 
@@ -35,6 +42,8 @@ class Graces:
     stats: Any  # FederationStats
     hub: Any  # Hub
     routing_changed: Callable[[], None]  # (state.Federation: the relay thread's link)
+    wake: Callable[[], None]  # (state.Federation: a deadline of tick() was set)
+    moves: Moves  # (its holds have deadlines too)
 
     def _drop_router(self, r: Any, suspect: bool = True) -> list[Notice]:
         raise NotImplementedError
@@ -72,6 +81,7 @@ class Graces:
         if r.grace_until is None:
             self.routing_changed()
             r.grace_until = now + self.grace
+            self.wake()
             self.stats.routers_graced += 1
             log.info("federation: router %s is out of reach: its members are held for %gs",
                      r.label, self.grace)
@@ -97,9 +107,21 @@ class Graces:
             log.info("federation: router %s is reachable again within its grace", r.label)
         return True
 
+    def next_due(self) -> float | None:
+        """When :meth:`tick` has something to do next: the earliest end of a grace, of a
+        ghost check's settling time once synced (a check waits for the resync's end, which
+        wakes the ticker) or of a move's hold; None: nothing pending."""
+        due = self.moves.next_due()
+        for r in self.routers.values():
+            for at in (r.grace_until, r.ghost_check_at if self.synced else None):
+                if at is not None and (due is None or at < due):
+                    due = at
+        return due
+
     def tick(self, now: float) -> None:
         """The routers whose grace ran out are dropped (their members suspected); the ghost
-        checks that are due are made."""
+        checks that are due are made; the frames held for members that left past their bound
+        are dropped (:meth:`gossiprouter.federation.moves.Moves.expire`)."""
         notices: list[Notice] = []
         for r in list(self.routers.values()):
             if r.grace_until is not None and r.grace_until <= now:
@@ -109,3 +131,4 @@ class Graces:
             elif r.ghost_check_at is not None and r.ghost_check_at <= now and self.synced:
                 notices += self._drop_ghosts(r)
         self.hub.deliver(notices)
+        self.moves.expire(now)

@@ -116,6 +116,8 @@ class Host(Protocol):
     origin: str
     stats: FederationStats
     published: dict[str, Published]
+    clock: Callable[[], float]  # now, for a hold's end
+    wake: Callable[[], None]  # a hold's end is due: the ticker must know
 
     def send(self, remote: RemoteRouter, group: str, dest: bytes | None, frames: bytes,
              count: int, handed: bool = False, seq: int = 0, src: str | None = None,
@@ -145,7 +147,7 @@ class Moves:
 
     def __init__(self, fed: Host) -> None:
         self.fed = fed
-        self.now = 0.0  # the last tick's time (Federation.tick)
+        self.now = 0.0  # the last tick's time (Federation.tick; the tests' clock)
         # The fan-out number of what this router routes first, and the frames it was last
         # given: one fan-out pushes the same frames to every router.
         self.seq = 0
@@ -282,7 +284,8 @@ class Moves:
         left = self._left.setdefault(group, {})
         lf = left.get(addr)
         if lf is None and sum(len(x) for x in self._left.values()) < MAX_LEFT:
-            lf = left[addr] = Left(self.now + MOVE_HOLD)
+            lf = left[addr] = Left(self.fed.clock() + MOVE_HOLD)
+            self.fed.wake()
         return lf
 
     def _hold(self, lf: Left, item: Held) -> bool:
@@ -315,6 +318,11 @@ class Moves:
                           multicast)
             self.fed.stats.handed_on += count
         self._moved.setdefault(rm.group, {})[addr] = MOVE_WINDOW
+
+    def next_due(self) -> float | None:
+        """The end of the first hold (None: nothing held)."""
+        return min((lf.until for left in self._left.values() for lf in left.values()),
+                   default=None)
 
     def expire(self, now: float) -> None:
         """Frames held past :data:`MOVE_HOLD`: the member left for good (undeliverable)."""

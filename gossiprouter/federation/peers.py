@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import socket
 import time
 import uuid
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import trio
 
+from gossiprouter.core.cadence import until_beat
 from gossiprouter.core.config import Config, ConfigError
 from gossiprouter.federation.batch import BATCH_PROPERTY, FORMAT, Batches, decode_batch
 from gossiprouter.federation.broker import BrokerSession
@@ -68,7 +70,8 @@ log = logging.getLogger("gossiprouter.federation.bridge")
 LEFT_PROPERTY = "gossiprouter-left"
 # Membership records of a burst of changes are published together this long after the first.
 FLUSH_DELAY = 0.005
-# How often the graces and the ghost checks are looked at (seconds).
+# The ticker's pause when a tick leaves a deadline due (never expected: a guard against a
+# busy loop; seconds). Otherwise it sleeps until the next deadline (Federation.next_due).
 TICK = 0.5
 # The user properties on the route topic (a heartbeat's, a routed message's origin and send
 # time) are named in link_side.py, which the relay thread's link shares.
@@ -138,6 +141,9 @@ class Peers(BrokerSession):
         self.federation = Federation(hub, self.origin, config.name, self._send_route,
                                      self._mark_dirty)
         self.federation.publish = self._publish_group
+        self._tick_due = trio.Event()
+        self.federation.wake = lambda: self._tick_due.set()  # (the current event)
+        self.federation.clock = trio.current_time
         self.federation.grace = config.federation_grace
         self.heartbeat = config.federation_heartbeat
         self.liveness = Liveness(config.federation_peer_timeout, config.federation_frame_age)
@@ -506,7 +512,9 @@ class Peers(BrokerSession):
         # peers silent for the timeout are declared unreachable (held in grace).
         live = self.liveness
         while True:
-            await trio.sleep(self.heartbeat)
+            # On the wall clock's grid (core/cadence.py): with this router's other chores, and
+            # with the other routers' heartbeats, which then come while this one is awake.
+            await trio.sleep(until_beat(self.heartbeat))
             now, wall = trio.current_time(), self.wall()
             routers = self.federation.routers
             for origin in list(routers):
@@ -562,7 +570,7 @@ class Peers(BrokerSession):
         records_every = max(1, round(RECORD_TTL / 3 / every))
         n = 0
         while True:
-            await trio.sleep(every)
+            await trio.sleep(until_beat(every))
             n += 1
             if self.state != "connected":
                 continue
@@ -572,10 +580,20 @@ class Peers(BrokerSession):
             self.federation.expire(trio.current_time())
 
     async def _ticker(self) -> None:
-        # Graces that ran out and the ghost checks due (Federation.tick), connected or not.
+        # Graces, ghost checks and moves' holds (Federation.tick), connected or not: only
+        # when one is due (next_due); a deadline set meanwhile wakes it (federation.wake).
+        fed = self.federation
         while True:
-            await trio.sleep(TICK)
-            self.federation.tick(trio.current_time())
+            due = fed.next_due()
+            with trio.move_on_at(math.inf if due is None else due) as until:
+                await self._tick_due.wait()
+            self._tick_due = trio.Event()
+            if not until.cancelled_caught:
+                continue  # a new deadline: sleep until the first one
+            now = trio.current_time()
+            fed.tick(now)
+            if (due := fed.next_due()) is not None and due <= now:
+                await trio.sleep(TICK)  # not cleared by the tick: never a busy loop
 
     def _mark_dirty(self) -> None:
         self._fed_dirty.set()

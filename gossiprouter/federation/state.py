@@ -117,6 +117,10 @@ class Federation(Graces):
         # the routing table (a router's liveness or grace, a member's live mark): the relay
         # thread's link forgets the routes it learned (server/broker_link.py).
         self.routing_changed: Callable[[], None] = _nothing
+        # Set by the I/O side: wake() when a deadline of tick() is set (its ticker sleeps
+        # until next_due()), and the clock of the moves' holds (here the last tick's).
+        self.wake: Callable[[], None] = _nothing
+        self.clock: Callable[[], float] = lambda: self.moves.now
         # Called with (writer, group, member or None, frames, local receivers) after routed
         # frames of a native group were delivered here as received, nothing else to do for
         # them (no grace, no move watched): the relay thread's link learns to deliver the
@@ -261,6 +265,7 @@ class Federation(Graces):
             else:
                 notices += self._drop_ghosts(r)
         self.synced = True
+        self.wake()
         self.hub.deliver(notices)
 
     def expire(self, now: float) -> None:
@@ -320,6 +325,7 @@ class Federation(Graces):
             log.info("federation: router %s is back within its grace", r.label)
             if self.synced and self.grace > 0:
                 r.ghost_check_at = now + min(self.grace, GHOST_SETTLE)
+                self.wake()
         pending, r.pending = r.pending, {}
         for (group, tag), rec in pending.items():
             self.on_record(origin, group, rec, tag)
@@ -481,12 +487,6 @@ class Federation(Graces):
         r.alive = False
         self.routing_changed()
         return notices
-
-    def tick(self, now: float) -> None:
-        """Graces and ghost checks (:class:`Graces`), and the frames held for members that
-        left past their bound (:mod:`gossiprouter.federation.moves`)."""
-        super().tick(now)
-        self.moves.expire(now)
 
     # ------------------------------------------------------------------ routing
 

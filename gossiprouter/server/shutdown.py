@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from gossiprouter.core.addresses import format_addr
+from gossiprouter.core.cadence import HOUSEKEEPING, until_beat
 from gossiprouter.server.connection import Connection, ConnectionsPart
 from gossiprouter.sessions.base import Session
 
@@ -112,7 +113,9 @@ class ShutdownPart(ConnectionsPart):
         """One round of the reaper, then sleep until the next thing to reap."""
         self.hub.sync()  # what the relay thread received counts for the idle timeout
         now = trio.current_time()
-        wake = now + 1.0
+        # Nothing due sooner: the next beat of the housekeeping grid (core/cadence.py), with
+        # the router's other chores.
+        wake = now + until_beat(HOUSEKEEPING)
         for conn in list(self.connections):
             s = conn.session
             if s is None or s.outbox.closed:
