@@ -70,8 +70,8 @@ log = logging.getLogger("gossiprouter.federation.bridge")
 LEFT_PROPERTY = "gossiprouter-left"
 # Membership records of a burst of changes are published together this long after the first.
 FLUSH_DELAY = 0.005
-# The ticker's pause when a tick leaves a deadline due (never expected: a guard against a
-# busy loop; seconds). Otherwise it sleeps until the next deadline (Federation.next_due).
+# The ticker's pause when a tick leaves a deadline due (a guard against a busy loop: a test
+# that disables the holds' expiry; seconds). Else it sleeps until Federation.next_due.
 TICK = 0.5
 # The user properties on the route topic (a heartbeat's, a routed message's origin and send
 # time) are named in link_side.py, which the relay thread's link shares.
