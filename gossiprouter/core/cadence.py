@@ -4,9 +4,9 @@ A router's Python thread has periodic chores: the reaper's pass (every
 :data:`HOUSEKEEPING` seconds when nothing is due sooner), the broker session's keepalive
 check, and with a federation its heartbeats and its presence refresh. Each used to sleep
 its own interval from its own start, so an idle federated router woke about 4.5 times a
-second at scattered instants. On a virtual machine a wake-up after a sleep is dear (its
-caches are cold: docs/performance.md, "Idle wake-ups on one grid"), and a cluster of chores
-done in one wake-up costs little more than one.
+second at scattered instants. On a virtual machine a wake-up after a sleep can cost
+milliseconds of CPU, the more the idler the machine (docs/performance.md, "Idle wake-ups on
+one grid"), and a cluster of chores done in one wake-up costs little more than one.
 
 So every chore sleeps until the next multiple of its period on the wall clock
 (:func:`until_beat`): the chores of one router fall on the same instants, and so do the
