@@ -11,7 +11,6 @@ count and carry on after an exception (the error policy: :mod:`gossiprouter.serv
 from __future__ import annotations
 
 import logging
-import math
 from typing import TYPE_CHECKING
 
 import trio
@@ -107,7 +106,7 @@ class ShutdownPart(ConnectionsPart):
                 await self._reap(idle, write_timeout)
             except Exception as exc:
                 self._task_error("reaper", exc)
-                await trio.sleep(1.0)
+                await trio.sleep(until_beat(HOUSEKEEPING))
 
     async def _reap(self, idle: float, write_timeout: float) -> None:
         """One round of the reaper, then sleep until the next thing to reap."""
@@ -148,7 +147,7 @@ class ShutdownPart(ConnectionsPart):
         nd = self.hub.table.next_deadline()
         if nd is not None:
             wake = min(wake, nd)
-        await trio.sleep_until(max(wake, now + 0.01) if math.isfinite(wake) else now + 1.0)
+        await trio.sleep_until(max(wake, now + 0.01))  # (finite: at most the next beat)
 
     def _write_timeout(self, s: Session, now: float) -> None:
         """NATS' write deadline: data queued for ``s`` and its socket took nothing for
